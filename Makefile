@@ -1,0 +1,35 @@
+# The two commands the README promises: `make run` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+TOOLS := .cache/tools
+
+.PHONY: run test lint typecheck unit bench soak clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test,soak]'
+	touch $@
+
+# Runs the service on its embedded default: ./data and the local object store.
+run: $(VENV)/.installed
+	$(VENV)/bin/ourios serve
+
+# Installs everything the tests need, then runs lint, type checks and the whole suite.
+test: $(VENV)/.installed
+	scripts/install-test-tools.sh $(TOOLS)
+	$(VENV)/bin/ruff check app wal sink tests soak
+	$(VENV)/bin/ruff format --check app wal sink tests soak
+	$(VENV)/bin/mypy wal sink app
+	PATH="$(CURDIR)/$(TOOLS)/bin:$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/pytest -q -p no:cacheprovider
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check app wal sink tests soak
+	$(VENV)/bin/mypy wal sink app
+
+bench: $(VENV)/.installed
+	$(PY) soak/bench/wal_append.py
+
+clean:
+	rm -rf $(VENV) .cache .mypy_cache .ruff_cache
