@@ -9,7 +9,7 @@ TOOLS := .cache/tools
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,soak]'
+	$(PY) -m pip install -q -e '.[test,soak]' --config-settings editable_mode=compat
 	touch $@
 
 # Runs the service on its embedded default: ./data and the local object store.

@@ -1,0 +1,1014 @@
+"""Settings of ``ourios serve``: one table, three sources, validated once at start-up.
+
+Every setting is a row of ``SETTINGS`` (section, name, kind, default, range or
+choices, unit, meaning). The ``wal`` rows are derived from ``wal.WalConfig``'s
+field metadata, so the WAL's ranges and defaults are declared exactly once, there.
+``ourios serve --help``, ``docs/CONFIG.md`` (``scripts/gen_config_doc.py``) and the
+validation below all read this table; nothing else declares a default or a range.
+
+Sources, highest precedence first (DESIGN.md §3):
+
+1. the environment: ``OURIOS_<SECTION>_<NAME>``, e.g. ``OURIOS_WAL_BARRIER_SECS``;
+2. the optional YAML file of ``ourios serve --config FILE``, nested as
+   ``<section>: {<name>: value}``;
+3. the table's default.
+
+Integers are plain decimal; byte-sized settings also take a binary suffix
+(``64MiB``, ``64Mi``; KiB, MiB, GiB, TiB). Booleans are true/false/1/0/yes/no. An
+empty value of an optional setting means "unset". An unknown YAML key or an unknown
+``OURIOS_*`` variable is refused, naming it, because a typo in the chart would
+otherwise silently run the default (Kubernetes service-link variables such as
+``OURIOS_SERVICE_HOST`` are recognised and ignored).
+
+Invalid values refuse to start: each ``ConfigError`` names the environment variable,
+the YAML key, the value and what is allowed. Nothing is clamped. The loaded
+``Settings`` is frozen; ``Settings.effective()`` renders it keyed by environment
+variable for the one ``config.effective`` start-up log line. No setting holds a secret:
+bearer tokens live only in ``AuthSettings.tokens``, which is neither rendered nor part
+of ``repr``, and URLs with embedded credentials are refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import enum
+import json
+import os
+import re
+import socket
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import unquote, urlsplit
+
+import yaml
+
+from wal import MAX_TENANT_BYTES, InvalidConfig, WalConfig
+
+__all__ = [
+    "CROSS_RULES",
+    "DERIVED_FIELDS",
+    "EFFECTIVE_EVENT",
+    "SECTIONS",
+    "SETTINGS",
+    "AuthSettings",
+    "ConfigError",
+    "CrossRule",
+    "DiskSettings",
+    "Kind",
+    "ServerSettings",
+    "Setting",
+    "Settings",
+    "SinkSettings",
+    "StoreSettings",
+    "human_bytes",
+    "is_valid_tenant",
+    "load_settings",
+    "load_tokens",
+]
+
+KiB = 1024
+MiB = 1024 * KiB
+GiB = 1024 * MiB
+TiB = 1024 * GiB
+PiB = 1024 * TiB
+EiB = 1024 * PiB
+
+ENV_PREFIX = "OURIOS_"
+#: The ``event`` field of the start-up line carrying ``Settings.effective()``.
+EFFECTIVE_EVENT = "config.effective"
+#: Section order: the YAML file, the docs, ``--help`` and ``effective()`` follow it.
+SECTIONS = ("server", "wal", "sink", "store", "auth", "disk")
+
+_MAX_BYTES = 2**62
+_MAX_PORT = 65_535
+#: Ordinals are folded into template ids next to a per-node counter; 16 bits.
+_MAX_ORDINAL = 65_535
+
+Compression = Literal["zstd", "snappy", "gzip", "none"]
+LogLevel = Literal["debug", "info", "warning", "error"]
+
+
+class ConfigError(Exception):
+    """A setting (or the config file, or the tokens file) refuses start-up.
+
+    ``keys`` are the YAML keys involved (``("disk.stop_water_bytes", ...)``), empty
+    when the file itself is at fault. The message is meant for an operator's eyes.
+    """
+
+    def __init__(self, message: str, *, keys: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.keys = keys
+
+
+class Kind(enum.Enum):
+    """How a setting's text is parsed and checked."""
+
+    INT = 1
+    BOOL = 2
+    STR = 3
+    PATH = 4
+    CHOICE = 5
+
+
+_BOOL_WORDS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+_INT_RE = re.compile(r"-?[0-9]+")
+_BYTES_RE = re.compile(r"(-?[0-9]+)\s*(KiB|MiB|GiB|TiB|Ki|Mi|Gi|Ti)", re.IGNORECASE)
+_BYTE_SUFFIXES = {"k": KiB, "m": MiB, "g": GiB, "t": TiB}
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One row of the table: where a setting comes from and what it may be."""
+
+    section: str
+    name: str
+    kind: Kind
+    #: the default value; ``None`` for an optional setting whose default is derived
+    default: object
+    doc: str
+    unit: str = ""
+    minimum: int | None = None
+    maximum: int | None = None
+    choices: tuple[str, ...] = ()
+    #: an empty value means "unset" (``None``, or derived as ``default_text`` says)
+    optional: bool = False
+    #: how the docs show a derived default
+    default_text: str = ""
+    #: what a string setting may be, for messages and docs
+    allowed_text: str = ""
+    #: returns what is wrong with a parsed string value, or ``None``
+    check: Callable[[str], str | None] | None = field(default=None, compare=False)
+
+    @property
+    def env_var(self) -> str:
+        return f"{ENV_PREFIX}{self.section}_{self.name}".upper()
+
+    @property
+    def yaml_key(self) -> str:
+        return f"{self.section}.{self.name}"
+
+    @property
+    def label(self) -> str:
+        """How messages name the setting: both the variable and the key."""
+        return f"{self.env_var} ({self.yaml_key})"
+
+    @property
+    def allowed(self) -> str:
+        """What the value must be, completing "must be ..."."""
+        if self.kind is Kind.INT:
+            text = f"an integer {_range_text(self.minimum, self.maximum, self.unit)}"
+            return f"{text} {self.unit}" if self.unit else text
+        if self.kind is Kind.BOOL:
+            return "true or false"
+        if self.kind is Kind.CHOICE:
+            return "one of " + ", ".join(self.choices)
+        if self.allowed_text:
+            return self.allowed_text
+        return "a path" if self.kind is Kind.PATH else "a non-empty string"
+
+    @property
+    def default_display(self) -> str:
+        """The default as the docs and ``--help`` show it."""
+        if self.default_text:
+            return self.default_text
+        return _display(self.default, self.unit)
+
+    def parse(self, raw: object, source: str) -> Any:
+        """The typed value of ``raw`` (an env string or a YAML scalar).
+
+        Returns ``None`` for an empty value of an optional setting. Checks the range,
+        so the error can say where the value came from.
+        """
+        if isinstance(raw, str):
+            raw = raw.strip()
+        if raw is None or raw == "":
+            if self.optional:
+                return None
+            raise self.error(raw, f"{self.allowed} (it may not be empty)", source)
+        value = self._convert(raw, source)
+        self.check_value(value, source)
+        return value
+
+    def check_value(self, value: object, source: str = "") -> None:
+        """Raise ``ConfigError`` unless ``value`` (already typed) is allowed."""
+        if value is None and self.optional:
+            return
+        if self.kind is Kind.INT:
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise self.error(value, self.allowed, source)
+            if (self.minimum is not None and value < self.minimum) or (
+                self.maximum is not None and value > self.maximum
+            ):
+                raise self.error(value, self.allowed, source)
+        elif self.kind is Kind.BOOL:
+            if not isinstance(value, bool):
+                raise self.error(value, self.allowed, source)
+        elif self.kind is Kind.CHOICE:
+            if value not in self.choices:
+                raise self.error(value, self.allowed, source)
+        elif self.kind is Kind.PATH:
+            if not isinstance(value, Path) or str(value) == "":
+                raise self.error(value, self.allowed, source)
+        else:
+            if not isinstance(value, str) or value == "":
+                raise self.error(value, self.allowed, source)
+            problem = self.check(value) if self.check is not None else None
+            if problem is not None:
+                raise self.error(value, f"{self.allowed} ({problem})", source)
+
+    def error(self, value: object, allowed: str, source: str = "") -> ConfigError:
+        where = f" (from {source})" if source else ""
+        return ConfigError(
+            f"invalid setting {self.label} = {_show(value)}{where}: must be {allowed}",
+            keys=(self.yaml_key,),
+        )
+
+    def _convert(self, raw: object, source: str) -> object:
+        if self.kind is Kind.INT:
+            return self._convert_int(raw, source)
+        if self.kind is Kind.BOOL:
+            if isinstance(raw, bool):
+                return raw
+            if isinstance(raw, int) and raw in (0, 1):
+                return bool(raw)
+            if isinstance(raw, str) and raw.lower() in _BOOL_WORDS:
+                return _BOOL_WORDS[raw.lower()]
+            raise self.error(raw, "true, false, 1, 0, yes or no", source)
+        if not isinstance(raw, str):
+            # YAML turned it into a number or a list; refuse rather than guess.
+            raise self.error(raw, f"{self.allowed} (quote it in YAML)", source)
+        if self.kind is Kind.PATH:
+            return Path(raw)
+        if self.kind is Kind.CHOICE:
+            return raw.lower()
+        return raw
+
+    def _convert_int(self, raw: object, source: str) -> int:
+        if isinstance(raw, int) and not isinstance(raw, bool):
+            return raw
+        if isinstance(raw, str):
+            if _INT_RE.fullmatch(raw):
+                return int(raw)
+            if self.unit == "bytes":
+                m = _BYTES_RE.fullmatch(raw)
+                if m is not None:
+                    return int(m.group(1)) * _BYTE_SUFFIXES[m.group(2)[0].lower()]
+        suffixes = ", optionally with a KiB, MiB, GiB or TiB suffix" if self.unit == "bytes" else ""
+        raise self.error(raw, f"{self.allowed}{suffixes}", source)
+
+
+# --- string grammars ------------------------------------------------------------
+
+_NODE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
+_BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+_REGION_RE = re.compile(r"[A-Za-z0-9-]{1,64}")
+_ORDINAL_RE = re.compile(r"-([0-9]+)$")
+_FORBIDDEN_TENANT_BYTES = frozenset(":#/")
+
+
+def is_valid_tenant(tenant: str) -> bool:
+    """DESIGN.md §3's grammar: 1–128 ASCII graphic bytes, none of ``:``, ``#``, ``/``."""
+    return (
+        1 <= len(tenant) <= MAX_TENANT_BYTES
+        and all("!" <= c <= "~" for c in tenant)
+        and not _FORBIDDEN_TENANT_BYTES.intersection(tenant)
+    )
+
+
+def _check_node_id(value: str) -> str | None:
+    if _NODE_ID_RE.fullmatch(value):
+        return None
+    return "letters, digits, '.', '_' and '-', starting with a letter or digit"
+
+
+def _check_host(value: str) -> str | None:
+    return "no whitespace" if any(c.isspace() for c in value) else None
+
+
+def _check_store_url(value: str) -> str | None:
+    parts = urlsplit(value)
+    if parts.query or parts.fragment:
+        return "no query or fragment"
+    if parts.scheme == "file":
+        if parts.netloc not in ("", "localhost"):
+            return f"a file URL names no host, got {parts.netloc!r}"
+        if not parts.path.startswith("/"):
+            return "a file URL needs an absolute path"
+        return None
+    if parts.scheme == "s3":
+        if "@" in parts.netloc:
+            return "no credentials in the URL; use the AWS credential chain"
+        if not _BUCKET_RE.fullmatch(parts.netloc):
+            return f"bucket {parts.netloc!r} is not a valid S3 bucket name"
+        if "//" in parts.path:
+            return "the prefix has an empty path component"
+        return None
+    return f"unsupported scheme {parts.scheme!r}"
+
+
+def _check_endpoint_url(value: str) -> str | None:
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "an http:// or https:// URL with a host"
+    if parts.username is not None or parts.password is not None:
+        return "no credentials in the URL; use the AWS credential chain"
+    if parts.query or parts.fragment:
+        return "no query or fragment"
+    try:
+        _ = parts.port  # raises on a malformed port
+    except ValueError:
+        return "a valid port"
+    return None
+
+
+def _check_region(value: str) -> str | None:
+    return None if _REGION_RE.fullmatch(value) else "letters, digits and '-'"
+
+
+# --- the table ---------------------------------------------------------------------
+
+
+def _wal_rows() -> tuple[Setting, ...]:
+    """The ``wal`` rows, read from ``WalConfig``'s field metadata (never re-declared)."""
+    rows = []
+    for f in dataclasses.fields(WalConfig):
+        rows.append(
+            Setting(
+                section="wal",
+                name=f.name,
+                kind=Kind.BOOL if isinstance(f.default, bool) else Kind.INT,
+                default=f.default,
+                doc=f.metadata["doc"],
+                unit=f.metadata["unit"],
+                minimum=f.metadata["minimum"],
+                maximum=f.metadata["maximum"],
+            )
+        )
+    return tuple(rows)
+
+
+_SERVER_ROWS = (
+    Setting(
+        "server",
+        "data_dir",
+        Kind.PATH,
+        Path("./data"),
+        "Directory holding the WAL (wal/), the miner snapshots (snapshots/) and the "
+        "embedded object store (objects/); must not be a file. Relative paths are taken "
+        "from the working directory.",
+        default_text="./data",
+    ),
+    Setting(
+        "server",
+        "host",
+        Kind.STR,
+        "0.0.0.0",
+        "Address both listeners bind to.",
+        allowed_text="a host name or IP address",
+        check=_check_host,
+    ),
+    Setting(
+        "server",
+        "http_port",
+        Kind.INT,
+        4318,
+        "OTLP/HTTP port (POST /v1/logs, /metrics, /healthz, /readyz); 0 picks a free port.",
+        minimum=0,
+        maximum=_MAX_PORT,
+    ),
+    Setting(
+        "server",
+        "grpc_port",
+        Kind.INT,
+        4317,
+        "OTLP/gRPC port (LogsService/Export); 0 picks a free port.",
+        minimum=0,
+        maximum=_MAX_PORT,
+    ),
+    Setting(
+        "server",
+        "node_id",
+        Kind.STR,
+        None,
+        "This node's identity in object keys and template ids; in a StatefulSet the pod "
+        "name (ourios-2). Replicas sharing a store must differ.",
+        optional=True,
+        default_text="the host name",
+        allowed_text="1-253 letters, digits, '.', '_' or '-'",
+        check=_check_node_id,
+    ),
+    Setting(
+        "server",
+        "node_ordinal",
+        Kind.INT,
+        None,
+        "This node's number, folded into template ids so replicas never collide; unset, "
+        "it is the trailing -<n> of server.node_id (ourios-2 gives 2), else 0.",
+        minimum=0,
+        maximum=_MAX_ORDINAL,
+        optional=True,
+        default_text="from server.node_id",
+    ),
+    Setting(
+        "server",
+        "log_level",
+        Kind.CHOICE,
+        "info",
+        "Least severe structured log event written to stderr.",
+        choices=("debug", "info", "warning", "error"),
+    ),
+    Setting(
+        "server",
+        "shutdown_grace_secs",
+        Kind.INT,
+        25,
+        "Time SIGTERM handling (draining requests, the final cut) may take before the "
+        "process exits anyway; keep it below the pod's terminationGracePeriodSeconds.",
+        minimum=1,
+        maximum=3600,
+        unit="seconds",
+    ),
+)
+
+_SINK_ROWS = (
+    Setting(
+        "sink",
+        "flush_bytes",
+        Kind.INT,
+        16 * MiB,
+        "Size trigger: a buffered partition is detached and published once it holds this.",
+        minimum=1 * KiB,
+        maximum=1 * GiB,
+        unit="bytes",
+    ),
+    Setting(
+        "sink",
+        "flush_age_secs",
+        Kind.INT,
+        300,
+        "Age trigger: buffered rows older than this are published by the age sweep.",
+        minimum=1,
+        maximum=86_400,
+        unit="seconds",
+    ),
+    Setting(
+        "sink",
+        "ceiling_bytes",
+        Kind.INT,
+        256 * MiB,
+        "Bound on bytes held in the sink (buffers plus in-flight publishes); above it the "
+        "node applies backpressure to new batches.",
+        minimum=1 * KiB,
+        maximum=64 * GiB,
+        unit="bytes",
+    ),
+    Setting(
+        "sink",
+        "publisher_queue_depth",
+        Kind.INT,
+        64,
+        "Detached partitions queued for the publisher thread.",
+        minimum=1,
+        maximum=4096,
+    ),
+    Setting(
+        "sink",
+        "parquet_compression",
+        Kind.CHOICE,
+        "zstd",
+        "Compression codec of the Parquet objects.",
+        choices=("zstd", "snappy", "gzip", "none"),
+    ),
+)
+
+_STORE_ROWS = (
+    Setting(
+        "store",
+        "url",
+        Kind.STR,
+        None,
+        "Object store: file:///absolute/path (the embedded store) or s3://bucket/prefix.",
+        optional=True,
+        default_text="file://<data_dir>/objects",
+        allowed_text="file:///absolute/path or s3://bucket[/prefix]",
+        check=_check_store_url,
+    ),
+    Setting(
+        "store",
+        "endpoint_url",
+        Kind.STR,
+        None,
+        "Endpoint of an S3-compatible server (SeaweedFS, MinIO); unset uses AWS. Keys "
+        "come from the standard AWS credential chain, never from here.",
+        optional=True,
+        default_text="unset",
+        allowed_text="an http:// or https:// URL",
+        check=_check_endpoint_url,
+    ),
+    Setting(
+        "store",
+        "region",
+        Kind.STR,
+        None,
+        "S3 region; unset uses the AWS chain (AWS_REGION, the profile).",
+        optional=True,
+        default_text="unset",
+        allowed_text="a region name such as us-east-1",
+        check=_check_region,
+    ),
+)
+
+_AUTH_ROWS = (
+    Setting(
+        "auth",
+        "tokens_file",
+        Kind.PATH,
+        None,
+        "YAML file mapping each bearer token to the list of tenants it may write. Unset, "
+        "the node runs in open mode (a warning at start-up; no header means tenant "
+        "default).",
+        optional=True,
+        default_text="unset (open mode)",
+        allowed_text="a readable YAML file of token: [tenant, ...]",
+    ),
+)
+
+_DISK_ROWS = (
+    Setting(
+        "disk",
+        "low_water_bytes",
+        Kind.INT,
+        1 * GiB,
+        "Free space on the data volume below which the node warns and runs housekeeping at once.",
+        minimum=1,
+        maximum=_MAX_BYTES,
+        unit="bytes",
+    ),
+    Setting(
+        "disk",
+        "stop_water_bytes",
+        Kind.INT,
+        256 * MiB,
+        "Free space below which new batches are refused (503 with a retry hint) while "
+        "housekeeping keeps reclaiming; 0 never refuses.",
+        minimum=0,
+        maximum=_MAX_BYTES,
+        unit="bytes",
+    ),
+)
+
+#: Every setting, in section order. The only place defaults and ranges are declared
+#: (the ``wal`` rows point at ``WalConfig``).
+SETTINGS: tuple[Setting, ...] = (
+    _SERVER_ROWS + _wal_rows() + _SINK_ROWS + _STORE_ROWS + _AUTH_ROWS + _DISK_ROWS
+)
+_BY_KEY = {row.yaml_key: row for row in SETTINGS}
+_BY_ENV = {row.env_var: row for row in SETTINGS}
+
+
+# --- the typed result -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """The ``server`` section, resolved (node id and ordinal filled in)."""
+
+    data_dir: Path
+    host: str
+    http_port: int
+    grpc_port: int
+    node_id: str
+    node_ordinal: int
+    log_level: LogLevel
+    shutdown_grace_secs: int
+
+    @property
+    def wal_dir(self) -> Path:
+        return self.data_dir / "wal"
+
+    @property
+    def snapshots_dir(self) -> Path:
+        return self.data_dir / "snapshots"
+
+
+@dataclass(frozen=True)
+class SinkSettings:
+    """The ``sink`` section."""
+
+    flush_bytes: int
+    flush_age_secs: int
+    ceiling_bytes: int
+    publisher_queue_depth: int
+    parquet_compression: Compression
+
+
+@dataclass(frozen=True)
+class StoreSettings:
+    """The ``store`` section, with ``url`` resolved to a ``file://`` or ``s3://`` URL."""
+
+    url: str
+    endpoint_url: str | None
+    region: str | None
+
+    @property
+    def scheme(self) -> Literal["file", "s3"]:
+        return "s3" if urlsplit(self.url).scheme == "s3" else "file"
+
+    @property
+    def local_root(self) -> Path | None:
+        """The directory of a ``file://`` store; ``None`` for S3."""
+        if self.scheme != "file":
+            return None
+        return Path(unquote(urlsplit(self.url).path))
+
+    @property
+    def bucket(self) -> str | None:
+        """The bucket of an ``s3://`` store; ``None`` for a local one."""
+        return urlsplit(self.url).netloc if self.scheme == "s3" else None
+
+    @property
+    def prefix(self) -> str:
+        """The key prefix inside the bucket, without slashes at either end ('' if none)."""
+        return urlsplit(self.url).path.strip("/") if self.scheme == "s3" else ""
+
+
+@dataclass(frozen=True)
+class AuthSettings:
+    """The ``auth`` section plus the parsed tokens file (never rendered or repr'd)."""
+
+    tokens_file: Path | None
+    #: token → tenants it may write; empty in open mode
+    tokens: Mapping[str, frozenset[str]] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def open_mode(self) -> bool:
+        return self.tokens_file is None
+
+
+@dataclass(frozen=True)
+class DiskSettings:
+    """The ``disk`` section."""
+
+    low_water_bytes: int
+    stop_water_bytes: int
+
+
+_SECTION_TYPES: dict[str, type[Any]] = {
+    "server": ServerSettings,
+    "wal": WalConfig,
+    "sink": SinkSettings,
+    "store": StoreSettings,
+    "auth": AuthSettings,
+    "disk": DiskSettings,
+}
+#: fields of a section class that are derived, not settings
+DERIVED_FIELDS = {"auth": ("tokens",)}
+
+
+@dataclass(frozen=True)
+class CrossRule:
+    """A rule between settings. ``text`` uses ``{0}``, ``{1}`` for the keys' names."""
+
+    text: str
+    keys: tuple[str, ...]
+    holds: Callable[[Settings], bool]
+
+    def describe(self) -> str:
+        """The rule with YAML keys, for the docs."""
+        return self.text.format(*self.keys)
+
+    def error(self, settings: Settings) -> ConfigError:
+        rows = [_BY_KEY[key] for key in self.keys]
+        got = ", ".join(f"{row.env_var}={_show(settings.value(row))}" for row in rows)
+        return ConfigError(
+            f"invalid settings: {self.text.format(*(row.label for row in rows))}; got {got}",
+            keys=self.keys,
+        )
+
+
+CROSS_RULES: tuple[CrossRule, ...] = (
+    CrossRule(
+        "{0} must be below {1}",
+        ("disk.stop_water_bytes", "disk.low_water_bytes"),
+        lambda s: s.disk.stop_water_bytes < s.disk.low_water_bytes,
+    ),
+    CrossRule(
+        "{0} must be at most {1}",
+        ("sink.flush_bytes", "sink.ceiling_bytes"),
+        lambda s: s.sink.flush_bytes <= s.sink.ceiling_bytes,
+    ),
+    CrossRule(
+        "{0} and {1} must differ (unless 0)",
+        ("server.http_port", "server.grpc_port"),
+        lambda s: s.server.http_port != s.server.grpc_port or s.server.http_port == 0,
+    ),
+    CrossRule(
+        "{0} applies only to an s3:// {1}",
+        ("store.endpoint_url", "store.url"),
+        lambda s: s.store.endpoint_url is None or s.store.scheme == "s3",
+    ),
+    CrossRule(
+        "{0} applies only to an s3:// {1}",
+        ("store.region", "store.url"),
+        lambda s: s.store.region is None or s.store.scheme == "s3",
+    ),
+)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything ``ourios serve`` is configured with; build it with ``load_settings``."""
+
+    server: ServerSettings
+    wal: WalConfig
+    sink: SinkSettings
+    store: StoreSettings
+    auth: AuthSettings
+    disk: DiskSettings
+
+    def value(self, row: Setting) -> object:
+        """The effective value of one table row."""
+        return getattr(getattr(self, row.section), row.name)
+
+    def validate(self) -> None:
+        """Raise ``ConfigError`` for the first value out of range or rule broken.
+
+        Pure: the filesystem checks (data directory, tokens file) are ``load_settings``'s.
+        """
+        for row in SETTINGS:
+            row.check_value(self.value(row))
+        try:
+            self.wal.validate()
+        except InvalidConfig as exc:
+            raise _wal_error(exc) from exc
+        for rule in CROSS_RULES:
+            if not rule.holds(self):
+                raise rule.error(self)
+
+    def effective(self) -> dict[str, object]:
+        """The effective configuration keyed by environment variable, JSON-ready."""
+        out: dict[str, object] = {}
+        for row in SETTINGS:
+            value = self.value(row)
+            out[row.env_var] = str(value) if isinstance(value, Path) else value
+        return out
+
+    def effective_json(self) -> str:
+        """The one start-up log line: ``{"event": "config.effective", "config": {...}}``."""
+        return json.dumps({"event": EFFECTIVE_EVENT, "config": self.effective()})
+
+
+# --- loading ---------------------------------------------------------------------
+
+# Kubernetes injects <SERVICE>_SERVICE_HOST, <SERVICE>_PORT_4318_TCP... for every
+# Service in the namespace; a Service named "ourios" would otherwise refuse start-up.
+_SERVICE_LINK_RE = re.compile(
+    r"OURIOS(_[A-Z0-9_]+)?_(SERVICE_HOST|SERVICE_PORT(_[A-Z0-9_]+)?"
+    r"|PORT_[0-9]+_(TCP|UDP|SCTP)(_(PROTO|PORT|ADDR))?)"
+)
+_SERVICE_LINK_PORT_RE = re.compile(r"OURIOS(_[A-Z0-9_]+)?_PORT")
+_SERVICE_LINK_VALUE_RE = re.compile(r"(tcp|udp|sctp)://\S+")
+
+
+def _is_service_link(name: str, value: str) -> bool:
+    if _SERVICE_LINK_RE.fullmatch(name):
+        return True
+    return bool(_SERVICE_LINK_PORT_RE.fullmatch(name) and _SERVICE_LINK_VALUE_RE.fullmatch(value))
+
+
+def load_settings(
+    env: Mapping[str, str] | None = None, config_file: Path | str | None = None
+) -> Settings:
+    """Read, resolve and validate the settings; raise ``ConfigError`` on the first fault.
+
+    ``env`` defaults to ``os.environ``; tests pass a dict. Precedence: ``env``, then
+    ``config_file``, then the table's defaults.
+    """
+    env = os.environ if env is None else env
+    from_file = _read_config_file(Path(config_file)) if config_file is not None else {}
+    from_env = _read_env(env)
+    values: dict[str, Any] = {}
+    for row in SETTINGS:
+        if row.yaml_key in from_env:
+            value = row.parse(from_env[row.yaml_key], "the environment")
+        elif row.yaml_key in from_file:
+            value = row.parse(from_file[row.yaml_key], f"config file {config_file}")
+        else:
+            value = row.default
+        values[row.yaml_key] = value
+
+    _resolve(values)
+    settings = Settings(
+        **{
+            section: _SECTION_TYPES[section](
+                **{r.name: values[r.yaml_key] for r in SETTINGS if r.section == section}
+            )
+            for section in SECTIONS
+        }
+    )
+    settings.validate()
+    _check_data_dir(settings.server.data_dir)
+    if settings.auth.tokens_file is not None:
+        tokens = load_tokens(settings.auth.tokens_file)
+        settings = dataclasses.replace(
+            settings, auth=dataclasses.replace(settings.auth, tokens=tokens)
+        )
+    return settings
+
+
+def _resolve(values: dict[str, Any]) -> None:
+    """Fill in the derived defaults: absolute data dir, node id and ordinal, store URL."""
+    data_dir: Path = values["server.data_dir"].absolute()
+    values["server.data_dir"] = data_dir
+    if values["server.node_id"] is None:
+        values["server.node_id"] = socket.gethostname()
+    if values["server.node_ordinal"] is None:
+        node_id = values["server.node_id"]
+        m = _ORDINAL_RE.search(node_id)
+        ordinal = int(m.group(1)) if m else 0
+        row = _BY_KEY["server.node_ordinal"]
+        if ordinal > _MAX_ORDINAL:
+            raise row.error(
+                ordinal,
+                f"{row.allowed}; it was derived from server.node_id {node_id!r}, "
+                f"set {row.env_var} explicitly",
+            )
+        values["server.node_ordinal"] = ordinal
+    if values["store.url"] is None:
+        values["store.url"] = (data_dir / "objects").as_uri()
+    if values["auth.tokens_file"] is not None:
+        values["auth.tokens_file"] = values["auth.tokens_file"].absolute()
+
+
+def _read_env(env: Mapping[str, str]) -> dict[str, str]:
+    """``OURIOS_*`` variables by YAML key; an unknown one is refused."""
+    out: dict[str, str] = {}
+    for name, value in env.items():
+        if not name.startswith(ENV_PREFIX):
+            continue
+        row = _BY_ENV.get(name)
+        if row is not None:
+            out[row.yaml_key] = value
+        elif not _is_service_link(name, value):
+            raise ConfigError(
+                f"unknown environment variable {name}{_suggest(name, _BY_ENV)}; "
+                f"every OURIOS_* variable must name a setting (see ourios serve --help)"
+            )
+    return out
+
+
+def _read_config_file(path: Path) -> dict[str, object]:
+    """The YAML file's values by ``section.name``; an unknown key is refused."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from exc
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
+    if doc is None:
+        return {}
+    if not isinstance(doc, dict):
+        raise ConfigError(
+            f"config file {path} must be a mapping of sections ({', '.join(SECTIONS)}), "
+            f"got {type(doc).__name__}"
+        )
+    out: dict[str, object] = {}
+    for section, body in doc.items():
+        if section not in SECTIONS:
+            raise ConfigError(
+                f"unknown section {section!r} in config file {path}"
+                f"{_suggest(str(section), SECTIONS)}; sections are {', '.join(SECTIONS)}",
+                keys=(str(section),),
+            )
+        if body is None:
+            continue
+        if not isinstance(body, dict):
+            raise ConfigError(
+                f"section {section!r} in config file {path} must be a mapping of "
+                f"settings, got {type(body).__name__}",
+                keys=(section,),
+            )
+        for name, value in body.items():
+            key = f"{section}.{name}"
+            if key not in _BY_KEY:
+                raise ConfigError(
+                    f"unknown key {key} in config file {path}{_suggest(key, _BY_KEY)}",
+                    keys=(key,),
+                )
+            out[key] = value
+    return out
+
+
+def _wal_error(exc: InvalidConfig) -> ConfigError:
+    """``WalConfig.validate``'s refusal, with every knob it mentions named by its variable."""
+    allowed = exc.allowed
+    for wal_row in SETTINGS:
+        if wal_row.section == "wal":
+            allowed = re.sub(rf"\b{wal_row.name}\b", wal_row.env_var, allowed)
+    row = _BY_KEY.get(f"wal.{exc.knob}")
+    if row is None:
+        return ConfigError(str(exc))
+    return row.error(exc.value, allowed)
+
+
+def _check_data_dir(path: Path) -> None:
+    row = _BY_KEY["server.data_dir"]
+    if path.exists() and not path.is_dir():
+        raise row.error(path, "a directory (or a path that does not exist yet); it is a file")
+
+
+def load_tokens(path: Path) -> dict[str, frozenset[str]]:
+    """Parse a tokens file: a YAML mapping of bearer token → non-empty list of tenants.
+
+    Messages name entries by position, never by token, so a secret does not reach
+    the log.
+    """
+    row = _BY_KEY["auth.tokens_file"]
+
+    def refuse(problem: str) -> ConfigError:
+        return row.error(path, f"{row.allowed}; {problem}")
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise refuse(f"cannot read it: {exc.strerror or exc}") from exc
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        # PyYAML's message quotes the offending line, which may hold a token.
+        raise refuse("it is not valid YAML") from exc
+    if not isinstance(doc, dict) or not doc:
+        raise refuse("it must be a non-empty mapping of token to a list of tenants")
+    tokens: dict[str, frozenset[str]] = {}
+    for index, (token, tenants) in enumerate(doc.items(), start=1):
+        entry = f"entry {index}"
+        if not isinstance(token, str) or not token:
+            raise refuse(f"the token of {entry} must be a non-empty string (quote it)")
+        if not all("!" <= c <= "~" for c in token):
+            raise refuse(f"the token of {entry} must be printable ASCII without spaces")
+        if not isinstance(tenants, list) or not tenants:
+            raise refuse(f"{entry} must list at least one tenant")
+        for tenant in tenants:
+            if not isinstance(tenant, str) or not is_valid_tenant(tenant):
+                raise refuse(
+                    f"{entry} lists tenant {tenant!r}, which is not 1-{MAX_TENANT_BYTES} "
+                    "ASCII graphic bytes without ':', '#' or '/'"
+                )
+        tokens[token] = frozenset(tenants)
+    return tokens
+
+
+# --- helpers ---------------------------------------------------------------------
+
+
+def _range_text(lo: int | None, hi: int | None, unit: str) -> str:
+    def bound(n: int) -> str:
+        human = human_bytes(n) if unit == "bytes" else str(n)
+        return str(n) if human == str(n) else f"{n} ({human})"
+
+    if lo is not None and hi is not None:
+        return f"between {bound(lo)} and {bound(hi)}"
+    if lo is not None:
+        return f">= {bound(lo)}"
+    if hi is not None:
+        return f"<= {bound(hi)}"
+    return "(any)"
+
+
+def _show(value: object) -> str:
+    """``repr`` for messages, with a URL's user and password replaced by ``***``."""
+    if isinstance(value, Path):
+        return repr(str(value))
+    if isinstance(value, str) and "@" in value and "://" in value:
+        parts = urlsplit(value)
+        if "@" in parts.netloc:
+            host = parts.netloc.rpartition("@")[2]
+            return repr(parts._replace(netloc=f"***@{host}").geturl())
+    return repr(value)
+
+
+def _display(value: object, unit: str) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int) and unit == "bytes":
+        return human_bytes(value)
+    return str(value)
+
+
+def human_bytes(value: int) -> str:
+    """``16 MiB`` for an exact binary multiple, else the plain number."""
+    units = ((EiB, "EiB"), (PiB, "PiB"), (TiB, "TiB"), (GiB, "GiB"), (MiB, "MiB"), (KiB, "KiB"))
+    for size, suffix in units:
+        if value >= size and value % size == 0:
+            return f"{value // size} {suffix}"
+    return str(value)
+
+
+def _suggest(name: str, known: Mapping[str, object] | tuple[str, ...]) -> str:
+    close = difflib.get_close_matches(name, list(known), n=1)
+    return f" (did you mean {close[0]}?)" if close else ""

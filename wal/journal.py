@@ -1,0 +1,962 @@
+"""The journal: the WAL's single writer. It appends, group-commits, rotates,
+checkpoints and replays; *when* to checkpoint or rotate on a timer is the caller's
+business (``app/barrier.py``).
+
+Guarantees:
+
+* **WAL before ack.** ``append_batch`` writes the frame and returns a ``Pending``;
+  ``Pending.wait()`` returns only after an fsync that started after the frame was
+  written succeeded, and after the directory entry of the frame's segment is durable
+  (no rotation obligation pending). One fsync covers every waiter written before it
+  started (group commit); the thread that runs it wakes exactly the waiters it covered
+  and hands the next round to the oldest uncovered one.
+* **Own-frame marks.** ``wait()`` returns the frame's own end offset beside the EOF the
+  fsync reached; only the former is a mark (RFC 0052 §3.1).
+* **Nothing behind a torn frame.** A write or fsync failure on the active segment
+  seals it: every unacknowledged frame in it fails, and the next append takes an owed
+  rotation into a fresh segment. For the client this stays transient.
+* **Bounded rotation retry** (RFC 0052 §3.3). The five steps — create
+  ``<uuid>.wal.partial``, write the header, fsync it, rename it, fsync the parent —
+  run in that order and the segment is installed before the parent fsync. A failure
+  before the rename leaves only a ``.partial`` (never selectable; housekeeping sweeps
+  it) and fails the append; a failed parent fsync keeps the installed segment and
+  leaves ``dir_fsync_pending`` with origin ROTATION, discharged by the next sync before
+  anything is acknowledged. Each failure, and each failed discharge, consumes one unit
+  of ``rotation_retry_attempts``; only the obligation itself succeeding resets it; an
+  exhausted budget is ``Terminal`` and every append is refused with the first error.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .checkpoint import read_checkpoint, write_checkpoint
+from .config import WalConfig
+from .errors import (
+    AppendError,
+    CheckpointError,
+    CorruptionError,
+    JournalClosed,
+    OpenError,
+    OpenIoError,
+    RotationRetrying,
+    RotationTerminal,
+    WalError,
+    WalIoError,
+)
+from .frame import encode_frame, validate_tenant
+from .fs import Fs, OsFs
+from .layout import SegmentFile, SegmentScan, chain_problem, list_root, scan_segment
+from .segment import (
+    FLAG_HAS_PREDECESSOR,
+    FLAG_PREDECESSOR_SEALED,
+    HEADER_SIZE,
+    SegmentHeader,
+    partial_name,
+    segment_name,
+    uuid7,
+    uuid7_time,
+)
+from .types import (
+    CommitOutcome,
+    DirFsyncOrigin,
+    Frame,
+    FrameKind,
+    Healthy,
+    Retrying,
+    RotationKind,
+    RotationState,
+    Terminal,
+    WalOffset,
+)
+
+EventSink = Callable[[str, Mapping[str, object]], None]
+Clock = Callable[[], float]
+
+_TENANT_CACHE_MAX = 4096
+
+
+def _no_events(name: str, fields: Mapping[str, object]) -> None:
+    return None
+
+
+class _Segment:
+    """In-memory state of one surviving segment."""
+
+    __slots__ = (
+        "header",
+        "path",
+        "fd",
+        "data_len",
+        "frame_bytes",
+        "frames",
+        "sealed",
+        "dir_gen",
+        "created",
+        "synced_lsn",
+        "tenants",
+        "scanned",
+    )
+
+    def __init__(self, header: SegmentHeader, path: Path, fd: int | None, created: float) -> None:
+        self.header = header
+        self.path = path
+        self.fd = fd
+        self.data_len = 0  # LSN range used: valid frames plus failed/torn bytes
+        self.frame_bytes = 0  # valid frames only
+        self.frames = 0
+        self.sealed = False
+        self.dir_gen = 0  # directory generation whose fsync makes its entry durable
+        self.created = created
+        self.synced_lsn = header.base_lsn
+        #: tenant -> [first frame end, last frame end]
+        self.tenants: dict[str, list[int]] = {}
+        self.scanned = False
+
+    @property
+    def base(self) -> int:
+        return self.header.base_lsn
+
+    @property
+    def uuid(self) -> uuid.UUID:
+        return self.header.uuid
+
+    @property
+    def end_lsn(self) -> int:
+        return self.base + self.data_len
+
+
+class Pending:
+    """An appended frame waiting for the fsync that covers it.
+
+    ``offset`` is the frame's own end (the mark a caller may use once ``wait`` returns).
+    """
+
+    __slots__ = (
+        "seq",
+        "offset",
+        "_journal",
+        "_seg",
+        "_lock",
+        "_leader",
+        "_done",
+        "_outcome",
+        "_error",
+    )
+
+    def __init__(self, journal: Journal, seq: int, offset: WalOffset, seg: _Segment) -> None:
+        self.seq = seq
+        self.offset = offset
+        self._journal = journal
+        self._seg = seg
+        self._lock = threading.Lock()
+        self._lock.acquire()
+        self._leader = False
+        self._done = False
+        self._outcome: CommitOutcome | None = None
+        self._error: AppendError | None = None
+
+    def wait(self) -> CommitOutcome:
+        """Block until the covering fsync; raise the typed ``AppendError`` on failure."""
+        if not self._leader:
+            self._lock.acquire()
+        if self._leader:
+            self._journal._lead(self)
+        if self._error is not None:
+            raise self._error
+        assert self._outcome is not None
+        return self._outcome
+
+
+@dataclass
+class SegmentReport:
+    """What replay found in one segment."""
+
+    name: str
+    base_lsn: int
+    frames: int
+    frame_bytes: int
+    valid_end_lsn: int
+    damage: str = ""  # empty when the segment ends cleanly
+    damage_offset: int | None = None
+
+
+@dataclass
+class ReplayReport:
+    segments: list[SegmentReport] = field(default_factory=list)
+    frames: int = 0
+    skipped: int = 0  # frames at or below the starting LSN
+
+    @property
+    def torn(self) -> list[SegmentReport]:
+        return [s for s in self.segments if s.damage]
+
+
+@dataclass(frozen=True, slots=True)
+class OpenReport:
+    """What open found and did."""
+
+    fresh: bool
+    segments: int
+    sealed_newest: bool  # the newest segment had a torn tail and was sealed
+    seal_reason: str
+    stale_partials: int
+    checkpoint: WalOffset | None
+
+
+class _StepError(Exception):
+    def __init__(self, step: str, path: Path, cause: OSError) -> None:
+        super().__init__(f"{step} {path}: {cause}")
+        self.step = step
+        self.path = path
+        self.cause = cause
+
+
+class Journal:
+    """The WAL's single writer. Construct with ``Journal.open``."""
+
+    def __init__(
+        self,
+        root: Path,
+        config: WalConfig,
+        fs: Fs,
+        clock: Clock,
+        events: EventSink,
+    ) -> None:
+        self.root = root
+        self.config = config
+        self._fs = fs
+        self._clock = clock
+        self._events = events
+        self._lock = threading.Lock()  # the journal mutex: the single-writer position
+        self._idle = threading.Condition(self._lock)
+        self._ckpt_lock = threading.Lock()
+        self._segments: list[_Segment] = []
+        self._by_uuid: dict[uuid.UUID, _Segment] = {}
+        self._cur: _Segment | None = None
+        self._end_lsn = 0
+        self._synced_lsn = 0
+        self._next_seq = 1
+        self._waiters: deque[Pending] = deque()
+        self._leader: Pending | None = None
+        self._dir_gen = 0
+        self._dir_durable_gen = 0
+        self._dir_pending: DirFsyncOrigin | None = None
+        self._rotation: RotationState = Healthy()
+        self._retired: list[_Segment] = []
+        self._partials: list[Path] = []
+        self._checkpoint: WalOffset | None = None
+        self._closed = False
+        self._broken: BaseException | None = None
+        self._valid_tenants: dict[str, bytes] = {}
+        self.open_report: OpenReport | None = None
+
+    # ------------------------------------------------------------------ open
+
+    @classmethod
+    def open(
+        cls,
+        root: Path | str,
+        config: WalConfig | None = None,
+        *,
+        fs: Fs | None = None,
+        clock: Clock = time.time,
+        events: EventSink | None = None,
+    ) -> Journal:
+        """Open (or create) the WAL at ``root``.
+
+        Validates the configuration and the directory structure, checks the newest
+        segment frame by frame and seals it if its tail is torn (nothing is truncated:
+        the bytes stay as evidence and the next append starts a new segment), reads
+        CHECKPOINT behind an fsync of the root. An empty directory is a fresh root.
+        Older segments' frames are checked by ``replay`` (recovery) and ``verify``.
+        """
+        root = Path(root).absolute()
+        config = config or WalConfig()
+        config.validate()
+        fs = fs or OsFs()
+        journal = cls(root, config, fs, clock, events or _no_events)
+        journal._open()
+        return journal
+
+    def _open(self) -> None:
+        fs, root = self._fs, self.root
+        try:
+            st = fs.stat(root)
+        except FileNotFoundError:
+            st = None
+        except OSError as exc:
+            raise OpenIoError(root, "stat the WAL directory", exc) from exc
+        if st is None:
+            try:
+                fs.mkdir(root)
+                fs.fsync_dir(root.parent)
+            except OSError as exc:
+                raise OpenIoError(root, "create the WAL directory", exc) from exc
+        elif not os.path.isdir(root):
+            raise OpenError(f"WAL path {root} exists and is not a directory")
+        try:
+            fs.fsync_dir(root)  # make what the listing shows durable before trusting it
+        except OSError as exc:
+            raise OpenIoError(root, "fsync the WAL directory", exc) from exc
+
+        listing = list_root(fs, root)
+        self._partials = list(listing.partials)
+        self._checkpoint = read_checkpoint(fs, root)
+        sealed_reason = ""
+        fresh = not listing.segments
+        if fresh:
+            if self._checkpoint is not None:
+                raise CorruptionError(
+                    root / "CHECKPOINT",
+                    None,
+                    f"CHECKPOINT holds mark {self._checkpoint} but the WAL has no segment "
+                    f"(the current segment is never reclaimed; were segments removed by hand?)",
+                )
+            header = SegmentHeader(0, uuid7(self._clock()))
+            try:
+                seg = self._create_segment_locked(header)
+            except _StepError as exc:
+                raise OpenIoError(exc.path, f"{exc.step} the first segment", exc.cause) from exc
+            self._install(seg)
+            self._end_lsn = 0
+        else:
+            for f in listing.segments[:-1]:
+                seg = _Segment(f.header, f.path, None, uuid7_time(f.header.uuid))
+                seg.data_len = f.data_len
+                seg.synced_lsn = f.data_end
+                self._add(seg)
+            newest_file = listing.segments[-1]
+            scan = scan_segment(fs, newest_file)
+            seg = self._segment_from_scan(scan)
+            self._add(seg)
+            self._cur = seg
+            self._end_lsn = newest_file.data_end  # the next base skips any torn bytes
+            if scan.stop.damaged:
+                seg.sealed = True
+                sealed_reason = scan.stop.reason
+                self._events(
+                    "wal.segment.sealed",
+                    {
+                        "segment": seg.path.name,
+                        "offset": scan.stop.valid_end,
+                        "reason": f"torn tail at open: {scan.stop.reason}",
+                        "kept_bytes": scan.file.size - scan.stop.valid_end,
+                    },
+                )
+            else:
+                try:
+                    seg.fd = fs.open(seg.path, os.O_WRONLY | os.O_APPEND)
+                except OSError as exc:
+                    raise OpenIoError(seg.path, "open the newest segment for append", exc) from exc
+            if self._checkpoint is not None and self._checkpoint.lsn > self._end_lsn:
+                raise CorruptionError(
+                    root / "CHECKPOINT",
+                    None,
+                    f"CHECKPOINT mark {self._checkpoint} is beyond the end of the log "
+                    f"(newest segment {seg.path.name} ends at LSN {self._end_lsn})",
+                )
+        self._synced_lsn = self._end_lsn
+        # Every open owes a directory fsync; the first sync discharges it (origin OPEN
+        # is outside the rotation budget).
+        self._dir_gen = 1
+        for s in self._segments:
+            s.dir_gen = 1
+        self._dir_pending = DirFsyncOrigin.OPEN
+        self.open_report = OpenReport(
+            fresh=fresh,
+            segments=len(self._segments),
+            sealed_newest=bool(sealed_reason),
+            seal_reason=sealed_reason,
+            stale_partials=len(self._partials),
+            checkpoint=self._checkpoint,
+        )
+
+    def _segment_from_scan(self, scan: SegmentScan) -> _Segment:
+        f = scan.file
+        seg = _Segment(f.header, f.path, None, uuid7_time(f.header.uuid))
+        seg.data_len = f.data_len
+        seg.synced_lsn = f.data_end
+        base = f.base
+        for raw in scan.frames:
+            end = base + raw.end - HEADER_SIZE
+            seg.frames += 1
+            t = seg.tenants.get(raw.tenant)
+            if t is None:
+                seg.tenants[raw.tenant] = [end, end]
+            else:
+                t[1] = end
+        seg.frame_bytes = scan.frame_bytes
+        seg.scanned = True
+        return seg
+
+    def _add(self, seg: _Segment) -> None:
+        self._segments.append(seg)
+        self._by_uuid[seg.uuid] = seg
+
+    def _install(self, seg: _Segment) -> None:
+        self._add(seg)
+        self._cur = seg
+
+    # ------------------------------------------------------------------ append
+
+    def append_batch(
+        self, tenant: str, payload: bytes, kind: FrameKind = FrameKind.TENANT_BATCH
+    ) -> Pending:
+        """Write one frame and return its ``Pending`` (call ``wait()`` before acking).
+
+        Raises ``FrameRejected`` for an invalid tenant or an oversize payload (nothing
+        written), ``RotationRetrying``/``RotationTerminal`` when a needed rotation
+        failed, ``WalIoError`` when the write failed (the segment is sealed).
+        """
+        raw = self._valid_tenants.get(tenant)
+        if raw is None:
+            raw = validate_tenant(tenant) if (tenant or kind is FrameKind.TENANT_BATCH) else b""
+            if len(self._valid_tenants) < _TENANT_CACHE_MAX:
+                self._valid_tenants[tenant] = raw
+        frame = encode_frame(kind, raw, payload, max_payload=self.config.max_frame_bytes)
+        size = len(frame)
+        with self._lock:
+            self._check_writable_locked()
+            cur = self._cur
+            assert cur is not None
+            if cur.sealed or (
+                cur.frames
+                and (
+                    HEADER_SIZE + cur.data_len + size > self.config.segment_max_bytes
+                    or self._clock() - cur.created >= self.config.segment_age_secs
+                )
+            ):
+                self._rotate_locked()
+                cur = self._cur
+                assert cur is not None
+            end = self._end_lsn + size
+            try:
+                assert cur.fd is not None
+                self._fs.write(cur.fd, frame)
+            except OSError as exc:
+                # The frame may be partly on disk: reserve its LSN range and seal, so
+                # nothing is ever appended behind it.
+                self._end_lsn = end
+                cur.data_len += size
+                self._seal_locked(cur, "write", exc)
+                raise WalIoError("write", cur.path, exc) from exc
+            self._end_lsn = end
+            cur.data_len += size
+            cur.frame_bytes += size
+            cur.frames += 1
+            span = cur.tenants.get(tenant)
+            if span is None:
+                cur.tenants[tenant] = [end, end]
+            else:
+                span[1] = end
+            pending = Pending(self, self._next_seq, WalOffset(cur.header.uuid, end), cur)
+            self._next_seq += 1
+            self._waiters.append(pending)
+            if self._leader is None:
+                self._leader = pending
+                pending._leader = True
+            return pending
+
+    def commit(self, tenant: str, payload: bytes) -> CommitOutcome:
+        """``append_batch`` then ``wait``: the frame is durable when this returns."""
+        return self.append_batch(tenant, payload).wait()
+
+    def _check_writable_locked(self) -> None:
+        if self._closed or self._broken is not None:
+            raise JournalClosed()
+        if isinstance(self._rotation, Terminal):
+            raise RotationTerminal(self._rotation.attempts, self._rotation.first_error)
+
+    # ------------------------------------------------------------------ group commit
+
+    def _lead(self, me: Pending) -> None:
+        while self._sync_round(me):
+            pass
+
+    def _sync_round(self, me: Pending) -> bool:
+        """One fsync round led by ``me``. True when ``me`` must lead another round."""
+        fs = self._fs
+        with self._lock:
+            covered = self._next_seq - 1
+            cur = self._cur
+            assert cur is not None
+            fd = cur.fd
+            do_data = not cur.sealed and fd is not None
+            dir_pending = self._dir_pending
+            gen = self._dir_gen
+            eof = WalOffset(cur.header.uuid, self._end_lsn)
+            eof_lsn = self._end_lsn
+        dir_err: OSError | None = None
+        data_err: OSError | None = None
+        try:
+            if dir_pending is not None:
+                try:
+                    fs.fsync_dir(self.root)
+                except OSError as exc:
+                    dir_err = exc
+            if dir_err is None and do_data:
+                assert fd is not None
+                try:
+                    fs.fsync(fd)
+                except OSError as exc:
+                    data_err = exc
+        except BaseException as exc:
+            self._abandon(exc)
+            raise
+        with self._lock:
+            failure: AppendError | None = None
+            if dir_pending is not None:
+                failure = self._dir_fsync_outcome_locked(dir_pending, gen, dir_err)
+            if data_err is not None:
+                self._seal_locked(cur, "fsync", data_err)
+            elif do_data and dir_err is None:
+                cur.synced_lsn = max(cur.synced_lsn, eof_lsn)
+                self._synced_lsn = max(self._synced_lsn, eof_lsn)
+            waiters = self._waiters
+            while waiters and waiters[0].seq <= covered:
+                w = waiters[0]
+                if failure is not None:
+                    _finish(w, None, _copy_error(failure))
+                elif w._seg.dir_gen > self._dir_durable_gen:
+                    break  # its segment's entry is not durable yet: the next round
+                else:
+                    _finish(w, CommitOutcome(w.seq, w.offset, eof), None)
+                waiters.popleft()
+            if self._retired:
+                self._close_retired_locked()
+            if waiters:
+                nxt = waiters[0]
+                if nxt is me:
+                    return True
+                self._leader = nxt
+                me._leader = False
+                nxt._leader = True
+                nxt._lock.release()
+                return False
+            self._leader = None
+            me._leader = False
+            self._idle.notify_all()
+            return False
+
+    def _dir_fsync_outcome_locked(
+        self, origin: DirFsyncOrigin, gen: int, err: OSError | None
+    ) -> AppendError | None:
+        if err is None:
+            self._dir_durable_gen = max(self._dir_durable_gen, gen)
+            if self._dir_gen == gen:
+                self._dir_pending = None
+            if origin is DirFsyncOrigin.ROTATION:
+                self._rotation_succeeded_locked()
+            return None
+        if origin is DirFsyncOrigin.ROTATION:
+            return self._rotation_failed_locked(
+                "discharge the pending directory fsync", self.root, err
+            )
+        return WalIoError("directory fsync", self.root, err)
+
+    def _seal_locked(self, seg: _Segment, op: str, exc: OSError) -> None:
+        """Seal ``seg``: every unacknowledged frame in it fails; nothing more lands in it."""
+        if seg.sealed:
+            return
+        seg.sealed = True
+        self._events(
+            "wal.segment.sealed",
+            {"segment": seg.path.name, "reason": f"{op} failed: {exc}", "lsn": seg.end_lsn},
+        )
+        kept: deque[Pending] = deque()
+        for w in self._waiters:
+            if w._seg is seg:
+                _finish(w, None, WalIoError(op, seg.path, exc))
+            else:
+                kept.append(w)
+        # A resolved leader keeps running its round and hands off at the round's end.
+        self._waiters = kept
+
+    def _abandon(self, exc: BaseException) -> None:
+        """An unexpected exception (or a simulated crash) inside a round: fail every
+        waiter so no thread is stranded, and refuse further appends."""
+        with self._lock:
+            self._broken = exc
+            for w in self._waiters:
+                _finish(w, None, JournalClosed())
+            self._waiters.clear()
+            self._leader = None
+            self._idle.notify_all()
+
+    # ------------------------------------------------------------------ rotation
+
+    def rotate(self, kind: RotationKind = RotationKind.DISCRETIONARY) -> bool:
+        """Rotate now (the barrier's idle path, or an owed seal). Discharges a pending
+        rotation obligation first; a no-op (False) when the current segment holds no
+        frame and is not sealed. Raises ``RotationRetrying``/``RotationTerminal``."""
+        with self._lock:
+            self._check_writable_locked()
+            cur = self._cur
+            assert cur is not None
+            if self._dir_pending is DirFsyncOrigin.ROTATION:
+                self._discharge_rotation_obligation_locked()
+            if not cur.sealed and cur.frames == 0:
+                return False
+            self._rotate_locked()
+            return True
+
+    def _discharge_rotation_obligation_locked(self) -> None:
+        try:
+            self._fs.fsync_dir(self.root)
+        except OSError as exc:
+            raise self._rotation_failed_locked(
+                "discharge the pending directory fsync", self.root, exc
+            ) from exc
+        self._dir_fsync_outcome_locked(DirFsyncOrigin.ROTATION, self._dir_gen, None)
+
+    def _rotate_locked(self) -> None:
+        if self._dir_pending is DirFsyncOrigin.ROTATION:
+            # One rotation obligation at a time (RFC 0052 §3.3).
+            self._discharge_rotation_obligation_locked()
+        old = self._cur
+        assert old is not None
+        if not old.sealed and old.fd is not None and old.synced_lsn < old.end_lsn:
+            try:
+                self._fs.fsync(old.fd)
+            except OSError as exc:
+                self._seal_locked(old, "fsync", exc)
+            else:
+                old.synced_lsn = old.end_lsn
+        flags = FLAG_HAS_PREDECESSOR | (FLAG_PREDECESSOR_SEALED if old.sealed else 0)
+        header = SegmentHeader(self._end_lsn, uuid7(self._clock()), flags, old.base)
+        try:
+            seg = self._create_segment_locked(header)
+        except _StepError as exc:
+            raise self._rotation_failed_locked(exc.step, exc.path, exc.cause) from exc.cause
+        self._install(seg)
+        self._retired.append(old)
+        if self._leader is None:
+            self._close_retired_locked()
+        self._dir_gen += 1
+        seg.dir_gen = self._dir_gen
+        try:
+            self._fs.fsync_dir(self.root)
+        except OSError as exc:
+            self._dir_pending = DirFsyncOrigin.ROTATION
+            err = self._rotation_failed_locked("fsync the parent directory", self.root, exc)
+            if isinstance(err, RotationTerminal):
+                raise err from exc
+            return  # installed; the next sync discharges the obligation before any ack
+        self._dir_durable_gen = self._dir_gen
+        self._dir_pending = None
+        self._rotation_succeeded_locked()
+
+    def _create_segment_locked(self, header: SegmentHeader) -> _Segment:
+        """Steps 1–4 of the creation protocol; raises ``_StepError`` naming the step."""
+        fs = self._fs
+        partial = self.root / partial_name(header.uuid)
+        final = self.root / segment_name(header.base_lsn)
+        step = "create"
+        fd: int | None = None
+        try:
+            fd = fs.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND)
+            self._partials.append(partial)
+            step = "write the header of"
+            fs.write(fd, header.encode())
+            step = "fsync the header of"
+            fs.fsync(fd)
+            step = "rename"
+            try:
+                fs.stat(final)
+            except FileNotFoundError:
+                pass
+            else:
+                raise FileExistsError(17, "a segment with this base already exists", str(final))
+            fs.rename(partial, final)
+        except OSError as exc:
+            if fd is not None:
+                try:
+                    fs.close(fd)
+                except OSError:
+                    pass
+            raise _StepError(step, partial, exc) from exc
+        self._partials.remove(partial)
+        # Reopen on the final path so every later message names the real file.
+        try:
+            final_fd = fs.open(final, os.O_WRONLY | os.O_APPEND)
+        except OSError:
+            final_fd = None
+        if final_fd is not None:
+            try:
+                fs.close(fd)
+            except OSError:
+                pass
+            fd = final_fd
+        seg = _Segment(header, final, fd, uuid7_time(header.uuid))
+        seg.scanned = True
+        return seg
+
+    def _close_retired_locked(self) -> None:
+        for seg in self._retired:
+            if seg.fd is not None:
+                try:
+                    self._fs.close(seg.fd)
+                except OSError:
+                    pass
+                seg.fd = None
+        self._retired.clear()
+
+    def _rotation_failed_locked(self, step: str, path: Path, exc: OSError) -> AppendError:
+        what = f"{step} {path}: {exc}"
+        budget = self.config.rotation_retry_attempts
+        state = self._rotation
+        if isinstance(state, Terminal):
+            return RotationTerminal(state.attempts, state.first_error)
+        attempts = 1 if isinstance(state, Healthy) else state.attempts + 1
+        first = what if isinstance(state, Healthy) else state.first_error
+        if attempts >= budget:
+            self._rotation = Terminal(attempts, first)
+            self._events(
+                "wal.rotation.terminal",
+                {"attempts": attempts, "first_error": first, "last_error": what},
+            )
+            return RotationTerminal(attempts, first)
+        self._rotation = Retrying(attempts, first)
+        if isinstance(state, Healthy):
+            self._events(
+                "wal.rotation.retrying", {"attempts": attempts, "budget": budget, "error": what}
+            )
+        return RotationRetrying(attempts, budget, first)
+
+    def _rotation_succeeded_locked(self) -> None:
+        state = self._rotation
+        if isinstance(state, Retrying):
+            self._rotation = Healthy()
+            self._events(
+                "wal.rotation.recovered",
+                {"attempts": state.attempts, "first_error": state.first_error},
+            )
+
+    # ------------------------------------------------------------------ checkpoint
+
+    @property
+    def last_checkpoint(self) -> WalOffset | None:
+        with self._lock:
+            return self._checkpoint
+
+    def checkpoint(self, mark: WalOffset) -> bool:
+        """Advance the CHECKPOINT to ``mark`` (a turn's own frame end).
+
+        Monotonic: a lower mark raises ``CheckpointError``; an equal one is a no-op
+        (False). On a failed write the previous mark stays in force and
+        ``CheckpointError`` carries the cause. The file I/O runs without the journal
+        mutex, so appends continue meanwhile.
+        """
+        with self._ckpt_lock:
+            with self._lock:
+                current = self._checkpoint
+                if current is not None:
+                    if mark.lsn < current.lsn:
+                        raise CheckpointError(
+                            f"checkpoint mark {mark} is below the current mark {current}"
+                        )
+                    if mark.lsn == current.lsn:
+                        if mark.segment != current.segment:
+                            raise CheckpointError(
+                                f"checkpoint mark {mark} names another segment than the "
+                                f"current mark {current} at the same LSN"
+                            )
+                        return False
+                seg = self._by_uuid.get(mark.segment)
+                if seg is None or not seg.base < mark.lsn <= seg.end_lsn:
+                    raise CheckpointError(
+                        f"checkpoint mark {mark} does not end a frame of a surviving segment"
+                    )
+                if mark.lsn > self._synced_lsn:
+                    raise CheckpointError(
+                        f"checkpoint mark {mark} is beyond the durable end (LSN {self._synced_lsn})"
+                    )
+            try:
+                write_checkpoint(self._fs, self.root, mark)
+            except OSError as exc:
+                raise CheckpointError(
+                    f"writing CHECKPOINT at {mark} failed: {exc}; the previous mark "
+                    f"{current} stays in force"
+                ) from exc
+            with self._lock:
+                self._checkpoint = mark
+            return True
+
+    # ------------------------------------------------------------------ replay
+
+    def replay(self, after_lsn: int | None = None) -> Replay:
+        """Iterate every surviving frame, oldest first, CRC-checked, skipping frames
+        that end at or below ``after_lsn``. Recovery calls it before the first append.
+        Damage is legal only where a torn tail can be (module ``layout``); anywhere else
+        it raises ``CorruptionError`` naming the file and the offset."""
+        with self._lock:
+            if self._next_seq != 1:
+                raise WalError("replay is recovery's: it runs before the first append")
+            segments = list(self._segments)
+        return Replay(self, segments, after_lsn)
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def rotation_state(self) -> RotationState:
+        with self._lock:
+            return self._rotation
+
+    @property
+    def dir_fsync_pending(self) -> DirFsyncOrigin | None:
+        with self._lock:
+            return self._dir_pending
+
+    @property
+    def stale_partials(self) -> list[Path]:
+        """``<uuid>.wal.partial`` files left by failed rotations (seeded at open)."""
+        with self._lock:
+            return list(self._partials)
+
+    @property
+    def end_lsn(self) -> int:
+        with self._lock:
+            return self._end_lsn
+
+    def unflushed_bytes(self) -> int:
+        """Bytes written but not yet covered by a successful fsync."""
+        return self._end_lsn - self._synced_lsn
+
+    def segment_names(self) -> list[str]:
+        with self._lock:
+            return [s.path.name for s in self._segments]
+
+    @property
+    def current_segment(self) -> uuid.UUID:
+        with self._lock:
+            assert self._cur is not None
+            return self._cur.uuid
+
+    # ------------------------------------------------------------------ close
+
+    def close(self) -> None:
+        """Refuse new appends, let in-flight waiters finish, fsync and close files."""
+        with self._lock:
+            self._closed = True
+            while self._leader is not None:
+                self._idle.wait()
+            for w in self._waiters:  # only reachable after an abandoned round
+                _finish(w, None, JournalClosed())
+            self._waiters.clear()
+            segments = list(self._segments) + list(self._retired)
+            self._retired.clear()
+            for seg in segments:
+                if seg.fd is None:
+                    continue
+                try:
+                    if not seg.sealed and seg.synced_lsn < seg.end_lsn:
+                        self._fs.fsync(seg.fd)
+                    self._fs.close(seg.fd)
+                except OSError:
+                    pass
+                seg.fd = None
+
+    def __enter__(self) -> Journal:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Replay:
+    """Iterator over replayed frames; ``report`` is complete once exhausted."""
+
+    def __init__(self, journal: Journal, segments: list[_Segment], after_lsn: int | None) -> None:
+        self._journal = journal
+        self._segments = segments
+        self._after = after_lsn
+        self.report = ReplayReport()
+
+    def __iter__(self) -> Iterator[Frame]:
+        journal = self._journal
+        fs = journal._fs
+        after = -1 if self._after is None else self._after
+        previous: SegmentScan | None = None
+        n = len(self._segments)
+        for i, seg in enumerate(self._segments):
+            f = SegmentFile(seg.path, seg.header, HEADER_SIZE + seg.data_len)
+            scan = scan_segment(fs, f)
+            if previous is not None:
+                problem = chain_problem(previous, f)
+                if problem is not None:
+                    raise problem
+            newest = i == n - 1
+            if scan.stop.damaged and not newest:
+                nxt = self._segments[i + 1].header
+                direct = nxt.has_predecessor and nxt.prev_base_lsn == seg.base
+                if direct and not nxt.predecessor_sealed:
+                    raise CorruptionError(
+                        seg.path,
+                        scan.stop.valid_end,
+                        f"damage ({scan.stop.reason}) in a segment closed by a clean "
+                        f"rotation; acknowledged frames after LSN {scan.valid_end_lsn} may be "
+                        f"unreadable",
+                    )
+            report = SegmentReport(
+                seg.path.name,
+                seg.base,
+                len(scan.frames),
+                scan.frame_bytes,
+                scan.valid_end_lsn,
+                scan.stop.reason if scan.stop.damaged else "",
+                scan.stop.valid_end if scan.stop.damaged else None,
+            )
+            self.report.segments.append(report)
+            with journal._lock:
+                if not seg.scanned:
+                    fresh = journal._segment_from_scan(scan)
+                    seg.frames, seg.frame_bytes = fresh.frames, fresh.frame_bytes
+                    seg.tenants = fresh.tenants
+                    seg.scanned = True
+            base = seg.base
+            data = scan.data
+            uid = seg.uuid
+            for raw in scan.frames:
+                end = base + raw.end - HEADER_SIZE
+                if end <= after:
+                    self.report.skipped += 1
+                    continue
+                self.report.frames += 1
+                yield Frame(
+                    raw.kind,
+                    raw.tenant,
+                    data[raw.payload_start : raw.end],
+                    base + raw.start - HEADER_SIZE,
+                    WalOffset(uid, end),
+                )
+            previous = scan
+
+
+def _finish(w: Pending, outcome: CommitOutcome | None, error: AppendError | None) -> None:
+    if w._done:
+        return
+    w._outcome = outcome
+    w._error = error
+    w._done = True
+    if not w._leader:
+        w._lock.release()
+
+
+def _copy_error(err: AppendError) -> AppendError:
+    """A fresh exception per waiter: one instance raised in many threads would share
+    (and race on) its traceback."""
+    if isinstance(err, RotationTerminal):
+        return RotationTerminal(err.attempts, err.first_error)
+    if isinstance(err, RotationRetrying):
+        return RotationRetrying(err.attempts, err.budget, err.first_error)
+    if isinstance(err, WalIoError):
+        return WalIoError(err.op, err.path, err.cause)
+    return JournalClosed()

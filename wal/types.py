@@ -1,0 +1,129 @@
+"""Value types shared by the WAL's modules: offsets, states and outcomes.
+
+A ``WalOffset`` is (segment UUIDv7, LSN). The LSN is a global byte position in the
+logical stream of frames (segment headers and torn bytes excluded), so offsets order
+by LSN and subtract to byte counts; the UUID names the segment the frame ends in and
+is cross-checked wherever an offset is read back. A mark is always a *post-frame*
+position: the LSN just after a frame. On disk an offset is 24 bytes: the UUID's 16
+bytes in RFC 4122 order, then the LSN as u64 little-endian.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+import uuid
+from dataclasses import dataclass
+from typing import Final
+
+_OFFSET = struct.Struct("<16sQ")
+OFFSET_SIZE: Final = _OFFSET.size  # 24
+
+
+@dataclass(frozen=True, slots=True)
+class WalOffset:
+    """A post-frame position: the frame ends at ``lsn`` inside segment ``segment``."""
+
+    segment: uuid.UUID
+    lsn: int
+
+    def __lt__(self, other: WalOffset) -> bool:
+        return self.lsn < other.lsn
+
+    def __le__(self, other: WalOffset) -> bool:
+        return self.lsn <= other.lsn
+
+    def __gt__(self, other: WalOffset) -> bool:
+        return self.lsn > other.lsn
+
+    def __ge__(self, other: WalOffset) -> bool:
+        return self.lsn >= other.lsn
+
+    def encode(self) -> bytes:
+        return _OFFSET.pack(self.segment.bytes, self.lsn)
+
+    @classmethod
+    def decode(cls, data: bytes | memoryview) -> WalOffset:
+        raw, lsn = _OFFSET.unpack(data)
+        return cls(uuid.UUID(bytes=bytes(raw)), lsn)
+
+    def __str__(self) -> str:
+        return f"{self.lsn}@{self.segment}"
+
+
+class FrameKind(enum.IntEnum):
+    """Frame kinds; they start at 1 so zeroed bytes never decode as a valid kind."""
+
+    TENANT_BATCH = 1  # payload: an ExportLogsServiceRequest as received (decompressed)
+    AUDIT_EVENT = 2  # reserved: nothing writes it, recovery ignores it (RFC 0052 §3.7)
+
+
+class RotationKind(enum.Enum):
+    """Why a rotation is requested (RFC 0052 §3.7)."""
+
+    DISCRETIONARY = 1  # the barrier's idle path: segment old enough and holding a frame
+    OWED = 2  # a sealed segment must not be appended to: always proceeds
+
+
+class DirFsyncOrigin(enum.Enum):
+    """Where a pending parent-directory fsync came from (RFC 0052 §3.3)."""
+
+    OPEN = 1  # an ordinary retryable sync failure outside the rotation budget
+    ROTATION = 2  # draws on the rotation retry budget
+
+
+@dataclass(frozen=True, slots=True)
+class Healthy:
+    """No rotation obligation is failing."""
+
+    name: str = "healthy"
+
+
+@dataclass(frozen=True, slots=True)
+class Retrying:
+    """Consecutive rotation attempts failed; the budget still holds (transient)."""
+
+    attempts: int
+    first_error: str
+    name: str = "retrying"
+
+
+@dataclass(frozen=True, slots=True)
+class Terminal:
+    """The budget is exhausted; every append is refused until a restart."""
+
+    attempts: int
+    first_error: str
+    name: str = "terminal"
+
+
+RotationState = Healthy | Retrying | Terminal
+
+
+@dataclass(frozen=True, slots=True)
+class CommitOutcome:
+    """What an acknowledged append gets back.
+
+    ``offset`` is the frame's own end — the only value a caller may use as a mark.
+    ``durable_eof`` is how far the covering fsync reached, which can include later
+    frames that are not yet acknowledged or mined (RFC 0052 §3.1); never a mark.
+    """
+
+    seq: int
+    offset: WalOffset
+    durable_eof: WalOffset
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """A validated frame read back from a segment."""
+
+    kind: FrameKind
+    tenant: str
+    payload: bytes
+    start_lsn: int
+    offset: WalOffset  # the post-frame position
+
+    @property
+    def size(self) -> int:
+        return self.offset.lsn - self.start_lsn
