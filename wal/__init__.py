@@ -21,7 +21,7 @@ from .errors import (
     WalError,
     WalIoError,
 )
-from .fs import FaultyFs, Fs, OsFs, SimulatedCrash
+from .fs import FaultyFs, Fs, Hold, OsFs, SimulatedCrash
 from .journal import Journal, OpenReport, Pending, Replay, ReplayReport, SegmentReport
 from .types import (
     CommitOutcome,
@@ -51,6 +51,7 @@ __all__ = [
     "FrameTooLarge",
     "Fs",
     "Healthy",
+    "Hold",
     "InvalidConfig",
     "InvalidTenant",
     "Journal",

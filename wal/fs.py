@@ -207,6 +207,40 @@ class Fault:
         return True
 
 
+class Hold:
+    """A named point in the seam where a thread is held until the test releases it.
+
+    ``reached`` is set when the matching operation is about to run (outside the seam's
+    own lock, so other threads' I/O proceeds); the operation continues after
+    ``release()``. Deterministic interleavings without sleeping.
+    """
+
+    def __init__(self, op: str, path_glob: str | None, nth: int) -> None:
+        self.op = op
+        self.path_glob = path_glob
+        self.nth = nth
+        self.seen = 0
+        self.reached = threading.Event()
+        self._go = threading.Event()
+
+    def matches(self, op: str, path: Path | None) -> bool:
+        if op != self.op:
+            return False
+        if self.path_glob is not None and (
+            path is None or not fnmatch.fnmatch(path.name, self.path_glob)
+        ):
+            return False
+        self.seen += 1
+        return self.seen == self.nth
+
+    def release(self) -> None:
+        self._go.set()
+
+    def wait_released(self) -> None:
+        self.reached.set()
+        self._go.wait()
+
+
 @dataclass
 class _Inode:
     shadow: Path
@@ -224,6 +258,7 @@ class FaultyFs(OsFs):
     def __init__(self, shadow_dir: Path) -> None:
         self._mu = threading.RLock()
         self._faults: list[Fault] = []
+        self._holds: list[Hold] = []
         self._shadow = shadow_dir
         self._shadow.mkdir(parents=True, exist_ok=True)
         self._inodes: dict[int, _Inode] = {}
@@ -272,9 +307,21 @@ class FaultyFs(OsFs):
             self._faults.append(fault)
         return fault
 
+    def hold_at(self, op: str, path_glob: str | None = None, *, nth: int = 1) -> Hold:
+        """Hold the thread that makes the ``nth`` matching call until ``release()``."""
+        if op not in OPS:
+            raise ValueError(f"unknown fs op {op!r}")
+        hold = Hold(op, path_glob, nth)
+        with self._mu:
+            self._holds.append(hold)
+        return hold
+
     def clear_faults(self) -> None:
         with self._mu:
             self._faults.clear()
+            for hold in self._holds:
+                hold.release()
+            self._holds.clear()
 
     @property
     def crashed(self) -> bool:
@@ -302,6 +349,7 @@ class FaultyFs(OsFs):
                 self._revert_to_durable()
             # The seam is usable again, as a fresh process would find the disk.
             self._faults.clear()
+            self._holds.clear()
             self._crashed = False
 
     def _revert_to_durable(self) -> None:
@@ -372,7 +420,12 @@ class FaultyFs(OsFs):
         self._inodes[ino] = _Inode(shadow, size)
 
     def _before(self, op: str, path: Path | None) -> Fault | None:
-        """Common prologue: refuse after a crash, record, and find a firing fault."""
+        """Common prologue: hold if asked, refuse after a crash, record, and find a
+        firing fault."""
+        with self._mu:
+            holds = [h for h in self._holds if h.matches(op, path)]
+        for hold in holds:
+            hold.wait_released()
         with self._mu:
             if self._crashed:
                 raise SimulatedCrash(f"{op} {path} after the crash")

@@ -295,9 +295,13 @@ class Journal:
         except OSError as exc:
             raise OpenIoError(root, "stat the WAL directory", exc) from exc
         if st is None:
+            missing = [root]
+            while not missing[-1].parent.exists():
+                missing.append(missing[-1].parent)
             try:
-                fs.mkdir(root)
-                fs.fsync_dir(root.parent)
+                for d in reversed(missing):
+                    fs.mkdir(d)
+                    fs.fsync_dir(d.parent)
             except OSError as exc:
                 raise OpenIoError(root, "create the WAL directory", exc) from exc
         elif not os.path.isdir(root):
@@ -351,11 +355,21 @@ class Journal:
                         "kept_bytes": scan.file.size - scan.stop.valid_end,
                     },
                 )
+            # A killed process may have left frames in the page cache only: make the
+            # newest segment durable before anything is appended or rotated behind it.
+            try:
+                fd = fs.open(seg.path, os.O_WRONLY | os.O_APPEND)
+            except OSError as exc:
+                raise OpenIoError(seg.path, "open the newest segment", exc) from exc
+            try:
+                fs.fsync(fd)
+            except OSError as exc:
+                fs.close(fd)
+                raise OpenIoError(seg.path, "fsync the newest segment", exc) from exc
+            if seg.sealed:
+                fs.close(fd)
             else:
-                try:
-                    seg.fd = fs.open(seg.path, os.O_WRONLY | os.O_APPEND)
-                except OSError as exc:
-                    raise OpenIoError(seg.path, "open the newest segment for append", exc) from exc
+                seg.fd = fd
             if self._checkpoint is not None and self._checkpoint.lsn > self._end_lsn:
                 raise CorruptionError(
                     root / "CHECKPOINT",

@@ -15,9 +15,10 @@ SMALL = WalConfig(segment_max_bytes=64 * KiB, max_frame_bytes=32 * KiB)
 
 
 def payload(i: int, size: int = 1000) -> bytes:
-    """A recognisable payload for frame ``i``."""
-    head = f"frame-{i:08d}:".encode()
-    return (head * (size // len(head) + 1))[:size]
+    """A recognisable payload for frame ``i``, unique per ``i`` for sizes >= 12."""
+    head = f"{i}:".encode()
+    filler = f"frame-{i:08d};".encode()
+    return (head + filler * (size // len(filler) + 1))[:size]
 
 
 @dataclass
