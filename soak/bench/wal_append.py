@@ -118,14 +118,14 @@ def main() -> int:
         for threads in [int(x) for x in args.threads.split(",")]:
             raw_path = base / f"raw-{threads}.log"
             raw = RawLoop(raw_path)
-            raw_rate, raw_lat = drive(lambda t, d: raw.commit(d), threads, args.seconds)
+            raw_rate, raw_lat = drive(lambda t, d, r=raw: r.commit(d), threads, args.seconds)
             raw.close()
             raw_path.unlink()
             root = base / f"wal-{threads}"
             journal = Journal.open(root, WalConfig())
             tenants = [f"tenant-{t % 16}" for t in range(threads)]
             wal_rate, wal_lat = drive(
-                lambda t, d: journal.commit(tenants[t], d), threads, args.seconds
+                lambda t, d, j=journal, ts=tenants: j.commit(ts[t], d), threads, args.seconds
             )
             journal.close()
             shutil.rmtree(root)

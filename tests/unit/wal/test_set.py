@@ -8,8 +8,8 @@ import pytest
 
 from tests.support.walkit import seeded
 from wal import Journal, WalConfig
-from wal.layout import list_root, scan_segment
 from wal.fs import OsFs
+from wal.layout import list_root, scan_segment
 
 MiB = 1024 * 1024
 ONE_FILE = WalConfig(segment_max_bytes=16 * 1024 * MiB, max_frame_bytes=64 * 1024)
