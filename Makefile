@@ -19,13 +19,14 @@ run: $(VENV)/.installed
 # Installs everything the tests need, then runs lint, type checks and the whole suite.
 test: $(VENV)/.installed
 	scripts/install-test-tools.sh $(TOOLS)
-	$(VENV)/bin/ruff check app wal sink tests soak
-	$(VENV)/bin/ruff format --check app wal sink tests soak
+	$(VENV)/bin/ruff check app wal sink tests soak scripts
+	$(VENV)/bin/ruff format --check app wal sink tests soak scripts
 	$(VENV)/bin/mypy wal sink app
+	$(PY) scripts/gen_config_doc.py --check
 	PATH="$(CURDIR)/$(TOOLS)/bin:$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/pytest -q -p no:cacheprovider
 
 lint: $(VENV)/.installed
-	$(VENV)/bin/ruff check app wal sink tests soak
+	$(VENV)/bin/ruff check app wal sink tests soak scripts
 	$(VENV)/bin/mypy wal sink app
 
 bench: $(VENV)/.installed
