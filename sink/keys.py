@@ -1,0 +1,267 @@
+"""Object keys: where each published object lives in the store.
+
+Layout (DESIGN.md §3; the prefix is the store's own, applied by the store)::
+
+    [<prefix>/]records/tenant=<pct-tenant>/date=<YYYY-MM-DD>/<name>.parquet
+    [<prefix>/]audit/tenant=<pct-tenant>/date=<YYYY-MM-DD>/<name>.parquet
+    [<prefix>/]wal-archive/<node>/<segment-file-name>
+
+    e.g. records/tenant=acme%3Dprod/date=2024-05-01/
+             ourios-0-0190a3c2-7f1e-7b2a-9c4d-5e6f708192a3.parquet   (one key, wrapped)
+
+``<pct-tenant>`` is the tenant id with every byte outside RFC 3986's unreserved set
+(``A-Z a-z 0-9 - . _ ~``) written ``%XX`` (uppercase hex). Tenant ids are 1–128 ASCII
+graphic bytes other than ``:`` ``#`` ``/`` (DESIGN.md §3), so the encoded segment never
+holds ``/`` or ``=`` and decoding is exact: ``decode_tenant`` accepts only the canonical
+form ``encode_tenant`` produces, so one tenant has exactly one spelling in the store.
+
+``<YYYY-MM-DD>`` is the UTC day of the partitioning timestamp (the caller chooses which
+of a record's timestamps partitions it).
+
+``<name>`` is ``<node>-<uuid7>``: the writer's node identity (the pod name, e.g.
+``ourios-2``, made a safe lowercase DNS label by ``node_identity``) then a fresh
+UUIDv7. The UUID alone is unique with overwhelming probability; the node part makes a
+collision between replicas impossible by construction (DESIGN.md §10), tells an
+operator which replica wrote an object, and keeps later name-based (RFC 4122 v5) names
+— derived from WAL offsets, which replicas share — apart per replica. The key builders
+take the name as an argument, so a different naming scheme is a different
+``name``-producing function, nothing else.
+
+Invariant: every key built here is a valid store key (``check_key``): no empty, ``.``
+or ``..`` segment, no segment starting with ``.`` (reserved for ``LocalStore``'s temp
+files), no leading or trailing ``/``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+import hashlib
+import re
+import string
+from dataclasses import dataclass
+from typing import Final
+
+import uuid6
+
+__all__ = [
+    "ARCHIVE_ROOT",
+    "NANOS_PER_DAY",
+    "PARQUET_SUFFIX",
+    "TENANT_MAX_BYTES",
+    "KeyFormatError",
+    "ObjectKind",
+    "ParsedKey",
+    "archive_key",
+    "audit_key",
+    "check_key",
+    "check_tenant",
+    "decode_tenant",
+    "encode_tenant",
+    "join_prefix",
+    "new_object_name",
+    "node_identity",
+    "normalize_prefix",
+    "object_key",
+    "parse_object_key",
+    "partition_date",
+    "records_key",
+]
+
+NANOS_PER_DAY: Final = 86_400 * 1_000_000_000
+TENANT_MAX_BYTES: Final = 128
+PARQUET_SUFFIX: Final = ".parquet"
+ARCHIVE_ROOT: Final = "wal-archive"
+
+_UNRESERVED: Final = frozenset(string.ascii_letters + string.digits + "-._~")
+_TENANT_FORBIDDEN: Final = frozenset(":#/")
+_ENCODE: Final = tuple(chr(b) if chr(b) in _UNRESERVED else f"%{b:02X}" for b in range(128))
+_PCT_SEGMENT: Final = re.compile(r"(?:[A-Za-z0-9._~-]|%[0-9A-F]{2})+")
+_NAME: Final = re.compile(r"[A-Za-z0-9_~-][A-Za-z0-9._~-]*")
+_NODE_LABEL: Final = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
+_EPOCH: Final = dt.date(1970, 1, 1)
+
+
+class KeyFormatError(ValueError):
+    """A tenant, name, prefix or key does not have the shape this module requires."""
+
+
+class ObjectKind(enum.Enum):
+    """The top-level directory of a published Parquet object."""
+
+    RECORDS = "records"
+    AUDIT = "audit"
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedKey:
+    """The parts of a records or audit key (``name`` without ``.parquet``)."""
+
+    kind: ObjectKind
+    tenant: str
+    day: dt.date
+    name: str
+
+
+def check_tenant(tenant: str) -> None:
+    """Raise ``KeyFormatError`` unless ``tenant`` is 1–128 ASCII graphic bytes without ``:#/``."""
+    if not 1 <= len(tenant) <= TENANT_MAX_BYTES:
+        raise KeyFormatError(
+            f"tenant {tenant!r} is {len(tenant)} bytes: must be 1..{TENANT_MAX_BYTES}"
+        )
+    for ch in tenant:
+        if not "!" <= ch <= "~" or ch in _TENANT_FORBIDDEN:
+            raise KeyFormatError(
+                f"tenant {tenant!r} holds {ch!r}: must be ASCII graphic characters"
+                " other than ':', '#', '/'"
+            )
+
+
+def encode_tenant(tenant: str) -> str:
+    """The ``tenant=`` path segment's value: unreserved bytes kept, all others ``%XX``."""
+    check_tenant(tenant)
+    return "".join([_ENCODE[ord(ch)] for ch in tenant])
+
+
+def decode_tenant(segment: str) -> str:
+    """The inverse of ``encode_tenant``; refuses any spelling it would not produce."""
+    if _PCT_SEGMENT.fullmatch(segment) is None:
+        raise KeyFormatError(f"tenant segment {segment!r} is not percent-encoded")
+    parts = segment.split("%")
+    tenant = parts[0] + "".join(chr(int(p[:2], 16)) + p[2:] for p in parts[1:])
+    try:
+        canonical = encode_tenant(tenant)
+    except KeyFormatError as exc:
+        raise KeyFormatError(f"tenant segment {segment!r} decodes to an invalid tenant") from exc
+    if canonical != segment:
+        raise KeyFormatError(
+            f"tenant segment {segment!r} is not canonical: the canonical form is {canonical!r}"
+        )
+    return tenant
+
+
+def partition_date(time_unix_nano: int) -> dt.date:
+    """The UTC day holding ``time_unix_nano`` (the ``date=`` partition)."""
+    if time_unix_nano < 0:
+        raise KeyFormatError(f"timestamp {time_unix_nano} is negative")
+    return _EPOCH + dt.timedelta(days=time_unix_nano // NANOS_PER_DAY)
+
+
+def node_identity(raw: str) -> str:
+    """A node identity safe in keys: a lowercase DNS label (``[a-z0-9-]``, ≤ 63 chars).
+
+    A StatefulSet pod name (``ourios-2``) is already one and is returned unchanged.
+    Anything else is lowercased, other characters become ``-``, and a 6-hex-digit hash
+    of ``raw`` is appended, so two distinct raw identities never share a result.
+    """
+    if _NODE_LABEL.fullmatch(raw):
+        return raw
+    cleaned = re.sub(r"[^a-z0-9-]", "-", raw.lower()).strip("-")[:50].strip("-")
+    digest = hashlib.sha256(raw.encode("utf-8", "surrogatepass")).hexdigest()[:6]
+    return f"{cleaned}-{digest}" if cleaned else f"node-{digest}"
+
+
+def new_object_name(node: str) -> str:
+    """A fresh object name ``<node>-<uuid7>``; ``node`` must come from ``node_identity``."""
+    if _NODE_LABEL.fullmatch(node) is None:
+        raise KeyFormatError(f"node identity {node!r} is not a lowercase DNS label")
+    return f"{node}-{uuid6.uuid7()}"
+
+
+def normalize_prefix(prefix: str) -> str:
+    """A store prefix without leading/trailing ``/``; each segment must be a valid key segment."""
+    stripped = prefix.strip("/")
+    if stripped:
+        check_key(stripped)
+    return stripped
+
+
+def join_prefix(prefix: str, key: str) -> str:
+    """``key`` under ``prefix`` (already normalized); the empty prefix is the root."""
+    return f"{prefix}/{key}" if prefix else key
+
+
+def check_key(key: str) -> None:
+    """Raise ``KeyFormatError`` unless ``key`` is a relative ``/``-separated store key.
+
+    Refused: the empty key, a leading or trailing ``/``, an empty segment, a segment
+    ``.`` or ``..`` or starting with ``.``, NUL, backslash and other control characters.
+    """
+    if not key:
+        raise KeyFormatError("empty object key")
+    for segment in key.split("/"):
+        if not segment:
+            raise KeyFormatError(f"object key {key!r} has an empty segment or an outer '/'")
+        if segment.startswith("."):
+            raise KeyFormatError(f"object key {key!r} has a segment starting with '.'")
+    for ch in key:
+        if ch < " " or ch == "\x7f" or ch == "\\":
+            raise KeyFormatError(f"object key {key!r} holds the character {ch!r}")
+
+
+def _check_name(name: str) -> None:
+    if _NAME.fullmatch(name) is None:
+        raise KeyFormatError(
+            f"object name {name!r} must be unreserved characters not starting with '.'"
+        )
+
+
+def object_key(kind: ObjectKind, tenant: str, day: dt.date, name: str, *, prefix: str = "") -> str:
+    """``[<prefix>/]<kind>/tenant=<pct>/date=<day>/<name>.parquet``."""
+    _check_name(name)
+    key = (
+        f"{kind.value}/tenant={encode_tenant(tenant)}/date={day.isoformat()}/{name}{PARQUET_SUFFIX}"
+    )
+    return join_prefix(normalize_prefix(prefix), key)
+
+
+def records_key(tenant: str, day: dt.date, name: str, *, prefix: str = "") -> str:
+    """The key of a records object."""
+    return object_key(ObjectKind.RECORDS, tenant, day, name, prefix=prefix)
+
+
+def audit_key(tenant: str, day: dt.date, name: str, *, prefix: str = "") -> str:
+    """The key of an audit object."""
+    return object_key(ObjectKind.AUDIT, tenant, day, name, prefix=prefix)
+
+
+def archive_key(node: str, segment_file_name: str, *, prefix: str = "") -> str:
+    """``[<prefix>/]wal-archive/<node>/<segment-file-name>`` (DESIGN.md §12, archival)."""
+    if _NODE_LABEL.fullmatch(node) is None:
+        raise KeyFormatError(f"node identity {node!r} is not a lowercase DNS label")
+    if "/" in segment_file_name:
+        raise KeyFormatError(f"segment file name {segment_file_name!r} must be a bare name")
+    _check_name(segment_file_name)
+    return join_prefix(normalize_prefix(prefix), f"{ARCHIVE_ROOT}/{node}/{segment_file_name}")
+
+
+def parse_object_key(key: str, *, prefix: str = "") -> ParsedKey:
+    """The parts of a records or audit key built by ``object_key`` with the same prefix."""
+    base = normalize_prefix(prefix)
+    rest = key
+    if base:
+        if not key.startswith(base + "/"):
+            raise KeyFormatError(f"object key {key!r} is not under prefix {base!r}")
+        rest = key[len(base) + 1 :]
+    parts = rest.split("/")
+    if len(parts) != 4:
+        raise KeyFormatError(f"object key {key!r} does not have 4 segments under the prefix")
+    kind_s, tenant_s, date_s, file_s = parts
+    try:
+        kind = ObjectKind(kind_s)
+    except ValueError:
+        raise KeyFormatError(f"object key {key!r} has unknown kind {kind_s!r}") from None
+    if not tenant_s.startswith("tenant=") or not date_s.startswith("date="):
+        raise KeyFormatError(f"object key {key!r} lacks tenant=/date= segments")
+    if not file_s.endswith(PARQUET_SUFFIX):
+        raise KeyFormatError(f"object key {key!r} does not end in {PARQUET_SUFFIX}")
+    date_text = date_s[len("date=") :]
+    try:
+        day = dt.date.fromisoformat(date_text)
+    except ValueError:
+        raise KeyFormatError(f"object key {key!r} has an invalid date") from None
+    if day.isoformat() != date_text:
+        raise KeyFormatError(f"object key {key!r} has a non-canonical date {date_text!r}")
+    name = file_s[: -len(PARQUET_SUFFIX)]
+    _check_name(name)
+    return ParsedKey(kind, decode_tenant(tenant_s[len("tenant=") :]), day, name)

@@ -1,0 +1,541 @@
+"""Parquet objects in the store: the two schemas, their columnar buffers and encoders.
+
+Format (DESIGN.md §3 "Parquet in the store"; the column names are an external interface
+that DuckDB, pyarrow and operators' queries depend on). Records::
+
+    tenant                   string              required
+    time_unix_nano           uint64              required
+    observed_time_unix_nano  uint64              required
+    severity_number          int32               required
+    severity_text            string              required
+    body                     string              nullable  (absent OTLP body)
+    attributes               map<string,string>  required  (possibly empty)
+    resource_attributes      map<string,string>  required  (possibly empty)
+    scope_name               string              required
+    trace_id                 string              nullable  lowercase hex; empty id → null
+    span_id                  string              nullable  lowercase hex; empty id → null
+    template_id              int64               required
+    template_params          list<string>        required  (possibly empty)
+    wal_lsn                  uint64              required  the frame's end offset (a mark)
+    record_index             int32               required  the record's place in its frame
+
+Audit::
+
+    tenant            string   required
+    template_id       int64    required
+    template_version  int32    required
+    template          string   required
+    change            string   required  "created" | "changed"
+    wal_lsn           uint64   required
+    time_unix_nano    uint64   required
+
+Timestamps and ``wal_lsn`` are ``uint64`` because OTLP's ``time_unix_nano`` is a
+``fixed64`` and the WAL's LSN is a u64: every value the wire or the log can carry is
+representable, so no record can fail an encode on range. Parquet stores them as INT64
+with the UINT_64 logical type; DuckDB reads them as ``UBIGINT`` (for a timestamp:
+``make_timestamp_ns(time_unix_nano::BIGINT)``), pyarrow as ``uint64``. Body and
+attribute values that were not strings in OTLP are JSON-encoded by the caller. The
+schema metadata carries ``ourios.schema`` = ``records/1`` or ``audit/1``; a change to a
+column's name or type bumps it. One object is one row group.
+
+Invariant: an object is encoded whole in memory and handed to the store as one
+``bytes``, so a reader never sees a Parquet file without its footer; the store's atomic
+put is the only publication step.
+
+``RecordColumns`` and ``AuditColumns`` are the buffers the ingest turn appends to: one
+Python list per column, so an append is the column appends and nothing else — no
+per-row dict, no Arrow call. Attributes stay the caller's sequence of ``(key, value)``
+tuples and become a ``MapArray`` in one ``pyarrow.array`` call at encode time, which
+measured faster than building the array from flattened keys, values and offsets.
+Encoding runs on the publisher thread (DESIGN.md §5), appending in the ingest turn.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Final, NamedTuple
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+__all__ = [
+    "AUDIT_SCHEMA",
+    "COMPRESSIONS",
+    "RECORDS_SCHEMA",
+    "Attributes",
+    "AuditColumns",
+    "AuditRow",
+    "EncodeError",
+    "RecordColumns",
+    "RecordRow",
+    "TemplateChange",
+    "encode_audit",
+    "encode_records",
+]
+
+#: OTLP attributes after the receiver's conversion: (key, value) pairs, values
+#: JSON-encoded unless they were strings. Key order is kept; duplicate keys are kept.
+Attributes = Sequence[tuple[str, str]]
+
+_STR_MAP: Final = pa.map_(pa.string(), pa.string())
+# "element" is the Parquet-compliant name of a list's item field, so a file read back
+# has exactly this schema.
+_STR_LIST: Final = pa.list_(pa.field("element", pa.string()))
+
+RECORDS_SCHEMA: Final[pa.Schema] = pa.schema(
+    [
+        pa.field("tenant", pa.string(), nullable=False),
+        pa.field("time_unix_nano", pa.uint64(), nullable=False),
+        pa.field("observed_time_unix_nano", pa.uint64(), nullable=False),
+        pa.field("severity_number", pa.int32(), nullable=False),
+        pa.field("severity_text", pa.string(), nullable=False),
+        pa.field("body", pa.string()),
+        pa.field("attributes", _STR_MAP, nullable=False),
+        pa.field("resource_attributes", _STR_MAP, nullable=False),
+        pa.field("scope_name", pa.string(), nullable=False),
+        pa.field("trace_id", pa.string()),
+        pa.field("span_id", pa.string()),
+        pa.field("template_id", pa.int64(), nullable=False),
+        pa.field("template_params", _STR_LIST, nullable=False),
+        pa.field("wal_lsn", pa.uint64(), nullable=False),
+        pa.field("record_index", pa.int32(), nullable=False),
+    ],
+    metadata={"ourios.schema": "records/1"},
+)
+
+AUDIT_SCHEMA: Final[pa.Schema] = pa.schema(
+    [
+        pa.field("tenant", pa.string(), nullable=False),
+        pa.field("template_id", pa.int64(), nullable=False),
+        pa.field("template_version", pa.int32(), nullable=False),
+        pa.field("template", pa.string(), nullable=False),
+        pa.field("change", pa.string(), nullable=False),
+        pa.field("wal_lsn", pa.uint64(), nullable=False),
+        pa.field("time_unix_nano", pa.uint64(), nullable=False),
+    ],
+    metadata={"ourios.schema": "audit/1"},
+)
+
+#: accepted values of ``OURIOS_SINK_PARQUET_COMPRESSION``
+COMPRESSIONS: Final = ("zstd", "snappy", "gzip", "none")
+_CODECS: Final[dict[str, str | None]] = {
+    "zstd": "zstd",
+    "snappy": "snappy",
+    "gzip": "gzip",
+    "none": None,
+}
+
+# The size estimate is the Arrow form's bytes: fixed-width values, one int32 offset per
+# string, map or list value, and the string lengths. It counts code points, not UTF-8
+# bytes, and ignores Python object overhead (the heap holds several times more).
+_OFFSET: Final = 4
+_RECORD_FIXED_BYTES: Final = (
+    8
+    + 8
+    + 4
+    + 8
+    + 8
+    + 4  # times, severity_number, template_id, wal_lsn, record_index
+    + 6 * _OFFSET  # tenant, severity_text, body, scope_name, trace_id, span_id
+    + 3 * _OFFSET  # attributes, resource_attributes, template_params
+)
+_AUDIT_FIXED_BYTES: Final = 8 + 4 + 8 + 8 + 3 * _OFFSET
+_ATTR_ENTRY_BYTES: Final = 2 * _OFFSET  # the key's and the value's offsets
+_ID_BYTES: Final = 32 + 16  # hex trace id and span id
+
+
+class EncodeError(Exception):
+    """A buffer could not be encoded: names the schema, the column and pyarrow's reason.
+
+    The buffer is left untouched, so the caller can requeue or quarantine its rows.
+    """
+
+    error_type: str = "parquet_encode"
+
+    def __init__(self, schema: str, column: str, reason: str) -> None:
+        self.schema = schema
+        self.column = column
+        self.reason = reason
+        super().__init__(f"cannot encode {schema} column {column!r}: {reason}")
+
+
+class TemplateChange(enum.StrEnum):
+    """The ``change`` column of an audit row."""
+
+    CREATED = "created"
+    CHANGED = "changed"
+
+
+class RecordRow(NamedTuple):
+    """One record row in schema order, for ``RecordColumns.extend``."""
+
+    tenant: str
+    time_unix_nano: int
+    observed_time_unix_nano: int
+    severity_number: int
+    severity_text: str
+    body: str | None
+    attributes: Attributes
+    resource_attributes: Attributes
+    scope_name: str
+    trace_id: bytes | str | None
+    span_id: bytes | str | None
+    template_id: int
+    template_params: Sequence[str]
+    wal_lsn: int
+    record_index: int
+
+
+class AuditRow(NamedTuple):
+    """One audit row in schema order, for ``AuditColumns.extend``."""
+
+    tenant: str
+    template_id: int
+    template_version: int
+    template: str
+    change: TemplateChange
+    wal_lsn: int
+    time_unix_nano: int
+
+
+_join = "".join
+_chain = itertools.chain.from_iterable
+# Rows sized per pass of ``RecordColumns._measure``: bounds the joined temp strings.
+_MEASURE_CHUNK: Final = 4096
+
+
+def _attributes_nbytes(attributes: Attributes) -> int:
+    return len(_join(_chain(attributes))) + _ATTR_ENTRY_BYTES * len(attributes)
+
+
+class RecordColumns:
+    """A columnar buffer of record rows: one list per column of ``RECORDS_SCHEMA``.
+
+    The lists are public for reading (the publisher derives LSN ranges from
+    ``wal_lsn``); rows are added only through ``append_row``, ``extend`` and ``merge``.
+    ``append_row`` is nothing but the fifteen list appends; ``nbytes`` is kept
+    incrementally by sizing, when it is read, only the rows appended since the last
+    read (a turn reads it once for its size trigger), in a few C-level passes over the
+    batch; that measured cheaper than sizing each row inside ``append_row``. Not
+    thread-safe, reads of ``nbytes`` included: the owner's lock (the sink lock) guards
+    it.
+
+    ``trace_id``/``span_id`` take the raw OTLP bytes or an already-hex string; bytes
+    are hex-encoded at encode time, off the ingest path, and an empty id becomes null.
+    """
+
+    __slots__ = (
+        "tenant",
+        "time_unix_nano",
+        "observed_time_unix_nano",
+        "severity_number",
+        "severity_text",
+        "body",
+        "attributes",
+        "resource_attributes",
+        "scope_name",
+        "trace_id",
+        "span_id",
+        "template_id",
+        "template_params",
+        "wal_lsn",
+        "record_index",
+        "_nbytes",
+        "_sized",
+        "_last_resource",
+        "_last_resource_nbytes",
+    )
+
+    def __init__(self) -> None:
+        self.tenant: list[str] = []
+        self.time_unix_nano: list[int] = []
+        self.observed_time_unix_nano: list[int] = []
+        self.severity_number: list[int] = []
+        self.severity_text: list[str] = []
+        self.body: list[str | None] = []
+        self.attributes: list[Attributes] = []
+        self.resource_attributes: list[Attributes] = []
+        self.scope_name: list[str] = []
+        self.trace_id: list[bytes | str | None] = []
+        self.span_id: list[bytes | str | None] = []
+        self.template_id: list[int] = []
+        self.template_params: list[Sequence[str]] = []
+        self.wal_lsn: list[int] = []
+        self.record_index: list[int] = []
+        self._nbytes = 0  # the size of rows [0, _sized)
+        self._sized = 0
+        # Records of one OTLP resource share its attribute sequence, so its size is
+        # computed once per run of rows rather than once per row.
+        self._last_resource: Attributes | None = None
+        self._last_resource_nbytes = 0
+
+    def __len__(self) -> int:
+        return len(self.wal_lsn)
+
+    def __repr__(self) -> str:
+        return f"RecordColumns(rows={len(self)}, nbytes={self.nbytes})"
+
+    @property
+    def nbytes(self) -> int:
+        """Approximate uncompressed Arrow size of the rows (see the module docstring)."""
+        rows = len(self.wal_lsn)
+        if self._sized < rows:
+            for lo in range(self._sized, rows, _MEASURE_CHUNK):
+                self._nbytes += self._measure(lo, min(rows, lo + _MEASURE_CHUNK))
+            self._sized = rows
+        return self._nbytes
+
+    def _measure(self, lo: int, hi: int) -> int:
+        attributes = self.attributes[lo:hi]
+        params = self.template_params[lo:hi]
+        total = (hi - lo) * (_RECORD_FIXED_BYTES + _ID_BYTES)
+        total += len(_join(self.tenant[lo:hi])) + len(_join(self.severity_text[lo:hi]))
+        total += len(_join(self.scope_name[lo:hi]))
+        total += len(_join([body for body in self.body[lo:hi] if body]))
+        total += len(_join(_chain(_chain(attributes))))
+        total += _ATTR_ENTRY_BYTES * sum(map(len, attributes))
+        total += len(_join(_chain(params))) + _OFFSET * sum(map(len, params))
+        last, size = self._last_resource, self._last_resource_nbytes
+        for resource in self.resource_attributes[lo:hi]:
+            if resource is not last:
+                last, size = resource, _attributes_nbytes(resource)
+            total += size
+        self._last_resource, self._last_resource_nbytes = last, size
+        return total
+
+    def append_row(
+        self,
+        tenant: str,
+        time_unix_nano: int,
+        observed_time_unix_nano: int,
+        severity_number: int,
+        severity_text: str,
+        body: str | None,
+        attributes: Attributes,
+        resource_attributes: Attributes,
+        scope_name: str,
+        trace_id: bytes | str | None,
+        span_id: bytes | str | None,
+        template_id: int,
+        template_params: Sequence[str],
+        wal_lsn: int,
+        record_index: int,
+    ) -> None:
+        """Append one row. The sequences are kept by reference and must not be mutated."""
+        self.tenant.append(tenant)
+        self.time_unix_nano.append(time_unix_nano)
+        self.observed_time_unix_nano.append(observed_time_unix_nano)
+        self.severity_number.append(severity_number)
+        self.severity_text.append(severity_text)
+        self.body.append(body)
+        self.attributes.append(attributes)
+        self.resource_attributes.append(resource_attributes)
+        self.scope_name.append(scope_name)
+        self.trace_id.append(trace_id)
+        self.span_id.append(span_id)
+        self.template_id.append(template_id)
+        self.template_params.append(template_params)
+        self.wal_lsn.append(wal_lsn)
+        self.record_index.append(record_index)
+
+    def extend(self, rows: Iterable[RecordRow]) -> None:
+        """Append rows given as ``RecordRow`` tuples, in order."""
+        append = self.append_row
+        for row in rows:
+            append(*row)
+
+    def merge(self, other: RecordColumns) -> None:
+        """Append every row of ``other`` after this buffer's rows; ``other`` is unchanged."""
+        total = self.nbytes + other.nbytes
+        for name in _RECORD_COLUMNS:
+            column: list[Any] = getattr(self, name)
+            column.extend(getattr(other, name))
+        self._nbytes, self._sized = total, len(self.wal_lsn)
+
+    def rows(self) -> list[RecordRow]:
+        """The rows as tuples, in order (for tests and diagnostics, not the hot path)."""
+        columns = [getattr(self, n) for n in _RECORD_COLUMNS]
+        return [RecordRow(*r) for r in zip(*columns, strict=True)]
+
+
+class AuditColumns:
+    """A columnar buffer of audit rows: one list per column of ``AUDIT_SCHEMA``.
+
+    Same contract as ``RecordColumns``; ``change`` is validated on append (an audit
+    event is rare, a wrong value in the store is permanent).
+    """
+
+    __slots__ = (
+        "tenant",
+        "template_id",
+        "template_version",
+        "template",
+        "change",
+        "wal_lsn",
+        "time_unix_nano",
+        "nbytes",
+    )
+
+    def __init__(self) -> None:
+        self.tenant: list[str] = []
+        self.template_id: list[int] = []
+        self.template_version: list[int] = []
+        self.template: list[str] = []
+        self.change: list[str] = []
+        self.wal_lsn: list[int] = []
+        self.time_unix_nano: list[int] = []
+        #: approximate uncompressed Arrow size of the rows, maintained on every append
+        self.nbytes: int = 0
+
+    def __len__(self) -> int:
+        return len(self.wal_lsn)
+
+    def __repr__(self) -> str:
+        return f"AuditColumns(rows={len(self)}, nbytes={self.nbytes})"
+
+    def append_row(
+        self,
+        tenant: str,
+        template_id: int,
+        template_version: int,
+        template: str,
+        change: TemplateChange | str,
+        wal_lsn: int,
+        time_unix_nano: int,
+    ) -> None:
+        """Append one row; ``change`` must be ``created`` or ``changed`` (ValueError)."""
+        value = TemplateChange(change).value
+        self.tenant.append(tenant)
+        self.template_id.append(template_id)
+        self.template_version.append(template_version)
+        self.template.append(template)
+        self.change.append(value)
+        self.wal_lsn.append(wal_lsn)
+        self.time_unix_nano.append(time_unix_nano)
+        self.nbytes += _AUDIT_FIXED_BYTES + len(tenant) + len(template) + len(value)
+
+    def extend(self, rows: Iterable[AuditRow]) -> None:
+        """Append rows given as ``AuditRow`` tuples, in order."""
+        append = self.append_row
+        for row in rows:
+            append(*row)
+
+    def merge(self, other: AuditColumns) -> None:
+        """Append every row of ``other`` after this buffer's rows; ``other`` is unchanged."""
+        for name in _AUDIT_COLUMNS:
+            column: list[Any] = getattr(self, name)
+            column.extend(getattr(other, name))
+        self.nbytes += other.nbytes
+
+    def rows(self) -> list[AuditRow]:
+        """The rows as tuples, in order (``change`` as ``TemplateChange``)."""
+        out = []
+        for r in zip(*(getattr(self, n) for n in _AUDIT_COLUMNS), strict=True):
+            row = AuditRow(*r)
+            out.append(row._replace(change=TemplateChange(row.change)))
+        return out
+
+
+_RECORD_COLUMNS: Final = tuple(RECORDS_SCHEMA.names)
+_AUDIT_COLUMNS: Final = tuple(AUDIT_SCHEMA.names)
+assert _RECORD_COLUMNS == RecordRow._fields, "RecordRow must follow RECORDS_SCHEMA"
+assert _AUDIT_COLUMNS == AuditRow._fields, "AuditRow must follow AUDIT_SCHEMA"
+
+
+def _hex_ids(ids: list[bytes | str | None]) -> list[str | None]:
+    # None and empty ids (bytes or str) are null: an absent id is not the string "none".
+    out: list[str | None] = []
+    for i in ids:
+        if not i:
+            out.append(None)
+        elif isinstance(i, bytes):
+            out.append(i.hex())
+        else:
+            out.append(i.lower())
+    return out
+
+
+def _shared_maps(values: list[Attributes]) -> pa.Array:
+    """Convert a column whose rows mostly share a few sequence objects (one per OTLP
+    resource): each distinct object is converted once and the rows gathered by index."""
+    first: dict[int, int] = {}
+    distinct: list[Attributes] = []
+    indices: list[int] = []
+    for value in values:
+        key = id(value)
+        index = first.get(key)
+        if index is None:
+            index = first[key] = len(distinct)
+            distinct.append(value)
+        indices.append(index)
+    if len(distinct) * 2 > len(values):
+        return pa.array(values, type=_STR_MAP)
+    return pa.array(distinct, type=_STR_MAP).take(pa.array(indices, type=pa.int32()))
+
+
+_Converter = Callable[[list[Any]], pa.Array]
+
+
+def _plain(arrow_type: pa.DataType) -> _Converter:
+    return lambda values: pa.array(values, type=arrow_type)
+
+
+_RECORD_CONVERTERS: Final[dict[str, _Converter]] = {
+    field.name: _plain(field.type) for field in RECORDS_SCHEMA
+} | {
+    "trace_id": lambda v: pa.array(_hex_ids(v), type=pa.string()),
+    "span_id": lambda v: pa.array(_hex_ids(v), type=pa.string()),
+    "resource_attributes": _shared_maps,
+}
+_AUDIT_CONVERTERS: Final[dict[str, _Converter]] = {
+    field.name: _plain(field.type) for field in AUDIT_SCHEMA
+}
+
+
+def _codec(compression: str) -> str | None:
+    try:
+        return _CODECS[compression]
+    except KeyError:
+        allowed = "|".join(COMPRESSIONS)
+        raise ValueError(
+            f"unknown Parquet compression {compression!r}: must be {allowed}"
+        ) from None
+
+
+def _encode(
+    label: str,
+    schema: pa.Schema,
+    converters: dict[str, _Converter],
+    source: RecordColumns | AuditColumns,
+    compression: str,
+) -> bytes:
+    codec = _codec(compression)
+    arrays = []
+    for name in schema.names:
+        try:
+            arrays.append(converters[name](getattr(source, name)))
+        except (pa.ArrowException, OverflowError, TypeError, ValueError) as exc:
+            raise EncodeError(label, name, str(exc)) from exc
+    table = pa.Table.from_arrays(arrays, schema=schema)
+    out = pa.BufferOutputStream()
+    try:
+        pq.write_table(table, out, compression=codec)
+    except pa.ArrowException as exc:
+        raise EncodeError(label, "*", str(exc)) from exc
+    return bytes(out.getvalue().to_pybytes())
+
+
+def encode_records(cols: RecordColumns, compression: str = "zstd") -> bytes:
+    """One Parquet file (``RECORDS_SCHEMA``) holding every row of ``cols``, in order.
+
+    ``compression`` is ``zstd``, ``snappy``, ``gzip`` or ``none`` (ValueError otherwise);
+    a value that does not fit its column raises ``EncodeError`` naming the column.
+    """
+    return _encode("records", RECORDS_SCHEMA, _RECORD_CONVERTERS, cols, compression)
+
+
+def encode_audit(cols: AuditColumns, compression: str = "zstd") -> bytes:
+    """One Parquet file (``AUDIT_SCHEMA``) holding every row of ``cols``; as ``encode_records``."""
+    return _encode("audit", AUDIT_SCHEMA, _AUDIT_CONVERTERS, cols, compression)

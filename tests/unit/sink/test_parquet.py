@@ -1,0 +1,389 @@
+"""Parquet encoding: the two schemas, the columnar buffers, and what pyarrow and DuckDB
+read back from the bytes."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given, seed, settings
+from hypothesis import strategies as st
+
+from sink.parquet import (
+    AUDIT_SCHEMA,
+    COMPRESSIONS,
+    RECORDS_SCHEMA,
+    AuditColumns,
+    AuditRow,
+    EncodeError,
+    RecordColumns,
+    RecordRow,
+    TemplateChange,
+    encode_audit,
+    encode_records,
+)
+
+T0 = 1_714_521_600_000_000_000  # 2024-05-01T00:00:00Z
+TRACE = bytes(range(16))
+SPAN = bytes(range(8, 16))
+RESOURCE = [("service.name", "checkout"), ("k8s.pod.name", "checkout-7d9f")]
+
+
+def sample_rows() -> list[RecordRow]:
+    return [
+        RecordRow(
+            "acme", T0, T0 + 5, 9, "INFO", "user 42 logged in",
+            [("http.method", "GET"), ("retry", "3")], RESOURCE, "auth",
+            TRACE, SPAN, 7, ["42"], 4096, 0,
+        ),
+        RecordRow(
+            "acme", T0 + 1, T0 + 6, 17, "ERROR", None,
+            [], RESOURCE, "",
+            b"", b"", 8, [], 4096, 1,
+        ),
+        RecordRow(
+            "acme", 2**64 - 1, 0, 0, "", '{"kvlist": "json"}',
+            [("dup", "1"), ("dup", "2"), ("ünï", "cødé")], [], "scope",
+            "ABCDEF0123456789ABCDEF0123456789", "", 2**63 - 1, ["a", "", "ü"], 2**64 - 1, 2**31 - 1,
+        ),
+    ]  # fmt: skip
+
+
+def expected_pylist(rows: list[RecordRow]) -> list[dict[str, Any]]:
+    """What pyarrow's to_pylist must give back: maps as (key, value) tuples, ids hex."""
+
+    def hexid(v: bytes | str) -> str | None:
+        return (v.hex() if isinstance(v, bytes) else v.lower()) or None
+
+    out = []
+    for row in rows:
+        d = row._asdict()
+        d["attributes"] = list(row.attributes)
+        d["resource_attributes"] = list(row.resource_attributes)
+        d["template_params"] = list(row.template_params)
+        d["trace_id"], d["span_id"] = hexid(row.trace_id), hexid(row.span_id)
+        out.append(d)
+    return out
+
+
+def buffer(rows: list[RecordRow]) -> RecordColumns:
+    cols = RecordColumns()
+    cols.extend(rows)
+    return cols
+
+
+def read(data: bytes) -> pa.Table:
+    return pq.read_table(pa.BufferReader(data))
+
+
+def write(tmp_path: Path, data: bytes, name: str = "obj.parquet") -> str:
+    path = tmp_path / name
+    path.write_bytes(data)
+    return str(path)
+
+
+# --- schemas ---------------------------------------------------------------------------
+
+
+def test_records_schema_has_the_design_columns() -> None:
+    assert RECORDS_SCHEMA.names == [
+        "tenant", "time_unix_nano", "observed_time_unix_nano", "severity_number",
+        "severity_text", "body", "attributes", "resource_attributes", "scope_name",
+        "trace_id", "span_id", "template_id", "template_params", "wal_lsn", "record_index",
+    ]  # fmt: skip
+    types = {f.name: f.type for f in RECORDS_SCHEMA}
+    assert types["time_unix_nano"] == pa.uint64() == types["wal_lsn"]
+    assert types["severity_number"] == pa.int32() == types["record_index"]
+    assert types["template_id"] == pa.int64()
+    assert types["attributes"] == pa.map_(pa.string(), pa.string())
+    assert types["template_params"] == pa.list_(pa.field("element", pa.string()))
+    assert list(RecordRow._fields) == RECORDS_SCHEMA.names
+
+
+def test_audit_schema_has_the_design_columns() -> None:
+    assert AUDIT_SCHEMA.names == [
+        "tenant", "template_id", "template_version", "template", "change", "wal_lsn",
+        "time_unix_nano",
+    ]  # fmt: skip
+    assert list(AuditRow._fields) == AUDIT_SCHEMA.names
+
+
+# --- records: pyarrow and DuckDB read back every column --------------------------------
+
+
+def test_records_round_trip_through_pyarrow() -> None:
+    rows = sample_rows()
+    table = read(encode_records(buffer(rows)))
+    assert table.schema.equals(RECORDS_SCHEMA)  # map entry names differ on read
+    assert table.schema.metadata == {b"ourios.schema": b"records/1"}
+    assert table.to_pylist() == expected_pylist(rows)
+
+
+def test_empty_trace_and_span_ids_are_null() -> None:
+    table = read(encode_records(buffer(sample_rows())))
+    assert table.column("trace_id").to_pylist() == [
+        TRACE.hex(),
+        None,
+        "abcdef0123456789abcdef0123456789",
+    ]
+    assert table.column("span_id").to_pylist() == [SPAN.hex(), None, None]
+
+
+def test_records_read_by_duckdb(tmp_path: Path) -> None:
+    path = write(tmp_path, encode_records(buffer(sample_rows())))
+    with duckdb.connect() as con:
+        types = dict(
+            (name, typ)
+            for name, typ, *_ in con.sql(
+                f"describe select * from read_parquet('{path}')"
+            ).fetchall()
+        )
+        assert types == {
+            "tenant": "VARCHAR", "time_unix_nano": "UBIGINT",
+            "observed_time_unix_nano": "UBIGINT", "severity_number": "INTEGER",
+            "severity_text": "VARCHAR", "body": "VARCHAR",
+            "attributes": "MAP(VARCHAR, VARCHAR)", "resource_attributes": "MAP(VARCHAR, VARCHAR)",
+            "scope_name": "VARCHAR", "trace_id": "VARCHAR", "span_id": "VARCHAR",
+            "template_id": "BIGINT", "template_params": "VARCHAR[]", "wal_lsn": "UBIGINT",
+            "record_index": "INTEGER",
+        }  # fmt: skip
+        got = con.sql(
+            f"""
+            select tenant, time_unix_nano, observed_time_unix_nano, severity_number,
+                   severity_text, body, attributes['http.method'], cardinality(attributes),
+                   resource_attributes['service.name'], scope_name, trace_id, span_id,
+                   template_id, template_params, wal_lsn, record_index
+            from read_parquet('{path}') order by record_index
+            """
+        ).fetchall()
+    assert got == [
+        ("acme", T0, T0 + 5, 9, "INFO", "user 42 logged in", "GET", 2, "checkout", "auth",
+         TRACE.hex(), SPAN.hex(), 7, ["42"], 4096, 0),
+        ("acme", T0 + 1, T0 + 6, 17, "ERROR", None, None, 0, "checkout", "",
+         None, None, 8, [], 4096, 1),
+        ("acme", 2**64 - 1, 0, 0, "", '{"kvlist": "json"}', None, 3, None, "scope",
+         "abcdef0123456789abcdef0123456789", None, 2**63 - 1, ["a", "", "ü"], 2**64 - 1,
+         2**31 - 1),
+    ]  # fmt: skip
+
+
+def test_duckdb_converts_time_to_a_timestamp(tmp_path: Path) -> None:
+    path = write(tmp_path, encode_records(buffer(sample_rows()[:1])))
+    with duckdb.connect() as con:
+        got = con.sql(
+            f"select strftime(make_timestamp_ns(time_unix_nano::BIGINT), '%Y-%m-%dT%H:%M:%S')"
+            f" from read_parquet('{path}')"
+        ).fetchall()
+    assert got == [("2024-05-01T00:00:00",)]
+
+
+def test_duckdb_reads_many_objects_with_hive_partitions(tmp_path: Path) -> None:
+    for i, tenant in enumerate(["a", "b=c"]):
+        rows = [r._replace(tenant=tenant) for r in sample_rows()]
+        part = tmp_path / "records" / f"tenant={tenant.replace('=', '%3D')}" / "date=2024-05-01"
+        part.mkdir(parents=True)
+        (part / f"n{i}.parquet").write_bytes(encode_records(buffer(rows)))
+    with duckdb.connect() as con:
+        got = con.sql(
+            f"select tenant, count(*) from read_parquet('{tmp_path}/records/*/*/*.parquet')"
+            " group by tenant order by tenant"
+        ).fetchall()
+    assert got == [("a", 3), ("b=c", 3)]
+
+
+@pytest.mark.parametrize(
+    ("compression", "codec"),
+    [("zstd", "ZSTD"), ("snappy", "SNAPPY"), ("gzip", "GZIP"), ("none", "UNCOMPRESSED")],
+)
+def test_compression_options(compression: str, codec: str, tmp_path: Path) -> None:
+    rows = sample_rows()
+    data = encode_records(buffer(rows), compression=compression)
+    meta = pq.ParquetFile(pa.BufferReader(data)).metadata
+    assert {meta.row_group(0).column(i).compression for i in range(meta.num_columns)} == {codec}
+    assert read(data).to_pylist() == expected_pylist(rows)
+    with duckdb.connect() as con:
+        path = write(tmp_path, data)
+        assert con.sql(f"select count(*) from read_parquet('{path}')").fetchall() == [(3,)]
+
+
+def test_default_compression_is_zstd() -> None:
+    meta = pq.ParquetFile(pa.BufferReader(encode_records(buffer(sample_rows())))).metadata
+    assert meta.row_group(0).column(0).compression == "ZSTD"
+
+
+def test_unknown_compression_is_refused_naming_the_choices() -> None:
+    with pytest.raises(ValueError, match="lz4.*zstd\\|snappy\\|gzip\\|none"):
+        encode_records(buffer(sample_rows()), compression="lz4")
+    assert set(COMPRESSIONS) == {"zstd", "snappy", "gzip", "none"}
+
+
+def test_an_empty_buffer_encodes_to_an_empty_file() -> None:
+    table = read(encode_records(RecordColumns()))
+    assert table.num_rows == 0 and table.schema.equals(RECORDS_SCHEMA)
+
+
+@pytest.mark.parametrize(
+    ("column", "value"),
+    [
+        pytest.param("time_unix_nano", -1, id="negative_time"),
+        pytest.param("wal_lsn", 2**64, id="lsn_overflow"),
+        pytest.param("severity_number", 2**31, id="severity_overflow"),
+        pytest.param("tenant", None, id="null_tenant"),
+    ],
+)
+def test_a_value_that_does_not_fit_names_its_column(column: str, value: Any) -> None:
+    rows = [sample_rows()[0]._replace(**{column: value})]
+    cols = buffer(rows)
+    with pytest.raises(EncodeError, match=column) as info:
+        encode_records(cols)
+    assert info.value.column in (column, "*") and info.value.error_type == "parquet_encode"
+    assert cols.rows() == rows  # the buffer is untouched: the caller can requeue it
+
+
+def test_shared_and_distinct_resource_attributes_both_encode() -> None:
+    shared = [("service.name", "s")]
+    many = [
+        sample_rows()[0]._replace(resource_attributes=shared, record_index=i) for i in range(50)
+    ]
+    distinct = [
+        sample_rows()[0]._replace(resource_attributes=[("i", str(i))], record_index=i)
+        for i in range(50)
+    ]
+    for rows in (many, distinct, many + distinct):
+        got = read(encode_records(buffer(rows))).column("resource_attributes").to_pylist()
+        assert got == [list(r.resource_attributes) for r in rows]
+
+
+# A seeded property test: arbitrary strings, maps and lists survive an encode.
+_text = st.text(max_size=20)
+_attrs = st.lists(st.tuples(_text, _text), max_size=4)
+_u64 = st.integers(0, 2**64 - 1)
+_row = st.builds(
+    RecordRow,
+    tenant=st.just("t"), time_unix_nano=_u64, observed_time_unix_nano=_u64,
+    severity_number=st.integers(0, 24), severity_text=_text, body=st.none() | _text,
+    attributes=_attrs, resource_attributes=_attrs, scope_name=_text,
+    trace_id=st.binary(min_size=0, max_size=16), span_id=st.binary(min_size=0, max_size=8),
+    template_id=st.integers(-(2**63), 2**63 - 1), template_params=st.lists(_text, max_size=4),
+    wal_lsn=_u64, record_index=st.integers(0, 2**31 - 1),
+)  # fmt: skip
+
+
+@seed(20240504)
+@settings(max_examples=60, database=None, deadline=None)
+@given(st.lists(_row, max_size=20))
+def test_any_rows_round_trip(rows: list[RecordRow]) -> None:
+    assert read(encode_records(buffer(rows), compression="snappy")).to_pylist() == (
+        expected_pylist(rows)
+    )
+
+
+# --- the buffer ------------------------------------------------------------------------
+
+
+def test_append_row_and_extend_agree() -> None:
+    rows = sample_rows()
+    a = RecordColumns()
+    for row in rows:
+        a.append_row(*row)
+    b = buffer(rows)
+    assert a.rows() == b.rows() == rows
+    assert len(a) == 3 and a.nbytes == b.nbytes > 0
+
+
+def test_merge_appends_the_other_buffer_and_leaves_it_unchanged() -> None:
+    rows = sample_rows()
+    a, b = buffer(rows[:1]), buffer(rows[1:])
+    a_bytes, b_bytes = a.nbytes, b.nbytes
+    a.merge(b)
+    assert a.rows() == rows and b.rows() == rows[1:]
+    assert a.nbytes == a_bytes + b_bytes == buffer(rows).nbytes
+    a.append_row(*rows[0])
+    assert a.nbytes == buffer([*rows, rows[0]]).nbytes
+
+
+def test_nbytes_is_the_same_however_often_it_is_read() -> None:
+    rng = random.Random(5)
+    rows = [
+        sample_rows()[rng.randrange(3)]._replace(resource_attributes=rng.choice([RESOURCE, []]))
+        for _ in range(10_000)
+    ]
+    eager = RecordColumns()
+    readings = []
+    for row in rows:
+        eager.append_row(*row)
+        if rng.random() < 0.01:
+            readings.append(eager.nbytes)
+    assert readings == sorted(readings)
+    assert eager.nbytes == buffer(rows).nbytes
+
+
+def test_nbytes_approximates_the_arrow_size() -> None:
+    rng = random.Random(6)
+    rows = [
+        RecordRow(
+            "acme", T0 + i, T0 + i, 9, "INFO", "x" * rng.randrange(20, 200),
+            [(f"k{j}", str(rng.random())) for j in range(rng.randrange(6))], RESOURCE, "s",
+            TRACE, SPAN, i, [str(i), "y"], 4096 + i, i % 10,
+        )
+        for i in range(5_000)
+    ]  # fmt: skip
+    cols = buffer(rows)
+    arrow = read(encode_records(cols)).nbytes
+    assert 0.75 < cols.nbytes / arrow < 1.33, (cols.nbytes, arrow)
+
+
+# --- audit -----------------------------------------------------------------------------
+
+
+def audit_rows() -> list[AuditRow]:
+    return [
+        AuditRow("acme", 7, 1, "user <*> logged in", TemplateChange.CREATED, 4096, T0),
+        AuditRow("acme", 7, 2, "user <*> logged <*>", TemplateChange.CHANGED, 8192, T0 + 1),
+        AuditRow("b=c", 2**63 - 1, 2**31 - 1, "", TemplateChange.CREATED, 2**64 - 1, 2**64 - 1),
+    ]
+
+
+def audit_buffer(rows: list[AuditRow]) -> AuditColumns:
+    cols = AuditColumns()
+    cols.extend(rows)
+    return cols
+
+
+def test_audit_round_trips_through_pyarrow_and_duckdb(tmp_path: Path) -> None:
+    rows = audit_rows()
+    data = encode_audit(audit_buffer(rows))
+    table = read(data)
+    assert table.schema.equals(AUDIT_SCHEMA, check_metadata=True)
+    assert table.to_pylist() == [r._asdict() | {"change": r.change.value} for r in rows]
+    path = write(tmp_path, data)
+    with duckdb.connect() as con:
+        got = con.sql(f"select * from read_parquet('{path}') order by wal_lsn").fetchall()
+    assert got == [tuple(r) for r in rows]  # TemplateChange is a str enum
+
+
+def test_audit_change_is_validated_on_append() -> None:
+    cols = AuditColumns()
+    cols.append_row("acme", 1, 1, "t", "created", 1, 1)
+    with pytest.raises(ValueError):
+        cols.append_row("acme", 1, 1, "t", "deleted", 1, 1)
+    assert len(cols) == 1 and cols.rows()[0].change is TemplateChange.CREATED
+
+
+def test_audit_merge_and_nbytes() -> None:
+    rows = audit_rows()
+    a, b = audit_buffer(rows[:2]), audit_buffer(rows[2:])
+    total = a.nbytes + b.nbytes
+    a.merge(b)
+    assert a.rows() == rows and a.nbytes == total == audit_buffer(rows).nbytes
+
+
+@pytest.mark.parametrize("compression", sorted(COMPRESSIONS))
+def test_audit_compression_options(compression: str) -> None:
+    data = encode_audit(audit_buffer(audit_rows()), compression=compression)
+    assert read(data).num_rows == 3
