@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .checkpoint import read_checkpoint, write_checkpoint
-from .config import WalConfig
+from .config import WalConfig, reclaim_file_bytes
 from .errors import (
     AppendError,
     CheckpointError,
@@ -53,7 +53,16 @@ from .errors import (
 )
 from .frame import encode_frame, validate_tenant
 from .fs import Fs, OsFs
+from .housekeeping import HousekeepingMixin, ReclaimState
 from .layout import SegmentFile, SegmentScan, chain_problem, list_root, scan_segment
+from .ledger import HousekeepingProgress, Ledger, LedgerSegment
+from .reclaim import (
+    FLAG_CHECKPOINT_ARMED,
+    FLAG_CHECKPOINT_SEEN,
+    Geometry,
+    ReclaimFile,
+    ReclaimRecord,
+)
 from .segment import (
     FLAG_HAS_PREDECESSOR,
     FLAG_PREDECESSOR_SEALED,
@@ -64,6 +73,7 @@ from .segment import (
     uuid7,
     uuid7_time,
 )
+from .slots import SlotDefect
 from .types import (
     CommitOutcome,
     DirFsyncOrigin,
@@ -87,46 +97,20 @@ def _no_events(name: str, fields: Mapping[str, object]) -> None:
     return None
 
 
-class _Segment:
-    """In-memory state of one surviving segment."""
+class _Segment(LedgerSegment):
+    """A surviving segment: the ledger's view plus the writer's file state."""
 
-    __slots__ = (
-        "header",
-        "path",
-        "fd",
-        "data_len",
-        "frame_bytes",
-        "frames",
-        "sealed",
-        "dir_gen",
-        "created",
-        "synced_lsn",
-        "tenants",
-        "scanned",
-    )
+    __slots__ = ("header", "path", "fd", "data_len", "sealed", "dir_gen", "synced_lsn")
 
     def __init__(self, header: SegmentHeader, path: Path, fd: int | None, created: float) -> None:
+        super().__init__(header.uuid, header.base_lsn, created)
         self.header = header
         self.path = path
         self.fd = fd
         self.data_len = 0  # LSN range used: valid frames plus failed/torn bytes
-        self.frame_bytes = 0  # valid frames only
-        self.frames = 0
         self.sealed = False
         self.dir_gen = 0  # directory generation whose fsync makes its entry durable
-        self.created = created
         self.synced_lsn = header.base_lsn
-        #: tenant -> [first frame end, last frame end]
-        self.tenants: dict[str, list[int]] = {}
-        self.scanned = False
-
-    @property
-    def base(self) -> int:
-        return self.header.base_lsn
-
-    @property
-    def uuid(self) -> uuid.UUID:
-        return self.header.uuid
 
     @property
     def end_lsn(self) -> int:
@@ -219,7 +203,7 @@ class _StepError(Exception):
         self.cause = cause
 
 
-class Journal:
+class Journal(HousekeepingMixin):
     """The WAL's single writer. Construct with ``Journal.open``."""
 
     def __init__(
@@ -238,8 +222,14 @@ class Journal:
         self._lock = threading.Lock()  # the journal mutex: the single-writer position
         self._idle = threading.Condition(self._lock)
         self._ckpt_lock = threading.Lock()
-        self._segments: list[_Segment] = []
-        self._by_uuid: dict[uuid.UUID, _Segment] = {}
+        self._ledger = Ledger()
+        self._ledger_rebuilt = False
+        self._last_progress: HousekeepingProgress | None = None
+        self._record_lock = threading.Lock()
+        self._record = ReclaimRecord()
+        self._record_version = 0
+        self._record_durable_version = 0
+        self._disk_bytes = 0
         self._cur: _Segment | None = None
         self._end_lsn = 0
         self._synced_lsn = 0
@@ -313,7 +303,9 @@ class Journal:
 
         listing = list_root(fs, root)
         self._partials = list(listing.partials)
+        self._remove_leftover_rebuild(listing.other)
         self._checkpoint = read_checkpoint(fs, root)
+        self._open_reclaim(listing.segments)
         sealed_reason = ""
         fresh = not listing.segments
         if fresh:
@@ -324,24 +316,37 @@ class Journal:
                     f"CHECKPOINT holds mark {self._checkpoint} but the WAL has no segment "
                     f"(the current segment is never reclaimed; were segments removed by hand?)",
                 )
+            # RECLAIM is durable (``_open_reclaim``) before the first segment exists, so
+            # no restart ever finds a segment beside no record.
             header = SegmentHeader(0, uuid7(self._clock()))
             try:
                 seg = self._create_segment_locked(header)
             except _StepError as exc:
                 raise OpenIoError(exc.path, f"{exc.step} the first segment", exc.cause) from exc
             self._install(seg)
+            self._disk_bytes = HEADER_SIZE
             self._end_lsn = 0
+            self._ledger_rebuilt = True  # nothing to walk
         else:
             for f in listing.segments[:-1]:
                 seg = _Segment(f.header, f.path, None, uuid7_time(f.header.uuid))
                 seg.data_len = f.data_len
                 seg.synced_lsn = f.data_end
-                self._add(seg)
+                seg.scanned = False  # membership unknown until replay walks it
+                self._ledger.add_closed(seg)
+                self._disk_bytes += f.size
             newest_file = listing.segments[-1]
             scan = scan_segment(fs, newest_file)
-            seg = self._segment_from_scan(scan)
-            self._add(seg)
-            self._cur = seg
+            seg = _Segment(
+                newest_file.header, newest_file.path, None, uuid7_time(newest_file.header.uuid)
+            )
+            seg.data_len = newest_file.data_len
+            seg.synced_lsn = newest_file.data_end
+            seg.scanned = False
+            self._install(seg)
+            if len(listing.segments) == 1:
+                self._account_scan(seg, scan)  # the whole ledger, in order
+            self._disk_bytes += newest_file.size
             self._end_lsn = newest_file.data_end  # the next base skips any torn bytes
             if scan.stop.damaged:
                 seg.sealed = True
@@ -377,46 +382,197 @@ class Journal:
                     f"CHECKPOINT mark {self._checkpoint} is beyond the end of the log "
                     f"(newest segment {seg.path.name} ends at LSN {self._end_lsn})",
                 )
+            self._ledger_rebuilt = len(listing.segments) == 1
+        self._ledger.checkpoint = self._checkpoint
         self._synced_lsn = self._end_lsn
         # Every open owes a directory fsync; the first sync discharges it (origin OPEN
         # is outside the rotation budget).
         self._dir_gen = 1
-        for s in self._segments:
-            s.dir_gen = 1
+        for s in self._ledger.segments():
+            s_ = self._seg(s)
+            s_.dir_gen = 1
         self._dir_pending = DirFsyncOrigin.OPEN
         self.open_report = OpenReport(
             fresh=fresh,
-            segments=len(self._segments),
+            segments=self._ledger.segment_count,
             sealed_newest=bool(sealed_reason),
             seal_reason=sealed_reason,
             stale_partials=len(self._partials),
             checkpoint=self._checkpoint,
         )
 
-    def _segment_from_scan(self, scan: SegmentScan) -> _Segment:
-        f = scan.file
-        seg = _Segment(f.header, f.path, None, uuid7_time(f.header.uuid))
-        seg.data_len = f.data_len
-        seg.synced_lsn = f.data_end
-        base = f.base
+    def _remove_leftover_rebuild(self, other: list[str]) -> None:
+        """A ``RECLAIM.new`` left by a crashed geometry rebuild is never read: remove it."""
+        if ReclaimFile.NEW_NAME not in other:
+            return
+        try:
+            self._fs.unlink(self.root / ReclaimFile.NEW_NAME)
+            self._fs.fsync_dir(self.root)
+        except OSError as exc:
+            raise OpenIoError(self.root / ReclaimFile.NEW_NAME, "remove the leftover", exc) from exc
+
+    def _open_reclaim(self, segments: list[SegmentFile]) -> None:
+        """The RECLAIM × CHECKPOINT × segments matrix (RFC 0052 §3.2, DESIGN.md §4: the
+        legacy rows do not apply), the geometry rebuild and planned-entry reconciliation.
+        Every change is durable before anything else reads the record."""
+        fs, root = self._fs, self.root
+        rpath = root / ReclaimFile.NAME
+        cpath = root / "CHECKPOINT"
+        wanted = Geometry(self.config.max_tenants, self.config.max_unlinks_per_pass)
+        loaded = ReclaimFile.load(fs, root)
+        if loaded is None:
+            if segments or self._checkpoint is not None:
+                missing = "RECLAIM" if self._checkpoint is not None else "RECLAIM and CHECKPOINT"
+                raise CorruptionError(
+                    rpath,
+                    None,
+                    f"{missing} missing beside {len(segments)} segment(s)"
+                    + (f" and a CHECKPOINT at {self._checkpoint}" if self._checkpoint else "")
+                    + ": this root has run this WAL, so the record of what was reclaimed is "
+                    "lost; refusing to guess (restore RECLAIM from a backup of the volume)",
+                )
+            try:
+                self._reclaim_file = ReclaimFile.create(fs, root, wanted, self._record)
+            except OSError as exc:
+                raise OpenIoError(
+                    rpath,
+                    f"allocate {reclaim_file_bytes(wanted.max_tenants, wanted.max_unlinks)} "
+                    f"bytes for",
+                    exc,
+                ) from exc
+            return
+        file, record = loaded
+        rejected = file.rejected
+        if (
+            rejected is not None
+            and rejected.defect is SlotDefect.FORMAT
+            and rejected.generation is not None
+            and rejected.generation > file.generation
+        ):
+            # A newer slot whose checksum holds but whose format this build does not
+            # know: acting on the older slot would ignore what that writer recorded.
+            raise CorruptionError(
+                rpath,
+                rejected.offset,
+                f"newer slot {rejected.index} is unreadable: {rejected.reason}",
+            )
+        self._reclaim_file = file
+        self._record = record
+        changed = False
+        armed = bool(record.flags & FLAG_CHECKPOINT_ARMED)
+        seen = bool(record.flags & FLAG_CHECKPOINT_SEEN)
+        if self._checkpoint is None:
+            if seen:
+                raise CorruptionError(
+                    cpath,
+                    None,
+                    f"CHECKPOINT is missing but {rpath.name} records that one was written "
+                    f"(checkpoint_seen): the checkpoint was lost; refusing to replay as if "
+                    f"nothing was ever published",
+                )
+            if record.entries or record.planned:
+                raise CorruptionError(
+                    cpath,
+                    None,
+                    f"CHECKPOINT is missing but {rpath.name} records reclaimed or planned "
+                    f"segments, which only a checkpoint could have allowed",
+                )
+            if armed and not segments:
+                self._record = ReclaimRecord(generation=record.generation)
+                changed = True
+        else:
+            if not armed and not seen:
+                raise CorruptionError(
+                    rpath,
+                    None,
+                    f"CHECKPOINT exists at {self._checkpoint} but {rpath.name} was never armed "
+                    f"for it; no correct writer leaves this pair",
+                )
+            if not seen:
+                record.flags |= FLAG_CHECKPOINT_SEEN  # promoted durably, below
+                changed = True
+        stored = file.geometry
+        if wanted.max_tenants < self._record.next_slot_id:
+            raise OpenError(
+                f"max_tenants={wanted.max_tenants} is below the {self._record.next_slot_id} "
+                f"tenant ids {rpath} has recorded; raise max_tenants to at least "
+                f"{self._record.next_slot_id}"
+            )
+        if wanted.max_tenants > stored.max_tenants or wanted.max_unlinks > stored.max_unlinks:
+            grown = Geometry(
+                max(wanted.max_tenants, stored.max_tenants),
+                max(wanted.max_unlinks, stored.max_unlinks),
+            )
+            try:
+                self._reclaim_file = file.rebuild(grown, self._record)
+            except OSError as exc:
+                raise OpenIoError(rpath, "rebuild at a larger geometry", exc) from exc
+        present = {f.header.uuid for f in segments}
+        if self._record.planned:
+            self._reconcile_planned(present)
+            changed = True
+        if changed:
+            try:
+                self._reclaim_file.write(self._record)
+            except OSError as exc:
+                raise OpenIoError(rpath, "write the reconciled record", exc) from exc
+
+    def _reconcile_planned(self, present: set[uuid.UUID]) -> None:
+        """Planned entries at open: a segment still present is retained (the next pass
+        re-plans it); one that is gone was reclaimed, and raises ``reclaimed_through``."""
+        record = self._record
+        mode = record.consumer_mode
+        for planned in record.planned:
+            if planned.segment in present:
+                continue
+            for slot, offset in planned.pairs.items():
+                entry = record.entries.get(slot)
+                if entry is None or offset.lsn > entry.reclaimed_through.lsn:
+                    from .reclaim import ReclaimEntry
+
+                    record.entries[slot] = ReclaimEntry(mode, offset)
+        record.planned = []
+
+    def _account_scan(self, seg: _Segment, scan: SegmentScan) -> None:
+        base = seg.base
+        on_frame = self._ledger.on_frame
         for raw in scan.frames:
             end = base + raw.end - HEADER_SIZE
-            seg.frames += 1
-            t = seg.tenants.get(raw.tenant)
-            if t is None:
-                seg.tenants[raw.tenant] = [end, end]
-            else:
-                t[1] = end
-        seg.frame_bytes = scan.frame_bytes
+            tenant = raw.tenant if raw.kind is FrameKind.TENANT_BATCH else None
+            on_frame(seg, tenant, end, raw.end - raw.start)
         seg.scanned = True
+        if seg is not self._cur:
+            self._ledger.close(seg)
+
+    def rebuild_ledger(self) -> None:
+        """Walk every segment not yet accounted (oldest first, frames validated exactly as
+        replay validates them) into the ledger. Replay does this as a by-product."""
+        with self._lock:
+            self._rebuild_locked()
+
+    def _rebuild_locked(self) -> None:
+        if self._ledger_rebuilt:
+            return
+        for s in self._ledger.segments():
+            seg = self._seg(s)
+            if seg.scanned:
+                continue
+            scan = scan_segment(
+                self._fs, SegmentFile(seg.path, seg.header, HEADER_SIZE + seg.data_len)
+            )
+            self._account_scan(seg, scan)
+        self._ledger_rebuilt = True
+
+    @staticmethod
+    def _seg(seg: LedgerSegment) -> _Segment:
+        assert isinstance(seg, _Segment)
         return seg
 
-    def _add(self, seg: _Segment) -> None:
-        self._segments.append(seg)
-        self._by_uuid[seg.uuid] = seg
+    def _segment_path(self, seg: LedgerSegment) -> Path:
+        return self._seg(seg).path
 
     def _install(self, seg: _Segment) -> None:
-        self._add(seg)
+        self._ledger.add_segment(seg)
         self._cur = seg
 
     # ------------------------------------------------------------------ append
@@ -439,6 +595,8 @@ class Journal:
         size = len(frame)
         with self._lock:
             self._check_writable_locked()
+            if not self._ledger_rebuilt:
+                self._rebuild_locked()  # once, before the ledger's first live frame
             cur = self._cur
             assert cur is not None
             if cur.sealed or (
@@ -460,17 +618,15 @@ class Journal:
                 # nothing is ever appended behind it.
                 self._end_lsn = end
                 cur.data_len += size
+                self._disk_bytes += size
                 self._seal_locked(cur, "write", exc)
                 raise WalIoError("write", cur.path, exc) from exc
             self._end_lsn = end
             cur.data_len += size
-            cur.frame_bytes += size
-            cur.frames += 1
-            span = cur.tenants.get(tenant)
-            if span is None:
-                cur.tenants[tenant] = [end, end]
-            else:
-                span[1] = end
+            self._disk_bytes += size
+            self._ledger.on_frame(
+                cur, tenant if kind is FrameKind.TENANT_BATCH else None, end, size
+            )
             pending = Pending(self, self._next_seq, WalOffset(cur.header.uuid, end), cur)
             self._next_seq += 1
             self._waiters.append(pending)
@@ -613,6 +769,8 @@ class Journal:
         frame and is not sealed. Raises ``RotationRetrying``/``RotationTerminal``."""
         with self._lock:
             self._check_writable_locked()
+            if not self._ledger_rebuilt:
+                self._rebuild_locked()
             cur = self._cur
             assert cur is not None
             if self._dir_pending is DirFsyncOrigin.ROTATION:
@@ -650,7 +808,10 @@ class Journal:
             seg = self._create_segment_locked(header)
         except _StepError as exc:
             raise self._rotation_failed_locked(exc.step, exc.path, exc.cause) from exc.cause
+        if not self._ledger_rebuilt:
+            self._rebuild_locked()
         self._install(seg)
+        self._disk_bytes += HEADER_SIZE
         self._retired.append(old)
         if self._leader is None:
             self._close_retired_locked()
@@ -784,7 +945,8 @@ class Journal:
                                 f"current mark {current} at the same LSN"
                             )
                         return False
-                seg = self._by_uuid.get(mark.segment)
+                found = self._ledger.segment(mark.segment)
+                seg = None if found is None else self._seg(found)
                 if seg is None or not seg.base < mark.lsn <= seg.end_lsn:
                     raise CheckpointError(
                         f"checkpoint mark {mark} does not end a frame of a surviving segment"
@@ -793,6 +955,20 @@ class Journal:
                     raise CheckpointError(
                         f"checkpoint mark {mark} is beyond the durable end (LSN {self._synced_lsn})"
                     )
+                arm = not self._record.flags & FLAG_CHECKPOINT_ARMED
+                if arm:
+                    self._record.flags |= FLAG_CHECKPOINT_ARMED
+                    self._touch_record_locked()
+            if arm:
+                # The witness is durable before the first CHECKPOINT can exist, so a
+                # crash in between never reads as a lost checkpoint (RFC 0052 §3.2).
+                try:
+                    self._write_record()
+                except OSError as exc:
+                    raise CheckpointError(
+                        f"arming RECLAIM before the first checkpoint failed: {exc}; no mark "
+                        f"was written"
+                    ) from exc
             try:
                 write_checkpoint(self._fs, self.root, mark)
             except OSError as exc:
@@ -802,6 +978,16 @@ class Journal:
                 ) from exc
             with self._lock:
                 self._checkpoint = mark
+                self._ledger.checkpoint = mark  # O(1): nothing is promoted eagerly
+                see = not self._record.flags & FLAG_CHECKPOINT_SEEN
+                if see:
+                    self._record.flags |= FLAG_CHECKPOINT_SEEN
+                    self._touch_record_locked()
+            if see:
+                try:
+                    self._write_record()
+                except OSError:
+                    pass  # stays dirty: the next pass writes it; open promotes it anyway
             return True
 
     # ------------------------------------------------------------------ replay
@@ -814,7 +1000,7 @@ class Journal:
         with self._lock:
             if self._next_seq != 1:
                 raise WalError("replay is recovery's: it runs before the first append")
-            segments = list(self._segments)
+            segments = [self._seg(x) for x in self._ledger.segments()]
         return Replay(self, segments, after_lsn)
 
     # ------------------------------------------------------------------ state
@@ -844,9 +1030,23 @@ class Journal:
         """Bytes written but not yet covered by a successful fsync."""
         return self._end_lsn - self._synced_lsn
 
+    def reclaim_state(self) -> ReclaimState:
+        """What RFC 0052 §3.5 exports, O(1) under the journal mutex."""
+        with self._lock:
+            return self._reclaim_state_locked(
+                self._end_lsn - self._synced_lsn,
+                self._disk_bytes + self._reclaim_file.geometry.file_size,
+                self._rotation,
+                self._clock(),
+            )
+
+    def _on_removed_locked(self, segs: list[LedgerSegment]) -> None:
+        for s in segs:
+            self._disk_bytes -= HEADER_SIZE + self._seg(s).data_len
+
     def segment_names(self) -> list[str]:
         with self._lock:
-            return [s.path.name for s in self._segments]
+            return [self._seg(s).path.name for s in self._ledger.segments()]
 
     @property
     def current_segment(self) -> uuid.UUID:
@@ -865,7 +1065,7 @@ class Journal:
             for w in self._waiters:  # only reachable after an abandoned round
                 _finish(w, None, JournalClosed())
             self._waiters.clear()
-            segments = list(self._segments) + list(self._retired)
+            segments = [self._seg(x) for x in self._ledger.segments()] + list(self._retired)
             self._retired.clear()
             for seg in segments:
                 if seg.fd is None:
@@ -931,10 +1131,7 @@ class Replay:
             self.report.segments.append(report)
             with journal._lock:
                 if not seg.scanned:
-                    fresh = journal._segment_from_scan(scan)
-                    seg.frames, seg.frame_bytes = fresh.frames, fresh.frame_bytes
-                    seg.tenants = fresh.tenants
-                    seg.scanned = True
+                    journal._account_scan(seg, scan)
             base = seg.base
             data = scan.data
             uid = seg.uuid
@@ -952,6 +1149,8 @@ class Replay:
                     WalOffset(uid, end),
                 )
             previous = scan
+        with journal._lock:
+            journal._ledger_rebuilt = True
 
 
 def _finish(w: Pending, outcome: CommitOutcome | None, error: AppendError | None) -> None:

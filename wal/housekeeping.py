@@ -1,0 +1,472 @@
+"""Housekeeping: the capped reclamation pass, as two ledger halves around a file half.
+
+``housekeeping_prepare`` (under the journal mutex) applies horizons within the cap,
+derives the retain floor, pops stale partials first and then eligible segments, marks
+them reclaiming and notes each tenant's last offset in them in the planned list.
+``housekeeping_execute`` (no journal mutex: appends continue) writes the RECLAIM slot
+in place and fsyncs it, only then unlinks, then fsyncs the parent directory.
+``housekeeping_commit`` (under the mutex again) folds the outcome back:
+
+* record write failed → nothing was unlinked; every popped segment is eligible again;
+* an unlink failed → that segment stays reclaiming and is retried next pass;
+* the parent fsync failed → every removal of the pass is uncertain: nothing leaves
+  the ledger, ``reclaimed_through`` does not rise, the next pass re-verifies;
+* otherwise the removed segments leave the ledger and ``reclaimed_through`` rises to
+  the highest last-offset among them, per tenant (it never falls). It becomes durable
+  at the next record write, which ``maintain`` performs at once.
+
+The RECLAIM record is durable before the first unlink it accounts for. The consumer
+mode is recorded by the first pass and persisted before that pass unlinks anything; a
+pass whose mode differs is refused before anything is planned. A pass never allocates.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .errors import WalError
+from .fs import Fs
+from .ledger import (
+    HousekeepingProgress,
+    Known,
+    Ledger,
+    LedgerSegment,
+    NoConsumer,
+    RetainFloor,
+    SegState,
+    SnapshotHorizons,
+)
+from .reclaim import (
+    FLAG_CHECKPOINT_SEEN,
+    ConsumerMode,
+    PlannedUnlink,
+    ReclaimEntry,
+    ReclaimFile,
+    ReclaimRecord,
+)
+from .segment import uuid7_time
+from .types import RotationState, WalOffset
+
+if TYPE_CHECKING:
+    from .journal import EventSink
+
+
+class ReclaimError(WalError):
+    """A housekeeping pass was refused or failed; ``progress`` says what it did."""
+
+    error_type = "wal_reclaim"
+
+    def __init__(self, message: str, progress: HousekeepingProgress | None = None) -> None:
+        super().__init__(message)
+        self.progress = progress
+
+
+class ModeMismatch(ReclaimError):
+    error_type = "wal_reclaim_mode"
+
+
+class UnrecoverableTenant(ReclaimError):
+    """A tenant whose restorable horizon is below what was reclaimed from under it."""
+
+    error_type = "wal_tenant_unrecoverable"
+
+    def __init__(
+        self, tenant: str, horizon: WalOffset | None, reclaimed_through: WalOffset, context: str
+    ) -> None:
+        have = "no restorable snapshot" if horizon is None else f"a restorable horizon at {horizon}"
+        super().__init__(
+            f"tenant {tenant!r} has {have}, but RECLAIM records its frames reclaimed through "
+            f"{reclaimed_through} ({context}); its miner state cannot be rebuilt from the WAL. "
+            f"Restore the tenant's snapshot, or accept the loss deliberately"
+        )
+        self.tenant = tenant
+        self.horizon = horizon
+        self.reclaimed_through = reclaimed_through
+
+
+class StaleGap(ReclaimError):
+    """A horizon's segment is gone and RECLAIM does not explain it."""
+
+    error_type = "wal_stale_gap"
+
+
+@dataclass
+class PlannedSegment:
+    seg: LedgerSegment
+    path: Path
+    pairs: dict[str, WalOffset]
+
+
+@dataclass
+class ReclaimPlan:
+    """What the file half is to do; owned paths, no journal handle needed."""
+
+    segments: list[PlannedSegment]
+    partials: list[Path]
+    write_record: bool
+    progress: HousekeepingProgress
+
+
+@dataclass
+class ReclaimOutcome:
+    """What the file half did."""
+
+    record_error: OSError | None = None
+    removed: list[Path] = field(default_factory=list)
+    failed: list[tuple[Path, OSError]] = field(default_factory=list)
+    fsync_failed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ReclaimState:
+    """Everything RFC 0052 §3.5 exports, read O(1) under the journal mutex."""
+
+    unflushed_bytes: int
+    disk_bytes: int
+    unreclaimed_bytes: int
+    segments: int
+    oldest_unreclaimed_age: float | None
+    checkpoint: WalOffset | None
+    floor: RetainFloor
+    lag_bytes: int
+    lag_segments: int
+    pinned_tenants: int
+    rotation: RotationState
+    horizon_remaining: int
+    unlink_remaining: int
+    stale_partials: int
+    last_progress: HousekeepingProgress | None
+
+
+class HousekeepingMixin:
+    """Reclamation methods of ``Journal`` (kept apart to keep each file readable)."""
+
+    # Provided by Journal.
+    root: Path
+    _fs: Fs
+    _lock: threading.Lock
+    _ledger: Ledger
+    _partials: list[Path]
+    _record: ReclaimRecord
+    _record_version: int
+    _record_durable_version: int
+    _record_lock: threading.Lock
+    _reclaim_file: ReclaimFile
+    _ledger_rebuilt: bool
+    _last_progress: HousekeepingProgress | None
+    _events: EventSink
+    _checkpoint: WalOffset | None
+
+    def _segment_path(self, seg: LedgerSegment) -> Path:
+        raise NotImplementedError
+
+    def _on_removed_locked(self, segs: list[LedgerSegment]) -> None:
+        raise NotImplementedError
+
+    def _touch_record_locked(self) -> None:
+        self._record_version += 1
+
+    def _write_record(self) -> None:
+        """Write the in-memory record to the inactive slot (raises OSError)."""
+        with self._record_lock:
+            with self._lock:
+                snapshot = self._record.copy()
+                version = self._record_version
+            self._reclaim_file.write(snapshot)
+            with self._lock:
+                self._record.generation = snapshot.generation
+                self._record_durable_version = max(self._record_durable_version, version)
+
+    # -- the ledger half ---------------------------------------------------------------
+
+    def housekeeping_prepare(self, horizons: SnapshotHorizons, cap: int) -> ReclaimPlan:
+        mode = ConsumerMode.NO_CONSUMER if isinstance(horizons, NoConsumer) else ConsumerMode.KNOWN
+        with self._lock:
+            record = self._record
+            ledger = self._ledger
+            if record.consumer_mode not in (ConsumerMode.UNRECORDED, mode):
+                raise ModeMismatch(
+                    f"housekeeping pass with mode {mode.name} refused: RECLAIM records mode "
+                    f"{ConsumerMode(record.consumer_mode).name} for this root",
+                    ledger.progress(skipped="mode_mismatch"),
+                )
+            partials = self._partials[:cap]
+            budget = cap - len(partials)
+            skipped = ""
+            planned: list[LedgerSegment] = []
+            capped = False
+            if not self._ledger_rebuilt:
+                skipped = "ledger_not_rebuilt"
+            else:
+                if isinstance(horizons, Known):
+                    self._refuse_unrecoverable_locked(horizons.horizons)
+                if record.consumer_mode is ConsumerMode.UNRECORDED:
+                    record.consumer_mode = mode
+                    self._touch_record_locked()
+                ledger.mode_known = mode is ConsumerMode.KNOWN
+                in_flight = ledger.in_flight()
+                planned.extend(in_flight[: max(budget, 0)])
+                applied_cap = cap
+                _, apply_capped = ledger.apply_horizons(horizons, applied_cap)
+                ledger.derive_floor(horizons)
+                room = budget - len(planned)
+                if ledger.checkpoint is None:
+                    skipped = "no_checkpoint"
+                elif room > 0:
+                    planned.extend(ledger.pop_eligible(room))
+                capped = apply_capped or (
+                    len(partials) + len(planned) >= cap
+                    and (ledger.heap_live > 0 or len(self._partials) > len(partials))
+                )
+            plan_segments: list[PlannedSegment] = []
+            for seg in planned:
+                pairs = {t: WalOffset(seg.uuid, span[1]) for t, span in seg.tenants.items()}
+                plan_segments.append(PlannedSegment(seg, self._segment_path(seg), pairs))
+                self._plan_into_record_locked(seg, pairs)
+            write_record = (
+                bool(plan_segments) or self._record_version > self._record_durable_version
+            )
+            progress = ledger.progress(capped=capped, skipped=skipped)
+            return ReclaimPlan(plan_segments, partials, write_record, progress)
+
+    def _plan_into_record_locked(self, seg: LedgerSegment, pairs: Mapping[str, WalOffset]) -> None:
+        record = self._record
+        capacity = self._reclaim_file.geometry.max_tenants
+        slot_pairs = {record.assign_slot(t, capacity): off for t, off in pairs.items()}
+        for planned in record.planned:
+            if planned.segment == seg.uuid:
+                planned.pairs = slot_pairs
+                break
+        else:
+            record.planned.append(PlannedUnlink(seg.uuid, slot_pairs))
+        self._touch_record_locked()
+
+    def _refuse_unrecoverable_locked(self, horizons: Mapping[str, WalOffset]) -> None:
+        record = self._record
+        for tenant in self._ledger.tenants():
+            slot = record.slot_of(tenant)
+            if slot is None:
+                continue
+            entry = record.entries.get(slot)
+            if entry is None or entry.mode is not ConsumerMode.KNOWN:
+                continue
+            h = horizons.get(tenant)
+            if h is None or h.lsn < entry.reclaimed_through.lsn:
+                raise UnrecoverableTenant(
+                    tenant, h, entry.reclaimed_through, "housekeeping refused the pass"
+                )
+
+    # -- the file half -----------------------------------------------------------------
+
+    def housekeeping_execute(self, plan: ReclaimPlan) -> ReclaimOutcome:
+        """Record, unlinks, parent fsync — with the journal mutex released."""
+        outcome = ReclaimOutcome()
+        fs = self._fs
+        segments = plan.segments
+        if plan.write_record:
+            try:
+                self._write_record()
+            except OSError as exc:
+                outcome.record_error = exc
+                segments = []  # nothing the record accounts for may be unlinked
+        touched = False
+        for path in plan.partials + [p.path for p in segments]:
+            try:
+                fs.unlink(path)
+            except FileNotFoundError:
+                outcome.removed.append(path)  # already gone: the removal completed
+            except OSError as exc:
+                outcome.failed.append((path, exc))
+            else:
+                outcome.removed.append(path)
+                touched = True
+        if touched or outcome.removed:
+            try:
+                fs.fsync_dir(self.root)
+            except OSError:
+                outcome.fsync_failed = True
+        return outcome
+
+    # -- the ledger half again ---------------------------------------------------------
+
+    def housekeeping_commit(
+        self, plan: ReclaimPlan, outcome: ReclaimOutcome
+    ) -> HousekeepingProgress:
+        with self._lock:
+            ledger = self._ledger
+            record = self._record
+            removed = set(outcome.removed)
+            removed_partials = 0
+            if not outcome.fsync_failed:
+                kept = []
+                for p in self._partials:
+                    if p in removed:
+                        removed_partials += 1
+                    else:
+                        kept.append(p)
+                self._partials = kept
+            done: list[PlannedSegment] = []
+            if outcome.record_error is not None:
+                ledger.record_failed(p.seg for p in plan.segments)
+                self._drop_planned_locked({p.seg.uuid for p in plan.segments})
+            elif outcome.fsync_failed:
+                uncertain = [p for p in plan.segments if p.path in removed]
+                ledger.mark_uncertain(p.seg for p in uncertain)
+                uuids = {p.seg.uuid for p in uncertain}
+                for planned in record.planned:
+                    if planned.segment in uuids:
+                        planned.uncertain = True
+                self._touch_record_locked()
+            else:
+                done = [p for p in plan.segments if p.path in removed]
+                self._on_removed_locked([p.seg for p in done])
+                ledger.removed(p.seg for p in done)
+                self._raise_reclaimed_locked(done)
+                self._drop_planned_locked({p.seg.uuid for p in done})
+            progress = ledger.progress(
+                removed_segments=len(done),
+                removed_partials=removed_partials,
+                capped=plan.progress.capped,
+                skipped=plan.progress.skipped,
+            )
+            self._last_progress = progress
+            return progress
+
+    def _raise_reclaimed_locked(self, done: list[PlannedSegment]) -> None:
+        if not done:
+            return
+        record = self._record
+        mode = ConsumerMode(record.consumer_mode)
+        capacity = self._reclaim_file.geometry.max_tenants
+        for p in done:
+            for tenant, offset in p.pairs.items():
+                slot = record.assign_slot(tenant, capacity)
+                entry = record.entries.get(slot)
+                if entry is None:
+                    record.entries[slot] = ReclaimEntry(mode, offset)
+                elif offset.lsn > entry.reclaimed_through.lsn:
+                    record.entries[slot] = ReclaimEntry(mode, offset)
+        self._touch_record_locked()
+
+    def _drop_planned_locked(self, uuids: set[uuid.UUID]) -> None:
+        if not uuids:
+            return
+        self._record.planned = [p for p in self._record.planned if p.segment not in uuids]
+        self._touch_record_locked()
+
+    # -- the whole pass ----------------------------------------------------------------
+
+    def maintain(self, horizons: SnapshotHorizons, cap: int) -> HousekeepingProgress:
+        """prepare → file half → commit, then make the raised ``reclaimed_through``
+        durable. Raises ``ReclaimError`` (carrying progress) on a refused or failed pass."""
+        plan = self.housekeeping_prepare(horizons, cap)
+        outcome = self.housekeeping_execute(plan)
+        progress = self.housekeeping_commit(plan, outcome)
+        with self._lock:
+            dirty = self._record_version > self._record_durable_version
+        if dirty and outcome.record_error is None:
+            try:
+                self._write_record()
+            except OSError as exc:
+                raise ReclaimError(
+                    f"the RECLAIM write after the pass failed: {exc}; it is retried next pass",
+                    progress,
+                ) from exc
+        if outcome.record_error is not None:
+            raise ReclaimError(
+                f"writing RECLAIM failed: {outcome.record_error}; nothing was unlinked",
+                progress,
+            )
+        if outcome.failed:
+            first_path, first_error = outcome.failed[0]
+            raise ReclaimError(
+                f"{len(outcome.failed)} unlink(s) failed (first: {first_path}: {first_error}); "
+                f"retried next pass",
+                progress,
+            )
+        if outcome.fsync_failed:
+            raise ReclaimError(
+                "the directory fsync after the unlinks failed; the removals are uncertain and "
+                "are re-verified next pass",
+                progress,
+            )
+        return progress
+
+    # -- recovery's check ----------------------------------------------------------------
+
+    def check_restorable(self, restorable: Mapping[str, WalOffset | None]) -> None:
+        """After the ledger is rebuilt: refuse to start when a tenant that still has
+        frames has a restorable horizon below what was reclaimed from under it, or when
+        a horizon's segment is gone without RECLAIM explaining it (RFC 0052 §3.2)."""
+        with self._lock:
+            if not self._ledger_rebuilt:
+                raise WalError("check_restorable needs the rebuilt ledger (replay first)")
+            record = self._record
+            for tenant in list(self._ledger.tenants()):
+                slot = record.slot_of(tenant)
+                entry = record.entries.get(slot) if slot is not None else None
+                h = restorable.get(tenant)
+                if entry is not None and entry.mode is ConsumerMode.KNOWN:
+                    if h is None or h.lsn < entry.reclaimed_through.lsn:
+                        raise UnrecoverableTenant(
+                            tenant, h, entry.reclaimed_through, "refusing to start"
+                        )
+            for tenant, h in restorable.items():
+                if h is None or self._ledger.segment(h.segment) is not None:
+                    continue
+                slot = record.slot_of(tenant)
+                entry = record.entries.get(slot) if slot is not None else None
+                if entry is None or entry.reclaimed_through.lsn < h.lsn:
+                    through = "nothing" if entry is None else str(entry.reclaimed_through)
+                    raise StaleGap(
+                        f"stale gap for tenant {tenant!r}: its snapshot horizon {h} lies in "
+                        f"segment {h.segment}, which is gone, but RECLAIM records {through} "
+                        f"reclaimed for it; a segment was removed outside the WAL. Refusing "
+                        f"to start"
+                    )
+
+    # -- state -------------------------------------------------------------------------
+
+    def _reclaim_state_locked(
+        self, unflushed: int, disk_bytes: int, rotation: RotationState, now: float
+    ) -> ReclaimState:
+        ledger = self._ledger
+        progress = ledger.progress()
+        oldest = ledger.oldest_segment()
+        age: float | None = None
+        if ledger.unreclaimed_bytes > 0 and oldest is not None:
+            age = max(0.0, now - uuid7_time(oldest.uuid))
+        floor = ledger.floor
+        pinned = getattr(floor, "tenants", 0)
+        return ReclaimState(
+            unflushed_bytes=unflushed,
+            disk_bytes=disk_bytes,
+            unreclaimed_bytes=ledger.unreclaimed_bytes,
+            segments=ledger.segment_count,
+            oldest_unreclaimed_age=age,
+            checkpoint=self._checkpoint,
+            floor=floor,
+            lag_bytes=progress.lag_bytes,
+            lag_segments=progress.lag_segments,
+            pinned_tenants=pinned,
+            rotation=rotation,
+            horizon_remaining=progress.horizon_remaining,
+            unlink_remaining=progress.unlink_remaining,
+            stale_partials=len(self._partials),
+            last_progress=self._last_progress,
+        )
+
+    def record_flags(self) -> int:
+        with self._lock:
+            return self._record.flags
+
+    def _seen(self) -> bool:
+        return bool(self._record.flags & FLAG_CHECKPOINT_SEEN)
+
+    def _segment_states(self) -> dict[uuid.UUID, SegState]:
+        return {s.uuid: s.state for s in self._ledger.segments()}
