@@ -56,6 +56,13 @@ if TYPE_CHECKING:
     from .journal import EventSink
 
 
+#: Horizon application is capped in (tenant, segment) steps, a constant multiple of the
+#: unlink cap: each step is a few dictionary operations, so the pass stays O(cap) under
+#: the journal mutex, while a node whose segments each hold many tenants still applies
+#: whole segments' worth of horizons per pass.
+APPLY_STEPS_PER_UNLINK = 32
+
+
 class ReclaimError(WalError):
     """A housekeeping pass was refused or failed; ``progress`` says what it did."""
 
@@ -209,10 +216,8 @@ class HousekeepingMixin:
                     record.consumer_mode = mode
                     self._touch_record_locked()
                 ledger.mode_known = mode is ConsumerMode.KNOWN
-                in_flight = ledger.in_flight()
-                planned.extend(in_flight[: max(budget, 0)])
-                applied_cap = cap
-                _, apply_capped = ledger.apply_horizons(horizons, applied_cap)
+                planned.extend(ledger.in_flight(max(budget, 0)))
+                _, apply_capped = ledger.apply_horizons(horizons, APPLY_STEPS_PER_UNLINK * cap)
                 ledger.derive_floor(horizons)
                 room = budget - len(planned)
                 if ledger.checkpoint is None:

@@ -193,6 +193,7 @@ class Ledger:
         self.reclaiming = 0
         self.uncertain = 0
         self.floor: RetainFloor = FloorUnknown()
+        self._in_flight: dict[uuid.UUID, LedgerSegment] = {}  # reclaiming or uncertain
 
     # -- membership -------------------------------------------------------------------
 
@@ -380,16 +381,19 @@ class Ledger:
             self.heap_live -= 1
             seg.state = SegState.RECLAIMING
             self.reclaiming += 1
+            self._in_flight[seg.uuid] = seg
             out.append(seg)
         return out
 
-    def in_flight(self) -> list[LedgerSegment]:
-        """Segments left reclaiming or uncertain by an earlier pass: re-planned first."""
-        return [
-            s
-            for s in self._segments.values()
-            if s.state in (SegState.RECLAIMING, SegState.UNCERTAIN)
-        ]
+    def in_flight(self, cap: int) -> list[LedgerSegment]:
+        """Up to ``cap`` segments left reclaiming or uncertain by an earlier pass (a failed
+        unlink, an uncertain removal): re-planned first, oldest first."""
+        out: list[LedgerSegment] = []
+        for seg in self._in_flight.values():
+            if len(out) >= cap:
+                break
+            out.append(seg)
+        return out
 
     def record_failed(self, segs: Iterable[LedgerSegment]) -> None:
         """The RECLAIM write failed: nothing was unlinked; back to eligible."""
@@ -427,6 +431,7 @@ class Ledger:
             self.reclaiming -= 1
         elif seg.state is SegState.UNCERTAIN:
             self.uncertain -= 1
+        self._in_flight.pop(seg.uuid, None)
 
     @property
     def unlink_remaining(self) -> int:
