@@ -207,6 +207,7 @@ class HousekeepingMixin:
             skipped = ""
             planned: list[LedgerSegment] = []
             capped = False
+            applied = 0
             if not self._ledger_rebuilt:
                 skipped = "ledger_not_rebuilt"
             else:
@@ -217,7 +218,9 @@ class HousekeepingMixin:
                     self._touch_record_locked()
                 ledger.mode_known = mode is ConsumerMode.KNOWN
                 planned.extend(ledger.in_flight(max(budget, 0)))
-                _, apply_capped = ledger.apply_horizons(horizons, APPLY_STEPS_PER_UNLINK * cap)
+                applied, apply_capped = ledger.apply_horizons(
+                    horizons, APPLY_STEPS_PER_UNLINK * cap
+                )
                 ledger.derive_floor(horizons)
                 room = budget - len(planned)
                 if ledger.checkpoint is None:
@@ -236,7 +239,7 @@ class HousekeepingMixin:
             write_record = (
                 bool(plan_segments) or self._record_version > self._record_durable_version
             )
-            progress = ledger.progress(capped=capped, skipped=skipped)
+            progress = ledger.progress(horizon_applied=applied, capped=capped, skipped=skipped)
             return ReclaimPlan(plan_segments, partials, write_record, progress)
 
     def _plan_into_record_locked(self, seg: LedgerSegment, pairs: Mapping[str, WalOffset]) -> None:
@@ -336,6 +339,7 @@ class HousekeepingMixin:
             progress = ledger.progress(
                 removed_segments=len(done),
                 removed_partials=removed_partials,
+                horizon_applied=plan.progress.horizon_applied,
                 capped=plan.progress.capped,
                 skipped=plan.progress.skipped,
             )
@@ -465,6 +469,11 @@ class HousekeepingMixin:
             stale_partials=len(self._partials),
             last_progress=self._last_progress,
         )
+
+    def tenants_with_frames(self) -> list[str]:
+        """Tenants the ledger holds frames for (after the rebuild)."""
+        with self._lock:
+            return sorted(self._ledger.tenants())
 
     def record_flags(self) -> int:
         with self._lock:

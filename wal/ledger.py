@@ -108,6 +108,7 @@ class HousekeepingProgress:
 
     removed_segments: int = 0
     removed_partials: int = 0
+    horizon_applied: int = 0  # (tenant, segment) horizon steps this pass applied
     capped: bool = False
     horizon_remaining: int = 0
     unlink_remaining: int = 0
@@ -442,6 +443,7 @@ class Ledger:
         *,
         removed_segments: int = 0,
         removed_partials: int = 0,
+        horizon_applied: int = 0,
         capped: bool = False,
         skipped: str = "",
     ) -> HousekeepingProgress:
@@ -451,6 +453,7 @@ class Ledger:
         return HousekeepingProgress(
             removed_segments=removed_segments,
             removed_partials=removed_partials,
+            horizon_applied=horizon_applied,
             capped=capped,
             horizon_remaining=self.horizon_remaining if known else 0,
             unlink_remaining=self.unlink_remaining,
