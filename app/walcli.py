@@ -13,7 +13,7 @@ import datetime as dt
 from pathlib import Path
 from typing import TextIO
 
-from wal.tools import RootReport, verify_root
+from wal.tools import RootReport, inspect_root, verify_root
 
 
 def resolve_wal_dir(directory: Path) -> Path:
@@ -39,10 +39,23 @@ def inspect(directory: Path, out: TextIO) -> int:
     if not root.is_dir():
         print(f"ourios wal inspect: {root} is not a directory", file=out)
         return 2
-    report = verify_root(root)
+    report = inspect_root(root, horizons=None)
     print(f"WAL {root}", file=out)
     mark = "none (never checkpointed)" if report.checkpoint is None else str(report.checkpoint)
     print(f"checkpoint: {mark}", file=out)
+    if report.reclaim is not None:
+        r = report.reclaim
+        print(
+            f"RECLAIM: mode={r.consumer_mode} armed={r.checkpoint_armed} seen={r.checkpoint_seen} "
+            f"tenant ids={r.tenant_ids}/{r.max_tenants} cap={r.max_unlinks}",
+            file=out,
+        )
+        for tenant, (mode, through) in sorted(r.entries.items()):
+            print(f"  reclaimed through for {tenant}: {through} ({mode})", file=out)
+        for planned in r.planned:
+            print(f"  planned unlink: {planned}", file=out)
+    if report.floor:
+        print(f"retain floor: {report.floor}", file=out)
     print(f"segments: {len(report.segments)}", file=out)
     for s in report.segments:
         sealed = " predecessor-sealed" if s.predecessor_sealed else ""
@@ -60,6 +73,9 @@ def inspect(directory: Path, out: TextIO) -> int:
             )
         if s.damage:
             print(f"      damage at byte {s.damage_offset}: {s.damage}", file=out)
+        why = report.eligibility.get(s.name)
+        if why is not None:
+            print(f"      retained: {why}" if why else "      eligible for reclamation", file=out)
     if report.partials:
         print(f"stale partials (swept by housekeeping): {', '.join(report.partials)}", file=out)
     if report.other_files:

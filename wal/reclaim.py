@@ -88,8 +88,9 @@ from typing import ClassVar, Final
 
 from .errors import CorruptionError, ErrorClass, WalError
 from .frame import validate_tenant
-from .fs import Fs
+from .fs import Fs, read_file
 from .slots import (
+    FILE_HEADER_SIZE,
     FileHeader,
     InvalidSlot,
     SlotDefect,
@@ -653,6 +654,33 @@ class ReclaimFile:
             slots.close()
             raise
         return cls(slots, geometry, live.index, live.generation, live.rejected), live.record
+
+    @classmethod
+    def read_only(cls, fs: Fs, root: Path) -> tuple[Geometry, ReclaimRecord] | None:
+        """The geometry and live record without opening the file for writing (for the
+        operator tools, which must work on a read-only copy of a volume)."""
+        path = root / cls.NAME
+        try:
+            data = read_file(fs, path)
+        except FileNotFoundError:
+            return None
+        geometry = decode_file_header(data[:FILE_HEADER_SIZE], path)
+        if len(data) != geometry.file_size:
+            raise CorruptionError(
+                path, None, f"RECLAIM is {len(data)} bytes; its header says {geometry.file_size}"
+            )
+        slot_len = geometry.slot_len
+        raw = (
+            data[slot_offset(0, slot_len) : slot_offset(0, slot_len) + slot_len],
+            data[slot_offset(1, slot_len) : slot_offset(1, slot_len) + slot_len],
+        )
+        live = select_live(
+            path,
+            raw,
+            lambda chunk, index: decode_slot(chunk, geometry, path, index),
+            lambda rec: rec.generation,
+        )
+        return geometry, live.record
 
     def write(self, record: ReclaimRecord) -> None:
         """Write ``record`` durably into the inactive slot at generation live + 1 and set

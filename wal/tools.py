@@ -12,6 +12,7 @@ problem with its file and offset instead of stopping at the first.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -62,6 +63,20 @@ class SegmentSummary:
 
 
 @dataclass
+class ReclaimSummary:
+    """The live RECLAIM slot, for operators."""
+
+    max_tenants: int
+    max_unlinks: int
+    consumer_mode: str
+    checkpoint_armed: bool
+    checkpoint_seen: bool
+    tenant_ids: int
+    entries: dict[str, tuple[str, WalOffset]]  # tenant -> (mode, reclaimed_through)
+    planned: list[str]  # segment uuids with a planned (maybe uncertain) unlink
+
+
+@dataclass
 class RootReport:
     root: Path
     segments: list[SegmentSummary] = field(default_factory=list)
@@ -71,6 +86,10 @@ class RootReport:
     problems: list[Problem] = field(default_factory=list)
     #: legal states worth telling an operator (a torn tail open will seal)
     notes: list[Problem] = field(default_factory=list)
+    reclaim: ReclaimSummary | None = None
+    #: segment name -> why it is retained ("" when it is eligible now); with horizons
+    eligibility: dict[str, str] = field(default_factory=dict)
+    floor: str = ""
 
     @property
     def ok(self) -> bool:
@@ -149,16 +168,99 @@ def verify_root(root: Path | str, *, fs: Fs | None = None) -> RootReport:
                 )
             )
     _read_checkpoint_into(fs, report, scans)
+    _read_reclaim_into(fs, report)
     return report
+
+
+def _read_reclaim_into(fs: Fs, report: RootReport) -> None:
+    from .reclaim import (
+        FLAG_CHECKPOINT_ARMED,
+        FLAG_CHECKPOINT_SEEN,
+        ConsumerMode,
+        ReclaimFile,
+    )
+
+    try:
+        loaded = ReclaimFile.read_only(fs, report.root)
+    except CorruptionError as exc:
+        report.problems.append(_problem(exc))
+        return
+    if loaded is None:
+        if report.segments:
+            report.problems.append(
+                Problem(report.root / "RECLAIM", None, "missing beside segments")
+            )
+        return
+    geometry, record = loaded
+    names = {i: d.tenant for i, d in record.dictionary.items()}
+    report.reclaim = ReclaimSummary(
+        max_tenants=geometry.max_tenants,
+        max_unlinks=geometry.max_unlinks,
+        consumer_mode=ConsumerMode(record.consumer_mode).name.lower(),
+        checkpoint_armed=bool(record.flags & FLAG_CHECKPOINT_ARMED),
+        checkpoint_seen=bool(record.flags & FLAG_CHECKPOINT_SEEN),
+        tenant_ids=record.next_slot_id,
+        entries={
+            names.get(i, f"#{i}"): (ConsumerMode(e.mode).name.lower(), e.reclaimed_through)
+            for i, e in record.entries.items()
+        },
+        planned=[f"{p.segment}{' (uncertain)' if p.uncertain else ''}" for p in record.planned],
+    )
+
+
+def explain_retention(report: RootReport, horizons: Mapping[str, WalOffset] | None) -> None:
+    """Fill ``report.eligibility`` and ``report.floor``: why each segment is kept, by the
+    rule housekeeping applies (checkpoint inclusive, horizon inclusive, pin strict)."""
+    mark = report.checkpoint
+    pinned: list[str] = []
+    lowest: WalOffset | None = None
+    if horizons is not None:
+        tenants = {t for s in report.segments for t in s.tenant_last}
+        pinned = sorted(t for t in tenants if t not in horizons)
+        for h in horizons.values():
+            if lowest is None or h.lsn < lowest.lsn:
+                lowest = h
+        if pinned:
+            report.floor = f"pinned by {len(pinned)} tenant(s): {', '.join(pinned[:8])}"
+        else:
+            report.floor = f"min {lowest}" if lowest is not None else "min (no tenant holds frames)"
+    for i, s in enumerate(report.segments):
+        if i == len(report.segments) - 1:
+            report.eligibility[s.name] = "the current segment (never reclaimed)"
+            continue
+        why: list[str] = []
+        highest = s.valid_end_lsn if s.frames else None
+        if mark is None:
+            why.append("no checkpoint yet")
+        elif highest is not None and highest > mark.lsn:
+            why.append(f"above the checkpoint (frames to {highest} > {mark.lsn})")
+        if horizons is None:
+            if s.tenant_last:
+                why.append("tenant horizons unknown (no snapshots given)")
+        else:
+            for tenant, last in sorted(s.tenant_last.items()):
+                horizon = horizons.get(tenant)
+                if horizon is None:
+                    why.append(f"pinned by {tenant} (no snapshot; frames to {last})")
+                elif last > horizon.lsn:
+                    why.append(f"held by {tenant} (frames to {last} > horizon {horizon.lsn})")
+        report.eligibility[s.name] = "; ".join(why)
 
 
 def _unscannable() -> ScanStop:
     return ScanStop(0, True, "unreadable")
 
 
-def inspect_root(root: Path | str, *, fs: Fs | None = None) -> RootReport:
-    """The same walk as ``verify_root``; the caller prints the summaries."""
-    return verify_root(root, fs=fs)
+def inspect_root(
+    root: Path | str,
+    *,
+    fs: Fs | None = None,
+    horizons: Mapping[str, WalOffset] | None = None,
+) -> RootReport:
+    """The same walk as ``verify_root`` plus why each segment is retained."""
+    report = verify_root(root, fs=fs)
+    explain_retention(report, horizons)
+    return report
 
 
 def _summarise(scan: SegmentScan) -> SegmentSummary:
