@@ -303,3 +303,28 @@ def test_rfc0052_4_5_property_any_step_any_count(
         assert state == Healthy()
         assert r.commit()
     reopen_and_check(r).close()
+
+
+# -- RFC0052.4: the debris of failed attempts is swept in one capped pass ------------
+
+
+@pytest.mark.parametrize("step", ["create", "header_write", "header_fsync", "rename"])
+def test_rfc0052_4_failed_attempts_debris_is_gone_after_one_pass(tmp_path: Path, step: str) -> None:
+    from wal import Known
+
+    r = rig(tmp_path)
+    inject(r, step, None)
+    for _ in range(5):
+        r.commit()
+    assert isinstance(r.journal.rotation_state, Terminal)
+    debris = r.journal.stale_partials
+    # create fails before the file exists; every later step leaves one partial per attempt
+    assert len(debris) == (0 if step == "create" else 3)
+    assert all(p.exists() for p in debris)
+    r.fs.clear_faults()
+    # max_unlinks_per_pass >= rotation_retry_attempts, so one pass clears one rotation's
+    # debris: a persistently retrying node cannot fill its disk with it
+    progress = r.journal.maintain(Known({}), r.journal.config.rotation_retry_attempts)
+    assert progress.removed_partials == len(debris)
+    assert not any(p.exists() for p in debris) and r.journal.stale_partials == []
+    r.journal.close()

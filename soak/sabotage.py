@@ -1,0 +1,222 @@
+"""Sabotage runs: apply each deliberate break of a safety rule to a copy of the tree, run
+the tests that must catch it, and report which did — or that none did.
+
+A rule no test catches is a finding to fix, not to hide (segment-set seed §10). Run:
+
+    .venv/bin/python soak/sabotage.py            # every sabotage
+    .venv/bin/python soak/sabotage.py -k horizon # those whose name contains "horizon"
+
+Exit status 0 when every sabotage was caught, 1 otherwise. Not part of ``make test``:
+each run copies the tree and runs a handful of tests per sabotage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Sabotage:
+    name: str
+    rule: str
+    file: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+    more: tuple[tuple[str, str], ...] = ()  # further (old, new) edits in the same file
+
+
+SABOTAGES: tuple[Sabotage, ...] = (
+    # -- reclamation (issue 3) ---------------------------------------------------------
+    Sabotage(
+        "horizon_strict",
+        "a tenant's horizon is inclusive: its horizon frame's segment may go",
+        "wal/ledger.py",
+        "if h is not None and seg.tenants[name][1] > h:",
+        "if h is not None and seg.tenants[name][1] >= h:",
+        (
+            "tests/unit/wal/test_reclamation.py::test_rfc0052_2_a_segment_holding_only_the_horizon_frame_is_unlinked",
+        ),
+    ),
+    Sabotage(
+        "pin_inclusive",
+        "a pin is strict: a pinned tenant's frame is never unlinked, equality included",
+        "wal/ledger.py",
+        "            if not infinite and h is None:\n                continue  # pinned: nothing to apply, and it costs nothing",
+        "            if not infinite and h is None:\n                first = self.oldest_frame(name)\n                assert first is not None\n                h = first",
+        (
+            "tests/unit/wal/test_reclamation.py::test_rfc0052_13_equality_never_unlinks_a_pinned_frame",
+        ),
+    ),
+    Sabotage(
+        "checkpoint_exclusive",
+        "the checkpoint is inclusive: a segment whose highest frame is the mark may go",
+        "wal/ledger.py",
+        "            if key > mark.lsn:\n                break",
+        "            if key >= mark.lsn:\n                break",
+        (
+            "tests/unit/wal/test_reclamation.py::test_rfc0052_2_only_covered_segments_below_the_checkpoint_are_unlinked",
+        ),
+    ),
+    Sabotage(
+        "current_segment_eligible",
+        "the current segment is never reclaimed",
+        "wal/ledger.py",
+        "        if seg is self._current or seg.in_heap:\n            return",
+        "        if seg.in_heap:\n            return",
+        (
+            "tests/unit/wal/test_reclamation.py::test_audit_frames_are_governed_by_the_checkpoint_alone",
+            "tests/unit/wal/test_reclamation.py::test_rfc0052_13_a_tenant_leaves_the_ledger_with_its_last_segment",
+        ),
+        more=(
+            (
+                "            if not seg.closed:\n                return False",
+                "            if False:\n                return False",
+            ),
+        ),
+    ),
+    Sabotage(
+        "unlink_before_record",
+        "the RECLAIM record is durable before the first unlink it accounts for",
+        "wal/housekeeping.py",
+        "        if plan.write_record:\n            try:\n                self._write_record()",
+        "        if plan.write_record and False:\n            try:\n                self._write_record()",
+        (
+            "tests/unit/wal/test_rfc0052_17.py",
+            "tests/crash/test_reclaim_model.py",
+        ),
+    ),
+    # -- the WAL core (issue 2) ---------------------------------------------------------
+    Sabotage(
+        "skip_set_validation",
+        "open validates the set: names and headers agree, no duplicates, no overlap",
+        "wal/layout.py",
+        '    sizes alone. Duplicates are checked first: two files declaring one base is the more\n    useful message than the name disagreement it also implies."""',
+        '    sizes alone. Duplicates are checked first: two files declaring one base is the more\n    useful message than the name disagreement it also implies."""\n    return',
+        ("tests/unit/wal/test_open.py",),
+    ),
+    Sabotage(
+        "rename_before_header_fsync",
+        "a segment's header is fsynced before the rename",
+        "wal/journal.py",
+        '            step = "fsync the header of"\n            fs.fsync(fd)',
+        '            step = "fsync the header of"',
+        ("tests/crash/test_crash_matrix.py",),
+    ),
+    Sabotage(
+        "ack_before_directory_entry",
+        "no ack while the segment's directory entry is not durable",
+        "wal/journal.py",
+        "            if dir_pending is not None:\n                try:\n                    fs.fsync_dir(self.root)",
+        "            if dir_pending is not None and False:\n                try:\n                    fs.fsync_dir(self.root)",
+        (
+            "tests/unit/wal/test_rotation.py::test_rfc0052_4_no_ack_while_the_rotation_obligation_is_pending",
+            "tests/crash/test_crash_matrix.py",
+        ),
+    ),
+    Sabotage(
+        "append_behind_torn_tail",
+        "open never appends behind a torn tail: it seals the segment",
+        "wal/journal.py",
+        "            if scan.stop.damaged:\n                seg.sealed = True",
+        "            if False:\n                seg.sealed = True",
+        (
+            "tests/unit/wal/test_open.py::test_torn_tail_is_sealed_and_kept_and_a_second_restart_works",
+        ),
+    ),
+    Sabotage(
+        "mark_is_the_eof",
+        "the outcome's mark is the frame's own end, never the fsync's EOF",
+        "wal/journal.py",
+        "_finish(w, CommitOutcome(w.seq, w.offset, eof), None)",
+        "_finish(w, CommitOutcome(w.seq, eof, eof), None)",
+        ("tests/unit/wal/test_group_commit.py::test_the_mark_is_the_frames_own_end_not_the_eof",),
+    ),
+    Sabotage(
+        "retry_forever",
+        "consecutive rotation failures reach the terminal state",
+        "wal/journal.py",
+        "        if attempts >= budget:",
+        "        if False:",
+        ("tests/unit/wal/test_rotation.py",),
+    ),
+)
+
+
+def copy_tree(dest: Path) -> None:
+    ignore = shutil.ignore_patterns(
+        ".venv", ".cache", ".git", "__pycache__", ".hypothesis", "*.pyc"
+    )
+    shutil.copytree(ROOT, dest, ignore=ignore, dirs_exist_ok=True)
+
+
+def run(sabotage: Sabotage, tree: Path) -> tuple[bool, str]:
+    target = tree / sabotage.file
+    original = (ROOT / sabotage.file).read_text()
+    broken = original
+    for old, new in ((sabotage.old, sabotage.new), *sabotage.more):
+        if old not in broken:
+            return False, f"the sabotage no longer applies: {old!r} not in {sabotage.file}"
+        broken = broken.replace(old, new, 1)
+    target.write_text(broken)
+    try:
+        env = dict(os.environ, PYTHONPATH=str(tree), PYTHONDONTWRITEBYTECODE="1")
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-q",
+                "-x",
+                "-rfE",
+                "-p",
+                "no:cacheprovider",
+                *sabotage.tests,
+            ],
+            cwd=tree,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+            check=False,
+        )
+    finally:
+        target.write_text(original)
+    failed = [line for line in proc.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))]
+    if proc.returncode == 0:
+        return False, "no test failed"
+    if proc.returncode == 5 or not failed:
+        tail = "\n".join(proc.stdout.splitlines()[-5:])
+        return False, f"the tests did not run cleanly (exit {proc.returncode}):\n{tail}"
+    return True, failed[0].split(" - ")[0]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("-k", default="", help="only sabotages whose name contains this")
+    args = ap.parse_args()
+    chosen = [s for s in SABOTAGES if args.k in s.name]
+    uncaught = 0
+    with tempfile.TemporaryDirectory(prefix="sabotage-") as tmp:
+        tree = Path(tmp) / "tree"
+        copy_tree(tree)
+        for s in chosen:
+            caught, detail = run(s, tree)
+            mark = "caught  " if caught else "UNCAUGHT"
+            print(f"{mark} {s.name:<28} {s.rule}\n         -> {detail}", flush=True)
+            uncaught += not caught
+    print(f"{len(chosen) - uncaught} of {len(chosen)} sabotages caught")
+    return 1 if uncaught else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
