@@ -91,6 +91,10 @@ EventSink = Callable[[str, Mapping[str, object]], None]
 Clock = Callable[[], float]
 
 _TENANT_CACHE_MAX = 4096
+#: A leader whose own frame is acknowledged leads at most this many more rounds while
+#: waiters are queued: the next fsync starts without first waking another thread, and the
+#: leader's own latency stays bounded (it never leads indefinitely under load).
+EXTRA_ROUNDS = 1
 
 
 def _no_events(name: str, fields: Mapping[str, object]) -> None:
@@ -648,11 +652,15 @@ class Journal(HousekeepingMixin):
     # ------------------------------------------------------------------ group commit
 
     def _lead(self, me: Pending) -> None:
-        while self._sync_round(me):
-            pass
+        extra = 0
+        while self._sync_round(me, extra < EXTRA_ROUNDS):
+            if me._done:
+                extra += 1
 
-    def _sync_round(self, me: Pending) -> bool:
-        """One fsync round led by ``me``. True when ``me`` must lead another round."""
+    def _sync_round(self, me: Pending, may_continue: bool = False) -> bool:
+        """One fsync round led by ``me``. True when ``me`` leads the next round too: its
+        own frame is not yet covered, or (at most ``EXTRA_ROUNDS`` times) waiters are
+        queued, so the next round starts without waking another thread first."""
         fs = self._fs
         with self._lock:
             covered = self._next_seq - 1
@@ -704,7 +712,7 @@ class Journal(HousekeepingMixin):
                 self._close_retired_locked()
             if waiters:
                 nxt = waiters[0]
-                if nxt is me:
+                if nxt is me or may_continue:
                     return True
                 self._leader = nxt
                 me._leader = False
