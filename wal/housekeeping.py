@@ -42,12 +42,14 @@ from .ledger import (
     SnapshotHorizons,
 )
 from .reclaim import (
+    FLAG_CHECKPOINT_ARMED,
     FLAG_CHECKPOINT_SEEN,
     ConsumerMode,
     PlannedUnlink,
     ReclaimEntry,
     ReclaimFile,
     ReclaimRecord,
+    TenantCapacityExceeded,
 )
 from .segment import uuid7_time
 from .types import RotationState, WalOffset
@@ -107,6 +109,8 @@ class PlannedSegment:
     seg: LedgerSegment
     path: Path
     pairs: dict[str, WalOffset]
+    #: left reclaiming or uncertain by an earlier pass (its planned entry predates this one)
+    replanned: bool = False
 
 
 @dataclass
@@ -117,6 +121,8 @@ class ReclaimPlan:
     partials: list[Path]
     write_record: bool
     progress: HousekeepingProgress
+    #: segments left eligible because a tenant in them has no RECLAIM id to be had
+    refused: list[TenantCapacityExceeded] = field(default_factory=list)
 
 
 @dataclass
@@ -168,6 +174,8 @@ class HousekeepingMixin:
     _last_progress: HousekeepingProgress | None
     _events: EventSink
     _checkpoint: WalOffset | None
+    _config_max_tenants: int
+    _armed_durable: bool
 
     def _segment_path(self, seg: LedgerSegment) -> Path:
         raise NotImplementedError
@@ -188,11 +196,15 @@ class HousekeepingMixin:
             with self._lock:
                 self._record.generation = snapshot.generation
                 self._record_durable_version = max(self._record_durable_version, version)
+                if snapshot.flags & FLAG_CHECKPOINT_ARMED:
+                    self._armed_durable = True
 
     # -- the ledger half ---------------------------------------------------------------
 
     def housekeeping_prepare(self, horizons: SnapshotHorizons, cap: int) -> ReclaimPlan:
         mode = ConsumerMode.NO_CONSUMER if isinstance(horizons, NoConsumer) else ConsumerMode.KNOWN
+        # The planned array holds at most the geometry's max_unlinks records.
+        cap = max(0, min(cap, self._reclaim_file.geometry.max_unlinks))
         with self._lock:
             record = self._record
             ledger = self._ledger
@@ -208,6 +220,7 @@ class HousekeepingMixin:
             planned: list[LedgerSegment] = []
             capped = False
             applied = 0
+            replanned_ids: set[uuid.UUID] = set()
             if not self._ledger_rebuilt:
                 skipped = "ledger_not_rebuilt"
             else:
@@ -217,7 +230,9 @@ class HousekeepingMixin:
                     record.consumer_mode = mode
                     self._touch_record_locked()
                 ledger.mode_known = mode is ConsumerMode.KNOWN
-                planned.extend(ledger.in_flight(max(budget, 0)))
+                replanned = ledger.in_flight(max(budget, 0))
+                planned.extend(replanned)
+                replanned_ids = {seg.uuid for seg in replanned}
                 applied, apply_capped = ledger.apply_horizons(
                     horizons, APPLY_STEPS_PER_UNLINK * cap
                 )
@@ -232,19 +247,39 @@ class HousekeepingMixin:
                     and (ledger.heap_live > 0 or len(self._partials) > len(partials))
                 )
             plan_segments: list[PlannedSegment] = []
+            refused: list[TenantCapacityExceeded] = []
             for seg in planned:
                 pairs = {t: WalOffset(seg.uuid, span[1]) for t, span in seg.tenants.items()}
-                plan_segments.append(PlannedSegment(seg, self._segment_path(seg), pairs))
-                self._plan_into_record_locked(seg, pairs)
+                try:
+                    self._plan_into_record_locked(seg, pairs)
+                except TenantCapacityExceeded as exc:
+                    # A tenant RECLAIM has no id for cannot be recorded, so this segment
+                    # cannot go; it returns to eligible and the rest of the pass goes on.
+                    ledger.record_failed([seg])
+                    refused.append(exc)
+                    continue
+                plan_segments.append(
+                    PlannedSegment(seg, self._segment_path(seg), pairs, seg.uuid in replanned_ids)
+                )
+            if refused:
+                skipped = skipped or "tenant_capacity"
             write_record = (
                 bool(plan_segments) or self._record_version > self._record_durable_version
             )
             progress = ledger.progress(horizon_applied=applied, capped=capped, skipped=skipped)
-            return ReclaimPlan(plan_segments, partials, write_record, progress)
+            return ReclaimPlan(plan_segments, partials, write_record, progress, refused)
+
+    def _tenant_capacity(self) -> int:
+        # The configured bound, never the file's larger stored geometry: a root opened
+        # with a lowered max_tenants must still reopen under that same configuration.
+        return min(self._reclaim_file.geometry.max_tenants, self._config_max_tenants)
 
     def _plan_into_record_locked(self, seg: LedgerSegment, pairs: Mapping[str, WalOffset]) -> None:
         record = self._record
-        capacity = self._reclaim_file.geometry.max_tenants
+        capacity = self._tenant_capacity()
+        needed = [t for t in pairs if record.slot_of(t) is None]
+        if record.next_slot_id + len(needed) > capacity:
+            raise TenantCapacityExceeded(needed[0], record.next_slot_id, capacity)
         slot_pairs = {record.assign_slot(t, capacity): off for t, off in pairs.items()}
         for planned in record.planned:
             if planned.segment == seg.uuid:
@@ -320,8 +355,12 @@ class HousekeepingMixin:
                 self._partials = kept
             done: list[PlannedSegment] = []
             if outcome.record_error is not None:
-                ledger.record_failed(p.seg for p in plan.segments)
-                self._drop_planned_locked({p.seg.uuid for p in plan.segments})
+                # Nothing this pass unlinked. Segments it popped go back to eligible; one an
+                # earlier pass left reclaiming or uncertain keeps its state and its planned
+                # entry (its file may already be gone).
+                fresh = [p for p in plan.segments if not p.replanned]
+                ledger.record_failed(p.seg for p in fresh)
+                self._drop_planned_locked({p.seg.uuid for p in fresh})
             elif outcome.fsync_failed:
                 uncertain = [p for p in plan.segments if p.path in removed]
                 ledger.mark_uncertain(p.seg for p in uncertain)
@@ -351,7 +390,7 @@ class HousekeepingMixin:
             return
         record = self._record
         mode = ConsumerMode(record.consumer_mode)
-        capacity = self._reclaim_file.geometry.max_tenants
+        capacity = self._tenant_capacity()
         for p in done:
             for tenant, offset in p.pairs.items():
                 slot = record.assign_slot(tenant, capacity)
@@ -404,6 +443,9 @@ class HousekeepingMixin:
                 "are re-verified next pass",
                 progress,
             )
+        if plan.refused:
+            # The rest of the pass committed; the refusal names the tenant and the limit.
+            raise plan.refused[0]
         return progress
 
     # -- recovery's check ----------------------------------------------------------------

@@ -234,6 +234,8 @@ class Journal(HousekeepingMixin):
         self._record_version = 0
         self._record_durable_version = 0
         self._disk_bytes = 0
+        self._config_max_tenants = config.max_tenants
+        self._armed_durable = False
         self._cur: _Segment | None = None
         self._end_lsn = 0
         self._synced_lsn = 0
@@ -277,8 +279,25 @@ class Journal(HousekeepingMixin):
         config.validate()
         fs = fs or OsFs()
         journal = cls(root, config, fs, clock, events or _no_events)
-        journal._open()
+        try:
+            journal._open()
+        except BaseException:
+            journal._release_files()  # a refused open leaks no descriptor
+            raise
         return journal
+
+    def _release_files(self) -> None:
+        reclaim = getattr(self, "_reclaim_file", None)
+        if reclaim is not None and not reclaim.closed:
+            reclaim.close()
+        segs = [self._seg(x) for x in self._ledger.segments()] + list(self._retired)
+        for seg in segs:
+            if seg.fd is not None:
+                try:
+                    self._fs.close(seg.fd)
+                except OSError:
+                    pass
+                seg.fd = None
 
     def _open(self) -> None:
         fs, root = self._fs, self.root
@@ -446,6 +465,7 @@ class Journal(HousekeepingMixin):
                 ) from exc
             return
         file, record = loaded
+        self._armed_durable = bool(record.flags & FLAG_CHECKPOINT_ARMED)
         rejected = file.rejected
         if (
             rejected is not None
@@ -483,6 +503,7 @@ class Journal(HousekeepingMixin):
                 )
             if armed and not segments:
                 self._record = ReclaimRecord(generation=record.generation)
+                self._armed_durable = False  # reset below; the next checkpoint re-arms
                 changed = True
         else:
             if not armed and not seen:
@@ -963,7 +984,9 @@ class Journal(HousekeepingMixin):
                     raise CheckpointError(
                         f"checkpoint mark {mark} is beyond the durable end (LSN {self._synced_lsn})"
                     )
-                arm = not self._record.flags & FLAG_CHECKPOINT_ARMED
+                # Decided on what is durable, not on the in-memory flag: a failed arming
+                # write must be retried before any CHECKPOINT exists.
+                arm = not self._armed_durable
                 if arm:
                     self._record.flags |= FLAG_CHECKPOINT_ARMED
                     self._touch_record_locked()
@@ -1075,6 +1098,9 @@ class Journal(HousekeepingMixin):
             self._waiters.clear()
             segments = [self._seg(x) for x in self._ledger.segments()] + list(self._retired)
             self._retired.clear()
+            reclaim = getattr(self, "_reclaim_file", None)
+            if reclaim is not None and not reclaim.closed:
+                reclaim.close()
             for seg in segments:
                 if seg.fd is None:
                     continue
