@@ -62,7 +62,7 @@ if TYPE_CHECKING:
 #: unlink cap: each step is a few dictionary operations, so the pass stays O(cap) under
 #: the journal mutex, while a node whose segments each hold many tenants still applies
 #: whole segments' worth of horizons per pass.
-APPLY_STEPS_PER_UNLINK = 32
+APPLY_STEPS_PER_UNLINK = 8
 
 
 class ReclaimError(WalError):
@@ -176,6 +176,7 @@ class HousekeepingMixin:
     _checkpoint: WalOffset | None
     _config_max_tenants: int
     _armed_durable: bool
+    _planned_index: dict[uuid.UUID, PlannedUnlink]
 
     def _segment_path(self, seg: LedgerSegment) -> Path:
         raise NotImplementedError
@@ -214,6 +215,7 @@ class HousekeepingMixin:
                     f"{ConsumerMode(record.consumer_mode).name} for this root",
                     ledger.progress(skipped="mode_mismatch"),
                 )
+            self._planned_index = {p.segment: p for p in record.planned}
             partials = self._partials[:cap]
             budget = cap - len(partials)
             skipped = ""
@@ -281,12 +283,13 @@ class HousekeepingMixin:
         if record.next_slot_id + len(needed) > capacity:
             raise TenantCapacityExceeded(needed[0], record.next_slot_id, capacity)
         slot_pairs = {record.assign_slot(t, capacity): off for t, off in pairs.items()}
-        for planned in record.planned:
-            if planned.segment == seg.uuid:
-                planned.pairs = slot_pairs
-                break
+        existing = self._planned_index.get(seg.uuid)
+        if existing is not None:
+            existing.pairs = slot_pairs
         else:
-            record.planned.append(PlannedUnlink(seg.uuid, slot_pairs))
+            entry = PlannedUnlink(seg.uuid, slot_pairs)
+            record.planned.append(entry)
+            self._planned_index[seg.uuid] = entry
         self._touch_record_locked()
 
     def _refuse_unrecoverable_locked(self, horizons: Mapping[str, WalOffset]) -> None:

@@ -595,6 +595,8 @@ class ReclaimFile:
         self._geometry = geometry
         self._live_index = live_index
         self._live_generation = live_generation
+        #: the bytes known to be in each slot, so a write sends only what changed
+        self._known: list[bytes | None] = [None, None]
         #: why the other slot was not a candidate at load (None when it was valid and
         #: older). A FORMAT defect carries its generation: one above the live slot's is a
         #: newer record this build could not read, which open may choose to refuse.
@@ -631,7 +633,9 @@ class ReclaimFile:
             fs, root / cls.NAME, encode_file_header(geometry), slot0, geometry.slot_len
         )
         record.generation = 1
-        return cls(slots, geometry, 0, 1)
+        made = cls(slots, geometry, 0, 1)
+        made._known = [slot0, bytes(geometry.slot_len)]
+        return made
 
     @classmethod
     def load(cls, fs: Fs, root: Path) -> tuple[ReclaimFile, ReclaimRecord] | None:
@@ -653,7 +657,9 @@ class ReclaimFile:
         except BaseException:
             slots.close()
             raise
-        return cls(slots, geometry, live.index, live.generation, live.rejected), live.record
+        loaded = cls(slots, geometry, live.index, live.generation, live.rejected)
+        loaded._known = [raw.slots[0], raw.slots[1]]
+        return loaded, live.record
 
     @classmethod
     def read_only(cls, fs: Fs, root: Path) -> tuple[Geometry, ReclaimRecord] | None:
@@ -689,7 +695,10 @@ class ReclaimFile:
         generation = self._live_generation + 1
         data = _encode_at(record, self._geometry, generation)
         target = 1 - self._live_index
-        self._slots.write_slot(target, data)
+        previous = self._known[target]
+        self._known[target] = None  # unknown until the write is durable
+        self._slots.write_slot(target, data, previous)
+        self._known[target] = data
         self._live_index, self._live_generation = target, generation
         record.generation = generation
 
@@ -704,7 +713,9 @@ class ReclaimFile:
         slots = self._slots.rebuild(encode_file_header(geometry), slot0, geometry.slot_len)
         self.close()
         record.generation = self._live_generation
-        return ReclaimFile(slots, geometry, 0, self._live_generation)
+        rebuilt = ReclaimFile(slots, geometry, 0, self._live_generation)
+        rebuilt._known = [slot0, bytes(geometry.slot_len)]
+        return rebuilt
 
     def close(self) -> None:
         self._slots.close()

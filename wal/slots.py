@@ -176,6 +176,32 @@ class InvalidSlot(Exception):
         super().__init__(f"slot {index} at byte {offset}: {defect.name.lower()}: {reason}")
 
 
+#: Granularity of the in-place diff write.
+DIFF_CHUNK = 4096
+
+
+def dirty_runs(new: bytes, old: bytes, chunk: int = DIFF_CHUNK) -> list[tuple[int, int]]:
+    """Byte ranges (chunk-aligned, coalesced) where ``new`` differs from ``old``.
+
+    Two levels, so the common case — a multi-MiB slot differing in a few KiB — costs a
+    few dozen memcmp-speed block comparisons rather than a Python loop per chunk."""
+    block = chunk * 16
+    runs: list[tuple[int, int]] = []
+    n = len(new)
+    for base in range(0, n, block):
+        stop = min(n, base + block)
+        if new[base:stop] == old[base:stop]:
+            continue
+        for start in range(base, stop, chunk):
+            end = min(stop, start + chunk)
+            if new[start:end] != old[start:end]:
+                if runs and runs[-1][1] == start:
+                    runs[-1] = (runs[-1][0], end)
+                else:
+                    runs.append((start, end))
+    return runs
+
+
 def check_trailer(data: bytes, path: Path, index: int, slot_len: int) -> None:
     """Raise ``InvalidSlot`` unless the slot's CRC holds and its reserved tail is zero."""
     base = slot_offset(index, slot_len)
@@ -339,8 +365,13 @@ class SlotFile:
         )
         return SlotFileBytes(self._header, (slots[0], slots[1]))
 
-    def write_slot(self, index: int, data: bytes) -> None:
+    def write_slot(self, index: int, data: bytes, previous: bytes | None = None) -> None:
         """Overwrite slot ``index`` in place, then fsync. Never extends the file.
+
+        With ``previous`` (the bytes known to be in that slot) only the chunks that differ
+        are written: the slot is fixed-geometry and mostly zero, so a pass's write is a
+        few KiB instead of the whole slot. Torn-write safety is unchanged — until the
+        fsync the slot's CRC does not match and the other slot stays live.
 
         On ``OSError`` the slot is scrubbed (best effort, noted on the error) so the
         bytes that may have reached the page cache fail their CRC on a later read.
@@ -358,7 +389,11 @@ class SlotFile:
                 str(self._path),
             )
         try:
-            self._fs.pwrite(fd, data, offset)
+            if previous is None or len(previous) != len(data):
+                self._fs.pwrite(fd, data, offset)
+            else:
+                for start, end in dirty_runs(data, previous):
+                    self._fs.pwrite(fd, memoryview(data)[start:end], offset + start)
             self._fs.fsync(fd)
         except OSError as exc:
             self._scrub(fd, index, data, exc)

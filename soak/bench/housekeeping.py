@@ -1,0 +1,175 @@
+"""Housekeeping under load: append latency during capped passes over a large backlog,
+and the time a pass holds the journal mutex as the backlog grows.
+
+1. Build a 1,113-segment backlog (the incident's shape: one frame per 64 KiB segment),
+   checkpoint it, and give every tenant a horizon past it.
+2. Run 16 appender threads (1 KiB frames) for a baseline window with no pass, then
+   for a window in which capped passes (cap 128) run back to back until the backlog is
+   drained. Report append p50/p99 in both windows and the ratio (target p99 ≤ 2×).
+3. For backlogs of 300, 1,113 and 10,000 segments, report the time a pass holds the
+   journal mutex (its two ledger halves, prepare + commit): the first pass (which also
+   applies the horizons, capped) and the median full-cap pass. It must be flat in the
+   backlog size, because a pass does O(cap) ledger work and no directory walk. (At 100
+   segments a backlog is below the cap, so no pass does a full cap's work; 300 is the
+   smallest that shows a full-cap pass.)
+
+Run: ``.venv/bin/python soak/bench/housekeeping.py [--big 10000]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from wal import Journal, Known, WalConfig  # noqa: E402
+
+CAP = 128
+CFG = WalConfig(segment_max_bytes=64 * 1024, max_frame_bytes=64 * 1024, max_unlinks_per_pass=CAP)
+BIG_FRAME = b"b" * 60_000  # one frame per segment
+SMALL_FRAME = b"s" * 1024
+
+
+def build(root: Path, segments: int, tenants: int = 4) -> tuple[Journal, Known]:
+    j = Journal.open(root, CFG)
+    last: dict[str, object] = {}
+    batch = []
+    for i in range(segments):
+        tenant = f"tenant-{i % tenants}"
+        batch.append((tenant, j.append_batch(tenant, BIG_FRAME)))
+        if len(batch) == 256:
+            for t, p in batch:
+                last[t] = p.wait().offset
+            batch = []
+    for t, p in batch:
+        last[t] = p.wait().offset
+    tail = j.commit("tenant-0", SMALL_FRAME).offset  # the current segment
+    last["tenant-0"] = tail
+    j.checkpoint(tail)
+    return j, Known(dict(last))  # type: ignore[arg-type]
+
+
+def appenders(
+    j: Journal, stop: threading.Event, out: list[float], threads: int = 16
+) -> list[threading.Thread]:
+    lock = threading.Lock()
+
+    def work(t: int) -> None:
+        mine: list[float] = []
+        while not stop.is_set():
+            t0 = time.perf_counter()
+            j.commit(f"live-{t % 4}", SMALL_FRAME)
+            mine.append(time.perf_counter() - t0)
+        with lock:
+            out.extend(mine)
+
+    pool = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
+    for p in pool:
+        p.start()
+    return pool
+
+
+def pct(values: list[float], q: int) -> float:
+    return statistics.quantiles(values, n=100)[q - 1] if len(values) > 1 else float("nan")
+
+
+def latency_under_passes(base: Path, seconds: float) -> None:
+    j, horizons = build(base / "backlog", 1113)
+    # the appenders' own tenants need horizons too, or they pin nothing but add work
+    baseline: list[float] = []
+    stop = threading.Event()
+    pool = appenders(j, stop, baseline)
+    time.sleep(seconds)  # a measurement window, not synchronisation
+    stop.set()
+    for p in pool:
+        p.join()
+    during: list[float] = []
+    stop = threading.Event()
+    pool = appenders(j, stop, during)
+    passes = 0
+    removed = 0
+    t0 = time.perf_counter()
+    while True:
+        progress = j.maintain(horizons, CAP)
+        passes += 1
+        removed += progress.removed_segments
+        if progress.removed_segments == 0 and not progress.capped:
+            break
+    elapsed = time.perf_counter() - t0
+    stop.set()
+    for p in pool:
+        p.join()
+    j.close()
+    b50, b99 = pct(baseline, 50) * 1e3, pct(baseline, 99) * 1e3
+    d50, d99 = pct(during, 50) * 1e3, pct(during, 99) * 1e3
+    print(
+        f"1,113-segment backlog, cap {CAP}: {passes} passes removed {removed} segments in {elapsed:.2f} s"
+    )
+    print(
+        f"  append latency, no pass : p50 {b50:.2f} ms  p99 {b99:.2f} ms  ({len(baseline)} appends)"
+    )
+    print(
+        f"  append latency, passes  : p50 {d50:.2f} ms  p99 {d99:.2f} ms  ({len(during)} appends)"
+    )
+    ratio = d99 / b99
+    print(f"  p99 ratio {ratio:.2f}x (target <= 2x): {'met' if ratio <= 2 else 'NOT met'}")
+
+
+def lock_hold(base: Path, sizes: list[int]) -> None:
+    print(f"time a pass holds the journal mutex (prepare + commit), cap {CAP}:")
+    steady = []
+    for n in sizes:
+        j, horizons = build(base / f"hold-{n}", n)
+        holds: list[tuple[float, int, int]] = []  # (seconds, removed, horizon steps)
+        while True:
+            t0 = time.perf_counter()
+            plan = j.housekeeping_prepare(horizons, CAP)
+            t1 = time.perf_counter()
+            outcome = j.housekeeping_execute(plan)
+            t2 = time.perf_counter()
+            progress = j.housekeeping_commit(plan, outcome)
+            t3 = time.perf_counter()
+            holds.append(
+                ((t1 - t0) + (t3 - t2), progress.removed_segments, progress.horizon_applied)
+            )
+            if progress.removed_segments == 0 and not progress.capped:
+                break
+            if len(holds) >= 12:
+                break
+        j.close()
+        shutil.rmtree(base / f"hold-{n}")
+        first = holds[0]
+        full = [h for h, removed, _ in holds[1:] if removed == CAP]
+        median = statistics.median(full) if full else first[0]
+        steady.append(median)
+        print(
+            f"  {n:>6} segments: first pass {first[0] * 1e3:.2f} ms ({first[1]} unlinks, "
+            f"{first[2]} horizon steps); full-cap passes median {median * 1e3:.2f} ms"
+        )
+    print(f"  largest / smallest full-cap pass: {max(steady) / min(steady):.2f}x (flat means ~1x)")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seconds", type=float, default=3.0, help="baseline window")
+    ap.add_argument("--big", type=int, default=10_000, help="the largest backlog")
+    ap.add_argument("--dir", type=Path, default=None)
+    args = ap.parse_args()
+    base = Path(tempfile.mkdtemp(prefix="hkbench-", dir=args.dir))
+    try:
+        latency_under_passes(base, args.seconds)
+        lock_hold(base, [300, 1113, args.big])
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
