@@ -110,7 +110,8 @@ def latency_under_passes(base: Path, seconds: float) -> None:
     b50, b99 = pct(baseline, 50) * 1e3, pct(baseline, 99) * 1e3
     d50, d99 = pct(during, 50) * 1e3, pct(during, 99) * 1e3
     print(
-        f"1,113-segment backlog, cap {CAP}: {passes} passes removed {removed} segments in {elapsed:.2f} s"
+        f"1,113-segment backlog, cap {CAP}: {passes} passes removed {removed} segments "
+        f"in {elapsed:.2f} s"
     )
     print(
         f"  append latency, no pass : p50 {b50:.2f} ms  p99 {b99:.2f} ms  ({len(baseline)} appends)"
