@@ -53,9 +53,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_serve(settings: Settings) -> int:
-    """The body of ``ourios serve`` once the settings are valid (a placeholder)."""
-    print("ourios serve: the server is not implemented yet", file=sys.stderr)
-    return EXIT_USAGE
+    """The body of ``ourios serve`` once the settings are valid."""
+    from app.server import run_serve as serve
+
+    return serve(settings)
 
 
 def settings_help() -> str:

@@ -12,7 +12,7 @@ from typing import TextIO
 
 import pytest
 
-from app.cli import main, run_serve, settings_help
+from app.cli import main, settings_help
 from app.config import EFFECTIVE_EVENT, SETTINGS, load_settings
 
 
@@ -48,16 +48,18 @@ def test_serve_help_lists_every_setting(capsys: pytest.CaptureFixture[str]) -> N
     assert settings_help() in out
 
 
-def test_serve_prints_effective_configuration_then_not_implemented(
+def test_serve_prints_effective_configuration_before_serving(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    seen: list[object] = []
+    monkeypatch.setattr("app.cli.run_serve", lambda settings: seen.append(settings) or 0)
     monkeypatch.setenv("OURIOS_WAL_BARRIER_SECS", "30")
-    assert main(["serve"]) == 2
+    assert main(["serve"]) == 0
     err = capsys.readouterr().err
     config = effective_line(err)
     assert config == load_settings().effective()
     assert config["OURIOS_WAL_BARRIER_SECS"] == 30
-    assert "not implemented yet" in err
+    assert len(seen) == 1
 
 
 def test_serve_reads_the_config_file_and_env_wins(
@@ -66,7 +68,8 @@ def test_serve_reads_the_config_file_and_env_wins(
     config_file = tmp_path / "ourios.yaml"
     config_file.write_text("wal:\n  barrier_secs: 30\n  housekeeping_secs: 7\n", encoding="utf-8")
     monkeypatch.setenv("OURIOS_WAL_HOUSEKEEPING_SECS", "9")
-    assert main(["serve", "--config", str(config_file)]) == 2
+    monkeypatch.setattr("app.cli.run_serve", lambda settings: 0)
+    assert main(["serve", "--config", str(config_file)]) == 0
     config = effective_line(capsys.readouterr().err)
     assert (config["OURIOS_WAL_BARRIER_SECS"], config["OURIOS_WAL_HOUSEKEEPING_SECS"]) == (30, 9)
 
@@ -114,11 +117,6 @@ def test_config_error_from_config_command(
     monkeypatch.setenv("OURIOS_SERVER_HTTP_PORT", "70000")
     assert main(["config"]) == 2
     assert "OURIOS_SERVER_HTTP_PORT (server.http_port) = 70000" in capsys.readouterr().err
-
-
-def test_run_serve_placeholder(capsys: pytest.CaptureFixture[str]) -> None:
-    assert run_serve(load_settings()) == 2
-    assert "not implemented yet" in capsys.readouterr().err
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,0 +1,223 @@
+"""OTLP/gRPC receiver: `opentelemetry.proto.collector.logs.v1.LogsService/Export`.
+
+The method is served by a generic handler with no request deserializer, so the handler
+gets the message bytes exactly as grpcio received them (already gunzipped when the
+client sent `grpc-encoding: gzip`). Those bytes are the WAL payload, so what recovery
+re-parses is byte-for-byte what was parsed here. Per request, in this order::
+
+    metadata     `authorization`, `x-ourios-tenant` (repeated keys ", "-joined,
+                 which auth refuses, as on HTTP)
+    auth         Authenticator.authorize: UNAUTHENTICATED / PERMISSION_DENIED /
+                 INVALID_ARGUMENT (tenant)
+    decode       app.otlp.decode_request as protobuf (parse + validate_request)
+    flatten      zero records: acknowledged without a WAL frame (app.ingest_api)
+    ingest       Pipeline.ingest(..., "grpc") in the handler thread
+    reply        serialized ExportLogsServiceResponse (partial_success only when the
+                 pipeline rejected records)
+
+Refusals are `context.abort(code, message)` with DESIGN.md §7's codes. When the
+rejection carries `retry_after`, the trailing metadata also holds
+`grpc-status-details-bin`: a `google.rpc.Status` (same code and message) with a
+`google.rpc.RetryInfo` detail, which is where OTLP gRPC exporters read the retry delay.
+An unexpected exception is logged and answered INTERNAL; the server keeps serving.
+
+Size limit: `grpc.max_receive_message_length` is `max_frame_bytes`, so grpcio answers
+RESOURCE_EXHAUSTED (no RetryInfo) before the handler runs for
+
+- a message over the limit on the wire ("Received message larger than max"), and
+- a gzip message whose *decompressed* size is over the limit ("Decompressed message
+  larger than max"), even when its compressed size is under it. grpc core stops
+  inflating at the limit: a 900 MiB gzip bomb sent to a 1 MiB-limit server left the
+  server's peak RSS unchanged (measured with grpcio 1.85).
+
+Unlike HTTP, the message is decompressed by grpcio before the handler can check the
+token; the limit above bounds what an unauthenticated client can make it inflate.
+`grpc.so_reuseport` is off so a second server on a taken port fails to bind instead of
+silently sharing it.
+
+`create_grpc_server` returns the server unstarted; call `start()`. The handler pool is
+owned by the returned server: the event `stop(grace)` returns is set only after grpcio
+finished the last RPC and the pool's threads have exited.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable, Sequence
+from concurrent import futures
+from typing import Any, Final
+
+import grpc
+
+from app.auth import Authenticator
+from app.ingest_api import ListenerBindError, Pipeline
+from app.otlp import (
+    PROTOBUF_CONTENT_TYPE,
+    IngestRejection,
+    decode_request,
+    flatten,
+    status_body,
+    success_body,
+)
+
+__all__ = ["EXPORT_METHOD", "LOGS_SERVICE", "create_grpc_server"]
+
+LOGS_SERVICE: Final = "opentelemetry.proto.collector.logs.v1.LogsService"
+EXPORT_METHOD: Final = f"/{LOGS_SERVICE}/Export"
+_STATUS_DETAILS_KEY: Final = "grpc-status-details-bin"
+
+_log = logging.getLogger("ourios.grpc")
+
+
+def _metadata_value(seen: str | None, value: str | bytes) -> str:
+    text = value.decode("latin-1") if isinstance(value, bytes) else value
+    return text if seen is None else f"{seen}, {text}"
+
+
+class _ExportHandler:
+    """`LogsService/Export` over raw bytes; one instance shared by the handler threads."""
+
+    def __init__(
+        self, pipeline: Pipeline, authenticator: Authenticator, logger: logging.Logger
+    ) -> None:
+        self._pipeline = pipeline
+        self._authenticator = authenticator
+        self._log = logger
+        self._empty_ok: bytes = success_body(0, "", False)[0]
+        self._internal = IngestRejection("internal error; the server log has the details")
+
+    def __call__(self, request: bytes, context: Any) -> bytes:
+        try:
+            return self._export(request, context)
+        except IngestRejection as exc:
+            rejection = exc
+        except Exception:
+            self._log.exception("%s failed unexpectedly", EXPORT_METHOD)
+            rejection = self._internal
+        # Outside the handlers above: abort raises, and that must reach grpcio.
+        if rejection.retry_after is not None:
+            details, _ = status_body(rejection, False)
+            context.set_trailing_metadata(((_STATUS_DETAILS_KEY, details),))
+        context.abort(rejection.grpc_code, rejection.message)
+        raise AssertionError("grpc context.abort returned")  # pragma: no cover
+
+    def _export(self, request: bytes, context: Any) -> bytes:
+        authorization: str | None = None
+        tenant_value: str | None = None
+        metadata: Sequence[tuple[str, str | bytes]] = context.invocation_metadata() or ()
+        for key, value in metadata:
+            if key == "authorization":
+                authorization = _metadata_value(authorization, value)
+            elif key == "x-ourios-tenant":
+                tenant_value = _metadata_value(tenant_value, value)
+        tenant = self._authenticator.authorize(authorization, tenant_value)
+        req = decode_request(request, PROTOBUF_CONTENT_TYPE)
+        batch = flatten(req, tenant)
+        if not len(batch):
+            return self._empty_ok
+        outcome = self._pipeline.ingest(tenant, request, batch, "grpc")
+        if not outcome.rejected:
+            return self._empty_ok
+        return success_body(outcome.rejected, outcome.message, False)[0]
+
+
+class _ReceiverServer(grpc.Server):  # type: ignore[misc]
+    """A `grpc.Server` that also shuts down the handler pool it was built with."""
+
+    def __init__(self, server: grpc.Server, pool: futures.ThreadPoolExecutor) -> None:
+        self._server = server
+        self._pool = pool
+        self._stop_lock = threading.Lock()
+        self._stopped: threading.Event | None = None
+
+    def add_generic_rpc_handlers(self, generic_rpc_handlers: Iterable[Any]) -> None:
+        self._server.add_generic_rpc_handlers(generic_rpc_handlers)
+
+    def add_registered_method_handlers(self, service_name: str, method_handlers: Any) -> None:
+        self._server.add_registered_method_handlers(service_name, method_handlers)
+
+    def add_insecure_port(self, address: str) -> int:
+        port: int = self._server.add_insecure_port(address)
+        return port
+
+    def add_secure_port(self, address: str, server_credentials: Any) -> int:
+        port: int = self._server.add_secure_port(address, server_credentials)
+        return port
+
+    def start(self) -> None:
+        self._server.start()
+
+    def stop(self, grace: float | None) -> threading.Event:
+        """grpcio's stop, plus the pool: the returned event is set once both are done.
+
+        The pool is shut down only after grpcio's own event, because grpcio submits each
+        arriving RPC to it until the server has fully stopped."""
+        with self._stop_lock:
+            if self._stopped is None:
+                self._stopped = threading.Event()
+                server_stopped: threading.Event = self._server.stop(grace)
+                threading.Thread(
+                    target=self._finish,
+                    args=(server_stopped, self._stopped),
+                    name="ourios-grpc-stop",
+                ).start()
+            else:
+                # A second stop (e.g. a shorter grace) still reaches grpcio.
+                self._server.stop(grace)
+            return self._stopped
+
+    def _finish(self, server_stopped: threading.Event, done: threading.Event) -> None:
+        server_stopped.wait()
+        self._pool.shutdown(wait=True)
+        done.set()
+
+    def wait_for_termination(self, timeout: float | None = None) -> bool:
+        terminated: bool = self._server.wait_for_termination(timeout)
+        return terminated
+
+
+def create_grpc_server(
+    pipeline: Pipeline,
+    *,
+    max_frame_bytes: int,
+    authenticator: Authenticator,
+    host: str,
+    port: int,
+    max_workers: int = 64,
+    logger: logging.Logger = _log,
+) -> tuple[grpc.Server, int]:
+    """The LogsService server bound to `host:port` (0 picks a free port) and the bound
+    port; not started. `max_workers` handler threads may wait in `Pipeline.ingest` at
+    once (further RPCs queue). Raises `ListenerBindError` when the address is taken."""
+    if max_frame_bytes < 1:
+        raise ValueError(f"max_frame_bytes must be >= 1, got {max_frame_bytes}")
+    if max_workers < 1:
+        raise ValueError(f"max_workers must be >= 1, got {max_workers}")
+    export = grpc.unary_unary_rpc_method_handler(
+        _ExportHandler(pipeline, authenticator, logger),
+        request_deserializer=None,
+        response_serializer=None,
+    )
+    handler = grpc.method_handlers_generic_handler(LOGS_SERVICE, {"Export": export})
+    pool = futures.ThreadPoolExecutor(max_workers, thread_name_prefix="ourios-grpc")
+    server = grpc.server(
+        pool,
+        handlers=(handler,),
+        options=(
+            ("grpc.max_receive_message_length", max_frame_bytes),
+            ("grpc.so_reuseport", 0),
+        ),
+    )
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        bound: int = server.add_insecure_port(address)
+    except RuntimeError as exc:
+        bound, reason = 0, str(exc)
+    else:
+        reason = "grpcio could not bind the address"
+    if not bound:
+        server.stop(None)
+        pool.shutdown(wait=False)
+        raise ListenerBindError("gRPC", host, port, reason)
+    return _ReceiverServer(server, pool), bound

@@ -1,0 +1,350 @@
+"""OTLP/HTTP receiver: `POST /v1/logs`, `GET /healthz`, `GET /readyz`, `GET /metrics`.
+
+`POST /v1/logs` takes each request through, in this order, and stops at the first
+refusal (DESIGN.md §7 gives the codes)::
+
+    headers      one pass over the raw ASGI header list
+    auth         Authenticator.authorize: 401 / 403 / 400 (tenant)
+    media type   415 unless protobuf or JSON; decides the reply's encoding
+    raw body     413 past the raw cap (Content-Length first, then while streaming)
+    worker       decompress (limit max_frame_bytes) → decode_request → WAL payload →
+                 flatten → Pipeline.ingest, in one worker thread
+    reply        ExportLogsServiceResponse 200, or a google.rpc.Status
+
+Authentication comes before anything reads the body, so a client without a valid
+token cannot make the server buffer or inflate anything.
+
+The raw cap (`raw_body_cap`) bounds what is buffered before decompression: exactly
+`max_frame_bytes` for an identity body (larger cannot decode to a frame), and
+`max_frame_bytes + max_frame_bytes // 1024 + 64 KiB` for a coded one. Deflate's worst
+case is stored blocks, 5 bytes per block of up to 64 KiB (under 0.01 %); the rest is
+room for gzip header fields and concatenated members. A larger compressed body cannot
+be a frame a legitimate client meant to send. A gzip bomb under the cap is stopped by
+`app.otlp.decompress` at `max_frame_bytes + 1` inflated bytes.
+
+The CPU work (inflate, parse, flatten) runs in the same worker thread as the blocking
+`Pipeline.ingest`, so a large request does not hold the event loop and `/healthz`
+stays answerable while it is parsed. Workers come from a dedicated
+`anyio.CapacityLimiter` (`ingest_concurrency`, default 256): a group commit
+acknowledges many waiters with one fsync, so many requests must be able to wait at
+once.
+
+A request with zero log records is valid OTLP. It is decoded and acknowledged with 200
+but never reaches the pipeline, so it writes no WAL frame (there is nothing to make
+durable).
+
+Replies: success is an `ExportLogsServiceResponse` (`partial_success` only when the
+pipeline rejected records) in the request's encoding; a refusal is a `google.rpc.Status`
+in the request's encoding (JSON when the content type was not understood) with the
+rejection's status, `Retry-After` only when the rejection carries `retry_after`, and
+`WWW-Authenticate` on 401. An unexpected exception is logged and answered 500 with an
+INTERNAL Status; the server keeps serving.
+
+The hot path has no pydantic models and no dependency injection: the routes are plain
+Starlette routes taking a `Request` and returning a `Response`. `POST /v1/logs` is also
+dispatched by the app itself before FastAPI's middleware stack and router (the route
+stays registered, and is what a mounted copy of the app would use): on uvicorn with
+httptools + uvloop that stack cost about as much per request as the worker-thread hop
+(measured with a no-op endpoint: about a third fewer requests/s through it).
+FastAPI's native OpenTelemetry instrumentation is switched off: an ingester must not
+trace every request it receives into whatever providers the process has.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any, Final
+
+import anyio
+import anyio.to_thread
+import uvicorn
+from fastapi import FastAPI
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import PlainTextResponse, Response
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from app.auth import Authenticator, BearerRejected
+from app.ingest_api import IngestOutcome, ListenerBindError, Pipeline
+from app.otlp import (
+    JSON_CONTENT_TYPE,
+    PROTOBUF_CONTENT_TYPE,
+    BadRequest,
+    IngestRejection,
+    PayloadTooLarge,
+    UnsupportedMediaType,
+    count_records,
+    decode_request,
+    decompress,
+    flatten,
+    status_body,
+    success_body,
+    to_wal_payload,
+)
+
+__all__ = [
+    "DEFAULT_INGEST_CONCURRENCY",
+    "LOGS_PATH",
+    "create_http_app",
+    "http_server",
+    "raw_body_cap",
+    "start_in_thread",
+    "stop_in_thread",
+]
+
+LOGS_PATH: Final = "/v1/logs"
+DEFAULT_INGEST_CONCURRENCY: Final = 256
+
+_log = logging.getLogger("ourios.http")
+
+#: The media types `app.otlp.decode_request` reads as protobuf (a test pins this).
+_PROTOBUF_MEDIA_TYPES: Final = frozenset({PROTOBUF_CONTENT_TYPE, "application/protobuf"})
+_IDENTITY_CODINGS: Final = frozenset({"", "identity"})
+_CODED_SLACK_BYTES: Final = 64 * 1024
+_ECHO_CHARS: Final = 32
+_NOT_READY: Final = (
+    "not ready: recovery is running, it failed, or the WAL is in its terminal state\n"
+)
+
+
+def raw_body_cap(max_frame_bytes: int, content_encoding: str | None) -> int:
+    """The most request-body bytes read before decompression (module docstring)."""
+    if (content_encoding or "").strip().lower() in _IDENTITY_CODINGS:
+        return max_frame_bytes
+    return max_frame_bytes + max_frame_bytes // 1024 + _CODED_SLACK_BYTES
+
+
+class _Headers:
+    """The request headers the route reads, from one pass over the raw list. A field
+    given more than once is combined as RFC 9110 §5.3 does (``", "``-joined)."""
+
+    __slots__ = ("authorization", "content_encoding", "content_length", "content_type", "tenant")
+
+    def __init__(self, raw: list[tuple[bytes, bytes]]) -> None:
+        self.authorization: str | None = None
+        self.content_encoding: str | None = None
+        self.content_length: str | None = None
+        self.content_type: str | None = None
+        self.tenant: str | None = None
+        for name, value in raw:
+            # ASGI servers lower-case header names.
+            if name == b"content-type":
+                self.content_type = _combine(self.content_type, value)
+            elif name == b"content-encoding":
+                self.content_encoding = _combine(self.content_encoding, value)
+            elif name == b"content-length":
+                self.content_length = _combine(self.content_length, value)
+            elif name == b"authorization":
+                self.authorization = _combine(self.authorization, value)
+            elif name == b"x-ourios-tenant":
+                self.tenant = _combine(self.tenant, value)
+
+
+def _combine(seen: str | None, value: bytes) -> str:
+    text = value.decode("latin-1")
+    return text if seen is None else f"{seen}, {text}"
+
+
+def _unsupported_type(content_type: str | None) -> UnsupportedMediaType:
+    shown = ascii((content_type or "")[:_ECHO_CHARS])
+    return UnsupportedMediaType(
+        f"unsupported Content-Type {shown}; accepted: {PROTOBUF_CONTENT_TYPE}, "
+        f"application/protobuf, {JSON_CONTENT_TYPE}"
+    )
+
+
+def _rejection_response(rejection: IngestRejection, as_json: bool) -> Response:
+    body, content_type = status_body(rejection, as_json)
+    headers: dict[str, str] = {}
+    if rejection.retry_after is not None:
+        headers["retry-after"] = str(rejection.retry_after)
+    if isinstance(rejection, BearerRejected):
+        headers["www-authenticate"] = rejection.challenge
+    return Response(body, rejection.http_status, headers, content_type)
+
+
+async def _read_body(request: Request, cap: int, max_frame_bytes: int) -> bytes:
+    """The whole body, refusing it once it passes `cap` bytes without reading on."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > cap:
+            raise PayloadTooLarge(max_frame_bytes)
+        chunks.append(chunk)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+class _ReceiverApp(FastAPI):
+    """FastAPI with `POST /v1/logs` served before the middleware stack (module docstring).
+    The fast path needs none of it: `post_logs` answers every exception itself."""
+
+    def __init__(self, post_logs: Callable[[Request], Awaitable[Response]], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._post_logs = post_logs
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] == LOGS_PATH and scope["method"] == "POST":
+            response = await self._post_logs(Request(scope, receive, send))
+            await response(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
+
+
+def create_http_app(
+    pipeline: Pipeline,
+    *,
+    max_frame_bytes: int,
+    authenticator: Authenticator,
+    metrics_text: Callable[[], tuple[bytes, str]],
+    ingest_concurrency: int = DEFAULT_INGEST_CONCURRENCY,
+    logger: logging.Logger = _log,
+) -> FastAPI:
+    """The OTLP/HTTP application (module docstring). `metrics_text` returns the
+    Prometheus exposition and its content type; `ingest_concurrency` bounds the
+    worker threads waiting in `Pipeline.ingest`."""
+    if max_frame_bytes < 1:
+        raise ValueError(f"max_frame_bytes must be >= 1, got {max_frame_bytes}")
+    if ingest_concurrency < 1:
+        raise ValueError(f"ingest_concurrency must be >= 1, got {ingest_concurrency}")
+    limiter = anyio.CapacityLimiter(ingest_concurrency)
+    empty_ok = {as_json: success_body(0, "", as_json) for as_json in (False, True)}
+    internal = IngestRejection("internal error; the server log has the details")
+
+    def ingest(tenant: str, body: bytes, headers: _Headers, protobuf: bool) -> IngestOutcome | None:
+        # Runs in a worker thread; None means the request held no records.
+        data = decompress(body, headers.content_encoding, max_frame_bytes)
+        req = decode_request(data, headers.content_type or "")
+        if count_records(req) == 0:
+            return None
+        payload = data if protobuf else to_wal_payload(req)
+        return pipeline.ingest(tenant, payload, flatten(req, tenant), "http")
+
+    async def post_logs(request: Request) -> Response:
+        headers = _Headers(request.scope["headers"])
+        media_type = (headers.content_type or "").split(";", 1)[0].strip().lower()
+        protobuf = media_type in _PROTOBUF_MEDIA_TYPES
+        as_json = not protobuf
+        try:
+            tenant = authenticator.authorize(headers.authorization, headers.tenant)
+            if not protobuf and media_type != JSON_CONTENT_TYPE:
+                raise _unsupported_type(headers.content_type)
+            cap = raw_body_cap(max_frame_bytes, headers.content_encoding)
+            if headers.content_length is not None:
+                try:
+                    declared = int(headers.content_length)
+                except ValueError:
+                    raise BadRequest("Content-Length is not a number") from None
+                if declared > cap:
+                    raise PayloadTooLarge(max_frame_bytes)
+            body = await _read_body(request, cap, max_frame_bytes)
+            outcome = await anyio.to_thread.run_sync(
+                ingest, tenant, body, headers, protobuf, limiter=limiter
+            )
+        except IngestRejection as exc:
+            return _rejection_response(exc, as_json)
+        except ClientDisconnect:
+            # Nobody reads this reply; it only ends the request cleanly.
+            return Response(status_code=400)
+        except Exception:
+            logger.exception("POST %s failed unexpectedly", LOGS_PATH)
+            return _rejection_response(internal, as_json)
+        if outcome is None or not outcome.rejected:
+            content, content_type = empty_ok[as_json]
+        else:
+            content, content_type = success_body(outcome.rejected, outcome.message, as_json)
+        return Response(content, 200, None, content_type)
+
+    async def healthz(request: Request) -> Response:
+        if pipeline.alive:
+            return PlainTextResponse("ok\n")
+        return PlainTextResponse("not alive\n", 503)
+
+    async def readyz(request: Request) -> Response:
+        if pipeline.ready:
+            return PlainTextResponse("ready\n")
+        return PlainTextResponse(_NOT_READY, 503)
+
+    async def metrics(request: Request) -> Response:
+        content, content_type = metrics_text()
+        return Response(content, 200, None, content_type)
+
+    app = _ReceiverApp(
+        post_logs,
+        openapi_url=None,
+        docs_url=None,
+        redoc_url=None,
+        telemetry={"tracing": False, "metrics": False, "logs": False},
+    )
+    # Starlette routes, not FastAPI path operations: no dependency solving, no models.
+    app.add_route(LOGS_PATH, post_logs, methods=["POST"], include_in_schema=False)
+    app.add_route("/healthz", healthz, methods=["GET"], include_in_schema=False)
+    app.add_route("/readyz", readyz, methods=["GET"], include_in_schema=False)
+    app.add_route("/metrics", metrics, methods=["GET"], include_in_schema=False)
+    return app
+
+
+# ── serving ─────────────────────────────────────────────────────────────────────────
+
+
+def http_server(app: ASGIApp, host: str, port: int) -> uvicorn.Server:
+    """A uvicorn server for `app` on uvloop + httptools, without lifespan events,
+    access log or logging configuration of its own (the process configures logging)."""
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        loop="uvloop",
+        http="httptools",
+        lifespan="off",
+        access_log=False,
+        log_config=None,
+        server_header=False,
+        proxy_headers=False,  # the client address is not used; skips a middleware
+    )
+    return uvicorn.Server(config)
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        raise ListenerBindError("HTTP", host, port, exc.strerror or str(exc)) from exc
+    return sock
+
+
+def start_in_thread(server: uvicorn.Server) -> tuple[uvicorn.Server, threading.Thread, int]:
+    """Run `server` in a new thread; returns it, the thread and the bound port (the
+    real one when the configured port is 0).
+
+    The socket is bound and listening before the thread starts, so a client may connect
+    as soon as this returns (the connection waits in the backlog until the loop runs).
+    Stop with `stop_in_thread`. Raises `ListenerBindError` when the address is taken.
+    """
+    sock = _listen(server.config.host, server.config.port)
+    port: int = sock.getsockname()[1]
+
+    def run() -> None:
+        try:
+            server.run(sockets=[sock])
+        finally:
+            sock.close()
+
+    thread = threading.Thread(target=run, name=f"ourios-http-{port}")
+    thread.start()
+    return server, thread, port
+
+
+def stop_in_thread(server: uvicorn.Server, thread: threading.Thread, timeout: float = 10.0) -> None:
+    """Ask `server` to exit (requests in flight finish) and join its thread."""
+    server.should_exit = True
+    thread.join(timeout)
+    if thread.is_alive():
+        raise TimeoutError(f"HTTP server thread {thread.name!r} did not stop in {timeout:g} s")

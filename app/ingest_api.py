@@ -1,0 +1,141 @@
+"""The seam between the receivers (`app.http_receiver`, `app.grpc_receiver`) and the
+ingest pipeline (`app.pipeline`).
+
+A receiver decodes, validates and authorizes a request, then hands the pipeline three
+things: the tenant, the WAL payload (the protobuf `ExportLogsServiceRequest` bytes the
+frame stores) and the flattened rows. `Pipeline.ingest` blocks until the covering fsync
+and the ingest turn are done, so a return value is the acknowledgement DESIGN.md §5.1
+requires ("WAL before ack") and a raised `app.otlp.IngestRejection` is what the client
+is told. Any other exception is a bug in the pipeline: the receivers answer it with
+500 / INTERNAL, log it, and keep serving.
+
+Receivers never call `ingest` for a request with zero records: OTLP says an empty
+request is valid, and there is nothing to make durable, so it is acknowledged without a
+WAL frame.
+
+Readiness and liveness (DESIGN.md §13) are properties of the pipeline, read by
+`GET /readyz` and `GET /healthz`.
+
+`StubPipeline` is a `Pipeline` double shipped with the package (as `wal.fs.FaultyFs`
+is): it records every call and answers with a fixed outcome or raises a given error, so
+receiver tests need no patching.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from app.otlp import FlatBatch
+
+__all__ = ["IngestCall", "IngestOutcome", "ListenerBindError", "Pipeline", "StubPipeline"]
+
+
+@dataclass(frozen=True, slots=True)
+class IngestOutcome:
+    """What an acknowledged request did: `records` made durable, `rejected` refused
+    within an otherwise accepted request (OTLP partial success; `message` says why)."""
+
+    records: int
+    rejected: int = 0
+    message: str = ""
+
+    def __post_init__(self) -> None:
+        if self.records < 0 or self.rejected < 0:
+            raise ValueError(
+                f"record counts must be >= 0, got records={self.records} rejected={self.rejected}"
+            )
+
+
+class Pipeline(Protocol):
+    """What the receivers need from the ingest pipeline."""
+
+    def ingest(
+        self, tenant: str, payload: bytes, batch: FlatBatch, transport: str
+    ) -> IngestOutcome:
+        """Append `payload` as one WAL frame for `tenant`, wait for the group-commit
+        fsync covering it, and run the ingest turn over `batch`.
+
+        Blocking; the HTTP receiver calls it from a worker thread, the gRPC receiver
+        from its handler thread. `transport` is ``"http"`` or ``"grpc"`` (a metrics
+        label). Raises `app.otlp.IngestRejection` subclasses for refusals:
+        `PayloadTooLarge` for a frame over `max_frame_bytes`, `Unavailable` for WAL
+        failures and backpressure (`retry_after` set where DESIGN.md §7 gives a hint),
+        `BadRequest`.
+        """
+        ...
+
+    @property
+    def ready(self) -> bool:
+        """Recovery is done and the WAL accepts appends (not in the terminal state)."""
+        ...
+
+    @property
+    def alive(self) -> bool:
+        """The process is able to serve; stays true in the terminal rotation state."""
+        ...
+
+
+class ListenerBindError(OSError):
+    """A receiver could not listen on its address; names the address and the cause."""
+
+    def __init__(self, transport: str, host: str, port: int, reason: str) -> None:
+        super().__init__(f"cannot listen for {transport} on {host}:{port}: {reason}")
+        self.transport = transport
+        self.host = host
+        self.port = port
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class IngestCall:
+    """One `Pipeline.ingest` call as `StubPipeline` saw it."""
+
+    tenant: str
+    payload: bytes
+    batch: FlatBatch
+    transport: str
+
+
+class StubPipeline:
+    """A `Pipeline` double: records calls, then raises `error` if set, else returns
+    `outcome` (default: every record accepted). `on_ingest` runs first, in the caller's
+    thread (a test holds calls there with an `Event` or a `Barrier`). `ready` and
+    `alive` are plain attributes a test flips."""
+
+    def __init__(
+        self,
+        *,
+        outcome: IngestOutcome | None = None,
+        error: BaseException | None = None,
+        on_ingest: Callable[[IngestCall], object] | None = None,
+        ready: bool = True,
+        alive: bool = True,
+    ) -> None:
+        self.outcome = outcome
+        self.error = error
+        self.on_ingest = on_ingest
+        self.ready = ready
+        self.alive = alive
+        self._lock = threading.Lock()
+        self._calls: list[IngestCall] = []
+
+    @property
+    def calls(self) -> list[IngestCall]:
+        """A copy of the calls so far, in arrival order."""
+        with self._lock:
+            return list(self._calls)
+
+    def ingest(
+        self, tenant: str, payload: bytes, batch: FlatBatch, transport: str
+    ) -> IngestOutcome:
+        call = IngestCall(tenant, payload, batch, transport)
+        with self._lock:
+            self._calls.append(call)
+        if self.on_ingest is not None:
+            self.on_ingest(call)
+        if self.error is not None:
+            raise self.error
+        return self.outcome if self.outcome is not None else IngestOutcome(len(batch))

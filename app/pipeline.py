@@ -1,0 +1,370 @@
+"""The ingest pipeline: admission → WAL append → group-commit wait → the ingest turn in
+commit order → acknowledge.
+
+Lock order, always (DESIGN.md §5.3): admission mutex (released before the journal) →
+ingest gate (turn order) → barrier exclusion (a reader–writer lock: turns and the age
+sweep shared, the barrier's cut capture exclusive) → miner lock → sink lock →
+last_durable. The journal mutex is the WAL's own and is never held across store I/O;
+no store I/O happens under the exclusion or inside a turn.
+
+The turn runs in commit order (the journal's sequence), which is the order replay
+feeds frames, so a tenant's miner sees the same frames in the same order live and on
+recovery. Inside it: mine the batch's bodies, emit template events to the audit
+buffers, append the rows to the record buffers, and set ``last_durable`` to this
+turn's own frame end — never the fsync's EOF (RFC 0052 §3.1). A failed append or sync
+still passes its turn (with nothing to ingest), so the gate never stalls on it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Final
+
+from app.ingest_api import IngestOutcome
+from app.miner import MinerCluster, MineResult
+from app.otlp import BadRequest, FlatBatch, PayloadTooLarge, Unavailable
+from sink.buffers import NANOS_PER_DAY, Buffers, Detached
+from sink.publisher import Publisher
+from wal import (
+    AppendError,
+    ErrorClass,
+    FrameRejected,
+    FrameTooLarge,
+    Journal,
+    Terminal,
+    WalOffset,
+)
+from wal.segment import uuid7_time
+
+log = logging.getLogger("ourios.pipeline")
+
+#: The latch's clear value: no cut has failed (RFC 0052 §3.1's sentinel).
+LATCH_CLEAR: Final = 2**63
+
+
+class ReadWriteLock:
+    """Shared for ingest turns and the age sweep, exclusive for a cut's capture.
+
+    Writer-preferring: once a capture waits, new shared holders wait behind it, so a
+    cut is never starved by a stream of turns."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._readers = 0
+        self._writer = False
+        self._writers_waiting = 0
+
+    @contextmanager
+    def shared(self) -> Iterator[None]:
+        with self._cond:
+            while self._writer or self._writers_waiting:
+                self._cond.wait()
+            self._readers += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._readers -= 1
+                if self._readers == 0:
+                    self._cond.notify_all()
+
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        with self._cond:
+            self._writers_waiting += 1
+            try:
+                while self._writer or self._readers:
+                    self._cond.wait()
+            finally:
+                self._writers_waiting -= 1
+            self._writer = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._writer = False
+                self._cond.notify_all()
+
+
+class TurnGate:
+    """Runs turns strictly in the journal's commit sequence. Each waiting turn has its
+    own lock, so finishing a turn wakes exactly the next one (no thundering herd)."""
+
+    def __init__(self, first_seq: int = 1) -> None:
+        self._lock = threading.Lock()
+        self._next = first_seq
+        self._waiting: dict[int, threading.Lock] = {}
+
+    def enter(self, seq: int) -> None:
+        with self._lock:
+            if self._next == seq:
+                return
+            if seq < self._next:
+                raise RuntimeError(f"turn {seq} entered after turn {self._next - 1} finished")
+            wake = threading.Lock()
+            wake.acquire()
+            self._waiting[seq] = wake
+        wake.acquire()
+
+    def leave(self, seq: int) -> None:
+        with self._lock:
+            if seq != self._next:
+                raise RuntimeError(f"turn {seq} left while turn {self._next} is current")
+            self._next = seq + 1
+            wake = self._waiting.pop(self._next, None)
+        if wake is not None:
+            wake.release()
+
+    @property
+    def next_seq(self) -> int:
+        with self._lock:
+            return self._next
+
+
+@dataclass
+class PipelineState:
+    """What the turn leaves behind for the barrier (read under the exclusion)."""
+
+    last_durable: WalOffset | None = None
+    #: tenant -> the end of the last frame its miner folded (its own horizon)
+    folded: dict[str, WalOffset] | None = None
+
+
+class Pipeline:
+    """Implements ``app.ingest_api.Pipeline`` for the receivers."""
+
+    def __init__(
+        self,
+        journal: Journal,
+        miners: MinerCluster,
+        buffers: Buffers,
+        publisher: Publisher,
+        *,
+        clock: Callable[[], float] = time.time,
+        events: Callable[[str, Mapping[str, object]], None] | None = None,
+    ) -> None:
+        self.journal = journal
+        self.miners = miners
+        self.buffers = buffers
+        self.publisher = publisher
+        self._clock = clock
+        self._events = events or (lambda name, fields: None)
+        self.gate = TurnGate()
+        self.exclusion = ReadWriteLock()
+        self.miner_lock = threading.Lock()
+        self._durable_lock = threading.Lock()
+        self._last_durable: WalOffset | None = None
+        self.folded: dict[str, WalOffset] = {}
+        #: barrier epoch: the number of the next cut (incremented at each capture)
+        self.epoch = 1
+        #: the lowest epoch a failure invalidated (LATCH_CLEAR when none)
+        self.failed_epoch = LATCH_CLEAR
+        self._ready = False
+        self._alive = True
+        self.records_mined = 0
+
+    # -- the receivers' interface --------------------------------------------------------
+
+    @property
+    def ready(self) -> bool:
+        return self._ready and not isinstance(self.journal.rotation_state, Terminal)
+
+    @property
+    def alive(self) -> bool:
+        return self._alive
+
+    def set_ready(self, ready: bool) -> None:
+        self._ready = ready
+
+    def ingest(
+        self, tenant: str, payload: bytes, batch: FlatBatch, transport: str
+    ) -> IngestOutcome:
+        """Append, wait for the covering fsync, run the turn; raises an ``IngestRejection``
+        when nothing was acknowledged."""
+        try:
+            pending = self.journal.append_batch(tenant, payload)
+        except FrameTooLarge as exc:
+            raise PayloadTooLarge(exc.limit) from exc
+        except FrameRejected as exc:
+            raise BadRequest(str(exc)) from exc
+        except AppendError as exc:
+            raise _unavailable(exc) from exc
+        seq = pending.seq
+        error: AppendError | None = None
+        offset: WalOffset | None = None
+        try:
+            offset = pending.wait().offset
+        except AppendError as exc:
+            error = exc
+        # Every sequence passes the gate, a failed one with nothing to ingest, so the
+        # turns behind it never stall.
+        self.gate.enter(seq)
+        try:
+            if offset is not None:
+                self._turn(tenant, batch, offset)
+        finally:
+            self.gate.leave(seq)
+        if error is not None:
+            raise _unavailable(error) from error
+        return IngestOutcome(records=len(batch))
+
+    # -- the turn ------------------------------------------------------------------------
+
+    def _turn(self, tenant: str, batch: FlatBatch, offset: WalOffset) -> None:
+        """Mine, buffer, and advance the mark — no store I/O (publishes are queued)."""
+        detached: list[Detached] = []
+        with self.exclusion.shared():
+            try:
+                with self.miner_lock:
+                    result = self.miners.mine(tenant, batch.body)
+            except Exception as exc:  # noqa: BLE001 - the frame is durable; see below
+                # The miner's tree is in an unknown state: latch every cut from now on
+                # (the WAL keeps the frame; a restart re-mines it). Settlement, a later
+                # issue, rebuilds the tenant instead of waiting for a restart.
+                self.failed_epoch = min(self.failed_epoch, self.epoch)
+                log.error("mining failed for tenant %r at %s: %s", tenant, offset, exc)
+                self._events(
+                    "barrier.latch.set",
+                    {
+                        "tenant": tenant,
+                        "offset": str(offset),
+                        "epoch": self.epoch,
+                        "error": str(exc),
+                    },
+                )
+                return
+            detached.extend(self._buffer(tenant, batch, result, offset))
+            with self._durable_lock:
+                self._last_durable = offset
+                self.folded[tenant] = offset
+            self.records_mined += len(batch)
+        for d in detached:
+            if not self.publisher.offer(d):
+                self.publisher.park(d)
+
+    def _buffer(
+        self, tenant: str, batch: FlatBatch, result: MineResult, offset: WalOffset
+    ) -> list[Detached]:
+        out: list[Detached] = []
+        lsn = offset.lsn
+        if result.events:
+            times = batch.time_unix_nano
+            events = [
+                (
+                    e.template_id,
+                    e.version,
+                    e.template,
+                    e.change,
+                    times[e.index] or batch.observed_time_unix_nano[e.index],
+                )
+                for e in result.events
+            ]
+            d = self.buffers.add_audit(tenant, events, lsn)
+            if d is not None:
+                out.append(d)
+        for day, index in _days(batch, offset):
+            if index is None:
+                cols = batch
+                d = self.buffers.add_records(
+                    tenant,
+                    day,
+                    time_unix_nano=cols.time_unix_nano,
+                    observed_time_unix_nano=cols.observed_time_unix_nano,
+                    severity_number=cols.severity_number,
+                    severity_text=cols.severity_text,
+                    body=cols.body,
+                    attributes=cols.attributes,
+                    resource_attributes=cols.resource_attributes,
+                    scope_name=cols.scope_name,
+                    trace_id=cols.trace_id,
+                    span_id=cols.span_id,
+                    template_id=result.template_ids,
+                    template_params=result.template_params,
+                    wal_lsn=lsn,
+                    record_index=cols.record_index,
+                )
+            else:
+                d = self.buffers.add_records(
+                    tenant,
+                    day,
+                    time_unix_nano=[batch.time_unix_nano[i] for i in index],
+                    observed_time_unix_nano=[batch.observed_time_unix_nano[i] for i in index],
+                    severity_number=[batch.severity_number[i] for i in index],
+                    severity_text=[batch.severity_text[i] for i in index],
+                    body=[batch.body[i] for i in index],
+                    attributes=[batch.attributes[i] for i in index],
+                    resource_attributes=[batch.resource_attributes[i] for i in index],
+                    scope_name=[batch.scope_name[i] for i in index],
+                    trace_id=[batch.trace_id[i] for i in index],
+                    span_id=[batch.span_id[i] for i in index],
+                    template_id=[result.template_ids[i] for i in index],
+                    template_params=[result.template_params[i] for i in index],
+                    wal_lsn=lsn,
+                    record_index=[batch.record_index[i] for i in index],
+                )
+            if d is not None:
+                out.append(d)
+        return out
+
+    # -- recovery's entry ------------------------------------------------------------------
+
+    def replay_frame(
+        self, tenant: str, batch: FlatBatch, offset: WalOffset, *, publish: bool
+    ) -> int:
+        """Feed a replayed frame to the tenant's miner (recovery, before any listener);
+        its rows reach the buffers only when ``publish``. Returns rows suppressed."""
+        with self.miner_lock:
+            result = self.miners.mine(tenant, batch.body)
+        self.folded[tenant] = offset
+        if not publish:
+            return len(batch)
+        for d in self._buffer(tenant, batch, result, offset):
+            if not self.publisher.offer(d):
+                self.publisher.park(d)
+        return 0
+
+    @property
+    def last_durable(self) -> WalOffset | None:
+        with self._durable_lock:
+            return self._last_durable
+
+
+def _days(batch: FlatBatch, offset: WalOffset) -> list[tuple[int, list[int] | None]]:
+    """Partition a batch by UTC day of each record's time (its observed time when unset,
+    the segment's creation time when both are — deterministic on replay). The usual
+    batch is one day: returned as ``[(day, None)]`` without building index lists."""
+    times = batch.time_unix_nano
+    if not times:
+        return []
+    lo = min(times)
+    if lo and lo // NANOS_PER_DAY == max(times) // NANOS_PER_DAY:
+        return [(lo // NANOS_PER_DAY, None)]  # the usual batch: one day, every time set
+    fallback = int(uuid7_time(offset.segment) * 1e9)
+    observed = batch.observed_time_unix_nano
+    days: dict[int, list[int]] = {}
+    first: int | None = None
+    same = True
+    for i, t in enumerate(times):
+        ns = t or observed[i] or fallback
+        day = ns // NANOS_PER_DAY
+        if first is None:
+            first = day
+        elif day != first:
+            same = False
+        days.setdefault(day, []).append(i)
+    if first is None:
+        return []
+    if same:
+        return [(first, None)]
+    return sorted(days.items())
+
+
+def _unavailable(exc: AppendError) -> Unavailable:
+    if exc.error_class is ErrorClass.TERMINAL:
+        return Unavailable(f"WAL refused the batch (server-terminal, retry later): {exc}")
+    return Unavailable(f"WAL could not make the batch durable (transient, retrying): {exc}")

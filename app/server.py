@@ -1,0 +1,242 @@
+"""``ourios serve``: assembly, start-up order and shutdown (DESIGN.md §6).
+
+Start: open the WAL → replay it into the miners and sinks (recovery) → start the
+publisher and the age sweep → start the gRPC and HTTP listeners → ready. One start-up
+line (``recovery.done``) says what was replayed and suppressed and how long it took; one
+(``server.listening``) gives the bound ports.
+
+SIGTERM/SIGINT: stop the listeners (requests in flight finish) → stop the age sweep →
+flush every buffered partition to the store → stop the publisher → close the WAL.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import uvicorn
+
+from app.auth import Authenticator
+from app.config import Settings
+from app.events import EventLog, configure_logging
+from app.grpc_receiver import create_grpc_server
+from app.http_receiver import create_http_app
+from app.metrics import Metrics
+from app.miner import FileTemplateIdAllocator, MinerCluster
+from app.pipeline import Pipeline
+from app.recovery import recover
+from sink.buffers import Buffers
+from sink.keys import node_identity
+from sink.publisher import Publisher
+from sink.store import ObjectStore, from_url
+from wal import Journal
+
+log = logging.getLogger("ourios.server")
+
+
+class AgeSweep:
+    """Publishes partitions older than ``flush_age_secs``: drained under the shared
+    exclusion, written outside it."""
+
+    def __init__(self, pipeline: Pipeline, max_age: float, tick: float) -> None:
+        self._pipeline = pipeline
+        self._max_age = max_age
+        self._tick = tick
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="ourios-age-sweep", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(30)
+
+    def sweep_once(self) -> int:
+        with self._pipeline.exclusion.shared():
+            detached = self._pipeline.buffers.drain_aged(self._max_age)
+        for d in detached:
+            self._pipeline.publisher.publish(d)
+        return len(detached)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._tick):
+            try:
+                self.sweep_once()
+            except Exception:  # noqa: BLE001 - counted in the log; the next tick retries
+                log.exception("age sweep failed")
+
+
+@dataclass
+class Node:
+    """Everything ``ourios serve`` runs, built in start-up order."""
+
+    settings: Settings
+    events: EventLog
+    journal: Journal
+    store: ObjectStore
+    pipeline: Pipeline
+    metrics: Metrics
+    sweep: AgeSweep
+
+    def flush_all(self) -> int:
+        """Publish every buffered partition now; returns the rows left in the buffers."""
+        with self.pipeline.exclusion.exclusive():
+            detached = self.pipeline.buffers.drain_all("shutdown")
+        left = 0
+        for d in detached:
+            if not self.pipeline.publisher.publish(d).ok:
+                left += d.partition.rows
+        return left
+
+
+def build_node(
+    settings: Settings, events: EventLog, clock: Callable[[], float] = time.time
+) -> Node:
+    server = settings.server
+    server.data_dir.mkdir(parents=True, exist_ok=True)
+    journal = Journal.open(server.wal_dir, settings.wal, clock=clock, events=events)
+    store = _store(settings)
+    node = node_identity(server.node_id)
+    allocator = FileTemplateIdAllocator(server.data_dir / "template-ids", server.node_ordinal)
+    miners = MinerCluster(allocator)
+    holder: dict[str, Pipeline] = {}
+    buffers = Buffers(
+        flush_bytes=settings.sink.flush_bytes,
+        clock=time.monotonic,
+        epoch=lambda: holder["p"].epoch if "p" in holder else 1,
+    )
+    publisher = Publisher(
+        store,
+        buffers,
+        node=node,
+        compression=settings.sink.parquet_compression,
+        queue_depth=settings.sink.publisher_queue_depth,
+    )
+    pipeline = Pipeline(journal, miners, buffers, publisher, clock=clock, events=events)
+    holder["p"] = pipeline
+    metrics = Metrics(pipeline, settings)
+    tick = max(0.1, min(5.0, settings.sink.flush_age_secs / 4))
+    sweep = AgeSweep(pipeline, settings.sink.flush_age_secs, tick)
+    return Node(settings, events, journal, store, pipeline, metrics, sweep)
+
+
+def _store(settings: Settings) -> ObjectStore:
+    url = settings.store.url
+    return from_url(url, settings.store.endpoint_url)
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def run_serve(settings: Settings) -> int:
+    configure_logging(settings.server.log_level)
+    events = EventLog()
+    # uvicorn restores the handler it found and re-raises the signal once it has
+    # stopped; with this one in place the re-raise records a request instead of killing
+    # the process before the final flush. A signal during recovery is kept too.
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: stop.set())
+    if settings.auth.open_mode:
+        events.emit(
+            "auth.open_mode",
+            {
+                "message": "no OURIOS_AUTH_TOKENS_FILE: every request is accepted; a missing "
+                "X-Ourios-Tenant header means tenant 'default'"
+            },
+            "warning",
+        )
+    node = build_node(settings, events)
+    pipeline = node.pipeline
+    pipeline.publisher.start()
+    report = recover(node.journal, pipeline)
+    events.emit("recovery.done", report.fields())
+    node.metrics.recovery_seconds = report.seconds
+    node.metrics.records_suppressed = report.records_suppressed
+    node.sweep.start()
+    auth = Authenticator(settings.auth.tokens or None)
+    grpc_server, grpc_port = create_grpc_server(
+        pipeline,
+        max_frame_bytes=settings.wal.max_frame_bytes,
+        authenticator=auth,
+        host=settings.server.host,
+        port=settings.server.grpc_port,
+    )
+    grpc_server.start()
+    app = create_http_app(
+        pipeline,
+        max_frame_bytes=settings.wal.max_frame_bytes,
+        authenticator=auth,
+        metrics_text=node.metrics.exposition,
+    )
+    sock = _listen(settings.server.host, settings.server.http_port)
+    http_port = sock.getsockname()[1]
+    config = uvicorn.Config(
+        app,
+        loop="uvloop",
+        http="httptools",
+        lifespan="off",
+        access_log=False,
+        log_config=None,
+        proxy_headers=False,
+        server_header=False,
+        timeout_graceful_shutdown=max(1, settings.server.shutdown_grace_secs // 2),
+    )
+    http = uvicorn.Server(config)
+    if stop.is_set():
+        http.should_exit = True  # asked to stop while recovering: start nothing new
+    pipeline.set_ready(True)
+    events.emit(
+        "server.listening",
+        {
+            "http_port": http_port,
+            "grpc_port": grpc_port,
+            "node": node_identity(settings.server.node_id),
+            "wal": str(settings.server.wal_dir),
+            "store": node.store.describe(),
+        },
+    )
+    try:
+        http.run(sockets=[sock])  # returns on SIGTERM/SIGINT once requests in flight finish
+    finally:
+        pipeline.set_ready(False)
+        grpc_server.stop(grace=max(1, settings.server.shutdown_grace_secs // 2)).wait()
+        shutdown(node)
+    return 0
+
+
+def shutdown(node: Node) -> None:
+    events = node.events
+    node.sweep.close()
+    left = node.flush_all()
+    joined = node.pipeline.publisher.close()
+    node.journal.close()
+    events.emit(
+        "server.stopped",
+        {"rows_left_in_wal": left, "publisher_joined": joined},
+        "info" if left == 0 and joined else "warning",
+    )
+
+
+def data_paths(settings: Settings) -> dict[str, Path]:
+    return {
+        "wal": settings.server.wal_dir,
+        "snapshots": settings.server.snapshots_dir,
+        "data": settings.server.data_dir,
+    }

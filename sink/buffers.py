@@ -1,0 +1,304 @@
+"""Sink buffers: per-partition columnar rows waiting to be published, and the in-flight
+registry that says where every record is at every instant.
+
+Partitions are tenant × UTC day for records and tenant for audit events. Each keeps its
+rows, its first-append time (for the age sweep), the highest WAL LSN among its rows and
+its byte figure. A partition leaves the buffers only by *detaching* it into a
+``Detached`` unit, which is registered as in flight in the same critical section, so a
+record is always in exactly one of: the buffers, a registered in-flight publish, or the
+store (DESIGN.md §5.5). A publish that fails is *requeued*: its rows go back into the
+buffers (never lost), tagged with the barrier epoch current at the requeue, so the
+barrier can tell which cuts it invalidates.
+
+Everything here runs under the sink lock, which this class owns; the lock order of
+DESIGN.md §5.3 puts it after the barrier exclusion and the miner lock.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Final
+
+from sink.parquet import Attributes, AuditColumns, RecordColumns
+
+NANOS_PER_DAY: Final = 86_400 * 1_000_000_000
+
+
+class Kind(Enum):
+    RECORDS = "records"
+    AUDIT = "audit"
+
+
+@dataclass
+class Partition:
+    kind: Kind
+    tenant: str
+    day: int  # UTC day number (records); 0 for audit
+    records: RecordColumns | None
+    audit: AuditColumns | None
+    first_at: float
+    max_lsn: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        cols = self.records if self.records is not None else self.audit
+        assert cols is not None
+        return cols.nbytes
+
+    @property
+    def rows(self) -> int:
+        cols = self.records if self.records is not None else self.audit
+        assert cols is not None
+        return len(cols)
+
+
+@dataclass
+class Detached:
+    """A partition on its way to the store: the unit the publisher writes as one object."""
+
+    id: int
+    partition: Partition
+    epoch: int  # the barrier epoch current when it was detached
+    reason: str  # "size", "age", "barrier", "shutdown"
+
+
+@dataclass
+class PublishOutcome:
+    id: int
+    ok: bool
+    requeue_epoch: int | None = None  # the epoch current when a failure requeued it
+    error_type: str = ""
+
+
+@dataclass
+class _InFlight:
+    detached: Detached
+    done: threading.Event = field(default_factory=threading.Event)
+    outcome: PublishOutcome | None = None
+
+
+class InFlight:
+    """Registered publishes: created under the sink lock before a partition leaves the
+    buffers; settled exactly once with an outcome."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._items: dict[int, _InFlight] = {}
+
+    def register(self, d: Detached) -> None:
+        with self._lock:
+            self._items[d.id] = _InFlight(d)
+
+    def settle(self, outcome: PublishOutcome) -> None:
+        with self._lock:
+            item = self._items.pop(outcome.id, None)
+        if item is not None:
+            item.outcome = outcome
+            item.done.set()
+
+    def pending_upto(self, upto_id: int) -> list[_InFlight]:
+        """The publishes registered at or before ``upto_id`` that have not settled."""
+        with self._lock:
+            return [i for k, i in self._items.items() if k <= upto_id]
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._items)
+
+
+class Buffers:
+    """Record and audit partitions behind the sink lock (module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        flush_bytes: int,
+        clock: Callable[[], float],
+        epoch: Callable[[], int],
+    ) -> None:
+        self.flush_bytes = flush_bytes
+        self._clock = clock
+        self._epoch = epoch
+        self.lock = threading.Lock()  # the sink lock
+        self._records: dict[tuple[str, int], Partition] = {}
+        self._audit: dict[str, Partition] = {}
+        self._ids = itertools.count(1)
+        self.in_flight = InFlight()
+        self._bytes = 0  # bytes of buffered partitions as of their last append
+
+    # -- appends (the ingest turn) -------------------------------------------------------
+
+    def add_records(
+        self,
+        tenant: str,
+        day: int,
+        *,
+        time_unix_nano: Sequence[int],
+        observed_time_unix_nano: Sequence[int],
+        severity_number: Sequence[int],
+        severity_text: Sequence[str],
+        body: Sequence[str],
+        attributes: Sequence[Attributes],
+        resource_attributes: Sequence[Attributes],
+        scope_name: Sequence[str],
+        trace_id: Sequence[str | None],
+        span_id: Sequence[str | None],
+        template_id: Sequence[int],
+        template_params: Sequence[Sequence[str]],
+        wal_lsn: int,
+        record_index: Sequence[int],
+    ) -> Detached | None:
+        """Append one batch's rows of one day; returns the partition, detached, when it
+        reached ``flush_bytes`` (the size trigger)."""
+        n = len(record_index)
+        if n == 0:
+            return None
+        with self.lock:
+            key = (tenant, day)
+            part = self._records.get(key)
+            if part is None:
+                part = Partition(Kind.RECORDS, tenant, day, RecordColumns(), None, self._clock())
+                self._records[key] = part
+            cols = part.records
+            assert cols is not None
+            before = cols.nbytes
+            cols.tenant.extend(itertools.repeat(tenant, n))
+            cols.time_unix_nano.extend(time_unix_nano)
+            cols.observed_time_unix_nano.extend(observed_time_unix_nano)
+            cols.severity_number.extend(severity_number)
+            cols.severity_text.extend(severity_text)
+            cols.body.extend(body)
+            cols.attributes.extend(attributes)
+            cols.resource_attributes.extend(resource_attributes)
+            cols.scope_name.extend(scope_name)
+            cols.trace_id.extend(trace_id)
+            cols.span_id.extend(span_id)
+            cols.template_id.extend(template_id)
+            cols.template_params.extend(template_params)
+            cols.wal_lsn.extend(itertools.repeat(wal_lsn, n))
+            cols.record_index.extend(record_index)
+            part.max_lsn = max(part.max_lsn, wal_lsn)
+            after = cols.nbytes
+            self._bytes += after - before
+            if after >= self.flush_bytes:
+                del self._records[key]
+                return self._detach_locked(part, "size")
+            return None
+
+    def add_audit(
+        self,
+        tenant: str,
+        events: Sequence[tuple[int, int, str, str, int]],  # id, version, template, change, time
+        wal_lsn: int,
+    ) -> Detached | None:
+        if not events:
+            return None
+        with self.lock:
+            part = self._audit.get(tenant)
+            if part is None:
+                part = Partition(Kind.AUDIT, tenant, 0, None, AuditColumns(), self._clock())
+                self._audit[tenant] = part
+            cols = part.audit
+            assert cols is not None
+            before = cols.nbytes
+            for template_id, version, template, change, ts in events:
+                cols.append_row(tenant, template_id, version, template, change, wal_lsn, ts)
+            part.max_lsn = max(part.max_lsn, wal_lsn)
+            self._bytes += cols.nbytes - before
+            if cols.nbytes >= self.flush_bytes:
+                del self._audit[tenant]
+                return self._detach_locked(part, "size")
+            return None
+
+    def _detach_locked(self, part: Partition, reason: str) -> Detached:
+        d = Detached(next(self._ids), part, self._epoch(), reason)
+        self._bytes -= part.nbytes
+        self.in_flight.register(d)
+        return d
+
+    # -- detaching many (barrier, age sweep, shutdown) --------------------------------
+
+    def drain_all(self, reason: str) -> list[Detached]:
+        """Every buffered partition, audit first (template events land before the records
+        that reference them), detached and registered in flight."""
+        with self.lock:
+            parts = list(self._audit.values()) + list(self._records.values())
+            self._audit.clear()
+            self._records.clear()
+            return [self._detach_locked(p, reason) for p in parts]
+
+    def drain_aged(self, max_age: float) -> list[Detached]:
+        now = self._clock()
+        with self.lock:
+            out: list[Detached] = []
+            for tenant, part in list(self._audit.items()):
+                if now - part.first_at >= max_age:
+                    del self._audit[tenant]
+                    out.append(self._detach_locked(part, "age"))
+            for key, part in list(self._records.items()):
+                if now - part.first_at >= max_age:
+                    del self._records[key]
+                    out.append(self._detach_locked(part, "age"))
+            return out
+
+    # -- failures -----------------------------------------------------------------------
+
+    def requeue(self, d: Detached, error_type: str) -> PublishOutcome:
+        """Put a failed (or parked) publish's rows back, older rows first; settle it."""
+        with self.lock:
+            epoch = self._epoch()
+            part = d.partition
+            if part.kind is Kind.RECORDS:
+                key = (part.tenant, part.day)
+                existing = self._records.get(key)
+                if existing is not None:
+                    assert part.records is not None and existing.records is not None
+                    part.records.merge(existing.records)
+                    self._bytes -= existing.nbytes
+                    part.max_lsn = max(part.max_lsn, existing.max_lsn)
+                self._records[key] = part
+            else:
+                existing = self._audit.get(part.tenant)
+                if existing is not None:
+                    assert part.audit is not None and existing.audit is not None
+                    part.audit.merge(existing.audit)
+                    self._bytes -= existing.nbytes
+                    part.max_lsn = max(part.max_lsn, existing.max_lsn)
+                self._audit[part.tenant] = part
+            self._bytes += part.nbytes
+            outcome = PublishOutcome(d.id, False, epoch, error_type)
+        self.in_flight.settle(outcome)
+        return outcome
+
+    def discard_tenant(self, tenant: str) -> int:
+        """Drop a tenant's buffered rows (settlement's tree swap, a later issue)."""
+        with self.lock:
+            dropped = 0
+            for key in [k for k in self._records if k[0] == tenant]:
+                part = self._records.pop(key)
+                dropped += part.rows
+                self._bytes -= part.nbytes
+            part_a = self._audit.pop(tenant, None)
+            if part_a is not None:
+                dropped += part_a.rows
+                self._bytes -= part_a.nbytes
+            return dropped
+
+    # -- state ---------------------------------------------------------------------------
+
+    @property
+    def buffered_bytes(self) -> int:
+        return self._bytes
+
+    @property
+    def partitions(self) -> int:
+        with self.lock:
+            return len(self._records) + len(self._audit)
+
+    def empty(self) -> bool:
+        with self.lock:
+            return not self._records and not self._audit

@@ -1,0 +1,172 @@
+"""A real ``ourios serve`` process for integration and crash tests.
+
+``ServeProcess(data_dir, env).start()`` launches ``python -m app.cli serve`` with the
+given settings (ports 0 by default), reads its stderr (one JSON object per line) until
+``server.listening`` names the bound ports, then waits for ``/readyz``. ``terminate()``
+sends SIGTERM and waits for a clean exit; ``kill()`` sends SIGKILL. Every event line is
+kept in ``events`` for assertions.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class ServeProcess:
+    def __init__(self, data_dir: Path, env: Mapping[str, str] | None = None) -> None:
+        self.data_dir = data_dir
+        self.env = dict(env or {})
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.events: list[dict[str, Any]] = []
+        self.lines: list[str] = []
+        self.http_port = 0
+        self.grpc_port = 0
+        self._listening = threading.Event()
+        self._reader: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def start(self, timeout: float = 60.0) -> ServeProcess:
+        env = {
+            **os.environ,
+            "OURIOS_SERVER_DATA_DIR": str(self.data_dir),
+            "OURIOS_SERVER_HOST": "127.0.0.1",
+            "OURIOS_SERVER_HTTP_PORT": "0",
+            "OURIOS_SERVER_GRPC_PORT": "0",
+            "PYTHONPATH": str(ROOT),
+            **self.env,
+        }
+        # Kubernetes-style or inherited OURIOS_* variables from the test runner must not
+        # leak in: only what the test asked for.
+        for key in list(env):
+            if (
+                key.startswith("OURIOS_")
+                and key not in self.env
+                and not key.startswith(("OURIOS_SERVER_",))
+            ):
+                del env[key]
+        self._listening.clear()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "app.cli", "serve"],
+            cwd=ROOT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        self._reader = threading.Thread(target=self._read, args=(self.proc,), daemon=True)
+        self._reader.start()
+        deadline = time.monotonic() + timeout
+        while not self._listening.wait(0.05):
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"ourios serve exited with {self.proc.returncode}:\n{self.tail()}"
+                )
+            if time.monotonic() > deadline:
+                self.kill()
+                raise RuntimeError(
+                    f"ourios serve did not listen within {timeout} s:\n{self.tail()}"
+                )
+        self.wait_ready(deadline - time.monotonic())
+        return self
+
+    def _read(self, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stderr is not None
+        for raw in proc.stderr:
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            with self._lock:
+                self.lines.append(line)
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(event, dict):
+                continue
+            with self._lock:
+                self.events.append(event)
+            if event.get("event") == "server.listening":
+                self.http_port = int(event["http_port"])
+                self.grpc_port = int(event["grpc_port"])
+                self._listening.set()
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + max(timeout, 1.0)
+        while time.monotonic() < deadline:
+            status, _ = self.get("/readyz")
+            if status == 200:
+                return
+            time.sleep(0.05)  # polling an external process's readiness endpoint
+        raise RuntimeError(f"/readyz never became 200:\n{self.tail()}")
+
+    def get(self, path: str) -> tuple[int, bytes]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=10)
+        try:
+            conn.request("GET", path)
+            resp = conn.getresponse()
+            return resp.status, resp.read()
+        except OSError:
+            return 0, b""
+        finally:
+            conn.close()
+
+    def post_logs(
+        self, body: bytes, headers: Mapping[str, str] | None = None
+    ) -> tuple[int, bytes, dict[str, str]]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=30)
+        try:
+            hdrs = {"Content-Type": "application/x-protobuf", **(headers or {})}
+            conn.request("POST", "/v1/logs", body=body, headers=hdrs)
+            resp = conn.getresponse()
+            return resp.status, resp.read(), {k.lower(): v for k, v in resp.getheaders()}
+        finally:
+            conn.close()
+
+    def event(self, name: str) -> list[dict[str, Any]]:
+        with self._lock:
+            return [e for e in self.events if e.get("event") == name]
+
+    def tail(self, n: int = 40) -> str:
+        with self._lock:
+            return "\n".join(self.lines[-n:])
+
+    def terminate(self, timeout: float = 60.0) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise RuntimeError(
+                f"ourios serve ignored SIGTERM for {timeout} s:\n{self.tail()}"
+            ) from None
+        self._join_reader()
+        return code
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(30)
+        self._join_reader()
+
+    def _join_reader(self) -> None:
+        if self._reader is not None:
+            self._reader.join(10)
+            self._reader = None
+
+    def __enter__(self) -> ServeProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.kill()
