@@ -206,7 +206,7 @@ class Pipeline:
         self.gate.enter(seq)
         try:
             if offset is not None:
-                self._turn(tenant, batch, offset)
+                self._turn(tenant, batch, offset, len(payload))
         finally:
             self.gate.leave(seq)
         if error is not None:
@@ -215,7 +215,7 @@ class Pipeline:
 
     # -- the turn ------------------------------------------------------------------------
 
-    def _turn(self, tenant: str, batch: FlatBatch, offset: WalOffset) -> None:
+    def _turn(self, tenant: str, batch: FlatBatch, offset: WalOffset, nbytes: int) -> None:
         """Mine, buffer, and advance the mark — no store I/O (publishes are queued)."""
         detached: list[Detached] = []
         with self.exclusion.shared():
@@ -238,7 +238,7 @@ class Pipeline:
                     },
                 )
                 return
-            detached.extend(self._buffer(tenant, batch, result, offset))
+            detached.extend(self._buffer(tenant, batch, result, offset, nbytes))
             with self._durable_lock:
                 self._last_durable = offset
                 self.folded[tenant] = offset
@@ -248,10 +248,11 @@ class Pipeline:
                 self.publisher.park(d)
 
     def _buffer(
-        self, tenant: str, batch: FlatBatch, result: MineResult, offset: WalOffset
+        self, tenant: str, batch: FlatBatch, result: MineResult, offset: WalOffset, nbytes: int
     ) -> list[Detached]:
         out: list[Detached] = []
         lsn = offset.lsn
+        rows = len(batch) or 1
         if result.events:
             times = batch.time_unix_nano
             events = [
@@ -287,6 +288,7 @@ class Pipeline:
                     template_params=result.template_params,
                     wal_lsn=lsn,
                     record_index=cols.record_index,
+                    nbytes=nbytes,
                 )
             else:
                 d = self.buffers.add_records(
@@ -306,6 +308,7 @@ class Pipeline:
                     template_params=[result.template_params[i] for i in index],
                     wal_lsn=lsn,
                     record_index=[batch.record_index[i] for i in index],
+                    nbytes=nbytes * len(index) // rows,
                 )
             if d is not None:
                 out.append(d)
@@ -314,7 +317,7 @@ class Pipeline:
     # -- recovery's entry ------------------------------------------------------------------
 
     def replay_frame(
-        self, tenant: str, batch: FlatBatch, offset: WalOffset, *, publish: bool
+        self, tenant: str, batch: FlatBatch, offset: WalOffset, *, publish: bool, nbytes: int = 0
     ) -> int:
         """Feed a replayed frame to the tenant's miner (recovery, before any listener);
         its rows reach the buffers only when ``publish``. Returns rows suppressed."""
@@ -323,7 +326,7 @@ class Pipeline:
         self.folded[tenant] = offset
         if not publish:
             return len(batch)
-        for d in self._buffer(tenant, batch, result, offset):
+        for d in self._buffer(tenant, batch, result, offset, nbytes):
             if not self.publisher.offer(d):
                 self.publisher.park(d)
         return 0

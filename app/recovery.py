@@ -62,7 +62,9 @@ def recover(journal: Journal, pipeline: Pipeline) -> RecoveryReport:
             ) from exc
         batch = flatten(request, frame.tenant)
         publish = mark is None or frame.offset.lsn > mark.lsn
-        suppressed = pipeline.replay_frame(frame.tenant, batch, frame.offset, publish=publish)
+        suppressed = pipeline.replay_frame(
+            frame.tenant, batch, frame.offset, publish=publish, nbytes=len(frame.payload)
+        )
         report.records_suppressed += suppressed
         report.records_replayed += len(batch) - suppressed
         report.tenants.add(frame.tenant)

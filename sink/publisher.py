@@ -113,7 +113,9 @@ class Publisher:
         self._buffers.in_flight.settle(outcome)
         return outcome
 
-    def _failed(self, d: Detached, kind: str, error_type: str, exc: BaseException) -> PublishOutcome:
+    def _failed(
+        self, d: Detached, kind: str, error_type: str, exc: BaseException
+    ) -> PublishOutcome:
         with self._stats_lock:
             self.stats.failures[(kind, error_type)] += 1
         log.warning(

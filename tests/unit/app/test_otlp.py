@@ -306,10 +306,10 @@ def test_flatten_columns_of_the_rich_request() -> None:
     keys = [key for key, _ in batch.attributes[0]]
     assert len(keys) == len(set(keys)) == 10
     assert keys[-2:] == ["unset", "dup"]  # a duplicated key: first position, last value
-    assert batch.attributes[1:] == [()] * 8
-    assert batch.resource_attributes[0] == (("service.name", "checkout"), ("cpus", "8"))
+    assert batch.attributes[1:] == [[]] * 8
+    assert batch.resource_attributes[0] == [("service.name", "checkout"), ("cpus", "8")]
     assert batch.resource_attributes[0] is batch.resource_attributes[2]
-    assert batch.resource_attributes[3:] == [()] * 6
+    assert batch.resource_attributes[3:] == [[]] * 6
 
 
 def test_json_wal_payload_reparses_to_the_same_rows() -> None:
