@@ -477,6 +477,9 @@ def _shared_maps(values: list[Attributes]) -> pa.Array:
 
 _Converter = Callable[[list[Any]], pa.Array]
 
+#: Rows per Parquet row group, and per conversion call (see ``_encode``).
+ROW_GROUP_ROWS: Final = 8192
+
 
 def _plain(arrow_type: pa.DataType) -> _Converter:
     return lambda values: pa.array(values, type=arrow_type)
@@ -512,16 +515,23 @@ def _encode(
     compression: str,
 ) -> bytes:
     codec = _codec(compression)
-    arrays = []
-    for name in schema.names:
-        try:
-            arrays.append(converters[name](getattr(source, name)))
-        except (pa.ArrowException, OverflowError, TypeError, ValueError) as exc:
-            raise EncodeError(label, name, str(exc)) from exc
-    table = pa.Table.from_arrays(arrays, schema=schema)
+    columns = [getattr(source, name) for name in schema.names]
+    rows = len(source)
     out = pa.BufferOutputStream()
+    # Converting Python objects to Arrow holds the GIL for the whole call, so a large
+    # partition is converted and written one row group at a time: the ingest threads get
+    # the interpreter back between chunks instead of stalling for the whole partition.
     try:
-        pq.write_table(table, out, compression=codec)
+        with pq.ParquetWriter(out, schema, compression=codec) as writer:
+            for start in range(0, max(rows, 1), ROW_GROUP_ROWS):
+                stop = min(rows, start + ROW_GROUP_ROWS)
+                arrays = []
+                for name, column in zip(schema.names, columns, strict=True):
+                    try:
+                        arrays.append(converters[name](column[start:stop]))
+                    except (pa.ArrowException, OverflowError, TypeError, ValueError) as exc:
+                        raise EncodeError(label, name, str(exc)) from exc
+                writer.write_table(pa.Table.from_arrays(arrays, schema=schema))
     except pa.ArrowException as exc:
         raise EncodeError(label, "*", str(exc)) from exc
     return bytes(out.getvalue().to_pybytes())
