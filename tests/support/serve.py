@@ -163,6 +163,8 @@ class ServeProcess:
         if self._reader is not None:
             self._reader.join(10)
             self._reader = None
+        if self.proc is not None and self.proc.stderr is not None and self.proc.poll() is not None:
+            self.proc.stderr.close()
 
     def __enter__(self) -> ServeProcess:
         return self.start()
