@@ -23,11 +23,13 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
+from app import points
 from app.ingest_api import IngestOutcome
 from app.miner import MinerCluster, MineResult
 from app.otlp import BadRequest, FlatBatch, PayloadTooLarge, Unavailable
+from app.snapshots import SnapshotLedger, SnapshotState
 from sink.buffers import NANOS_PER_DAY, Buffers, Detached
 from sink.publisher import Publisher
 from wal import (
@@ -40,6 +42,9 @@ from wal import (
     WalOffset,
 )
 from wal.segment import uuid7_time
+
+if TYPE_CHECKING:
+    from app.barrier import Barrier, Cut
 
 log = logging.getLogger("ourios.pipeline")
 
@@ -147,6 +152,7 @@ class Pipeline:
         *,
         clock: Callable[[], float] = time.time,
         events: Callable[[str, Mapping[str, object]], None] | None = None,
+        ledger: SnapshotLedger | None = None,
     ) -> None:
         self.journal = journal
         self.miners = miners
@@ -167,6 +173,14 @@ class Pipeline:
         self._ready = False
         self._alive = True
         self.records_mined = 0
+        #: durable snapshot installs: a tenant whose folded horizon moved past its
+        #: installed one is frozen at the next capture
+        self.ledger = ledger if ledger is not None else SnapshotLedger()
+        self.barrier: Barrier | None = None
+        #: tenant -> (the cut waiting for its state, the horizon it was frozen at)
+        self._frozen: dict[str, tuple[Cut, WalOffset]] = {}
+        #: how long each capture held the exclusion (seconds), for the metrics
+        self.cut_stall_seconds: list[float] = []
 
     # -- the receivers' interface --------------------------------------------------------
 
@@ -219,8 +233,20 @@ class Pipeline:
         """Mine, buffer, and advance the mark — no store I/O (publishes are queued)."""
         detached: list[Detached] = []
         with self.exclusion.shared():
+            prev = self._last_durable
+            if prev is not None and prev.segment != offset.segment and self.barrier is not None:
+                # This turn observed the rotation: capture a cut at the closed segment's
+                # mark (the previous turn's own frame end) and hand it to the barrier
+                # thread. Capture only: the store I/O runs there.
+                started = time.perf_counter()
+                cut = self.capture_cut_locked("rotation")
+                self.cut_stall_seconds.append(time.perf_counter() - started)
+                self.barrier.offer_cut(cut)
+            points.hit("turn.before_mine")
             try:
                 with self.miner_lock:
+                    if tenant in self._frozen:
+                        self._serialize_locked(tenant)
                     result = self.miners.mine(tenant, batch.body)
             except Exception as exc:  # noqa: BLE001 - the frame is durable; see below
                 # The miner's tree is in an unknown state: latch every cut from now on
@@ -251,23 +277,31 @@ class Pipeline:
         self, tenant: str, batch: FlatBatch, result: MineResult, offset: WalOffset, nbytes: int
     ) -> list[Detached]:
         out: list[Detached] = []
+        d = self._buffer_audit(tenant, batch, result, offset)
+        if d is not None:
+            out.append(d)
+        out.extend(self._buffer_records(tenant, batch, result, offset, nbytes))
+        return out
+
+    def _buffer_audit(
+        self, tenant: str, batch: FlatBatch, result: MineResult, offset: WalOffset
+    ) -> Detached | None:
+        if not result.events:
+            return None
+        times = batch.time_unix_nano
+        observed = batch.observed_time_unix_nano
+        events = [
+            (e.template_id, e.version, e.template, e.change, times[e.index] or observed[e.index])
+            for e in result.events
+        ]
+        return self.buffers.add_audit(tenant, events, offset.lsn)
+
+    def _buffer_records(
+        self, tenant: str, batch: FlatBatch, result: MineResult, offset: WalOffset, nbytes: int
+    ) -> list[Detached]:
+        out: list[Detached] = []
         lsn = offset.lsn
         rows = len(batch) or 1
-        if result.events:
-            times = batch.time_unix_nano
-            events = [
-                (
-                    e.template_id,
-                    e.version,
-                    e.template,
-                    e.change,
-                    times[e.index] or batch.observed_time_unix_nano[e.index],
-                )
-                for e in result.events
-            ]
-            d = self.buffers.add_audit(tenant, events, lsn)
-            if d is not None:
-                out.append(d)
         for day, index in _days(batch, offset):
             if index is None:
                 cols = batch
@@ -314,22 +348,139 @@ class Pipeline:
                 out.append(d)
         return out
 
+    # -- the barrier's side --------------------------------------------------------------
+
+    def capture_cut_locked(self, reason: str) -> Cut:
+        """Capture a cut. The caller holds the exclusion exclusively, or is the ingest
+        turn (the gate keeps every other turn out): no turn is mining or buffering."""
+        from app.barrier import Cut
+
+        epoch = self.epoch
+        batches = self.buffers.drain_all("barrier")  # registered in flight at ``epoch``
+        mark = self._last_durable
+        cut = Cut(epoch, mark, batches, self.buffers.last_id, reason, captured_at=self._clock())
+        self.epoch = epoch + 1  # a publish registered from now on belongs to later cuts
+        installed = self.ledger.horizons()
+        with self.miner_lock:
+            for tenant, horizon in self.folded.items():
+                done = installed.get(tenant)
+                if done is not None and done.lsn >= horizon.lsn:
+                    continue
+                if tenant in self._frozen:
+                    self._serialize_locked(tenant)  # into the earlier, still pending cut
+                self._frozen[tenant] = (cut, horizon)
+                cut.frozen.add(tenant)
+        return cut
+
+    def _serialize_locked(self, tenant: str) -> None:
+        """Serialise a frozen tenant's miner into the cut waiting for it (miner lock)."""
+        cut, horizon = self._frozen.pop(tenant)
+        cut.frozen.discard(tenant)
+        miner = self.miners.get(tenant)
+        if miner is None:
+            return
+        try:
+            state = miner.to_snapshot()
+        except Exception as exc:  # noqa: BLE001 - a failed miner has no snapshot
+            log.warning("no snapshot for tenant %r: %s", tenant, exc)
+            return
+        cut.snaps[tenant] = SnapshotState(tenant, horizon, state)
+
+    def serialize_frozen(self, cut: Cut) -> None:
+        """The barrier thread serialises what no turn has yet, one tenant at a time."""
+        for tenant in list(cut.frozen):
+            with self.miner_lock:
+                entry = self._frozen.get(tenant)
+                if entry is not None and entry[0] is cut:
+                    self._serialize_locked(tenant)
+
+    def move_frozen(self, src: Cut, dst: Cut) -> None:
+        """Coalescing: tenants frozen for ``src`` now serialise into ``dst``."""
+        with self.miner_lock:
+            for tenant in list(src.frozen):
+                entry = self._frozen.get(tenant)
+                if entry is not None and entry[0] is src:
+                    self._frozen[tenant] = (dst, entry[1])
+                    dst.frozen.add(tenant)
+                    dst.snaps.pop(tenant, None)  # latest wins
+            src.frozen.clear()
+
+    def abandon_cut(self, cut: Cut, why: str) -> None:
+        """A cut that will not run: its batches go back into the buffers (epoch-dated
+        requeues) and its snapshots are discarded."""
+        for d in cut.batches:
+            self.buffers.requeue(d, why)
+        with self.miner_lock:
+            for tenant in list(cut.frozen):
+                entry = self._frozen.get(tenant)
+                if entry is not None and entry[0] is cut:
+                    del self._frozen[tenant]
+            cut.frozen.clear()
+        cut.snaps.clear()
+        cut.batches = []
+
+    def prior_publishes_ok(self, cut: Cut) -> bool:
+        """Wait for every publish registered before the capture (not the cut's own) and
+        refuse the cut when one requeued at an epoch above the cut's: its rows were not in
+        the cut's drain. A failure requeued before the capture is in the cut."""
+        own = cut.own_ids
+        for item in self.buffers.in_flight.pending_upto(cut.prior_upto):
+            if item.detached.id in own:
+                continue
+            item.done.wait()
+        for failure in self.buffers.in_flight.failures_upto(cut.prior_upto):
+            if failure.id in own:
+                continue
+            if failure.requeue_epoch is not None and failure.requeue_epoch > cut.epoch:
+                return False
+        return True
+
+    def publish_all_now(self, reason: str) -> bool:
+        """Drain every buffered partition and publish it on this thread; True when all
+        of it reached the store (the failures are back in the buffers)."""
+        with self.exclusion.exclusive():
+            detached = self.buffers.drain_all(reason)
+        ok = True
+        for d in detached:
+            ok = self.publisher.publish(d).ok and ok
+        return ok
+
+    def forget_failures_before(self, epoch: int) -> None:
+        self.buffers.in_flight.forget_failures(epoch)
+
     # -- recovery's entry ------------------------------------------------------------------
 
     def replay_frame(
-        self, tenant: str, batch: FlatBatch, offset: WalOffset, *, publish: bool, nbytes: int = 0
-    ) -> int:
-        """Feed a replayed frame to the tenant's miner (recovery, before any listener);
-        its rows reach the buffers only when ``publish``. Returns rows suppressed."""
+        self,
+        tenant: str,
+        batch: FlatBatch,
+        offset: WalOffset,
+        *,
+        publish_records: bool,
+        publish_audit: bool,
+        nbytes: int = 0,
+    ) -> tuple[int, int]:
+        """Feed a replayed frame (above the tenant's snapshot horizon) to its miner;
+        forward its rows only when ``publish_records`` and the template events it
+        regenerates only when ``publish_audit``. Returns (records, events) suppressed."""
         with self.miner_lock:
             result = self.miners.mine(tenant, batch.body)
         self.folded[tenant] = offset
-        if not publish:
-            return len(batch)
-        for d in self._buffer(tenant, batch, result, offset, nbytes):
+        detached: list[Detached] = []
+        events_suppressed = 0
+        if result.events:
+            if publish_audit:
+                d = self._buffer_audit(tenant, batch, result, offset)
+                if d is not None:
+                    detached.append(d)
+            else:
+                events_suppressed = len(result.events)
+        if publish_records:
+            detached.extend(self._buffer_records(tenant, batch, result, offset, nbytes))
+        for d in detached:
             if not self.publisher.offer(d):
                 self.publisher.park(d)
-        return 0
+        return (0 if publish_records else len(batch)), events_suppressed
 
     @property
     def last_durable(self) -> WalOffset | None:

@@ -1,10 +1,28 @@
-"""Recovery: replay the WAL into the miners and the sinks before any listener starts.
+"""Recovery: the start-up order of DESIGN.md §6, before any listener starts.
 
-Gates (DESIGN.md §5.8): a replayed frame feeds its tenant's miner; its rows reach the
-record sink only above the checkpoint X (everything at or below X is already in the
-store). Until snapshots exist (a later issue) every surviving frame is re-mined from an
-empty tree, which rebuilds each tenant's templates; the replay doubles as the WAL's
-ledger rebuild. What is suppressed is counted and reported in one start-up line.
+1. ``load_all_durable`` the snapshots (after fsyncing the directory and its parent) and
+   restore each tenant's miner from the one that decodes and restores;
+2. replay the WAL (its walk rebuilds the reclamation ledger as a by-product) with the
+   gates of DESIGN.md §5.8 / §13, per tenant with restored horizon S and checkpoint X:
+
+   * a frame at or below S is already folded: skipped (not mined);
+   * above S it feeds the tenant's miner;
+   * its records reach the sink only above max(X, S): at or below X they are in the
+     store already, and (X, S] are too when the snapshot was installed before a failed
+     checkpoint write (S > X);
+   * the template events the miner regenerates reach the audit sink only above X
+     (the barrier drained the audit sink before it stamped X); those for (S, X] are
+     suppressed and counted. Stored audit frames are never replayed.
+
+3. ``check_restorable``: a tenant that still has frames and whose restorable horizon is
+   below what RECLAIM says was reclaimed from under it refuses the start, naming it;
+4. publish what replay buffered, and only if all of it reached the store write
+   post-recovery snapshots at each tenant's own folded horizon (a snapshot above X
+   suppresses (X, S] on the next replay, so those rows must be in the store first; a
+   tenant replay did not touch keeps its restored one); the SnapshotLedger is seeded
+   from what installed, never from what was attempted.
+
+A restarted node has no mark until its first acknowledged turn: replay sets none.
 """
 
 from __future__ import annotations
@@ -12,62 +30,158 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from app.miner import MinerCluster, TenantMiner
 from app.otlp import IngestRejection, decode_request, flatten
 from app.pipeline import Pipeline
-from wal import CorruptionError, FrameKind, Journal
+from app.snapshots import SnapshotLedger, SnapshotState, SnapshotStore
+from wal import CorruptionError, FrameKind, Journal, WalOffset
 
 
 @dataclass
 class RecoveryReport:
     frames: int = 0
+    frames_skipped: int = 0  # at or below the tenant's snapshot horizon
     records_replayed: int = 0
     records_suppressed: int = 0
+    audit_events_suppressed: int = 0
     audit_frames_ignored: int = 0
+    snapshots_restored: int = 0
+    snapshots_undecodable: dict[str, str] = field(default_factory=dict)
+    snapshots_written: int = 0
+    snapshot_failures: int = 0
+    stale_snapshot_temps: int = 0
     tenants: set[str] = field(default_factory=set)
     torn_segments: list[str] = field(default_factory=list)
+    checkpoint: WalOffset | None = None
     seconds: float = 0.0
 
     def fields(self) -> dict[str, object]:
         return {
             "frames": self.frames,
+            "frames_skipped": self.frames_skipped,
             "records_replayed": self.records_replayed,
             "records_suppressed": self.records_suppressed,
+            "audit_events_suppressed": self.audit_events_suppressed,
             "audit_frames_ignored": self.audit_frames_ignored,
+            "snapshots_restored": self.snapshots_restored,
+            "snapshots_undecodable": sorted(self.snapshots_undecodable),
+            "snapshots_written": self.snapshots_written,
+            "snapshot_failures": self.snapshot_failures,
             "tenants": len(self.tenants),
             "torn_segments": self.torn_segments,
+            "checkpoint": None if self.checkpoint is None else str(self.checkpoint),
             "seconds": round(self.seconds, 3),
         }
 
 
-def recover(journal: Journal, pipeline: Pipeline) -> RecoveryReport:
-    """Replay every surviving frame through ``pipeline.replay_frame``."""
+def recover(
+    journal: Journal,
+    pipeline: Pipeline,
+    store: SnapshotStore | None = None,
+    ledger: SnapshotLedger | None = None,
+) -> RecoveryReport:
     start = time.monotonic()
     report = RecoveryReport()
+    miners = pipeline.miners
+    restored: dict[str, WalOffset] = {}
+    if store is not None:
+        loaded = store.load_all_durable(restores=lambda s: _check_restores(miners, s))
+        report.stale_snapshot_temps = loaded.stale_temps_removed
+        report.snapshots_undecodable = dict(loaded.undecodable)
+        for tenant, state in loaded.states.items():
+            miners.restore(tenant, state.miner)
+            restored[tenant] = state.horizon
+            pipeline.folded[tenant] = state.horizon
+            if ledger is not None:
+                ledger.record(state)
+        report.snapshots_restored = len(loaded.states)
     mark = journal.last_checkpoint
+    report.checkpoint = mark
+    x = -1 if mark is None else mark.lsn
     replay = journal.replay()
     for frame in replay:
         if frame.kind is not FrameKind.TENANT_BATCH:
             report.audit_frames_ignored += 1  # nothing writes them; RFC 0052 §3.7
             continue
         report.frames += 1
+        tenant = frame.tenant
+        report.tenants.add(tenant)
+        lsn = frame.offset.lsn
+        s = restored.get(tenant)
+        if s is not None and lsn <= s.lsn:
+            report.frames_skipped += 1
+            continue
         try:
             request = decode_request(frame.payload, "application/x-protobuf")
         except IngestRejection as exc:
-            # The receiver validated these bytes before the frame was written, and the
+            # The receiver validated these bytes before the frame was written and the
             # frame's CRC holds: an undecodable payload is damage, not a torn write.
             raise CorruptionError(
                 journal.root,
                 frame.start_lsn,
                 f"frame at LSN {frame.start_lsn} no longer decodes: {exc}",
             ) from exc
-        batch = flatten(request, frame.tenant)
-        publish = mark is None or frame.offset.lsn > mark.lsn
-        suppressed = pipeline.replay_frame(
-            frame.tenant, batch, frame.offset, publish=publish, nbytes=len(frame.payload)
+        batch = flatten(request, tenant)
+        gate = max(x, -1 if s is None else s.lsn)
+        records, events = pipeline.replay_frame(
+            tenant,
+            batch,
+            frame.offset,
+            publish_records=lsn > gate,
+            publish_audit=lsn > x,
+            nbytes=len(frame.payload),
         )
-        report.records_suppressed += suppressed
-        report.records_replayed += len(batch) - suppressed
-        report.tenants.add(frame.tenant)
+        report.records_suppressed += records
+        report.records_replayed += len(batch) - records
+        report.audit_events_suppressed += events
     report.torn_segments = [s.name for s in replay.report.torn]
+    restorable: dict[str, WalOffset | None] = dict(restored)
+    for tenant in report.snapshots_undecodable:
+        restorable.setdefault(tenant, None)
+    journal.check_restorable(restorable)
+    if store is not None:
+        # A snapshot above X may only be installed once the rows of (X, S] it would
+        # suppress on the next replay are in the store: publish what replay buffered
+        # first, and write no snapshot when any of it failed (the barrier retries).
+        if pipeline.publish_all_now("recovery"):
+            _post_recovery_snapshots(pipeline, store, ledger, restored, report)
+        else:
+            report.snapshot_failures += 1
     report.seconds = time.monotonic() - start
     return report
+
+
+def _check_restores(miners: MinerCluster, state: SnapshotState) -> None:
+    """A snapshot is a horizon only if it decodes and restores (RFC 0052 §3.2)."""
+    TenantMiner.from_snapshot(state.miner, miners.allocator)
+
+
+def _post_recovery_snapshots(
+    pipeline: Pipeline,
+    store: SnapshotStore,
+    ledger: SnapshotLedger | None,
+    restored: dict[str, WalOffset],
+    report: RecoveryReport,
+) -> None:
+    """Each tenant replay advanced gets a snapshot at its own folded horizon, so the next
+    restart skips what this one replayed; an untouched tenant keeps its restored one."""
+    states: dict[str, SnapshotState] = {}
+    with pipeline.miner_lock:
+        for tenant, horizon in pipeline.folded.items():
+            before = restored.get(tenant)
+            if before is not None and before.lsn >= horizon.lsn:
+                continue
+            miner = pipeline.miners.get(tenant)
+            if miner is None:
+                continue
+            try:
+                states[tenant] = SnapshotState(tenant, horizon, miner.to_snapshot())
+            except Exception:  # noqa: BLE001 - a failed miner keeps its restored horizon
+                report.snapshot_failures += 1
+    for tenant, outcome in store.install_all(states).items():
+        if outcome.installed:
+            report.snapshots_written += 1
+            if ledger is not None:
+                ledger.record(states[tenant])
+        else:
+            report.snapshot_failures += 1

@@ -23,14 +23,17 @@ from pathlib import Path
 import uvicorn
 
 from app.auth import Authenticator
+from app.barrier import Barrier
 from app.config import Settings
 from app.events import EventLog, configure_logging
 from app.grpc_receiver import create_grpc_server
+from app.housekeeping import Housekeeper
 from app.http_receiver import create_http_app
 from app.metrics import Metrics
 from app.miner import FileTemplateIdAllocator, MinerCluster
 from app.pipeline import Pipeline
 from app.recovery import recover
+from app.snapshots import SnapshotLedger, SnapshotStore
 from sink.buffers import Buffers
 from sink.keys import node_identity
 from sink.publisher import Publisher
@@ -86,16 +89,10 @@ class Node:
     pipeline: Pipeline
     metrics: Metrics
     sweep: AgeSweep
-
-    def flush_all(self) -> int:
-        """Publish every buffered partition now; returns the rows left in the buffers."""
-        with self.pipeline.exclusion.exclusive():
-            detached = self.pipeline.buffers.drain_all("shutdown")
-        left = 0
-        for d in detached:
-            if not self.pipeline.publisher.publish(d).ok:
-                left += d.partition.rows
-        return left
+    snapshots: SnapshotStore
+    ledger: SnapshotLedger
+    barrier: Barrier
+    housekeeper: Housekeeper
 
 
 def build_node(
@@ -121,12 +118,48 @@ def build_node(
         compression=settings.sink.parquet_compression,
         queue_depth=settings.sink.publisher_queue_depth,
     )
-    pipeline = Pipeline(journal, miners, buffers, publisher, clock=clock, events=events)
+    ledger = SnapshotLedger()
+    pipeline = Pipeline(
+        journal, miners, buffers, publisher, clock=clock, events=events, ledger=ledger
+    )
     holder["p"] = pipeline
+    snapshots = SnapshotStore(server.snapshots_dir)
+    wal = settings.wal
+    barrier = Barrier(
+        pipeline,
+        snapshots,
+        ledger,
+        barrier_secs=wal.barrier_secs,
+        segment_age_secs=wal.segment_age_secs,
+        ceiling_bytes=settings.sink.ceiling_bytes,
+        clock=clock,
+        events=events,
+    )
+    pipeline.barrier = barrier
+    housekeeper = Housekeeper(
+        journal,
+        ledger,
+        every=wal.housekeeping_secs,
+        cap=wal.max_unlinks_per_pass,
+        clock=clock,
+        events=events,
+    )
     metrics = Metrics(pipeline, settings)
     tick = max(0.1, min(5.0, settings.sink.flush_age_secs / 4))
     sweep = AgeSweep(pipeline, settings.sink.flush_age_secs, tick)
-    return Node(settings, events, journal, store, pipeline, metrics, sweep)
+    return Node(
+        settings,
+        events,
+        journal,
+        store,
+        pipeline,
+        metrics,
+        sweep,
+        snapshots,
+        ledger,
+        barrier,
+        housekeeper,
+    )
 
 
 def _store(settings: Settings) -> ObjectStore:
@@ -165,11 +198,13 @@ def run_serve(settings: Settings) -> int:
     node = build_node(settings, events)
     pipeline = node.pipeline
     pipeline.publisher.start()
-    report = recover(node.journal, pipeline)
+    report = recover(node.journal, pipeline, node.snapshots, node.ledger)
     events.emit("recovery.done", report.fields())
     node.metrics.recovery_seconds = report.seconds
     node.metrics.records_suppressed = report.records_suppressed
     node.sweep.start()
+    node.barrier.start()
+    node.housekeeper.start()
     auth = Authenticator(settings.auth.tokens or None)
     grpc_server, grpc_port = create_grpc_server(
         pipeline,
@@ -222,16 +257,39 @@ def run_serve(settings: Settings) -> int:
 
 
 def shutdown(node: Node) -> None:
+    """Listeners are stopped: join the timers, run the final cut (flush, snapshots,
+    checkpoint), close. A timer that does not join is read as a failed cut."""
     events = node.events
     node.sweep.close()
-    left = node.flush_all()
+    hk_joined = node.housekeeper.close()
+    barrier_joined = node.barrier.close()
+    final = None
+    if barrier_joined:
+        final = node.barrier.run_cut(node.barrier.capture(rotate_idle=False))
+    left = 0 if node.pipeline.buffers.empty() else _buffered_rows(node)
     joined = node.pipeline.publisher.close()
     node.journal.close()
+    clean = final is not None and final.ok and left == 0 and joined and hk_joined
     events.emit(
         "server.stopped",
-        {"rows_left_in_wal": left, "publisher_joined": joined},
-        "info" if left == 0 and joined else "warning",
+        {
+            "rows_left_in_wal": left,
+            "publisher_joined": joined,
+            "final_cut_ok": final is not None and final.ok,
+            "checkpoint": None if final is None or final.mark is None else str(final.mark),
+            "timers_joined": hk_joined and barrier_joined,
+        },
+        "info" if clean else "warning",
     )
+
+
+def _buffered_rows(node: Node) -> int:
+    with node.pipeline.exclusion.exclusive():
+        detached = node.pipeline.buffers.drain_all("count")
+    rows = sum(d.partition.rows for d in detached)
+    for d in detached:
+        node.pipeline.buffers.requeue(d, "shutdown")
+    return rows
 
 
 def data_paths(settings: Settings) -> dict[str, Path]:

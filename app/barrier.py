@@ -1,0 +1,316 @@
+"""The publication barrier: the only place the checkpoint advances (RFC 0052 §3.1).
+
+A cut is *captured* under the barrier exclusion held exclusively (or, for a rotation-
+fired cut, inside the ingest turn that observed the segment change, which the gate
+already makes exclusive of every other turn): the mark is read (``last_durable``, the
+last acknowledged turn's own frame end), both sinks are drained into owned batches
+registered as in flight, every tenant whose folded horizon moved since its last
+installed snapshot is *frozen* at that horizon, and an epoch is taken. Nothing else
+happens under the exclusion: a frozen tenant's miner state is serialised afterwards by
+the barrier thread, or by that tenant's next turn if it comes first, so the stall a
+cut causes does not grow with the number of tenants.
+
+The cut then *runs* outside the exclusion:
+
+1. flush its batches (audit partitions first) to the store;
+2. check every publish registered before the capture: a failure that requeued at an
+   epoch above the cut's means its rows were not in this cut — the cut fails;
+3. recheck the latch (``failed_epoch`` at or below the cut's epoch fails it);
+4. install the snapshots (a failure is logged and never blocks the stamp);
+5. ``Journal.checkpoint(mark)`` (a failure leaves the previous mark in force).
+
+Cuts are strictly ordered: the single pending slot holds at most one cut captured while
+another runs, coalesces a further capture into it (all-or-nothing under
+``ceiling_bytes``), never installs or stamps before the running cut's outcome, and is
+invalidated — batches back into the buffers, snapshots discarded — when that cut fails.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from app import points
+from app.snapshots import SnapshotLedger, SnapshotState, SnapshotStore
+from sink.buffers import Detached
+from wal import AppendError, CheckpointError, RotationKind, WalOffset
+
+if TYPE_CHECKING:
+    from app.pipeline import Pipeline
+
+log = logging.getLogger("ourios.barrier")
+
+
+@dataclass
+class Cut:
+    epoch: int
+    mark: WalOffset | None
+    batches: list[Detached]
+    #: publishes registered up to this id were registered before the capture
+    prior_upto: int
+    reason: str
+    snaps: dict[str, SnapshotState] = field(default_factory=dict)
+    #: tenants frozen for this cut whose state is not serialised yet
+    frozen: set[str] = field(default_factory=set)
+    captured_at: float = 0.0
+
+    @property
+    def nbytes(self) -> int:
+        return sum(d.partition.nbytes for d in self.batches)
+
+    @property
+    def own_ids(self) -> set[int]:
+        return {d.id for d in self.batches}
+
+
+@dataclass(frozen=True, slots=True)
+class CutOutcome:
+    """What running a cut did, with the fields the metrics and tests read."""
+
+    epoch: int
+    reason: str
+    mark: WalOffset | None
+    flushed: int = 0
+    flush_failures: int = 0
+    prior_ok: bool = True
+    latched: bool = False
+    checkpointed: bool = False
+    checkpoint_error: str = ""
+    snapshots_installed: int = 0
+    snapshot_failures: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.flush_failures == 0 and self.prior_ok and not self.latched
+
+
+class Barrier:
+    """The barrier thread: a timer every ``barrier_secs`` plus the rotation hook's slot."""
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        store: SnapshotStore,
+        ledger: SnapshotLedger,
+        *,
+        barrier_secs: float,
+        segment_age_secs: float,
+        ceiling_bytes: int,
+        clock: Callable[[], float] = time.time,
+        events: Callable[[str, Mapping[str, object]], None] | None = None,
+        on_cut: Callable[[CutOutcome], None] | None = None,
+    ) -> None:
+        self.pipeline = pipeline
+        self.store = store
+        self.ledger = ledger
+        self.barrier_secs = barrier_secs
+        self.segment_age_secs = segment_age_secs
+        self.ceiling_bytes = ceiling_bytes
+        self._clock = clock
+        self._events = events or (lambda name, fields: None)
+        self._on_cut = on_cut or (lambda outcome: None)
+        self._cond = threading.Condition()
+        self._pending: Cut | None = None
+        self._running = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.last: CutOutcome | None = None
+        self.last_ok_at: float | None = None
+        self.recapture = False
+
+    # -- the rotation hook (inside an ingest turn: no I/O, never blocks) ---------------
+
+    def offer_cut(self, cut: Cut) -> None:
+        with self._cond:
+            pending = self._pending
+            if pending is None:
+                self._pending = cut
+                self._cond.notify_all()
+                return
+            if pending.nbytes + cut.nbytes > self.ceiling_bytes:
+                # All or nothing: parking only the excess would leave frames at or below
+                # the coalesced mark outside the cut's batches.
+                self.pipeline.abandon_cut(cut, "coalesce_ceiling")
+                return
+            pending.batches.extend(cut.batches)
+            pending.mark = cut.mark
+            pending.epoch = cut.epoch
+            pending.prior_upto = cut.prior_upto
+            pending.reason = f"{pending.reason}+{cut.reason}"
+            self.pipeline.move_frozen(cut, pending)
+            pending.snaps.update(cut.snaps)
+
+    # -- the timer ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="ourios-barrier", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        deadline = self._clock() + self.barrier_secs
+        while not self._stop.is_set():
+            with self._cond:
+                while (
+                    self._pending is None
+                    and not self.recapture
+                    and not self._stop.is_set()
+                    and self._clock() < deadline
+                ):
+                    self._cond.wait(timeout=min(1.0, max(0.01, deadline - self._clock())))
+            if self._stop.is_set():
+                return
+            timed = self._clock() >= deadline
+            try:
+                self.step(timer=timed)
+            except Exception:  # noqa: BLE001 - counted; the next tick runs
+                log.exception("barrier tick failed")
+            if timed:
+                deadline = self._clock() + self.barrier_secs
+
+    def close(self, timeout: float = 60.0) -> bool:
+        """Stop the timer; the running cut finishes and a pending one runs once."""
+        self._stop.set()
+        with self._cond:
+            self._cond.notify_all()
+        joined = True
+        if self._thread is not None:
+            self._thread.join(timeout)
+            joined = not self._thread.is_alive()
+            self._thread = None
+        with self._cond:
+            pending, self._pending = self._pending, None
+        if pending is not None and joined:
+            self.run_cut(pending)
+        return joined
+
+    # -- one step ------------------------------------------------------------------------
+
+    def step(self, *, timer: bool = True) -> CutOutcome | None:
+        """Run the pending cut if one waits, else (on the timer) rotate an old idle
+        segment and capture a fresh cut. Returns what the cut did."""
+        with self._cond:
+            cut, self._pending = self._pending, None
+            recapture, self.recapture = self.recapture, False
+        if cut is None and (timer or recapture):
+            cut = self.capture(rotate_idle=timer)
+        if cut is None:
+            return None
+        return self.run_cut(cut)
+
+    def capture(self, *, rotate_idle: bool = True) -> Cut:
+        """Capture a cut under the exclusive exclusion (the timer's path)."""
+        p = self.pipeline
+        started = time.perf_counter()
+        with p.exclusion.exclusive():
+            points.hit("barrier.after_quiesce")
+            if rotate_idle:
+                self._rotate_if_idle()
+            cut = p.capture_cut_locked("timer")
+        p.cut_stall_seconds.append(time.perf_counter() - started)
+        return cut
+
+    def _rotate_if_idle(self) -> None:
+        """The idle path: rotate first when the current segment is older than
+        ``segment_age_secs`` and holds a frame, so the mark (in the closed segment) can
+        release it; a failure draws on the rotation budget and is reported there."""
+        journal = self.pipeline.journal
+        age, frames = journal.current_segment_age()
+        if frames and age >= self.segment_age_secs:
+            try:
+                journal.rotate(RotationKind.DISCRETIONARY)
+            except AppendError as exc:
+                log.warning("idle rotation failed: %s", exc)
+
+    def run_cut(self, cut: Cut) -> CutOutcome:
+        p = self.pipeline
+        with self._cond:
+            self._running = True
+        try:
+            p.serialize_frozen(cut)
+            points.hit("barrier.before_flush")
+            flushed = failures = 0
+            for d in cut.batches:
+                if p.publisher.publish(d).ok:
+                    flushed += 1
+                else:
+                    failures += 1
+            points.hit("barrier.after_flush")
+            prior_ok = p.prior_publishes_ok(cut)
+            latched = p.failed_epoch <= cut.epoch  # the recheck, after the waits
+            points.hit("barrier.before_stamp")
+            outcome = CutOutcome(
+                cut.epoch, cut.reason, cut.mark, flushed, failures, prior_ok, latched
+            )
+            if not outcome.ok:
+                self._invalidate_pending(outcome)
+            elif cut.mark is not None:
+                outcome = self._stamp(cut, outcome)
+            self.last = outcome
+            if outcome.ok:
+                self.last_ok_at = self._clock()
+            p.forget_failures_before(cut.epoch + 1)
+            self._on_cut(outcome)
+            return outcome
+        finally:
+            with self._cond:
+                self._running = False
+
+    def _stamp(self, cut: Cut, outcome: CutOutcome) -> CutOutcome:
+        installed = failed = 0
+        for tenant, result in self.store.install_all(cut.snaps).items():
+            if result.installed:
+                installed += 1
+                self.ledger.record(cut.snaps[tenant])
+            elif result.reason != "not above the installed horizon":
+                failed += 1
+                log.warning("snapshot of tenant %r not installed: %s", tenant, result.reason)
+        assert cut.mark is not None
+        checkpointed = False
+        error = ""
+        try:
+            checkpointed = self.pipeline.journal.checkpoint(cut.mark)
+        except CheckpointError as exc:
+            error = str(exc)
+            log.warning("checkpoint not advanced: %s", exc)
+        return CutOutcome(
+            outcome.epoch,
+            outcome.reason,
+            outcome.mark,
+            outcome.flushed,
+            outcome.flush_failures,
+            outcome.prior_ok,
+            outcome.latched,
+            checkpointed,
+            error,
+            installed,
+            failed,
+        )
+
+    def _invalidate_pending(self, outcome: CutOutcome) -> None:
+        """The running cut failed: a pending cut folded frames whose only durable copy
+        was the failed batches, so it must not install or stamp. Its batches go back
+        into the buffers and a fresh capture follows at once."""
+        with self._cond:
+            pending, self._pending = self._pending, None
+            self.recapture = True
+            self._cond.notify_all()
+        if pending is not None:
+            self.pipeline.abandon_cut(pending, "invalidated")
+        if outcome.latched:
+            self._events(
+                "barrier.cut.refused",
+                {
+                    "epoch": outcome.epoch,
+                    "reason": "latched",
+                    "failed_epoch": self.pipeline.failed_epoch,
+                },
+            )
+
+    @property
+    def pending(self) -> Cut | None:
+        with self._cond:
+            return self._pending

@@ -1,0 +1,125 @@
+"""The housekeeping thread: every ``housekeeping_secs``, one capped reclamation pass
+(``Journal.maintain``: prepare under the journal mutex → file half with no lock →
+commit) with the horizons of the SnapshotLedger — installs that returned OK, never a
+directory listing. A tenant with WAL frames and no installed snapshot is therefore
+absent from the map and *pinned*; the ingest receiver never passes ``NoConsumer``.
+
+It runs independently of the barrier (a latched barrier does not stop partial sweeps),
+survives an exception in a pass (counted by error type; the next pass re-plans), and is
+the single emitter of the floor's transitions (``wal.floor.pinned``/``wal.floor.lifted``,
+exactly once each, when the categorical state changes).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+
+from app import points
+from app.snapshots import SnapshotLedger
+from wal import FloorPinned, HousekeepingProgress, Journal, Known, ReclaimError, WalError
+
+log = logging.getLogger("ourios.housekeeping")
+
+
+class Housekeeper:
+    def __init__(
+        self,
+        journal: Journal,
+        ledger: SnapshotLedger,
+        *,
+        every: float,
+        cap: int,
+        clock: Callable[[], float] = time.time,
+        events: Callable[[str, Mapping[str, object]], None] | None = None,
+    ) -> None:
+        self.journal = journal
+        self.ledger = ledger
+        self.every = every
+        self.cap = cap
+        self._clock = clock
+        self._events = events or (lambda name, fields: None)
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._pinned = False
+        self.runs: Counter[tuple[str, str]] = Counter()  # (outcome, error_type)
+        self.pass_seconds: list[float] = []
+        self.last: HousekeepingProgress | None = None
+
+    def step(self) -> HousekeepingProgress | None:
+        """One pass; never raises (the outcome is counted and logged)."""
+        started = time.perf_counter()
+        points.hit("housekeeping.before_pass")
+        progress: HousekeepingProgress | None
+        try:
+            progress = self.journal.maintain(Known(self.ledger.horizons()), self.cap)
+        except ReclaimError as exc:
+            self.runs[("error", exc.error_type)] += 1
+            log.warning("housekeeping pass failed: %s", exc)
+            progress = exc.progress
+        except WalError as exc:
+            self.runs[("error", exc.error_type)] += 1
+            log.warning("housekeeping pass refused: %s", exc)
+            progress = None
+        except Exception:  # noqa: BLE001 - the next pass re-plans the uncommitted plan
+            self.runs[("error", "cadence_panic")] += 1
+            log.exception("housekeeping pass raised")
+            progress = None
+        else:
+            self.runs[("ok", "")] += 1
+        self.pass_seconds.append(time.perf_counter() - started)
+        if len(self.pass_seconds) > 1024:
+            del self.pass_seconds[:512]
+        if progress is not None:
+            self.last = progress
+            self._floor_transition(progress)
+        return progress
+
+    def _floor_transition(self, progress: HousekeepingProgress) -> None:
+        floor = progress.floor
+        pinned = isinstance(floor, FloorPinned)
+        if pinned and not self._pinned:
+            assert isinstance(floor, FloorPinned)
+            self._events(
+                "wal.floor.pinned",
+                {
+                    "tenants": floor.tenants,
+                    "offset": str(floor.offset),
+                    "example_tenants": list(floor.pinned),
+                    "lag_bytes": progress.lag_bytes,
+                    "lag_segments": progress.lag_segments,
+                },
+            )
+        elif not pinned and self._pinned:
+            self._events("wal.floor.lifted", {"floor": floor.state})
+        self._pinned = pinned
+
+    def wake(self) -> None:
+        """Run a pass now (the disk's low-water mark asks for one)."""
+        self._wake.set()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="ourios-housekeeping", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.every)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            self.step()
+
+    def close(self, timeout: float = 60.0) -> bool:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is None:
+            return True
+        self._thread.join(timeout)
+        joined = not self._thread.is_alive()
+        self._thread = None
+        return joined

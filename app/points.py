@@ -1,0 +1,72 @@
+"""Named sync points: ``points.hit("barrier.after_quiesce")`` at the steps RFC0052.1 and
+RFC0052.14 name, so a test can hold a thread there and release it — interleavings are
+made deterministic instead of timing-based (DESIGN.md §5).
+
+In production nothing is registered and ``hit`` is one dictionary lookup. A test uses::
+
+    with points.hold("barrier.before_stamp") as held:
+        ...start the thread...
+        assert held.reached.wait(10)
+        ...do the interleaved thing...
+        held.release()
+
+Points in the code: ``barrier.after_quiesce`` (capture, exclusion held),
+``barrier.before_flush``, ``barrier.after_flush``, ``barrier.before_stamp`` (a cut
+running), ``turn.before_mine`` (inside an ingest turn), ``housekeeping.file_half``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+_lock = threading.Lock()
+_holds: dict[str, Held] = {}
+
+
+class Held:
+    def __init__(self, name: str, count: int) -> None:
+        self.name = name
+        self.remaining = count  # how many hits to hold (then pass through)
+        self.reached = threading.Event()
+        self._go = threading.Event()
+        self.hits = 0
+
+    def release(self) -> None:
+        self._go.set()
+
+    def _wait(self) -> None:
+        self.reached.set()
+        if not self._go.wait(120):
+            raise TimeoutError(f"sync point {self.name} was never released")
+
+
+def hit(name: str) -> None:
+    if not _holds:
+        return
+    with _lock:
+        held = _holds.get(name)
+        if held is None:
+            return
+        held.hits += 1
+        if held.remaining <= 0:
+            return
+        held.remaining -= 1
+    held._wait()
+
+
+@contextmanager
+def hold(name: str, count: int = 1) -> Iterator[Held]:
+    """Hold the next ``count`` threads reaching ``name`` until ``release()``."""
+    held = Held(name, count)
+    with _lock:
+        if name in _holds:
+            raise RuntimeError(f"sync point {name} is already held")
+        _holds[name] = held
+    try:
+        yield held
+    finally:
+        held.release()
+        with _lock:
+            _holds.pop(name, None)
