@@ -436,14 +436,19 @@ class Pipeline:
         return True
 
     def publish_all_now(self, reason: str) -> bool:
-        """Drain every buffered partition and publish it on this thread; True when all
-        of it reached the store (the failures are back in the buffers)."""
+        """Publish everything: drain the buffers and publish on this thread, then wait for
+        every publish already registered (the size trigger's, queued for the publisher
+        thread). True only when all of it reached the store and nothing was requeued —
+        recovery installs snapshots above X on that alone."""
         with self.exclusion.exclusive():
             detached = self.buffers.drain_all(reason)
+            upto = self.buffers.last_id
         ok = True
         for d in detached:
             ok = self.publisher.publish(d).ok and ok
-        return ok
+        for item in self.buffers.in_flight.pending_upto(upto):
+            item.done.wait()
+        return ok and self.buffers.empty()
 
     def forget_failures_before(self, epoch: int) -> None:
         self.buffers.in_flight.forget_failures(epoch)
