@@ -93,6 +93,8 @@ class InFlight:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._items: dict[int, _InFlight] = {}
+        #: failed publishes, kept until no cut can be affected by them
+        self._failures: list[PublishOutcome] = []
 
     def register(self, d: Detached) -> None:
         with self._lock:
@@ -101,9 +103,23 @@ class InFlight:
     def settle(self, outcome: PublishOutcome) -> None:
         with self._lock:
             item = self._items.pop(outcome.id, None)
+            if not outcome.ok:
+                self._failures.append(outcome)
         if item is not None:
             item.outcome = outcome
             item.done.set()
+
+    def failures_upto(self, upto_id: int) -> list[PublishOutcome]:
+        with self._lock:
+            return [f for f in self._failures if f.id <= upto_id]
+
+    def forget_failures(self, epoch: int) -> None:
+        """Drop failures requeued at or below ``epoch``: every cut still to come has an
+        epoch at least that high, so none of them can be refused by these."""
+        with self._lock:
+            self._failures = [
+                f for f in self._failures if f.requeue_epoch is None or f.requeue_epoch > epoch
+            ]
 
     def pending_upto(self, upto_id: int) -> list[_InFlight]:
         """The publishes registered at or before ``upto_id`` that have not settled."""
@@ -133,6 +149,7 @@ class Buffers:
         self._audit: dict[str, Partition] = {}
         self._ids = itertools.count(1)
         self.in_flight = InFlight()
+        self._last_id = 0
         self._bytes = 0  # bytes of buffered partitions as of their last append
 
     # -- appends (the ingest turn) -------------------------------------------------------
@@ -222,6 +239,7 @@ class Buffers:
 
     def _detach_locked(self, part: Partition, reason: str) -> Detached:
         d = Detached(next(self._ids), part, self._epoch(), reason)
+        self._last_id = d.id
         self._bytes -= part.nbytes
         self.in_flight.register(d)
         return d
@@ -296,6 +314,12 @@ class Buffers:
             return dropped
 
     # -- state ---------------------------------------------------------------------------
+
+    @property
+    def last_id(self) -> int:
+        """The id of the most recently detached partition (0 when none)."""
+        with self.lock:
+            return self._last_id
 
     @property
     def buffered_bytes(self) -> int:

@@ -1079,6 +1079,14 @@ class Journal(HousekeepingMixin):
         with self._lock:
             return [self._seg(s).path.name for s in self._ledger.segments()]
 
+    def current_segment_age(self) -> tuple[float, int]:
+        """(seconds since the current segment was created, frames it holds) — what the
+        barrier's idle rotation decides on."""
+        with self._lock:
+            cur = self._cur
+            assert cur is not None
+            return max(0.0, self._clock() - cur.created), cur.frames
+
     @property
     def current_segment(self) -> uuid.UUID:
         with self._lock:
