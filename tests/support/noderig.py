@@ -1,0 +1,188 @@
+"""An in-process node for barrier, housekeeping and recovery tests: a real journal on a
+``FaultyFs``, the real pipeline, buffers, publisher, barrier, housekeeper and snapshot
+store, an in-memory (optionally failing) object store, and a stepped clock.
+
+Nothing runs on its own: the barrier and housekeeping threads are not started, so a
+test drives them with ``rig.barrier.step()`` / ``rig.housekeeper.step()`` (and
+``rig.clock.advance(seconds)`` for ages), deterministically. ``restart()`` closes
+everything (or, with ``crash=True``, abandons it and applies the fs crash) and runs
+recovery on the same directory, as ``ourios serve`` would.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow.parquet as pq
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+
+from app.barrier import Barrier
+from app.housekeeping import Housekeeper
+from app.miner import FileTemplateIdAllocator, MinerCluster
+from app.otlp import decode_request, flatten
+from app.pipeline import Pipeline
+from app.recovery import RecoveryReport, recover
+from app.snapshots import SnapshotLedger, SnapshotStore
+from sink.buffers import Buffers
+from sink.publisher import Publisher
+from sink.store import FailingStore, MemoryStore
+from wal import FaultyFs, Journal, WalConfig, WalOffset
+
+
+class SteppedClock:
+    """A clock that moves only when told (unix seconds)."""
+
+    def __init__(self, start: float | None = None) -> None:
+        self.now = start if start is not None else time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def request(tag: str, n: int = 3, *, tenant_attr: str = "") -> ExportLogsServiceRequest:
+    """``n`` records whose bodies and ``rid`` attributes carry ``tag``."""
+    req = ExportLogsServiceRequest()
+    rl = req.resource_logs.add()
+    kv = rl.resource.attributes.add()
+    kv.key, kv.value.string_value = "service.name", "svc"
+    sl = rl.scope_logs.add()
+    for i in range(n):
+        rec = sl.log_records.add()
+        rec.time_unix_nano = 1_764_000_000_000_000_000 + i
+        rec.severity_number = 9
+        rec.body.string_value = f"op {tag} step {i} took {i * 7} ms"
+        a = rec.attributes.add()
+        a.key, a.value.string_value = "rid", f"{tag}/{i}"
+    return req
+
+
+@dataclass
+class NodeRig:
+    root: Path
+    config: WalConfig = field(default_factory=lambda: WalConfig(segment_max_bytes=64 * 1024))
+    flush_bytes: int = 1 << 30
+    queue_depth: int = 64
+    ceiling_bytes: int = 256 << 20
+    barrier_secs: float = 300
+    housekeeping_secs: float = 60
+
+    def __post_init__(self) -> None:
+        self.fs = FaultyFs(self.root / ".shadow")
+        self.memory = MemoryStore()
+        self.store = FailingStore(self.memory)
+        self.clock = SteppedClock()
+        self.start()
+
+    # -- life cycle ----------------------------------------------------------------------
+
+    def start(self) -> RecoveryReport:
+        data = self.root / "data"
+        data.mkdir(parents=True, exist_ok=True)
+        self.journal = Journal.open(data / "wal", self.config, fs=self.fs, clock=self.clock)
+        self.events: list[tuple[str, dict[str, object]]] = []
+        holder: dict[str, Pipeline] = {}
+        self.buffers = Buffers(
+            flush_bytes=self.flush_bytes,
+            clock=self.clock,
+            epoch=lambda: holder["p"].epoch if "p" in holder else 1,
+        )
+        self.publisher = Publisher(
+            self.store, self.buffers, node="rig-0", queue_depth=self.queue_depth
+        )
+        self.allocator = FileTemplateIdAllocator(data / "template-ids", 0)
+        self.miners = MinerCluster(self.allocator)
+        self.ledger = SnapshotLedger()
+        self.pipeline = Pipeline(
+            self.journal,
+            self.miners,
+            self.buffers,
+            self.publisher,
+            clock=self.clock,
+            events=self._event,
+            ledger=self.ledger,
+        )
+        holder["p"] = self.pipeline
+        self.snapshots = SnapshotStore(data / "snapshots", fs=self.fs)
+        self.barrier = Barrier(
+            self.pipeline,
+            self.snapshots,
+            self.ledger,
+            barrier_secs=self.barrier_secs,
+            segment_age_secs=self.config.segment_age_secs,
+            ceiling_bytes=self.ceiling_bytes,
+            clock=self.clock,
+            events=self._event,
+        )
+        self.pipeline.barrier = self.barrier
+        self.housekeeper = Housekeeper(
+            self.journal,
+            self.ledger,
+            every=self.housekeeping_secs,
+            cap=self.config.max_unlinks_per_pass,
+            clock=self.clock,
+            events=self._event,
+        )
+        self.report = recover(self.journal, self.pipeline, self.snapshots, self.ledger)
+        self.pipeline.set_ready(True)
+        return self.report
+
+    def _event(self, name: str, fields: object) -> None:
+        self.events.append((name, dict(fields)))  # type: ignore[call-overload]
+
+    def close(self) -> None:
+        self.publisher.close()
+        self.journal.close()
+
+    def restart(self, *, crash: bool = False, power_loss: bool = False) -> RecoveryReport:
+        """Stop (cleanly, or by abandoning the process) and start again on the disk."""
+        if crash:
+            self.fs.crash_now()
+            self.fs.apply_crash(power_loss=power_loss)
+            self.publisher.close(timeout=5)
+        else:
+            self.close()
+        self.store.clear()  # the store recovers with the process
+        return self.start()
+
+    # -- traffic -------------------------------------------------------------------------
+
+    def ingest(self, tenant: str, tag: str, n: int = 3) -> WalOffset:
+        data = request(tag, n).SerializeToString()
+        batch = flatten(decode_request(data, "application/x-protobuf"), tenant)
+        self.pipeline.ingest(tenant, data, batch, "test")
+        mark = self.pipeline.last_durable
+        assert mark is not None
+        return mark
+
+    # -- what the store holds --------------------------------------------------------------
+
+    def published_rids(self, tenant: str | None = None) -> list[str]:
+        """Every ``rid`` attribute in the published record objects (with repeats)."""
+        out: list[str] = []
+        for key in self.memory.list("records/"):
+            table = pq.read_table(io.BytesIO(self.memory.get(key)))
+            for t, attrs in zip(
+                table.column("tenant").to_pylist(),
+                table.column("attributes").to_pylist(),
+                strict=True,
+            ):
+                if tenant is None or t == tenant:
+                    out.extend(v for k, v in attrs if k == "rid")
+        return out
+
+    def audit_rows(self) -> list[dict[str, object]]:
+        rows: list[dict[str, object]] = []
+        for key in self.memory.list("audit/"):
+            rows.extend(pq.read_table(io.BytesIO(self.memory.get(key))).to_pylist())
+        return rows
+
+
+def rids(tag: str, n: int = 3) -> Sequence[str]:
+    return [f"{tag}/{i}" for i in range(n)]
