@@ -103,6 +103,7 @@ class Barrier:
         clock: Callable[[], float] = time.time,
         events: Callable[[str, Mapping[str, object]], None] | None = None,
         on_cut: Callable[[CutOutcome], None] | None = None,
+        on_run: Callable[[str, str], None] | None = None,
     ) -> None:
         self.pipeline = pipeline
         self.store = store
@@ -113,6 +114,9 @@ class Barrier:
         self._clock = clock
         self._events = events or (lambda name, fields: None)
         self._on_cut = on_cut or (lambda outcome: None)
+        #: (outcome, error_type) of every tick: the metrics' cadence counter
+        self.on_run = on_run
+        self._current_epoch: int | None = None
         self._cond = threading.Condition()
         self._pending: Cut | None = None
         self._running = False
@@ -166,8 +170,8 @@ class Barrier:
             timed = self._clock() >= deadline
             try:
                 self.step(timer=timed)
-            except Exception:  # noqa: BLE001 - counted; the next tick runs
-                log.exception("barrier tick failed")
+            except Exception as exc:  # noqa: BLE001 - latched and counted; the next tick runs
+                self.tick_failed(exc)
             if timed:
                 deadline = self._clock() + self.barrier_secs
 
@@ -186,6 +190,25 @@ class Barrier:
         if pending is not None and joined:
             self.run_cut(pending)
         return joined
+
+    def tick_failed(self, exc: BaseException) -> None:
+        """A tick raised outside any publish: the tick's epoch is latched (no later cut
+        stamps until a restart, RFC 0052 §3.2), the pending slot is invalidated."""
+        p = self.pipeline
+        epoch = self._current_epoch if self._current_epoch is not None else p.epoch
+        if p.failed_epoch > epoch:
+            p.failed_epoch = epoch
+            self._events("barrier.latch.set", {"epoch": epoch, "error": f"barrier tick: {exc}"})
+        log.error("barrier tick failed: %s", exc, exc_info=exc)
+        with self._cond:
+            pending, self._pending = self._pending, None
+        if pending is not None:
+            p.abandon_cut(pending, "tick_failed")
+        self._count("error", "cadence_panic")
+
+    def _count(self, outcome: str, error_type: str) -> None:
+        if self.on_run is not None:
+            self.on_run(outcome, error_type)
 
     # -- one step ------------------------------------------------------------------------
 
@@ -210,7 +233,7 @@ class Barrier:
             if rotate_idle:
                 self._rotate_if_idle()
             cut = p.capture_cut_locked("timer")
-        p.cut_stall_seconds.append(time.perf_counter() - started)
+        p.record_cut_stall(time.perf_counter() - started)
         return cut
 
     def _rotate_if_idle(self) -> None:
@@ -229,6 +252,7 @@ class Barrier:
         p = self.pipeline
         with self._cond:
             self._running = True
+        self._current_epoch = cut.epoch
         try:
             p.serialize_frozen(cut)
             points.hit("barrier.before_flush")
@@ -254,8 +278,17 @@ class Barrier:
                 self.last_ok_at = self._clock()
             p.forget_failures_before(cut.epoch + 1)
             self._on_cut(outcome)
+            if outcome.ok:
+                self._count("ok", "" if outcome.checkpoint_error == "" else "checkpoint_write")
+            elif outcome.latched:
+                self._count("refused", "latched")
+            elif outcome.flush_failures:
+                self._count("refused", "flush_failed")
+            else:
+                self._count("refused", "prior_publish_failed")
             return outcome
         finally:
+            self._current_epoch = None
             with self._cond:
                 self._running = False
 

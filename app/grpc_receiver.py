@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterable, Sequence
 from concurrent import futures
 from typing import Any, Final
@@ -51,7 +52,7 @@ from typing import Any, Final
 import grpc
 
 from app.auth import Authenticator
-from app.ingest_api import ListenerBindError, Pipeline
+from app.ingest_api import NO_OBSERVER, IngestObserver, ListenerBindError, Pipeline
 from app.otlp import (
     PROTOBUF_CONTENT_TYPE,
     IngestRejection,
@@ -79,8 +80,13 @@ class _ExportHandler:
     """`LogsService/Export` over raw bytes; one instance shared by the handler threads."""
 
     def __init__(
-        self, pipeline: Pipeline, authenticator: Authenticator, logger: logging.Logger
+        self,
+        pipeline: Pipeline,
+        authenticator: Authenticator,
+        logger: logging.Logger,
+        observer: IngestObserver = NO_OBSERVER,
     ) -> None:
+        self._observer = observer
         self._pipeline = pipeline
         self._authenticator = authenticator
         self._log = logger
@@ -88,13 +94,21 @@ class _ExportHandler:
         self._internal = IngestRejection("internal error; the server log has the details")
 
     def __call__(self, request: bytes, context: Any) -> bytes:
+        started = time.perf_counter()
         try:
-            return self._export(request, context)
+            reply, records = self._export(request, context)
         except IngestRejection as exc:
             rejection = exc
+            outcome = "refused"
         except Exception:
             self._log.exception("%s failed unexpectedly", EXPORT_METHOD)
             rejection = self._internal
+            outcome = "error"
+        else:
+            self._observer.observe("grpc", "ok", "", records, time.perf_counter() - started)
+            return reply
+        error_type = rejection.error_type if outcome == "refused" else "internal"
+        self._observer.observe("grpc", outcome, error_type, 0, time.perf_counter() - started)
         # Outside the handlers above: abort raises, and that must reach grpcio.
         if rejection.retry_after is not None:
             details, _ = status_body(rejection, False)
@@ -102,7 +116,7 @@ class _ExportHandler:
         context.abort(rejection.grpc_code, rejection.message)
         raise AssertionError("grpc context.abort returned")  # pragma: no cover
 
-    def _export(self, request: bytes, context: Any) -> bytes:
+    def _export(self, request: bytes, context: Any) -> tuple[bytes, int]:
         authorization: str | None = None
         tenant_value: str | None = None
         metadata: Sequence[tuple[str, str | bytes]] = context.invocation_metadata() or ()
@@ -115,11 +129,11 @@ class _ExportHandler:
         req = decode_request(request, PROTOBUF_CONTENT_TYPE)
         batch = flatten(req, tenant)
         if not len(batch):
-            return self._empty_ok
+            return self._empty_ok, 0
         outcome = self._pipeline.ingest(tenant, request, batch, "grpc")
         if not outcome.rejected:
-            return self._empty_ok
-        return success_body(outcome.rejected, outcome.message, False)[0]
+            return self._empty_ok, outcome.records
+        return success_body(outcome.rejected, outcome.message, False)[0], outcome.records
 
 
 class _ReceiverServer(grpc.Server):  # type: ignore[misc]
@@ -186,6 +200,7 @@ def create_grpc_server(
     port: int,
     max_workers: int = 64,
     logger: logging.Logger = _log,
+    observer: IngestObserver = NO_OBSERVER,
 ) -> tuple[grpc.Server, int]:
     """The LogsService server bound to `host:port` (0 picks a free port) and the bound
     port; not started. `max_workers` handler threads may wait in `Pipeline.ingest` at
@@ -195,7 +210,7 @@ def create_grpc_server(
     if max_workers < 1:
         raise ValueError(f"max_workers must be >= 1, got {max_workers}")
     export = grpc.unary_unary_rpc_method_handler(
-        _ExportHandler(pipeline, authenticator, logger),
+        _ExportHandler(pipeline, authenticator, logger, observer),
         request_deserializer=None,
         response_serializer=None,
     )

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Mapping
 
 from app import points
@@ -47,7 +47,10 @@ class Housekeeper:
         self._thread: threading.Thread | None = None
         self._pinned = False
         self.runs: Counter[tuple[str, str]] = Counter()  # (outcome, error_type)
-        self.pass_seconds: list[float] = []
+        self.pass_seconds: deque[float] = deque(maxlen=1024)
+        #: observers the metrics install: each pass's duration, each run's outcome
+        self.on_pass: Callable[[float], None] | None = None
+        self.on_run: Callable[[str, str], None] | None = None
         self.last: HousekeepingProgress | None = None
 
     def step(self) -> HousekeepingProgress | None:
@@ -58,26 +61,32 @@ class Housekeeper:
         try:
             progress = self.journal.maintain(Known(self.ledger.horizons()), self.cap)
         except ReclaimError as exc:
-            self.runs[("error", exc.error_type)] += 1
+            self._count("error", exc.error_type)
             log.warning("housekeeping pass failed: %s", exc)
             progress = exc.progress
         except WalError as exc:
-            self.runs[("error", exc.error_type)] += 1
+            self._count("error", exc.error_type)
             log.warning("housekeeping pass refused: %s", exc)
             progress = None
         except Exception:  # noqa: BLE001 - the next pass re-plans the uncommitted plan
-            self.runs[("error", "cadence_panic")] += 1
+            self._count("error", "cadence_panic")
             log.exception("housekeeping pass raised")
             progress = None
         else:
-            self.runs[("ok", "")] += 1
-        self.pass_seconds.append(time.perf_counter() - started)
-        if len(self.pass_seconds) > 1024:
-            del self.pass_seconds[:512]
+            self._count("ok", "")
+        seconds = time.perf_counter() - started
+        self.pass_seconds.append(seconds)
+        if self.on_pass is not None:
+            self.on_pass(seconds)
         if progress is not None:
             self.last = progress
             self._floor_transition(progress)
         return progress
+
+    def _count(self, outcome: str, error_type: str) -> None:
+        self.runs[(outcome, error_type)] += 1
+        if self.on_run is not None:
+            self.on_run(outcome, error_type)
 
     def _floor_transition(self, progress: HousekeepingProgress) -> None:
         floor = progress.floor

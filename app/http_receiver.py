@@ -55,6 +55,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
@@ -67,7 +68,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.auth import Authenticator, BearerRejected
-from app.ingest_api import IngestOutcome, ListenerBindError, Pipeline
+from app.ingest_api import NO_OBSERVER, IngestObserver, IngestOutcome, ListenerBindError, Pipeline
 from app.otlp import (
     JSON_CONTENT_TYPE,
     PROTOBUF_CONTENT_TYPE,
@@ -201,6 +202,7 @@ def create_http_app(
     metrics_text: Callable[[], tuple[bytes, str]],
     ingest_concurrency: int = DEFAULT_INGEST_CONCURRENCY,
     logger: logging.Logger = _log,
+    observer: IngestObserver = NO_OBSERVER,
 ) -> FastAPI:
     """The OTLP/HTTP application (module docstring). `metrics_text` returns the
     Prometheus exposition and its content type; `ingest_concurrency` bounds the
@@ -223,6 +225,7 @@ def create_http_app(
         return pipeline.ingest(tenant, payload, flatten(req, tenant), "http")
 
     async def post_logs(request: Request) -> Response:
+        started = time.perf_counter()
         headers = _Headers(request.scope["headers"])
         media_type = (headers.content_type or "").split(";", 1)[0].strip().lower()
         protobuf = media_type in _PROTOBUF_MEDIA_TYPES
@@ -244,13 +247,20 @@ def create_http_app(
                 ingest, tenant, body, headers, protobuf, limiter=limiter
             )
         except IngestRejection as exc:
+            observer.observe("http", "refused", exc.error_type, 0, time.perf_counter() - started)
             return _rejection_response(exc, as_json)
         except ClientDisconnect:
             # Nobody reads this reply; it only ends the request cleanly.
+            observer.observe(
+                "http", "refused", "client_disconnect", 0, time.perf_counter() - started
+            )
             return Response(status_code=400)
         except Exception:
             logger.exception("POST %s failed unexpectedly", LOGS_PATH)
+            observer.observe("http", "error", "internal", 0, time.perf_counter() - started)
             return _rejection_response(internal, as_json)
+        records = 0 if outcome is None else outcome.records
+        observer.observe("http", "ok", "", records, time.perf_counter() - started)
         if outcome is None or not outcome.rejected:
             content, content_type = empty_ok[as_json]
         else:

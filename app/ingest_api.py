@@ -30,7 +30,15 @@ from typing import Protocol
 
 from app.otlp import FlatBatch
 
-__all__ = ["IngestCall", "IngestOutcome", "ListenerBindError", "Pipeline", "StubPipeline"]
+__all__ = [
+    "NO_OBSERVER",
+    "IngestCall",
+    "IngestObserver",
+    "IngestOutcome",
+    "ListenerBindError",
+    "Pipeline",
+    "StubPipeline",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +55,29 @@ class IngestOutcome:
             raise ValueError(
                 f"record counts must be >= 0, got records={self.records} rejected={self.rejected}"
             )
+
+
+class IngestObserver(Protocol):
+    """Told about every finished ``POST /v1/logs`` / ``Export`` (the metrics).
+
+    ``outcome`` is ``ok`` (acknowledged), ``refused`` (an ``IngestRejection``, whose
+    ``error_type`` rides along) or ``error`` (an unexpected exception, ``internal``);
+    ``records`` is what was acknowledged (0 otherwise); ``seconds`` from the request's
+    arrival to its answer."""
+
+    def observe(
+        self, transport: str, outcome: str, error_type: str, records: int, seconds: float
+    ) -> None: ...
+
+
+class _NoObserver:
+    def observe(
+        self, transport: str, outcome: str, error_type: str, records: int, seconds: float
+    ) -> None:
+        return None
+
+
+NO_OBSERVER: IngestObserver = _NoObserver()
 
 
 class Pipeline(Protocol):

@@ -5,9 +5,15 @@ the pipeline and the publisher keep. Nothing on the collection path walks a dire
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -24,6 +30,7 @@ class _StateCollector(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         p = self._m.pipeline
+        assert p is not None
         st = p.journal.reclaim_state()
 
         def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
@@ -150,16 +157,121 @@ class _StateCollector(Collector):
         )
         suppressed.add_metric([], self._m.records_suppressed)
         yield suppressed
+        audit = CounterMetricFamily(
+            "ourios_recovery_audit_events_suppressed",
+            "Regenerated template events not republished (their frames at or below X).",
+        )
+        audit.add_metric([], self._m.audit_suppressed)
+        yield audit
+        for extra in self._m.extra:
+            yield from extra()
+
+
+#: Latency buckets (seconds): fsync-scale at the bottom, stalls at the top.
+_BUCKETS = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
 
 
 class Metrics:
-    def __init__(self, pipeline: Pipeline, settings: Settings) -> None:
-        self.pipeline = pipeline
+    """The registry. Built before the journal (whose timing hooks it provides) and bound
+    to the pipeline and the timers once they exist; the gauges are read from them at
+    collection time by ``_StateCollector``."""
+
+    def __init__(self, settings: Settings) -> None:
         self.settings = settings
+        disable_created_metrics()  # no *_created series: dashboards never read them
         self.registry = CollectorRegistry(auto_describe=False)
+        r = self.registry
+        self.requests = Counter(
+            "ourios_ingest_requests",
+            "Export requests answered, by transport, outcome (ok, refused, error) and error type.",
+            ["transport", "outcome", "error_type"],
+            registry=r,
+        )
+        self.records = Counter(
+            "ourios_ingest_records",
+            "Log records acknowledged (outcome ok) or refused with their request.",
+            ["transport", "outcome"],
+            registry=r,
+        )
+        self.ack_seconds = Histogram(
+            "ourios_ingest_ack_seconds",
+            "Time from a request's arrival to its answer (acknowledged requests).",
+            buckets=_BUCKETS,
+            registry=r,
+        )
+        self.append_seconds = Histogram(
+            "ourios_wal_append_seconds",
+            "Time to write one frame to the WAL.",
+            buckets=_BUCKETS,
+            registry=r,
+        )
+        self.fsync_seconds = Histogram(
+            "ourios_wal_fsync_seconds",
+            "Time of one group-commit data fsync.",
+            buckets=_BUCKETS,
+            registry=r,
+        )
+        self.cut_stall_seconds = Histogram(
+            "ourios_barrier_cut_stall_seconds",
+            "Time a cut's capture held the ingest exclusion (the stall every turn waits out).",
+            buckets=_BUCKETS,
+            registry=r,
+        )
+        self.pass_seconds = Histogram(
+            "ourios_housekeeping_pass_seconds",
+            "Wall time of one housekeeping pass (its two ledger halves and its file half).",
+            buckets=_BUCKETS,
+            registry=r,
+        )
+        self.cadence = Counter(
+            "ourios_cadence_runs",
+            "Background cadence runs (barrier, housekeeping, age_sweep) by outcome and error type.",
+            ["cadence", "outcome", "error_type"],
+            registry=r,
+        )
         self.recovery_seconds = 0.0
         self.records_suppressed = 0
+        self.audit_suppressed = 0
+        self.pipeline: Pipeline | None = None
+        self.extra: list[Callable[[], Iterator[GaugeMetricFamily]]] = []
+
+    def bind(self, pipeline: Pipeline) -> None:
+        self.pipeline = pipeline
+        pipeline.on_cut_stall = self.cut_stall_seconds.observe
         self.registry.register(_StateCollector(self))
+
+    def cadence_observer(self, cadence: str) -> Callable[[str, str], None]:
+        def run(outcome: str, error_type: str) -> None:
+            self.cadence.labels(cadence, outcome, error_type).inc()
+
+        return run
+
+    # -- the receivers' observer ---------------------------------------------------------
+
+    def observe(
+        self, transport: str, outcome: str, error_type: str, records: int, seconds: float
+    ) -> None:
+        self.requests.labels(transport, outcome, error_type).inc()
+        if outcome == "ok":
+            self.records.labels(transport, "ok").inc(records)
+            self.ack_seconds.observe(seconds)
 
     def exposition(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -179,8 +180,10 @@ class Pipeline:
         self.barrier: Barrier | None = None
         #: tenant -> (the cut waiting for its state, the horizon it was frozen at)
         self._frozen: dict[str, tuple[Cut, WalOffset]] = {}
-        #: how long each capture held the exclusion (seconds), for the metrics
-        self.cut_stall_seconds: list[float] = []
+        #: how long each capture held the exclusion (seconds): the latest ones, and an
+        #: observer the metrics install
+        self.cut_stall_seconds: deque[float] = deque(maxlen=4096)
+        self.on_cut_stall: Callable[[float], None] | None = None
 
     # -- the receivers' interface --------------------------------------------------------
 
@@ -240,7 +243,7 @@ class Pipeline:
                 # thread. Capture only: the store I/O runs there.
                 started = time.perf_counter()
                 cut = self.capture_cut_locked("rotation")
-                self.cut_stall_seconds.append(time.perf_counter() - started)
+                self.record_cut_stall(time.perf_counter() - started)
                 self.barrier.offer_cut(cut)
             points.hit("turn.before_mine")
             try:
@@ -349,6 +352,11 @@ class Pipeline:
         return out
 
     # -- the barrier's side --------------------------------------------------------------
+
+    def record_cut_stall(self, seconds: float) -> None:
+        self.cut_stall_seconds.append(seconds)
+        if self.on_cut_stall is not None:
+            self.on_cut_stall(seconds)
 
     def capture_cut_locked(self, reason: str) -> Cut:
         """Capture a cut. The caller holds the exclusion exclusively, or is the ingest

@@ -47,7 +47,14 @@ class AgeSweep:
     """Publishes partitions older than ``flush_age_secs``: drained under the shared
     exclusion, written outside it."""
 
-    def __init__(self, pipeline: Pipeline, max_age: float, tick: float) -> None:
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        max_age: float,
+        tick: float,
+        on_run: Callable[[str, str], None] | None = None,
+    ) -> None:
+        self._on_run = on_run or (lambda outcome, error_type: None)
         self._pipeline = pipeline
         self._max_age = max_age
         self._tick = tick
@@ -66,16 +73,21 @@ class AgeSweep:
     def sweep_once(self) -> int:
         with self._pipeline.exclusion.shared():
             detached = self._pipeline.buffers.drain_aged(self._max_age)
+        failed = 0
         for d in detached:
-            self._pipeline.publisher.publish(d)
+            if not self._pipeline.publisher.publish(d).ok:
+                failed += 1
+        if detached:
+            self._on_run("ok" if not failed else "refused", "" if not failed else "publish_failed")
         return len(detached)
 
     def _run(self) -> None:
         while not self._stop.wait(self._tick):
             try:
                 self.sweep_once()
-            except Exception:  # noqa: BLE001 - counted in the log; the next tick retries
+            except Exception:  # noqa: BLE001 - counted; the next tick retries
                 log.exception("age sweep failed")
+                self._on_run("error", "cadence_panic")
 
 
 @dataclass
@@ -100,7 +112,15 @@ def build_node(
 ) -> Node:
     server = settings.server
     server.data_dir.mkdir(parents=True, exist_ok=True)
-    journal = Journal.open(server.wal_dir, settings.wal, clock=clock, events=events)
+    metrics = Metrics(settings)
+    journal = Journal.open(
+        server.wal_dir,
+        settings.wal,
+        clock=clock,
+        events=events,
+        on_append=metrics.append_seconds.observe,
+        on_fsync=metrics.fsync_seconds.observe,
+    )
     store = _store(settings)
     node = node_identity(server.node_id)
     allocator = FileTemplateIdAllocator(server.data_dir / "template-ids", server.node_ordinal)
@@ -134,6 +154,7 @@ def build_node(
         ceiling_bytes=settings.sink.ceiling_bytes,
         clock=clock,
         events=events,
+        on_run=metrics.cadence_observer("barrier"),
     )
     pipeline.barrier = barrier
     housekeeper = Housekeeper(
@@ -144,9 +165,13 @@ def build_node(
         clock=clock,
         events=events,
     )
-    metrics = Metrics(pipeline, settings)
+    housekeeper.on_pass = metrics.pass_seconds.observe
+    housekeeper.on_run = metrics.cadence_observer("housekeeping")
+    metrics.bind(pipeline)
     tick = max(0.1, min(5.0, settings.sink.flush_age_secs / 4))
-    sweep = AgeSweep(pipeline, settings.sink.flush_age_secs, tick)
+    sweep = AgeSweep(
+        pipeline, settings.sink.flush_age_secs, tick, metrics.cadence_observer("age_sweep")
+    )
     return Node(
         settings,
         events,
@@ -202,6 +227,7 @@ def run_serve(settings: Settings) -> int:
     events.emit("recovery.done", report.fields())
     node.metrics.recovery_seconds = report.seconds
     node.metrics.records_suppressed = report.records_suppressed
+    node.metrics.audit_suppressed = report.audit_events_suppressed
     node.sweep.start()
     node.barrier.start()
     node.housekeeper.start()
@@ -212,6 +238,7 @@ def run_serve(settings: Settings) -> int:
         authenticator=auth,
         host=settings.server.host,
         port=settings.server.grpc_port,
+        observer=node.metrics,
     )
     grpc_server.start()
     app = create_http_app(
@@ -219,6 +246,7 @@ def run_serve(settings: Settings) -> int:
         max_frame_bytes=settings.wal.max_frame_bytes,
         authenticator=auth,
         metrics_text=node.metrics.exposition,
+        observer=node.metrics,
     )
     sock = _listen(settings.server.host, settings.server.http_port)
     http_port = sock.getsockname()[1]

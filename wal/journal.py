@@ -89,6 +89,7 @@ from .types import (
 
 EventSink = Callable[[str, Mapping[str, object]], None]
 Clock = Callable[[], float]
+Timing = Callable[[float], None]
 
 _TENANT_CACHE_MAX = 4096
 #: A leader whose own frame is acknowledged leads at most this many more rounds while
@@ -217,8 +218,13 @@ class Journal(HousekeepingMixin):
         fs: Fs,
         clock: Clock,
         events: EventSink,
+        on_append: Timing | None = None,
+        on_fsync: Timing | None = None,
     ) -> None:
         self.root = root
+        #: observers of each frame write's and each fsync's duration (the metrics)
+        self._on_append = on_append
+        self._on_fsync = on_fsync
         self.config = config
         self._fs = fs
         self._clock = clock
@@ -265,6 +271,8 @@ class Journal(HousekeepingMixin):
         fs: Fs | None = None,
         clock: Clock = time.time,
         events: EventSink | None = None,
+        on_append: Timing | None = None,
+        on_fsync: Timing | None = None,
     ) -> Journal:
         """Open (or create) the WAL at ``root``.
 
@@ -278,7 +286,7 @@ class Journal(HousekeepingMixin):
         config = config or WalConfig()
         config.validate()
         fs = fs or OsFs()
-        journal = cls(root, config, fs, clock, events or _no_events)
+        journal = cls(root, config, fs, clock, events or _no_events, on_append, on_fsync)
         try:
             journal._open()
         except BaseException:
@@ -637,7 +645,10 @@ class Journal(HousekeepingMixin):
             end = self._end_lsn + size
             try:
                 assert cur.fd is not None
+                started = time.perf_counter()
                 self._fs.write(cur.fd, frame)
+                if self._on_append is not None:
+                    self._on_append(time.perf_counter() - started)
             except OSError as exc:
                 # The frame may be partly on disk: reserve its LSN range and seal, so
                 # nothing is ever appended behind it.
@@ -703,10 +714,13 @@ class Journal(HousekeepingMixin):
                     dir_err = exc
             if dir_err is None and do_data:
                 assert fd is not None
+                started = time.perf_counter()
                 try:
                     fs.fsync(fd)
                 except OSError as exc:
                     data_err = exc
+                if self._on_fsync is not None:
+                    self._on_fsync(time.perf_counter() - started)
         except BaseException as exc:
             self._abandon(exc)
             raise
