@@ -21,14 +21,12 @@ rejection carries `retry_after`, the trailing metadata also holds
 `google.rpc.RetryInfo` detail, which is where OTLP gRPC exporters read the retry delay.
 An unexpected exception is logged and answered INTERNAL; the server keeps serving.
 
-Size limit: `grpc.max_receive_message_length` is `max_frame_bytes`, so grpcio answers
-RESOURCE_EXHAUSTED (no RetryInfo) before the handler runs for
-
-- a message over the limit on the wire ("Received message larger than max"), and
-- a gzip message whose *decompressed* size is over the limit ("Decompressed message
-  larger than max"), even when its compressed size is under it. grpc core stops
-  inflating at the limit: a 900 MiB gzip bomb sent to a 1 MiB-limit server left the
-  server's peak RSS unchanged (measured with grpcio 1.85).
+Size limit: the handler refuses a (decompressed) message over `max_frame_bytes` with
+RESOURCE_EXHAUSTED naming the limit (no RetryInfo). `grpc.max_receive_message_length`
+is 4 × max_frame_bytes + 64 KiB, the hard bound: grpcio itself answers
+RESOURCE_EXHAUSTED before the handler only for a message beyond it, on the wire or
+after decompression, and grpc core stops inflating there, so a gzip bomb costs at most
+that much memory (a 900 MiB bomb left the peak RSS unchanged, measured with 1.85).
 
 Unlike HTTP, the message is decompressed by grpcio before the handler can check the
 token; the limit above bounds what an unauthenticated client can make it inflate.
@@ -56,6 +54,7 @@ from app.ingest_api import NO_OBSERVER, IngestObserver, ListenerBindError, Pipel
 from app.otlp import (
     PROTOBUF_CONTENT_TYPE,
     IngestRejection,
+    PayloadTooLarge,
     decode_request,
     flatten,
     status_body,
@@ -66,6 +65,11 @@ __all__ = ["EXPORT_METHOD", "LOGS_SERVICE", "create_grpc_server"]
 
 LOGS_SERVICE: Final = "opentelemetry.proto.collector.logs.v1.LogsService"
 EXPORT_METHOD: Final = f"/{LOGS_SERVICE}/Export"
+#: grpcio's own receive bound is 4 × max_frame_bytes + 64 KiB, so a message over the
+#: limit usually reaches the handler, whose refusal names the limit; grpcio's own
+#: refusal (and its inflate bound) applies only far beyond it.
+_GRPC_BOUND_FACTOR: Final = 4
+_GRPC_SLACK: Final = 64 * 1024
 _STATUS_DETAILS_KEY: Final = "grpc-status-details-bin"
 
 _log = logging.getLogger("ourios.grpc")
@@ -85,7 +89,9 @@ class _ExportHandler:
         authenticator: Authenticator,
         logger: logging.Logger,
         observer: IngestObserver = NO_OBSERVER,
+        max_frame_bytes: int = 1 << 62,
     ) -> None:
+        self._max_frame_bytes = max_frame_bytes
         self._observer = observer
         self._pipeline = pipeline
         self._authenticator = authenticator
@@ -126,6 +132,8 @@ class _ExportHandler:
             elif key == "x-ourios-tenant":
                 tenant_value = _metadata_value(tenant_value, value)
         tenant = self._authenticator.authorize(authorization, tenant_value)
+        if len(request) > self._max_frame_bytes:
+            raise PayloadTooLarge(self._max_frame_bytes)
         req = decode_request(request, PROTOBUF_CONTENT_TYPE)
         batch = flatten(req, tenant)
         if not len(batch):
@@ -210,7 +218,7 @@ def create_grpc_server(
     if max_workers < 1:
         raise ValueError(f"max_workers must be >= 1, got {max_workers}")
     export = grpc.unary_unary_rpc_method_handler(
-        _ExportHandler(pipeline, authenticator, logger, observer),
+        _ExportHandler(pipeline, authenticator, logger, observer, max_frame_bytes),
         request_deserializer=None,
         response_serializer=None,
     )
@@ -220,7 +228,9 @@ def create_grpc_server(
         pool,
         handlers=(handler,),
         options=(
-            ("grpc.max_receive_message_length", max_frame_bytes),
+            # grpcio stops inflating at this bound; the handler applies the exact limit
+            # itself so the refusal names it (DESIGN.md §7).
+            ("grpc.max_receive_message_length", _GRPC_BOUND_FACTOR * max_frame_bytes + _GRPC_SLACK),
             ("grpc.so_reuseport", 0),
         ),
     )

@@ -279,22 +279,26 @@ class Pipeline:
     def _buffer(
         self, tenant: str, batch: FlatBatch, result: MineResult, offset: WalOffset, nbytes: int
     ) -> list[Detached]:
-        out: list[Detached] = []
-        d = self._buffer_audit(tenant, batch, result, offset)
-        if d is not None:
-            out.append(d)
+        out = self._buffer_audit(tenant, batch, result, offset)
         out.extend(self._buffer_records(tenant, batch, result, offset, nbytes))
         return out
 
     def _buffer_audit(
         self, tenant: str, batch: FlatBatch, result: MineResult, offset: WalOffset
-    ) -> Detached | None:
+    ) -> list[Detached]:
         if not result.events:
-            return None
+            return []
         times = batch.time_unix_nano
         observed = batch.observed_time_unix_nano
+        fallback = int(uuid7_time(offset.segment) * 1e9)  # as records: deterministic
         events = [
-            (e.template_id, e.version, e.template, e.change, times[e.index] or observed[e.index])
+            (
+                e.template_id,
+                e.version,
+                e.template,
+                e.change,
+                times[e.index] or observed[e.index] or fallback,
+            )
             for e in result.events
         ]
         return self.buffers.add_audit(tenant, events, offset.lsn)
@@ -483,9 +487,7 @@ class Pipeline:
         events_suppressed = 0
         if result.events:
             if publish_audit:
-                d = self._buffer_audit(tenant, batch, result, offset)
-                if d is not None:
-                    detached.append(d)
+                detached.extend(self._buffer_audit(tenant, batch, result, offset))
             else:
                 events_suppressed = len(result.events)
         if publish_records:

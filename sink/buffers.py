@@ -37,7 +37,7 @@ class Kind(Enum):
 class Partition:
     kind: Kind
     tenant: str
-    day: int  # UTC day number (records); 0 for audit
+    day: int  # UTC day number of the rows' times (records and audit)
     records: RecordColumns | None
     audit: AuditColumns | None
     first_at: float
@@ -146,7 +146,7 @@ class Buffers:
         self._epoch = epoch
         self.lock = threading.Lock()  # the sink lock
         self._records: dict[tuple[str, int], Partition] = {}
-        self._audit: dict[str, Partition] = {}
+        self._audit: dict[tuple[str, int], Partition] = {}
         self._ids = itertools.count(1)
         self.in_flight = InFlight()
         self._last_id = 0
@@ -217,25 +217,31 @@ class Buffers:
         tenant: str,
         events: Sequence[tuple[int, int, str, str, int]],  # id, version, template, change, time
         wal_lsn: int,
-    ) -> Detached | None:
+    ) -> list[Detached]:
+        """Append template events, each to its tenant × UTC-day partition (the day of the
+        event's time, as for records); returns the partitions the size trigger detached."""
+        out: list[Detached] = []
         if not events:
-            return None
+            return out
         with self.lock:
-            part = self._audit.get(tenant)
-            if part is None:
-                part = Partition(Kind.AUDIT, tenant, 0, None, AuditColumns(), self._clock())
-                self._audit[tenant] = part
-            cols = part.audit
-            assert cols is not None
-            before = cols.nbytes
             for template_id, version, template, change, ts in events:
+                key = (tenant, ts // NANOS_PER_DAY)
+                part = self._audit.get(key)
+                if part is None:
+                    part = Partition(
+                        Kind.AUDIT, tenant, key[1], None, AuditColumns(), self._clock()
+                    )
+                    self._audit[key] = part
+                cols = part.audit
+                assert cols is not None
+                before = cols.nbytes
                 cols.append_row(tenant, template_id, version, template, change, wal_lsn, ts)
-            part.max_lsn = max(part.max_lsn, wal_lsn)
-            self._bytes += cols.nbytes - before
-            if cols.nbytes >= self.flush_bytes:
-                del self._audit[tenant]
-                return self._detach_locked(part, "size")
-            return None
+                part.max_lsn = max(part.max_lsn, wal_lsn)
+                self._bytes += cols.nbytes - before
+                if cols.nbytes >= self.flush_bytes:
+                    del self._audit[key]
+                    out.append(self._detach_locked(part, "size"))
+        return out
 
     def _detach_locked(self, part: Partition, reason: str) -> Detached:
         d = Detached(next(self._ids), part, self._epoch(), reason)
@@ -259,9 +265,9 @@ class Buffers:
         now = self._clock()
         with self.lock:
             out: list[Detached] = []
-            for tenant, part in list(self._audit.items()):
+            for key_a, part in list(self._audit.items()):
                 if now - part.first_at >= max_age:
-                    del self._audit[tenant]
+                    del self._audit[key_a]
                     out.append(self._detach_locked(part, "age"))
             for key, part in list(self._records.items()):
                 if now - part.first_at >= max_age:
@@ -287,13 +293,14 @@ class Buffers:
                     part.max_lsn = max(part.max_lsn, existing.max_lsn)
                 self._records[key] = part
             else:
-                existing = self._audit.get(part.tenant)
+                akey = (part.tenant, part.day)
+                existing = self._audit.get(akey)
                 if existing is not None:
                     assert part.audit is not None and existing.audit is not None
                     part.audit.merge(existing.audit)
                     self._bytes -= existing.nbytes
                     part.max_lsn = max(part.max_lsn, existing.max_lsn)
-                self._audit[part.tenant] = part
+                self._audit[akey] = part
             self._bytes += part.nbytes
             outcome = PublishOutcome(d.id, False, epoch, error_type)
         self.in_flight.settle(outcome)
@@ -307,8 +314,8 @@ class Buffers:
                 part = self._records.pop(key)
                 dropped += part.rows
                 self._bytes -= part.nbytes
-            part_a = self._audit.pop(tenant, None)
-            if part_a is not None:
+            for akey in [k for k in self._audit if k[0] == tenant]:
+                part_a = self._audit.pop(akey)
                 dropped += part_a.rows
                 self._bytes -= part_a.nbytes
             return dropped

@@ -20,7 +20,7 @@ import threading
 from collections import Counter
 from dataclasses import dataclass
 
-from sink.buffers import NANOS_PER_DAY, Buffers, Detached, Kind, PublishOutcome
+from sink.buffers import Buffers, Detached, Kind, PublishOutcome
 from sink.keys import audit_key, new_object_name, records_key
 from sink.parquet import encode_audit, encode_records
 from sink.store import ObjectStore, StoreError
@@ -138,8 +138,7 @@ class Publisher:
                 part.records, self._compression
             )
         assert part.audit is not None
-        first = part.audit.time_unix_nano[0] if part.audit.time_unix_nano else 0
-        day = dt.date(1970, 1, 1) + dt.timedelta(days=first // NANOS_PER_DAY)
+        day = dt.date(1970, 1, 1) + dt.timedelta(days=part.day)
         return audit_key(part.tenant, day, name), encode_audit(part.audit, self._compression)
 
     # -- the thread ----------------------------------------------------------------------
