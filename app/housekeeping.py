@@ -13,6 +13,7 @@ exactly once each, when the categorical state changes).
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections import Counter, deque
@@ -52,9 +53,21 @@ class Housekeeper:
         self.on_pass: Callable[[float], None] | None = None
         self.on_run: Callable[[str, str], None] | None = None
         self.last: HousekeepingProgress | None = None
+        #: free bytes on the WAL's filesystem, sampled each tick (never on the append path)
+        self.disk_free_bytes: int | None = None
+
+    def sample_disk(self) -> int | None:
+        try:
+            st = os.statvfs(self.journal.root)
+        except OSError as exc:
+            log.warning("statvfs of %s failed: %s", self.journal.root, exc)
+            return self.disk_free_bytes
+        self.disk_free_bytes = st.f_bavail * st.f_frsize
+        return self.disk_free_bytes
 
     def step(self) -> HousekeepingProgress | None:
         """One pass; never raises (the outcome is counted and logged)."""
+        self.sample_disk()
         started = time.perf_counter()
         points.hit("housekeeping.before_pass")
         progress: HousekeepingProgress | None

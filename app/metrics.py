@@ -18,6 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from app.config import Settings
+from app.housekeeping import Housekeeper
 from app.pipeline import LATCH_CLEAR, Pipeline
 from wal import FloorMin, FloorNone, FloorPinned, FloorUnknown, Retrying, Terminal
 
@@ -126,6 +127,34 @@ class _StateCollector(Collector):
         yield gauge(
             "ourios_sink_buffered_bytes", "Bytes buffered in the sinks.", p.buffers.buffered_bytes
         )
+        yield gauge(
+            "ourios_sink_parked_partitions",
+            "Buffered partitions a failed or refused publish put back.",
+            p.buffers.parked_partitions,
+        )
+        limit = self._m.settings.wal.max_tenants
+        held = len(p.miners.tenants())
+        tenants = GaugeMetricFamily(
+            "ourios_wal_tenants",
+            "Tenant slots by state (of ourios_wal_tenants_limit).",
+            labels=["state"],
+        )
+        tenants.add_metric(["held"], held)
+        tenants.add_metric(["reserved"], 0)
+        tenants.add_metric(["free"], max(0, limit - held))
+        yield tenants
+        yield gauge("ourios_wal_tenants_limit", "The configured max_tenants.", limit)
+        yield gauge(
+            "ourios_wal_tenant_unrecoverable",
+            "Tenants whose snapshot is below what was reclaimed (their appends are refused).",
+            len(self._m.unrecoverable),
+        )
+        if self._m.housekeeper is not None and self._m.housekeeper.disk_free_bytes is not None:
+            yield gauge(
+                "ourios_disk_free_bytes",
+                "Free bytes on the WAL's filesystem (sampled each housekeeping tick).",
+                self._m.housekeeper.disk_free_bytes,
+            )
         stats = p.publisher.stats
         objects = CounterMetricFamily(
             "ourios_sink_objects", "Objects written to the store.", labels=["kind"]
@@ -250,6 +279,8 @@ class Metrics:
         self.records_suppressed = 0
         self.audit_suppressed = 0
         self.pipeline: Pipeline | None = None
+        self.housekeeper: Housekeeper | None = None
+        self.unrecoverable: set[str] = set()
         self.extra: list[Callable[[], Iterator[GaugeMetricFamily]]] = []
 
     def bind(self, pipeline: Pipeline) -> None:

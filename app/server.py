@@ -166,6 +166,8 @@ def build_node(
         events=events,
     )
     housekeeper.on_pass = metrics.pass_seconds.observe
+    housekeeper.sample_disk()
+    metrics.housekeeper = housekeeper
     housekeeper.on_run = metrics.cadence_observer("housekeeping")
     metrics.bind(pipeline)
     tick = max(0.1, min(5.0, settings.sink.flush_age_secs / 4))

@@ -46,6 +46,8 @@ class Partition:
     #: of the estimates the appender passed (O(1) per batch; sizing the Python rows
     #: themselves costs more than a microsecond per row on the ingest path)
     est_bytes: int = 0
+    #: put back by a requeue (a failed or refused publish) and not yet published
+    parked: bool = False
 
     @property
     def nbytes(self) -> int:
@@ -302,6 +304,7 @@ class Buffers:
                     part.max_lsn = max(part.max_lsn, existing.max_lsn)
                 self._audit[akey] = part
             self._bytes += part.nbytes
+            part.parked = True
             outcome = PublishOutcome(d.id, False, epoch, error_type)
         self.in_flight.settle(outcome)
         return outcome
@@ -331,6 +334,14 @@ class Buffers:
     @property
     def buffered_bytes(self) -> int:
         return self._bytes
+
+    @property
+    def parked_partitions(self) -> int:
+        """Buffered partitions that a failed or refused publish put back."""
+        with self.lock:
+            return sum(1 for p in self._records.values() if p.parked) + sum(
+                1 for p in self._audit.values() if p.parked
+            )
 
     @property
     def partitions(self) -> int:
