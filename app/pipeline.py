@@ -476,20 +476,27 @@ class Pipeline:
         publish_records: bool,
         publish_audit: bool,
         nbytes: int = 0,
+        is_fresh: Callable[[int], bool] | None = None,
     ) -> tuple[int, int]:
         """Feed a replayed frame (above the tenant's snapshot horizon) to its miner;
         forward its rows only when ``publish_records`` and the template events it
-        regenerates only when ``publish_audit``. Returns (records, events) suppressed."""
+        regenerates only when ``publish_audit`` — except an event of a template this
+        replay minted afresh (``is_fresh`` of its id: above the allocator's high-water at
+        start): no published event binds that id, so it is forwarded once whatever the
+        gate (RFC0052.10's 2026-10-06 amendment). Returns (records, events) suppressed."""
         with self.miner_lock:
             result = self.miners.mine(tenant, batch.body)
         self.folded[tenant] = offset
         detached: list[Detached] = []
         events_suppressed = 0
         if result.events:
-            if publish_audit:
-                detached.extend(self._buffer_audit(tenant, batch, result, offset))
-            else:
-                events_suppressed = len(result.events)
+            if not publish_audit:
+                fresh = [
+                    e for e in result.events if is_fresh is not None and is_fresh(e.template_id)
+                ]
+                events_suppressed = len(result.events) - len(fresh)
+                result = MineResult(result.template_ids, result.template_params, fresh)
+            detached.extend(self._buffer_audit(tenant, batch, result, offset))
         if publish_records:
             detached.extend(self._buffer_records(tenant, batch, result, offset, nbytes))
         for d in detached:

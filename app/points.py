@@ -12,7 +12,7 @@ In production nothing is registered and ``hit`` is one dictionary lookup. A test
 
 Points in the code: ``barrier.after_quiesce`` (capture, exclusion held),
 ``barrier.before_flush``, ``barrier.after_flush``, ``barrier.before_stamp`` (a cut
-running), ``turn.before_mine`` (inside an ingest turn), ``housekeeping.file_half``.
+running), ``turn.before_mine`` (inside an ingest turn), ``housekeeping.before_pass``.
 """
 
 from __future__ import annotations

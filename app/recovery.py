@@ -12,7 +12,10 @@
      checkpoint write (S > X);
    * the template events the miner regenerates reach the audit sink only above X
      (the barrier drained the audit sink before it stamped X); those for (S, X] are
-     suppressed and counted. Stored audit frames are never replayed.
+     suppressed and counted — except an event of a template this replay minted afresh
+     (an id above the allocator's high-water at start), which no published event binds
+     and which is forwarded once (RFC0052.10, 2026-10-06). Stored audit frames are never
+     replayed.
 
 3. ``check_restorable``: a tenant that still has frames and whose restorable horizon is
    below what RECLAIM says was reclaimed from under it refuses the start, naming it;
@@ -28,13 +31,17 @@ A restarted node has no mark until its first acknowledged turn: replay sets none
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from app.miner import MinerCluster, TenantMiner
+from app.miner import FileTemplateIdAllocator, MinerCluster, TenantMiner
 from app.otlp import IngestRejection, decode_request, flatten
 from app.pipeline import Pipeline
 from app.snapshots import SnapshotLedger, SnapshotState, SnapshotStore
 from wal import CorruptionError, FrameKind, Journal, WalOffset
+
+#: The counter bits of a template id (node ordinal << 48 | counter).
+COUNTER_MASK = (1 << 48) - 1
 
 
 @dataclass
@@ -97,6 +104,7 @@ def recover(
         report.snapshots_restored = len(loaded.states)
     mark = journal.last_checkpoint
     report.checkpoint = mark
+    fresh_above = _fresh_threshold(miners)
     x = -1 if mark is None else mark.lsn
     replay = journal.replay()
     for frame in replay:
@@ -130,6 +138,7 @@ def recover(
             publish_records=lsn > gate,
             publish_audit=lsn > x,
             nbytes=len(frame.payload),
+            is_fresh=fresh_above,
         )
         report.records_suppressed += records
         report.records_replayed += len(batch) - records
@@ -149,6 +158,20 @@ def recover(
             report.snapshot_failures += 1
     report.seconds = time.monotonic() - start
     return report
+
+
+def _fresh_threshold(miners: MinerCluster) -> Callable[[int], bool] | None:
+    """Whether a template id was minted by this replay (its counter above the durable
+    high-water at start): no published event names such an id."""
+    allocator = miners.allocator
+    if isinstance(allocator, FileTemplateIdAllocator):
+        high_water = allocator.high_water
+        return lambda template_id: (template_id & COUNTER_MASK) > high_water
+    next_id = getattr(allocator, "next_id", None)
+    if isinstance(next_id, int):
+        first = next_id
+        return lambda template_id: template_id >= first
+    return None
 
 
 def _check_restores(miners: MinerCluster, state: SnapshotState) -> None:
