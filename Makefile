@@ -23,6 +23,7 @@ test: $(VENV)/.installed
 	$(VENV)/bin/ruff format --check app wal sink tests soak scripts
 	$(VENV)/bin/mypy wal sink app
 	$(PY) scripts/gen_config_doc.py --check
+	$(PY) scripts/gen_chart_schema.py --check
 	PATH="$(CURDIR)/$(TOOLS)/bin:$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/pytest -q -p no:cacheprovider
 
 lint: $(VENV)/.installed

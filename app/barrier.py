@@ -117,6 +117,7 @@ class Barrier:
         #: (outcome, error_type) of every tick: the metrics' cadence counter
         self.on_run = on_run
         self._current_epoch: int | None = None
+        self._failed_epoch: int | None = None
         self._cond = threading.Condition()
         self._pending: Cut | None = None
         self._running = False
@@ -195,7 +196,8 @@ class Barrier:
         """A tick raised outside any publish: the tick's epoch is latched (no later cut
         stamps until a restart, RFC 0052 §3.2), the pending slot is invalidated."""
         p = self.pipeline
-        epoch = self._current_epoch if self._current_epoch is not None else p.epoch
+        epoch = self._failed_epoch if self._failed_epoch is not None else p.epoch
+        self._failed_epoch = None
         if p.failed_epoch > epoch:
             p.failed_epoch = epoch
             self._events("barrier.latch.set", {"epoch": epoch, "error": f"barrier tick: {exc}"})
@@ -253,44 +255,54 @@ class Barrier:
         with self._cond:
             self._running = True
         self._current_epoch = cut.epoch
+        self._failed_epoch = None
         try:
-            p.serialize_frozen(cut)
-            points.hit("barrier.before_flush")
-            flushed = failures = 0
-            for d in cut.batches:
-                if p.publisher.publish(d).ok:
-                    flushed += 1
-                else:
-                    failures += 1
-            points.hit("barrier.after_flush")
-            prior_ok = p.prior_publishes_ok(cut)
-            latched = p.failed_epoch <= cut.epoch  # the recheck, after the waits
-            points.hit("barrier.before_stamp")
-            outcome = CutOutcome(
-                cut.epoch, cut.reason, cut.mark, flushed, failures, prior_ok, latched
-            )
-            if not outcome.ok:
-                self._invalidate_pending(outcome)
-            elif cut.mark is not None:
-                outcome = self._stamp(cut, outcome)
-            self.last = outcome
-            if outcome.ok:
-                self.last_ok_at = self._clock()
-            p.forget_failures_before(cut.epoch + 1)
-            self._on_cut(outcome)
-            if outcome.ok:
-                self._count("ok", "" if outcome.checkpoint_error == "" else "checkpoint_write")
-            elif outcome.latched:
-                self._count("refused", "latched")
-            elif outcome.flush_failures:
-                self._count("refused", "flush_failed")
-            else:
-                self._count("refused", "prior_publish_failed")
-            return outcome
+            return self._run_cut(cut)
+        except BaseException:
+            # whatever raised after the capture drained the buffers: the cut's unsettled
+            # batches go back (else they wedge every later cut's wait), its snapshots are
+            # dropped, and tick_failed latches this cut's own epoch
+            self._failed_epoch = cut.epoch
+            p.abandon_cut(cut, "tick_failed")
+            raise
         finally:
             self._current_epoch = None
             with self._cond:
                 self._running = False
+
+    def _run_cut(self, cut: Cut) -> CutOutcome:
+        p = self.pipeline
+        p.serialize_frozen(cut)
+        points.hit("barrier.before_flush")
+        flushed = failures = 0
+        for d in cut.batches:
+            if p.publisher.publish(d).ok:
+                flushed += 1
+            else:
+                failures += 1
+        points.hit("barrier.after_flush")
+        prior_ok = p.prior_publishes_ok(cut)
+        latched = p.failed_epoch <= cut.epoch  # the recheck, after the waits
+        points.hit("barrier.before_stamp")
+        outcome = CutOutcome(cut.epoch, cut.reason, cut.mark, flushed, failures, prior_ok, latched)
+        if not outcome.ok:
+            self._invalidate_pending(outcome)
+        elif cut.mark is not None:
+            outcome = self._stamp(cut, outcome)
+        self.last = outcome
+        if outcome.ok:
+            self.last_ok_at = self._clock()
+        p.forget_failures_before(cut.epoch + 1)
+        self._on_cut(outcome)
+        if outcome.ok:
+            self._count("ok", "" if outcome.checkpoint_error == "" else "checkpoint_write")
+        elif outcome.latched:
+            self._count("refused", "latched")
+        elif outcome.flush_failures:
+            self._count("refused", "flush_failed")
+        else:
+            self._count("refused", "prior_publish_failed")
+        return outcome
 
     def _stamp(self, cut: Cut, outcome: CutOutcome) -> CutOutcome:
         installed = failed = 0

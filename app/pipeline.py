@@ -255,17 +255,18 @@ class Pipeline:
                 # The miner's tree is in an unknown state: latch every cut from now on
                 # (the WAL keeps the frame; a restart re-mines it). Settlement, a later
                 # issue, rebuilds the tenant instead of waiting for a restart.
-                self.failed_epoch = min(self.failed_epoch, self.epoch)
                 log.error("mining failed for tenant %r at %s: %s", tenant, offset, exc)
-                self._events(
-                    "barrier.latch.set",
-                    {
-                        "tenant": tenant,
-                        "offset": str(offset),
-                        "epoch": self.epoch,
-                        "error": str(exc),
-                    },
-                )
+                if self.failed_epoch > self.epoch:  # a transition: one event per latch
+                    self.failed_epoch = self.epoch
+                    self._events(
+                        "barrier.latch.set",
+                        {
+                            "tenant": tenant,
+                            "offset": str(offset),
+                            "epoch": self.epoch,
+                            "error": str(exc),
+                        },
+                    )
                 return
             detached.extend(self._buffer(tenant, batch, result, offset, nbytes))
             with self._durable_lock:

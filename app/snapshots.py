@@ -131,6 +131,9 @@ class SnapshotStore:
         self._fs = fs or OsFs()
         self._install_lock = threading.Lock()
         self._installed: dict[str, int] = {}  # tenant -> installed horizon LSN
+        #: the directory's own entry in its parent is durable (a parent fsync succeeded
+        #: after it was created or seen at start-up); until then no install is OK
+        self._root_durable = False
 
     def path_of(self, tenant: str) -> Path:
         return self.root / f"{encode_tenant(tenant)}{SUFFIX}"
@@ -149,6 +152,7 @@ class SnapshotStore:
         try:
             fs.fsync_dir(self.root)
             fs.fsync_dir(self.root.parent)
+            self._root_durable = True
         except OSError as exc:
             raise SnapshotStoreError(
                 f"fsync of {self.root} or its parent failed at start-up ({exc}): a listed "
@@ -235,10 +239,14 @@ class SnapshotStore:
         fs.fsync_dir(self.root)
 
     def _ensure_root(self) -> None:
-        if self.root.is_dir():
+        """Create the directory if needed and make its entry durable: a failed parent
+        fsync is retried by every later install until one succeeds (RFC 0052 §3.2)."""
+        if self._root_durable:
             return
-        self._fs.mkdir(self.root)
+        if not self.root.is_dir():
+            self._fs.mkdir(self.root)
         self._fs.fsync_dir(self.root.parent)
+        self._root_durable = True
 
 
 def _read(fs: Fs, path: Path) -> bytes:

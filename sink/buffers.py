@@ -48,6 +48,11 @@ class Partition:
     est_bytes: int = 0
     #: put back by a requeue (a failed or refused publish) and not yet published
     parked: bool = False
+    #: audit: the tenant's sequence number of the partition's oldest template event
+    first_seq: int = 0
+    #: records: the tenant's template events accepted when the rows were appended; the
+    #: rows may reach the store only once every event up to it is durable
+    audit_watermark: int = 0
 
     @property
     def nbytes(self) -> int:
@@ -123,6 +128,17 @@ class InFlight:
                 f for f in self._failures if f.requeue_epoch is None or f.requeue_epoch > epoch
             ]
 
+    def audit_upto(self, tenant: str, seq: int) -> list[_InFlight]:
+        """Unsettled audit publishes of ``tenant`` holding an event at or below ``seq``."""
+        with self._lock:
+            return [
+                i
+                for i in self._items.values()
+                if i.detached.partition.kind is Kind.AUDIT
+                and i.detached.partition.tenant == tenant
+                and i.detached.partition.first_seq <= seq
+            ]
+
     def pending_upto(self, upto_id: int) -> list[_InFlight]:
         """The publishes registered at or before ``upto_id`` that have not settled."""
         with self._lock:
@@ -153,6 +169,7 @@ class Buffers:
         self.in_flight = InFlight()
         self._last_id = 0
         self._bytes = 0  # bytes of buffered partitions as of their last append
+        self._audit_seq: dict[str, int] = {}  # tenant -> template events accepted
 
     # -- appends (the ingest turn) -------------------------------------------------------
 
@@ -207,6 +224,7 @@ class Buffers:
             cols.wal_lsn.extend(itertools.repeat(wal_lsn, n))
             cols.record_index.extend(record_index)
             part.max_lsn = max(part.max_lsn, wal_lsn)
+            part.audit_watermark = self._audit_seq.get(tenant, 0)
             part.est_bytes += nbytes
             self._bytes += nbytes
             if part.est_bytes >= self.flush_bytes:
@@ -226,13 +244,16 @@ class Buffers:
         if not events:
             return out
         with self.lock:
+            seq = self._audit_seq.get(tenant, 0)
             for template_id, version, template, change, ts in events:
+                seq += 1
                 key = (tenant, ts // NANOS_PER_DAY)
                 part = self._audit.get(key)
                 if part is None:
                     part = Partition(
                         Kind.AUDIT, tenant, key[1], None, AuditColumns(), self._clock()
                     )
+                    part.first_seq = seq
                     self._audit[key] = part
                 cols = part.audit
                 assert cols is not None
@@ -243,6 +264,7 @@ class Buffers:
                 if cols.nbytes >= self.flush_bytes:
                     del self._audit[key]
                     out.append(self._detach_locked(part, "size"))
+            self._audit_seq[tenant] = seq
         return out
 
     def _detach_locked(self, part: Partition, reason: str) -> Detached:
@@ -293,6 +315,7 @@ class Buffers:
                     self._bytes -= existing.nbytes
                     part.est_bytes += existing.est_bytes
                     part.max_lsn = max(part.max_lsn, existing.max_lsn)
+                    part.audit_watermark = max(part.audit_watermark, existing.audit_watermark)
                 self._records[key] = part
             else:
                 akey = (part.tenant, part.day)
@@ -302,12 +325,47 @@ class Buffers:
                     part.audit.merge(existing.audit)
                     self._bytes -= existing.nbytes
                     part.max_lsn = max(part.max_lsn, existing.max_lsn)
+                    part.first_seq = min(part.first_seq, existing.first_seq)
                 self._audit[akey] = part
             self._bytes += part.nbytes
             part.parked = True
             outcome = PublishOutcome(d.id, False, epoch, error_type)
         self.in_flight.settle(outcome)
         return outcome
+
+    # -- write ordering (records never land ahead of their template events) ----------
+
+    def audit_dependencies(self, d: Detached) -> tuple[list[Detached], bool]:
+        """For a records publish: detach the tenant's buffered, never-refused audit
+        partitions holding events at or below its watermark (the caller writes them
+        first), and say whether a refused (parked) one holds such events — then the
+        records are refused with it, as a failed audit half refuses its records."""
+        part = d.partition
+        w = part.audit_watermark
+        taken: list[Detached] = []
+        refused = False
+        if w == 0:
+            return taken, refused
+        with self.lock:
+            for key, a in list(self._audit.items()):
+                if a.tenant != part.tenant or a.first_seq > w:
+                    continue
+                if a.parked:
+                    refused = True
+                    continue
+                del self._audit[key]
+                taken.append(self._detach_locked(a, "ordered"))
+        return taken, refused
+
+    def audit_pending(self, tenant: str, seq: int) -> bool:
+        """Whether an event of ``tenant`` at or below ``seq`` is not yet durable: still
+        buffered or in an unsettled publish."""
+        if seq == 0:
+            return False
+        with self.lock:
+            if any(a.tenant == tenant and a.first_seq <= seq for a in self._audit.values()):
+                return True
+        return bool(self.in_flight.audit_upto(tenant, seq))
 
     def discard_tenant(self, tenant: str) -> int:
         """Drop a tenant's buffered rows (settlement's tree swap, a later issue)."""

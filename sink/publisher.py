@@ -9,6 +9,16 @@ flush, the age sweep, the shutdown flush), outside any exclusion.
 Every outcome settles the partition's in-flight registration exactly once: success,
 or a requeue that puts every row back into the buffers under the sink lock. An
 exception of any kind requeues too (DESIGN.md §5: Python can always put a batch back).
+
+Records never reach the store ahead of the template events they reference (RFC 0052
+§3.1, the ``write_ordered`` rule). A records partition carries the tenant's audit
+watermark from its last append; before writing it the publisher makes every event up to
+it durable: it writes the ones still buffered itself, first; it waits for the ones in
+another caller's unsettled publish; and it refuses (requeues) the records when such an
+event was refused — so a failed audit half takes its records back with it. The
+publisher thread never waits (a dependency can sit behind it in its own queue): there a
+dependency in flight elsewhere refuses the records, which go back into the buffers for
+the next drain.
 """
 
 from __future__ import annotations
@@ -96,9 +106,14 @@ class Publisher:
         """Put a partition the queue refused back into the buffers."""
         self._buffers.requeue(d, "parked")
 
-    def publish(self, d: Detached) -> PublishOutcome:
-        """Encode and write ``d`` now; on failure its rows go back into the buffers."""
+    def publish(self, d: Detached, *, wait: bool = True) -> PublishOutcome:
+        """Encode and write ``d`` now; on failure its rows go back into the buffers.
+        ``wait`` lets a records publish wait for its events' unsettled publishes."""
         kind = d.partition.kind.value
+        if d.partition.kind is Kind.RECORDS:
+            refusal = self._events_durable(d, wait)
+            if refusal:
+                return self._failed(d, kind, "audit_not_durable", RuntimeError(refusal))
         try:
             key, data = self._encode(d)
             self._store.put(key, data)
@@ -112,6 +127,26 @@ class Publisher:
         outcome = PublishOutcome(d.id, True)
         self._buffers.in_flight.settle(outcome)
         return outcome
+
+    def _events_durable(self, d: Detached, wait: bool) -> str:
+        """Make the template events ``d``'s rows reference durable; "" when they are,
+        else why the rows must wait."""
+        part = d.partition
+        taken, refused = self._buffers.audit_dependencies(d)
+        failed = 0
+        for a in taken:
+            if not self.publish(a).ok:
+                failed += 1
+        if refused or failed:
+            return f"template events of tenant {part.tenant!r} were refused by the store"
+        others = self._buffers.in_flight.audit_upto(part.tenant, part.audit_watermark)
+        if others and not wait:
+            return f"template events of tenant {part.tenant!r} are still being written"
+        for item in others:
+            item.done.wait()
+        if self._buffers.audit_pending(part.tenant, part.audit_watermark):
+            return f"template events of tenant {part.tenant!r} failed to publish"
+        return ""
 
     def _failed(
         self, d: Detached, kind: str, error_type: str, exc: BaseException
@@ -148,7 +183,7 @@ class Publisher:
             d = self._queue.get()
             if d is None:
                 return
-            self.publish(d)
+            self.publish(d, wait=False)
 
     @property
     def queue_depth(self) -> int:

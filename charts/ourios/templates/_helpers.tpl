@@ -1,0 +1,166 @@
+{{/*
+Names, labels and the pieces several templates share.
+*/}}
+
+{{- define "ourios.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+The fullname is also the StatefulSet's name, so pods are <fullname>-<ordinal> and that
+pod name is the node id (OURIOS_SERVER_NODE_ID). Kept to 52 characters so the pod name
+and the controller-revision-hash label stay within 63.
+*/}}
+{{- define "ourios.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 52 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 52 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 52 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "ourios.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "ourios.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "ourios.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "ourios.labels" -}}
+helm.sh/chart: {{ include "ourios.chart" . }}
+{{ include "ourios.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: ourios
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{- define "ourios.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "ourios.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "ourios.headlessServiceName" -}}
+{{- printf "%s-headless" (include "ourios.fullname" .) }}
+{{- end }}
+
+{{- define "ourios.image" -}}
+{{- $tag := default .Chart.AppVersion .Values.image.tag }}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository $tag }}
+{{- end }}
+{{- end }}
+
+{{/* Where the data volume is mounted; the same path as the image's OURIOS_SERVER_DATA_DIR. */}}
+{{- define "ourios.dataDir" -}}/var/lib/ourios{{- end }}
+{{- define "ourios.authDir" -}}/etc/ourios/auth{{- end }}
+{{- define "ourios.tokensFile" -}}{{ include "ourios.authDir" . }}/tokens.yaml{{- end }}
+
+{{/* The Secret holding the S3 keys, or "" for the pod's own AWS identity. */}}
+{{- define "ourios.storeSecretName" -}}
+{{- if .Values.store.existingSecret }}
+{{- .Values.store.existingSecret }}
+{{- else if .Values.store.accessKeyId }}
+{{- printf "%s-store" (include "ourios.fullname" .) }}
+{{- end }}
+{{- end }}
+
+{{- define "ourios.storeSecretKeys" -}}
+{{- if .Values.store.existingSecret }}
+{{- toJson (dict "accessKeyId" .Values.store.existingSecretKeys.accessKeyId "secretAccessKey" .Values.store.existingSecretKeys.secretAccessKey) }}
+{{- else }}
+{{- toJson (dict "accessKeyId" "AWS_ACCESS_KEY_ID" "secretAccessKey" "AWS_SECRET_ACCESS_KEY") }}
+{{- end }}
+{{- end }}
+
+{{/* The Secret holding the tokens file, or "" in open mode. */}}
+{{- define "ourios.authSecretName" -}}
+{{- if .Values.auth.existingSecret }}
+{{- .Values.auth.existingSecret }}
+{{- else if .Values.auth.tokens }}
+{{- printf "%s-auth" (include "ourios.fullname" .) }}
+{{- end }}
+{{- end }}
+
+{{- define "ourios.authSecretKey" -}}
+{{- if .Values.auth.existingSecret }}{{ .Values.auth.existingSecretKey }}{{ else }}tokens.yaml{{ end }}
+{{- end }}
+
+{{/*
+terminationGracePeriodSeconds: the preStop sleep, then SIGTERM handling's listener drain
+(server.shutdownGraceSecs), then the final cut (shutdown.finalCutSecs).
+*/}}
+{{- define "ourios.terminationGrace" -}}
+{{- $drain := add (int64 .Values.shutdown.preStopSleepSecs) (int64 .Values.server.shutdownGraceSecs) }}
+{{- if kindIs "invalid" .Values.terminationGracePeriodSeconds }}
+{{- add $drain (int64 .Values.shutdown.finalCutSecs) }}
+{{- else }}
+{{- int64 .Values.terminationGracePeriodSeconds }}
+{{- end }}
+{{- end }}
+
+{{/*
+The settings of `ourios serve` the chart renders, as JSON {OURIOS_NAME: "text"}: every
+settings value, mapped <section>.<camelCaseName> -> OURIOS_<SECTION>_<NAME> (tests check
+the mapping against app/config.py). Integers in decimal (Helm holds numbers as float64,
+which would print 6.7108864e+07), booleans as true/false, strings as they are. A removed
+(null) value or an empty optional string is left out, so the app's default applies.
+*/}}
+{{- define "ourios.settingsEnv" -}}
+{{- $out := dict "OURIOS_SERVER_DATA_DIR" (include "ourios.dataDir" .) }}
+{{- $v := .Values }}
+{{- $pairs := list
+  (list "OURIOS_SERVER_HOST" $v.server.host)
+  (list "OURIOS_SERVER_HTTP_PORT" $v.server.httpPort)
+  (list "OURIOS_SERVER_GRPC_PORT" $v.server.grpcPort)
+  (list "OURIOS_SERVER_LOG_LEVEL" $v.server.logLevel)
+  (list "OURIOS_SERVER_SHUTDOWN_GRACE_SECS" $v.server.shutdownGraceSecs)
+  (list "OURIOS_WAL_SEGMENT_MAX_BYTES" $v.wal.segmentMaxBytes)
+  (list "OURIOS_WAL_SEGMENT_AGE_SECS" $v.wal.segmentAgeSecs)
+  (list "OURIOS_WAL_BARRIER_SECS" $v.wal.barrierSecs)
+  (list "OURIOS_WAL_HOUSEKEEPING_SECS" $v.wal.housekeepingSecs)
+  (list "OURIOS_WAL_MAX_UNLINKS_PER_PASS" $v.wal.maxUnlinksPerPass)
+  (list "OURIOS_WAL_ROTATION_RETRY_ATTEMPTS" $v.wal.rotationRetryAttempts)
+  (list "OURIOS_WAL_MAX_TENANTS" $v.wal.maxTenants)
+  (list "OURIOS_WAL_MAX_FRAME_BYTES" $v.wal.maxFrameBytes)
+  (list "OURIOS_WAL_UNRECLAIMED_BYTES_LIMIT" $v.wal.unreclaimedBytesLimit)
+  (list "OURIOS_WAL_ARCHIVE" $v.wal.archive)
+  (list "OURIOS_SINK_FLUSH_BYTES" $v.sink.flushBytes)
+  (list "OURIOS_SINK_FLUSH_AGE_SECS" $v.sink.flushAgeSecs)
+  (list "OURIOS_SINK_CEILING_BYTES" $v.sink.ceilingBytes)
+  (list "OURIOS_SINK_PUBLISHER_QUEUE_DEPTH" $v.sink.publisherQueueDepth)
+  (list "OURIOS_SINK_PARQUET_COMPRESSION" $v.sink.parquetCompression)
+  (list "OURIOS_STORE_URL" $v.store.url)
+  (list "OURIOS_STORE_ENDPOINT_URL" $v.store.endpointUrl)
+  (list "OURIOS_STORE_REGION" $v.store.region)
+  (list "OURIOS_DISK_LOW_WATER_BYTES" $v.disk.lowWaterBytes)
+  (list "OURIOS_DISK_STOP_WATER_BYTES" $v.disk.stopWaterBytes)
+}}
+{{- range $pairs }}
+{{- $name := index . 0 }}
+{{- $value := index . 1 }}
+{{- if kindIs "invalid" $value }}
+{{- else if kindIs "bool" $value }}
+{{- $_ := set $out $name (ternary "true" "false" $value) }}
+{{- else if or (kindIs "float64" $value) (kindIs "int64" $value) (kindIs "int" $value) }}
+{{- $_ := set $out $name (int64 $value | toString) }}
+{{- else if ne (toString $value) "" }}
+{{- $_ := set $out $name (toString $value) }}
+{{- end }}
+{{- end }}
+{{- toJson $out }}
+{{- end }}
