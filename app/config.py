@@ -425,8 +425,10 @@ _SERVER_ROWS = (
         "shutdown_grace_secs",
         Kind.INT,
         25,
-        "Time SIGTERM handling (draining requests, the final cut) may take before the "
-        "process exits anyway; keep it below the pod's terminationGracePeriodSeconds.",
+        "Time SIGTERM gives in-flight requests to finish (half to HTTP, then half to "
+        "gRPC) before the listeners close; the final cut runs after it, bounded by the "
+        "store's timeouts, so keep terminationGracePeriodSeconds above this plus the cut "
+        "(an unfinished cut loses nothing: the WAL replays it).",
         minimum=1,
         maximum=3600,
         unit="seconds",

@@ -114,7 +114,9 @@ class _ExportHandler:
             self._observer.observe("grpc", "ok", "", records, time.perf_counter() - started)
             return reply
         error_type = rejection.error_type if outcome == "refused" else "internal"
-        self._observer.observe("grpc", outcome, error_type, 0, time.perf_counter() - started)
+        self._observer.observe(
+            "grpc", outcome, error_type, rejection.records, time.perf_counter() - started
+        )
         # Outside the handlers above: abort raises, and that must reach grpcio.
         if rejection.retry_after is not None:
             details, _ = status_body(rejection, False)

@@ -247,7 +247,9 @@ def create_http_app(
                 ingest, tenant, body, headers, protobuf, limiter=limiter
             )
         except IngestRejection as exc:
-            observer.observe("http", "refused", exc.error_type, 0, time.perf_counter() - started)
+            observer.observe(
+                "http", "refused", exc.error_type, exc.records, time.perf_counter() - started
+            )
             return _rejection_response(exc, as_json)
         except ClientDisconnect:
             # Nobody reads this reply; it only ends the request cleanly.

@@ -62,8 +62,9 @@ class IngestObserver(Protocol):
 
     ``outcome`` is ``ok`` (acknowledged), ``refused`` (an ``IngestRejection``, whose
     ``error_type`` rides along) or ``error`` (an unexpected exception, ``internal``);
-    ``records`` is what was acknowledged (0 otherwise); ``seconds`` from the request's
-    arrival to its answer."""
+    ``records`` is what was acknowledged, or for a refusal the records of the refused
+    request when it was decoded (0 otherwise); ``seconds`` from the request's arrival to
+    its answer."""
 
     def observe(
         self, transport: str, outcome: str, error_type: str, records: int, seconds: float

@@ -303,6 +303,8 @@ class Metrics:
         if outcome == "ok":
             self.records.labels(transport, "ok").inc(records)
             self.ack_seconds.observe(seconds)
+        elif records:
+            self.records.labels(transport, outcome).inc(records)
 
     def exposition(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE

@@ -135,14 +135,23 @@ class IngestRejection(Exception):
 
     http_status: ClassVar[int] = 500
     grpc_code: ClassVar[grpc.StatusCode] = grpc.StatusCode.INTERNAL
-    error_type: ClassVar[str] = "internal"
+    #: the class of refusal on the counters' ``error_type`` label; a refusal raised for
+    #: a lower layer's error carries that error's own type
+    error_type: str = "internal"
 
-    def __init__(self, message: str, *, retry_after: int | None = None) -> None:
+    def __init__(
+        self, message: str, *, retry_after: int | None = None, error_type: str | None = None
+    ) -> None:
         if retry_after is not None and retry_after < 0:
             raise ValueError(f"retry_after must be >= 0 seconds, got {retry_after}")
         super().__init__(message)
         self.message = message
         self.retry_after = retry_after
+        #: the records of the refused request when it was decoded (the refused-records
+        #: counter), else 0
+        self.records = 0
+        if error_type is not None:
+            self.error_type = error_type
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.message!r}, retry_after={self.retry_after!r})"

@@ -210,7 +210,7 @@ class Pipeline:
         except FrameRejected as exc:
             raise BadRequest(str(exc)) from exc
         except AppendError as exc:
-            raise _unavailable(exc) from exc
+            raise _unavailable(exc, len(batch)) from exc
         seq = pending.seq
         error: AppendError | None = None
         offset: WalOffset | None = None
@@ -227,7 +227,7 @@ class Pipeline:
         finally:
             self.gate.leave(seq)
         if error is not None:
-            raise _unavailable(error) from error
+            raise _unavailable(error, len(batch)) from error
         return IngestOutcome(records=len(batch))
 
     # -- the turn ------------------------------------------------------------------------
@@ -440,7 +440,7 @@ class Pipeline:
         for item in self.buffers.in_flight.pending_upto(cut.prior_upto):
             if item.detached.id in own:
                 continue
-            item.done.wait()
+            item.wait()
         for failure in self.buffers.in_flight.failures_upto(cut.prior_upto):
             if failure.id in own:
                 continue
@@ -460,7 +460,7 @@ class Pipeline:
         for d in detached:
             ok = self.publisher.publish(d).ok and ok
         for item in self.buffers.in_flight.pending_upto(upto):
-            item.done.wait()
+            item.wait()
         return ok and self.buffers.empty()
 
     def forget_failures_before(self, epoch: int) -> None:
@@ -541,7 +541,18 @@ def _days(batch: FlatBatch, offset: WalOffset) -> list[tuple[int, list[int] | No
     return sorted(days.items())
 
 
-def _unavailable(exc: AppendError) -> Unavailable:
+def _unavailable(exc: AppendError, records: int) -> Unavailable:
+    """The WAL's refusal as the client sees it; the WAL error's type (for example
+    ``wal_rotation_retrying``, ``wal_tenant_capacity``) rides the counters' label."""
     if exc.error_class is ErrorClass.TERMINAL:
-        return Unavailable(f"WAL refused the batch (server-terminal, retry later): {exc}")
-    return Unavailable(f"WAL could not make the batch durable (transient, retrying): {exc}")
+        refusal = Unavailable(
+            f"WAL refused the batch (server-terminal, retry later): {exc}",
+            error_type=exc.error_type,
+        )
+    else:
+        refusal = Unavailable(
+            f"WAL could not make the batch durable (transient, retrying): {exc}",
+            error_type=exc.error_type,
+        )
+    refusal.records = records
+    return refusal

@@ -191,7 +191,7 @@ def build_node(
 
 def _store(settings: Settings) -> ObjectStore:
     url = settings.store.url
-    return from_url(url, settings.store.endpoint_url)
+    return from_url(url, settings.store.endpoint_url, settings.store.region)
 
 
 def _listen(host: str, port: int) -> socket.socket:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from typing import Final
 
@@ -86,11 +86,21 @@ class PublishOutcome:
     error_type: str = ""
 
 
-@dataclass
 class _InFlight:
-    detached: Detached
-    done: threading.Event = field(default_factory=threading.Event)
-    outcome: PublishOutcome | None = None
+    """One registered publish. Waiting uses the registry's one condition: a capture
+    registers every buffered partition under the barrier's exclusion, and an event per
+    partition cost more than the rest of the registration (soak/bench/barrier.py)."""
+
+    __slots__ = ("_registry", "detached", "outcome")
+
+    def __init__(self, registry: InFlight, detached: Detached) -> None:
+        self._registry = registry
+        self.detached = detached
+        self.outcome: PublishOutcome | None = None
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the publish settles; False when ``timeout`` passed first."""
+        return self._registry._wait(self, timeout)
 
 
 class InFlight:
@@ -99,22 +109,27 @@ class InFlight:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._settled = threading.Condition(self._lock)
         self._items: dict[int, _InFlight] = {}
         #: failed publishes, kept until no cut can be affected by them
         self._failures: list[PublishOutcome] = []
 
     def register(self, d: Detached) -> None:
         with self._lock:
-            self._items[d.id] = _InFlight(d)
+            self._items[d.id] = _InFlight(self, d)
 
     def settle(self, outcome: PublishOutcome) -> None:
         with self._lock:
             item = self._items.pop(outcome.id, None)
             if not outcome.ok:
                 self._failures.append(outcome)
-        if item is not None:
-            item.outcome = outcome
-            item.done.set()
+            if item is not None:
+                item.outcome = outcome
+                self._settled.notify_all()
+
+    def _wait(self, item: _InFlight, timeout: float | None) -> bool:
+        with self._lock:
+            return self._settled.wait_for(lambda: item.outcome is not None, timeout)
 
     def failures_upto(self, upto_id: int) -> list[PublishOutcome]:
         with self._lock:

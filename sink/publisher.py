@@ -16,9 +16,9 @@ watermark from its last append; before writing it the publisher makes every even
 it durable: it writes the ones still buffered itself, first; it waits for the ones in
 another caller's unsettled publish; and it refuses (requeues) the records when such an
 event was refused — so a failed audit half takes its records back with it. The
-publisher thread never waits (a dependency can sit behind it in its own queue): there a
-dependency in flight elsewhere refuses the records, which go back into the buffers for
-the next drain.
+publisher thread never waits for a partition the size trigger detached: that one is in
+its own queue (or about to be: a turn offers what it detached after the turn), so it
+defers the records instead and takes them up again after each partition it writes.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import queue
 import threading
 from collections import Counter
 from dataclasses import dataclass
+from typing import Final
 
 from sink.buffers import Buffers, Detached, Kind, PublishOutcome
 from sink.keys import audit_key, new_object_name, records_key
@@ -36,6 +37,16 @@ from sink.parquet import encode_audit, encode_records
 from sink.store import ObjectStore, StoreError
 
 log = logging.getLogger("ourios.sink")
+
+#: ``_events_durable``'s answer when a queued partition holds the events
+_DEFER: Final = "defer"
+
+
+class _Wake:
+    """Queued by ``park``: the publisher thread re-examines the records it deferred."""
+
+
+_WAKE: Final = _Wake()
 
 
 @dataclass
@@ -61,10 +72,11 @@ class Publisher:
         self._buffers = buffers
         self._node = node
         self._compression = compression
-        self._queue: queue.Queue[Detached | None] = queue.Queue(maxsize=queue_depth)
+        self._queue: queue.Queue[Detached | _Wake | None] = queue.Queue(maxsize=queue_depth)
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self.stats = PublishStats(Counter(), Counter(), Counter())
+        self._deferred = 0
         self._stats_lock = threading.Lock()
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -103,15 +115,27 @@ class Publisher:
         return True
 
     def park(self, d: Detached) -> None:
-        """Put a partition the queue refused back into the buffers."""
+        """Put a partition the queue refused back into the buffers, then wake the
+        publisher thread: records it deferred on this partition are refused now."""
         self._buffers.requeue(d, "parked")
+        try:
+            self._queue.put_nowait(_WAKE)
+        except queue.Full:
+            pass  # a full queue wakes it anyway: each write retries the deferred
 
-    def publish(self, d: Detached, *, wait: bool = True) -> PublishOutcome:
-        """Encode and write ``d`` now; on failure its rows go back into the buffers.
-        ``wait`` lets a records publish wait for its events' unsettled publishes."""
+    def publish(self, d: Detached) -> PublishOutcome:
+        """Encode and write ``d`` now; on failure its rows go back into the buffers."""
+        outcome = self._publish(d, queue_thread=False)
+        assert outcome is not None
+        return outcome
+
+    def _publish(self, d: Detached, *, queue_thread: bool) -> PublishOutcome | None:
+        """None: deferred (only on the publisher thread, see the module docstring)."""
         kind = d.partition.kind.value
         if d.partition.kind is Kind.RECORDS:
-            refusal = self._events_durable(d, wait)
+            refusal = self._events_durable(d, queue_thread)
+            if refusal == _DEFER:
+                return None
             if refusal:
                 return self._failed(d, kind, "audit_not_durable", RuntimeError(refusal))
         try:
@@ -128,9 +152,10 @@ class Publisher:
         self._buffers.in_flight.settle(outcome)
         return outcome
 
-    def _events_durable(self, d: Detached, wait: bool) -> str:
+    def _events_durable(self, d: Detached, queue_thread: bool) -> str:
         """Make the template events ``d``'s rows reference durable; "" when they are,
-        else why the rows must wait."""
+        ``_DEFER`` when a queued partition holds some (publisher thread only), else why
+        the rows are refused."""
         part = d.partition
         taken, refused = self._buffers.audit_dependencies(d)
         failed = 0
@@ -140,10 +165,10 @@ class Publisher:
         if refused or failed:
             return f"template events of tenant {part.tenant!r} were refused by the store"
         others = self._buffers.in_flight.audit_upto(part.tenant, part.audit_watermark)
-        if others and not wait:
-            return f"template events of tenant {part.tenant!r} are still being written"
-        for item in others:
-            item.done.wait()
+        if queue_thread and any(o.detached.reason == "size" for o in others):
+            return _DEFER
+        for item in others:  # a synchronous caller's publish: it never waits on this one
+            item.wait()
         if self._buffers.audit_pending(part.tenant, part.audit_watermark):
             return f"template events of tenant {part.tenant!r} failed to publish"
         return ""
@@ -179,12 +204,30 @@ class Publisher:
     # -- the thread ----------------------------------------------------------------------
 
     def _run(self) -> None:
+        deferred: list[Detached] = []
         while True:
             d = self._queue.get()
             if d is None:
-                return
-            self.publish(d, wait=False)
+                break
+            if isinstance(d, _Wake):
+                pass
+            elif self._publish(d, queue_thread=True) is None:
+                deferred.append(d)
+                self._deferred = len(deferred)
+                continue
+            if deferred:
+                # a partition was written: the records waiting on it may go now
+                deferred = [r for r in deferred if self._publish(r, queue_thread=True) is None]
+            self._deferred = len(deferred)
+        # Everything offered before close() was queued ahead of the stop, so what the
+        # deferred records wait for has been written; any still waiting go back into
+        # the buffers (the final cut's drain takes them) rather than being dropped.
+        for r in deferred:
+            if self._publish(r, queue_thread=True) is None:
+                self._buffers.requeue(r, "deferred_at_close")
+        self._deferred = 0
 
     @property
     def queue_depth(self) -> int:
-        return self._queue.qsize()
+        """Partitions queued for the publisher thread, and records it deferred."""
+        return self._queue.qsize() + self._deferred

@@ -814,8 +814,9 @@ class FailingStore:
 _ACCEPTED: Final = "file:///absolute/path or s3://bucket[/prefix]"
 
 
-def from_url(url: str, endpoint_url: str | None = None) -> ObjectStore:
-    """The store ``OURIOS_STORE_URL`` names; ``endpoint_url`` applies to ``s3://`` only.
+def from_url(url: str, endpoint_url: str | None = None, region: str | None = None) -> ObjectStore:
+    """The store ``OURIOS_STORE_URL`` names; ``endpoint_url`` and ``region`` apply to
+    ``s3://`` only (``region`` None: the AWS chain decides).
 
     Raises ValueError naming the URL and the accepted schemes for anything else.
     """
@@ -827,6 +828,8 @@ def from_url(url: str, endpoint_url: str | None = None) -> ObjectStore:
             raise ValueError(
                 f"store endpoint URL {endpoint_url!r} applies only to s3:// stores, not {url!r}"
             )
+        if region is not None:
+            raise ValueError(f"store region {region!r} applies only to s3:// stores, not {url!r}")
         path = unquote(parts.path)
         if parts.netloc not in ("", "localhost") or not path.startswith("/"):
             raise ValueError(f"store URL {url!r} must be an absolute path: {_ACCEPTED}")
@@ -838,5 +841,5 @@ def from_url(url: str, endpoint_url: str | None = None) -> ObjectStore:
             prefix = normalize_prefix(parts.path)
         except KeyFormatError as exc:
             raise ValueError(f"store URL {url!r} has an invalid prefix: {exc}") from exc
-        return S3Store(parts.netloc, prefix, endpoint_url=endpoint_url)
+        return S3Store(parts.netloc, prefix, endpoint_url=endpoint_url, region=region)
     raise ValueError(f"unsupported store URL {url!r}: expected {_ACCEPTED}")

@@ -50,6 +50,7 @@ from __future__ import annotations
 import argparse
 import bisect
 import cProfile
+import gc
 import io
 import itertools
 import math
@@ -117,6 +118,39 @@ class TimedExclusion(ReadWriteLock):
                 yield
             finally:
                 self.exclusive_log.append((asked, got, time.perf_counter()))
+
+
+class GcLog:
+    """Every cyclic-GC run (start, stop, generation) while installed: a collection
+    holds the GIL, so one that lands inside a capture lengthens the hold."""
+
+    def __init__(self) -> None:
+        self.runs: list[tuple[float, float, int]] = []
+        self._started = 0.0
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        now = time.perf_counter()
+        if phase == "start":
+            self._started = now
+        else:
+            self.runs.append((self._started, now, info["generation"]))
+
+    def __enter__(self) -> GcLog:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._callback)
+
+    def inside(self, start: float, end: float) -> tuple[float, int]:
+        """GC seconds within [start, end], and the oldest generation collected there."""
+        seconds, oldest = 0.0, -1
+        for a, b, generation in self.runs:
+            overlap = min(b, end) - max(a, start)
+            if overlap > 0:
+                seconds += overlap
+                oldest = max(oldest, generation)
+        return seconds, oldest
 
 
 def pct(values: Sequence[float], q: float) -> float:
@@ -243,6 +277,8 @@ class Result:
     days: int
     captured: list[int] = field(default_factory=list)  # partitions drained per capture
     hold: Dist = Dist.of([])
+    hold_gc: Dist = Dist.of([])  # cyclic-GC time inside each hold
+    gen2_holds: int = 0  # holds a full (generation 2) collection landed in
     acquire: Dist = Dist.of([])
     cut_stall: Dist = Dist.of([])
     met_cut: Dist = Dist.of([])  # waits of the turns that met a capture
@@ -303,28 +339,20 @@ def measure(base: Path, partitions: int, args: argparse.Namespace) -> Result:
         lock.exclusive_log.clear()
         rig.pipeline.cut_stall_seconds.clear()
         load = Load(rig, requests, args.threads)
-        load.start()
-        started = time.perf_counter()
-        try:
-            while not load.failed:
-                elapsed = time.perf_counter() - started
-                if elapsed >= args.max_seconds or (
-                    elapsed >= args.seconds and len(result.captured) >= args.min_captures
-                ):
-                    break
-                if rig.buffers.partitions < partitions:
-                    time.sleep(0.001)  # the ingest threads are refilling the partitions
-                    continue
-                cut = rig.barrier.capture(rotate_idle=False)
-                result.captured.append(len(cut.batches))
-                run_cut(rig, cut, args.publish)
-        finally:
-            load.stop()
+        with GcLog() as gc_log:
+            load.start()
+            try:
+                cut_window(rig, load, partitions, result, args)
+            finally:
+                load.stop()
         result.ingest_cut = Dist.of([s for _, s in load.calls])
         shared = list(lock.shared_log)
         excl = list(lock.exclusive_log)
         result.turns_cut = Dist.of([got - asked for asked, got in shared])
         result.hold = Dist.of([rel - got for _, got, rel in excl])
+        in_gc = [gc_log.inside(got, rel) for _, got, rel in excl]
+        result.hold_gc = Dist.of([seconds for seconds, _ in in_gc])
+        result.gen2_holds = sum(1 for _, oldest in in_gc if oldest == 2)
         result.acquire = Dist.of([got - asked for asked, got, _ in excl])
         result.cut_stall = Dist.of(list(rig.pipeline.cut_stall_seconds))
         result.met_cut = Dist.of(met_a_cut(shared, excl))
@@ -335,6 +363,25 @@ def measure(base: Path, partitions: int, args: argparse.Namespace) -> Result:
         rig.close()
         shutil.rmtree(root, ignore_errors=True)
     return result
+
+
+def cut_window(
+    rig: NodeRig, load: Load, partitions: int, result: Result, args: argparse.Namespace
+) -> None:
+    """Capture and run a cut each time P partitions are buffered, until the window ends."""
+    started = time.perf_counter()
+    while not load.failed:
+        elapsed = time.perf_counter() - started
+        if elapsed >= args.max_seconds or (
+            elapsed >= args.seconds and len(result.captured) >= args.min_captures
+        ):
+            return
+        if rig.buffers.partitions < partitions:
+            time.sleep(0.001)  # the ingest threads are refilling the partitions
+            continue
+        cut = rig.barrier.capture(rotate_idle=False)
+        result.captured.append(len(cut.batches))
+        run_cut(rig, cut, args.publish)
 
 
 def met_a_cut(
@@ -386,6 +433,7 @@ def report(results: Sequence[Result], args: argparse.Namespace) -> None:
         )
         for label, d in (
             ("capture: exclusion held", r.hold),
+            (f"  of which cyclic GC ({r.gen2_holds} with a full collection)", r.hold_gc),
             ("capture: waiting for it (turns inside)", r.acquire),
             ("pipeline.cut_stall_seconds (wait + hold)", r.cut_stall),
             ("turns that met a capture: wait", r.met_cut),

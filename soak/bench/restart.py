@@ -44,7 +44,7 @@ that. The recovery-seconds ratio, which excludes the fixed start-up cost, is pri
 beside it.
 
 Run: ``.venv/bin/python soak/bench/restart.py [--history-mib 8] [--multiples 1,10,100]
-[--retained-mib 8] [--repeats 3] [--quick]``. The full run writes 2 × 888 MiB of
+[--retained-mib 8] [--repeats 5] [--quick]``. The full run writes 2 × 888 MiB of
 history through the pipeline and takes minutes.
 """
 
@@ -401,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--records-per-request", type=int, default=32)
     ap.add_argument("--body-bytes", type=int, default=960)
     ap.add_argument("--threads", type=int, default=8, help="ingest threads building")
-    ap.add_argument("--repeats", type=int, default=3, help="restarts per row (median)")
+    ap.add_argument("--repeats", type=int, default=5, help="restarts per row (median)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--dir", type=Path, default=None, help="where to build (a temp dir)")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")

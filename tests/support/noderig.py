@@ -85,8 +85,10 @@ class NodeRig:
     def start(self) -> RecoveryReport:
         data = self.root / "data"
         data.mkdir(parents=True, exist_ok=True)
-        self.journal = Journal.open(data / "wal", self.config, fs=self.fs, clock=self.clock)
         self.events: list[tuple[str, dict[str, object]]] = []
+        self.journal = Journal.open(
+            data / "wal", self.config, fs=self.fs, clock=self.clock, events=self._event
+        )
         holder: dict[str, Pipeline] = {}
         self.buffers = Buffers(
             flush_bytes=self.flush_bytes,

@@ -296,7 +296,7 @@ def checkpoint_writes(rig: NodeRig) -> int:
 def wait_settled(rig: NodeRig) -> None:
     """Wait for every publish registered so far to settle (durable or requeued)."""
     for item in rig.buffers.in_flight.pending_upto(sys.maxsize):
-        assert item.done.wait(WAIT_S), f"publish {item.detached.id} never settled"
+        assert item.wait(WAIT_S), f"publish {item.detached.id} never settled"
 
 
 def audit_unique(rig: NodeRig) -> int:

@@ -341,6 +341,18 @@ def test_from_url_s3(monkeypatch: pytest.MonkeyPatch) -> None:
     assert plain.describe().startswith("s3://logs at https://")
 
 
+def test_from_url_s3_passes_the_region_to_the_client(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "k")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "eu-west-1")
+    store = from_url("s3://logs", endpoint_url="http://127.0.0.1:1", region="ap-south-2")
+    assert isinstance(store, S3Store)
+    assert store._client.meta.region_name == "ap-south-2"  # the setting, not the chain
+    assert from_url("s3://logs")._client.meta.region_name == "eu-west-1"  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match="region 'ap-south-2' applies only to s3://"):
+        from_url("file:///tmp/x", region="ap-south-2")
+
+
 @pytest.mark.parametrize(
     "url",
     [

@@ -1,0 +1,226 @@
+"""The publisher's write order: records never reach the store ahead of the template
+events they reference (RFC 0052 §3.1's ``write_ordered`` rule, ``sink/publisher.py``).
+
+Each test builds the buffers by hand so the interleaving is exact: which audit partition
+is buffered, detached by the size trigger and not yet queued, queued, parked or failed
+when a records partition that depends on it is published.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from sink.buffers import Buffers, Detached, Kind
+from sink.publisher import Publisher
+from sink.store import FailingStore, MemoryStore
+
+DAY_NS = 20_000 * 86_400 * 1_000_000_000
+WAIT_S = 10.0
+
+
+def wait_for(condition: Callable[[], bool], what: str) -> None:
+    """Wait (bounded) for a condition another thread makes true."""
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.001)
+
+
+def add_events(buffers: Buffers, tenant: str, n: int, lsn: int) -> list[Detached]:
+    events = [(lsn * 100 + k, 1, f"template {lsn} <*> {k}", "created", DAY_NS) for k in range(n)]
+    return buffers.add_audit(tenant, events, lsn)
+
+
+def add_rows(buffers: Buffers, tenant: str, n: int, lsn: int, nbytes: int = 10) -> Detached | None:
+    return buffers.add_records(
+        tenant,
+        20_000,
+        time_unix_nano=[DAY_NS] * n,
+        observed_time_unix_nano=[DAY_NS] * n,
+        severity_number=[9] * n,
+        severity_text=["INFO"] * n,
+        body=[f"row {k}" for k in range(n)],
+        attributes=[[] for _ in range(n)],
+        resource_attributes=[[] for _ in range(n)],
+        scope_name=[""] * n,
+        trace_id=[None] * n,
+        span_id=[None] * n,
+        template_id=[lsn * 100] * n,
+        template_params=[[str(k)] for k in range(n)],
+        wal_lsn=lsn,
+        record_index=list(range(n)),
+        nbytes=nbytes,
+    )
+
+
+def kinds_in_put_order(store: MemoryStore) -> list[str]:
+    return [key.split("/", 1)[0] for key in store.snapshot()]
+
+
+@pytest.fixture
+def memory() -> MemoryStore:
+    return MemoryStore()
+
+
+@pytest.fixture
+def failing(memory: MemoryStore) -> FailingStore:
+    return FailingStore(memory)
+
+
+@pytest.fixture
+def make(failing: FailingStore) -> Iterator[Callable[[int], tuple[Buffers, Publisher]]]:
+    publishers: list[Publisher] = []
+
+    def build(flush_bytes: int) -> tuple[Buffers, Publisher]:
+        buffers = Buffers(flush_bytes=flush_bytes, clock=time.monotonic, epoch=lambda: 1)
+        publisher = Publisher(failing, buffers, node="t-0", queue_depth=4)
+        publishers.append(publisher)
+        return buffers, publisher
+
+    yield build
+    for p in publishers:
+        p.close(WAIT_S)
+
+
+def test_buffered_events_are_written_ahead_of_the_records_that_reference_them(
+    make: Callable[[int], tuple[Buffers, Publisher]], memory: MemoryStore
+) -> None:
+    buffers, publisher = make(1 << 20)
+    add_events(buffers, "t", 2, lsn=1)  # buffered (under the size trigger)
+    records = add_rows(buffers, "t", 3, lsn=1, nbytes=1 << 20)  # the size trigger
+    assert records is not None
+
+    assert publisher.publish(records).ok
+
+    assert kinds_in_put_order(memory) == ["audit", "records"]
+    assert buffers.empty() and len(buffers.in_flight) == 0
+
+
+def test_records_without_new_events_do_not_wait_for_anything(
+    make: Callable[[int], tuple[Buffers, Publisher]], memory: MemoryStore
+) -> None:
+    buffers, publisher = make(1 << 20)
+    add_events(buffers, "other", 1, lsn=1)  # another tenant's events are no dependency
+    records = add_rows(buffers, "t", 3, lsn=2, nbytes=1 << 20)  # no event of its own
+    assert records is not None and records.partition.audit_watermark == 0
+
+    assert publisher.publish(records).ok
+
+    assert kinds_in_put_order(memory) == ["records"]
+    assert buffers.partitions == 1  # the other tenant's events stay buffered
+
+
+def test_a_refused_audit_write_refuses_its_records_and_both_requeue(
+    make: Callable[[int], tuple[Buffers, Publisher]],
+    failing: FailingStore,
+    memory: MemoryStore,
+) -> None:
+    buffers, publisher = make(1 << 20)
+    add_events(buffers, "t", 2, lsn=1)
+    add_rows(buffers, "t", 3, lsn=1)
+    failing.fail(ops=("put",), nth=1)
+    audit, records = buffers.drain_all("barrier")  # audit first, as every drain is
+    assert audit.partition.kind is Kind.AUDIT
+
+    assert not publisher.publish(audit).ok
+    outcome = publisher.publish(records)
+
+    assert not outcome.ok and outcome.error_type == "audit_not_durable"
+    assert memory.snapshot() == {}
+    assert publisher.stats.failures[("records", "audit_not_durable")] == 1
+    assert buffers.partitions == 2 and len(buffers.in_flight) == 0
+    # the next drain writes both, in order
+    for d in buffers.drain_all("barrier"):
+        assert publisher.publish(d).ok
+    assert kinds_in_put_order(memory) == ["audit", "records"]
+
+
+def test_a_synchronous_publish_waits_for_events_another_caller_is_writing(
+    make: Callable[[int], tuple[Buffers, Publisher]],
+    failing: FailingStore,
+    memory: MemoryStore,
+) -> None:
+    buffers, publisher = make(1 << 20)
+    add_events(buffers, "t", 2, lsn=1)
+    add_rows(buffers, "t", 3, lsn=1)
+    audit, records = buffers.drain_all("age")
+    held = failing.hold(ops=("put",))
+    writer = threading.Thread(target=publisher.publish, args=(audit,))
+    writer.start()
+    assert held.reached.wait(WAIT_S)  # the audit put is in the store, unanswered
+
+    result: list[bool] = []
+    waiter = threading.Thread(target=lambda: result.append(publisher.publish(records).ok))
+    waiter.start()
+    waiter.join(0.2)
+    assert waiter.is_alive() and memory.snapshot() == {}  # waiting, nothing written
+    held.release()
+    writer.join(WAIT_S)
+    waiter.join(WAIT_S)
+
+    assert result == [True]
+    assert kinds_in_put_order(memory) == ["audit", "records"]
+
+
+def test_the_publisher_thread_defers_records_whose_events_are_queued_behind_them(
+    make: Callable[[int], tuple[Buffers, Publisher]], memory: MemoryStore
+) -> None:
+    buffers, publisher = make(1)  # every partition detaches at once
+    (audit,) = add_events(buffers, "t", 1, lsn=1)  # detached by a turn, not yet offered
+    records = add_rows(buffers, "t", 3, lsn=1)
+    assert records is not None and records.partition.audit_watermark == 1
+    publisher.start()
+
+    assert publisher.offer(records)  # the records reach the queue first
+    wait_for(lambda: publisher.queue_depth == 1 and publisher._deferred == 1, "the deferral")
+    assert memory.snapshot() == {}
+    assert publisher.offer(audit)
+    wait_for(lambda: len(buffers.in_flight) == 0, "both to settle")
+
+    assert kinds_in_put_order(memory) == ["audit", "records"]
+    assert publisher.queue_depth == 0 and not publisher.stats.failures
+
+
+def test_a_park_of_the_events_refuses_the_deferred_records(
+    make: Callable[[int], tuple[Buffers, Publisher]], memory: MemoryStore
+) -> None:
+    buffers, publisher = make(1)
+    (audit,) = add_events(buffers, "t", 1, lsn=1)
+    records = add_rows(buffers, "t", 3, lsn=1)
+    assert records is not None
+    publisher.start()
+    assert publisher.offer(records)
+    wait_for(lambda: publisher._deferred == 1, "the deferral")
+
+    publisher.park(audit)  # the turn found the queue full: the events go back
+    wait_for(lambda: len(buffers.in_flight) == 0, "the deferred records to settle")
+
+    assert memory.snapshot() == {}
+    assert publisher.stats.failures[("records", "audit_not_durable")] == 1
+    assert buffers.partitions == 2 and buffers.parked_partitions == 2
+
+
+def test_close_never_strands_deferred_records(
+    make: Callable[[int], tuple[Buffers, Publisher]], memory: MemoryStore
+) -> None:
+    buffers, publisher = make(1)
+    (audit,) = add_events(buffers, "t", 1, lsn=1)
+    records = add_rows(buffers, "t", 3, lsn=1)
+    assert records is not None
+    publisher.start()
+    assert publisher.offer(records)
+    wait_for(lambda: publisher._deferred == 1, "the deferral")
+
+    assert publisher.close(WAIT_S)  # the audit partition was never offered
+
+    assert len(buffers.in_flight) == 1  # only the never-offered audit partition
+    assert buffers.partitions == 1 and memory.snapshot() == {}  # the records came back
+    buffers.requeue(audit, "test")
+    for d in buffers.drain_all("shutdown"):
+        assert publisher.publish(d).ok
+    assert kinds_in_put_order(memory) == ["audit", "records"]
