@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 from app import points
+from app.admission import Admission
 from app.ingest_api import IngestOutcome
 from app.miner import MinerCluster, MineResult
 from app.otlp import BadRequest, FlatBatch, PayloadTooLarge, Unavailable
@@ -154,8 +155,10 @@ class Pipeline:
         clock: Callable[[], float] = time.time,
         events: Callable[[str, Mapping[str, object]], None] | None = None,
         ledger: SnapshotLedger | None = None,
+        admission: Admission | None = None,
     ) -> None:
         self.journal = journal
+        self.admission = admission or Admission()
         self.miners = miners
         self.buffers = buffers
         self.publisher = publisher
@@ -203,6 +206,7 @@ class Pipeline:
     ) -> IngestOutcome:
         """Append, wait for the covering fsync, run the turn; raises an ``IngestRejection``
         when nothing was acknowledged."""
+        self.admission.check(tenant)  # a refusal writes nothing
         try:
             pending = self.journal.append_batch(tenant, payload)
         except FrameTooLarge as exc:
