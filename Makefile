@@ -30,8 +30,14 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check app wal sink tests soak scripts
 	$(VENV)/bin/mypy wal sink app
 
+# The benchmarks (not part of `make test`): each prints its figure beside a reference
+# measured in the same run; record the results in docs/BENCHMARKS.md.
 bench: $(VENV)/.installed
 	$(PY) soak/bench/wal_append.py
+	$(PY) soak/bench/housekeeping.py
+	$(PY) soak/bench/ingest.py
+	$(PY) soak/bench/barrier.py
+	$(PY) soak/bench/restart.py
 
 clean:
 	rm -rf $(VENV) .cache .mypy_cache .ruff_cache

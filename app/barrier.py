@@ -149,6 +149,13 @@ class Barrier:
             self.pipeline.move_frozen(cut, pending)
             pending.snaps.update(cut.snaps)
 
+    def request_cut(self) -> None:
+        """Ask the barrier thread for a fresh capture now instead of at the next tick
+        (no I/O here; the thread runs it)."""
+        with self._cond:
+            self.recapture = True
+            self._cond.notify_all()
+
     # -- the timer ---------------------------------------------------------------------
 
     def start(self) -> None:

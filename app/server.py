@@ -1,12 +1,15 @@
 """``ourios serve``: assembly, start-up order and shutdown (DESIGN.md §6).
 
-Start: open the WAL → replay it into the miners and sinks (recovery) → start the
-publisher and the age sweep → start the gRPC and HTTP listeners → ready. One start-up
-line (``recovery.done``) says what was replayed and suppressed and how long it took; one
+Start: open the WAL → load the durable snapshots and replay the WAL into the miners
+and sinks (recovery) → start the publisher, the age sweep, the barrier and housekeeping
+timers → start the gRPC and HTTP listeners → ready. One start-up line
+(``recovery.done``) says what was replayed and suppressed and how long it took; one
 (``server.listening``) gives the bound ports.
 
 SIGTERM/SIGINT: stop the listeners (requests in flight finish) → stop the age sweep →
-flush every buffered partition to the store → stop the publisher → close the WAL.
+join the housekeeping and barrier timers → the final cut (flush every buffered
+partition, install snapshots, checkpoint) → stop the publisher → close the WAL; one
+``server.stopped`` line says what was left and whether every thread joined.
 """
 
 from __future__ import annotations
@@ -286,19 +289,25 @@ def run_serve(settings: Settings) -> int:
     return 0
 
 
-def shutdown(node: Node) -> None:
+def shutdown(node: Node, join_timeout: float = 60.0) -> None:
     """Listeners are stopped: join the timers, run the final cut (flush, snapshots,
-    checkpoint), close. A timer that does not join is read as a failed cut."""
+    checkpoint), close. A timer that does not join within ``join_timeout`` is read as a
+    failed cut: a barrier still running a cut gets no final cut after it (two cuts at
+    once would break their ordering), and a housekeeping pass still in its file half
+    keeps the WAL open — closing descriptors under it could let its RECLAIM write land
+    on a reused descriptor — so the process exit releases them instead. Nothing is lost
+    either way: what the final cut did not stamp, the next start replays."""
     events = node.events
     node.sweep.close()
-    hk_joined = node.housekeeper.close()
-    barrier_joined = node.barrier.close()
+    hk_joined = node.housekeeper.close(join_timeout)
+    barrier_joined = node.barrier.close(join_timeout)
     final = None
     if barrier_joined:
         final = node.barrier.run_cut(node.barrier.capture(rotate_idle=False))
     left = 0 if node.pipeline.buffers.empty() else _buffered_rows(node)
-    joined = node.pipeline.publisher.close()
-    node.journal.close()
+    joined = node.pipeline.publisher.close(join_timeout)
+    if hk_joined:
+        node.journal.close()
     clean = final is not None and final.ok and left == 0 and joined and hk_joined
     events.emit(
         "server.stopped",
@@ -308,6 +317,9 @@ def shutdown(node: Node) -> None:
             "final_cut_ok": final is not None and final.ok,
             "checkpoint": None if final is None or final.mark is None else str(final.mark),
             "timers_joined": hk_joined and barrier_joined,
+            "housekeeping_joined": hk_joined,
+            "barrier_joined": barrier_joined,
+            "wal_closed": hk_joined,
         },
         "info" if clean else "warning",
     )

@@ -88,11 +88,75 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "unlink_before_record",
         "the RECLAIM record is durable before the first unlink it accounts for",
         "wal/housekeeping.py",
-        "        if plan.write_record:\n            try:\n                self._write_record()",
-        "        if plan.write_record and False:\n            try:\n                self._write_record()",
+        # the record is written after the unlinks and the directory fsync, not before
+        "        if plan.write_record:\n            try:\n                self._write_record()\n            except OSError as exc:\n                outcome.record_error = exc\n                segments = []  # nothing the record accounts for may be unlinked\n",
+        "",
         (
+            "tests/unit/wal/test_rfc0052_17.py::test_rfc0052_17_crash_inside_a_pass",
             "tests/unit/wal/test_rfc0052_17.py",
-            "tests/crash/test_reclaim_model.py",
+        ),
+        more=(
+            (
+                "                outcome.fsync_failed = True\n        return outcome\n",
+                "                outcome.fsync_failed = True\n        if plan.write_record:\n            try:\n                self._write_record()\n            except OSError as exc:\n                outcome.record_error = exc\n        return outcome\n",
+            ),
+        ),
+    ),
+    # -- the barrier and recovery (issue 5) ----------------------------------------------
+    Sabotage(
+        "mark_before_quiesce",
+        "the cut's mark is read after the quiesce, under the exclusive exclusion",
+        "app/barrier.py",
+        '        with p.exclusion.exclusive():\n            points.hit("barrier.after_quiesce")',
+        '        early = p.last_durable()\n        with p.exclusion.exclusive():\n            points.hit("barrier.after_quiesce")',
+        (
+            "tests/unit/app/test_barrier.py::test_rfc0052_14_mark_is_read_after_the_quiesce_under_the_exclusion",
+        ),
+        more=(
+            (
+                '            cut = p.capture_cut_locked("timer")\n',
+                '            cut = p.capture_cut_locked("timer")\n            cut.mark = early\n',
+            ),
+        ),
+    ),
+    Sabotage(
+        "stamp_the_sync_eof",
+        "a turn's mark is its own frame end, never the covering fsync's EOF",
+        "app/pipeline.py",
+        "            offset = pending.wait().offset\n",
+        "            offset = pending.wait().durable_eof\n",
+        ("tests/unit/app/test_barrier.py::test_rfc0052_14_own_frame_mark_across_a_two_turn_flush",),
+    ),
+    Sabotage(
+        "skip_the_recheck",
+        "the latch is rechecked after the flush and the waits, before the stamp",
+        "app/barrier.py",
+        "        latched = p.failed_epoch <= cut.epoch  # the recheck, after the waits",
+        "        latched = False",
+        (
+            "tests/unit/app/test_barrier.py::test_rfc0052_1_turn_failing_concurrently_with_a_barrier_latches_its_cut",
+            "tests/unit/app/test_barrier.py::test_rfc0052_1_mining_failure_latches_every_later_cut_until_restart",
+        ),
+    ),
+    Sabotage(
+        "pending_cut_outlives_a_failed_cut",
+        "a pending cut never installs or stamps after the running cut failed",
+        "app/barrier.py",
+        "        if not outcome.ok:\n            self._invalidate_pending(outcome)",
+        "        if not outcome.ok:\n            pass",
+        (
+            "tests/unit/app/test_barrier.py::test_rfc0052_14_pending_cut_inherits_the_running_cuts_outcome",
+        ),
+    ),
+    Sabotage(
+        "replay_feeds_records_at_or_below_x",
+        "replayed records reach the sink only above max(X, S)",
+        "app/recovery.py",
+        "            publish_records=lsn > gate,",
+        "            publish_records=lsn > (-1 if s is None else s.lsn),",
+        (
+            "tests/crash/test_rfc0052_10.py::test_rfc0052_10_s_below_x_remines_s_to_x_and_suppresses_it",
+            "tests/unit/app/test_pipeline.py::test_recovery_replays_every_frame_and_gates_the_sink_on_the_checkpoint",
         ),
     ),
     # -- the WAL core (issue 2) ---------------------------------------------------------
@@ -159,6 +223,30 @@ def copy_tree(dest: Path) -> None:
     shutil.copytree(ROOT, dest, ignore=ignore, dirs_exist_ok=True)
 
 
+def pytest_run(tree: Path, tests: tuple[str, ...]) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=str(tree), PYTHONDONTWRITEBYTECODE="1")
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-x", "-rfE", "-p", "no:cacheprovider", *tests],
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+
+
+def control(tree: Path, tests: tuple[str, ...], seen: dict[tuple[str, ...], str]) -> str:
+    """Run ``tests`` on the unbroken tree: a sabotage only counts as caught when the same
+    tests pass without it (else a missing tool or a flake would pass for a catch).
+    Returns "" when they pass, else why not."""
+    if tests not in seen:
+        proc = pytest_run(tree, tests)
+        tail = "\n".join(proc.stdout.splitlines()[-5:])
+        seen[tests] = "" if proc.returncode == 0 else f"exit {proc.returncode}:\n{tail}"
+    return seen[tests]
+
+
 def run(sabotage: Sabotage, tree: Path) -> tuple[bool, str]:
     target = tree / sabotage.file
     original = (ROOT / sabotage.file).read_text()
@@ -169,29 +257,14 @@ def run(sabotage: Sabotage, tree: Path) -> tuple[bool, str]:
         broken = broken.replace(old, new, 1)
     target.write_text(broken)
     try:
-        env = dict(os.environ, PYTHONPATH=str(tree), PYTHONDONTWRITEBYTECODE="1")
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pytest",
-                "-q",
-                "-x",
-                "-rfE",
-                "-p",
-                "no:cacheprovider",
-                *sabotage.tests,
-            ],
-            cwd=tree,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=900,
-            check=False,
-        )
+        proc = pytest_run(tree, sabotage.tests)
     finally:
         target.write_text(original)
-    failed = [line for line in proc.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))]
+    failed = [  # pytest's summary lines, not captured log lines that start alike
+        line
+        for line in proc.stdout.splitlines()
+        if line.startswith(("FAILED ", "ERROR ")) and "::" in line.split()[1]
+    ]
     if proc.returncode == 0:
         return False, "no test failed"
     if proc.returncode == 5 or not failed:
@@ -209,8 +282,13 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="sabotage-") as tmp:
         tree = Path(tmp) / "tree"
         copy_tree(tree)
+        controls: dict[tuple[str, ...], str] = {}
         for s in chosen:
-            caught, detail = run(s, tree)
+            unbroken = control(tree, s.tests, controls)
+            if unbroken:
+                caught, detail = False, f"the tests fail on the unbroken tree ({unbroken})"
+            else:
+                caught, detail = run(s, tree)
             mark = "caught  " if caught else "UNCAUGHT"
             print(f"{mark} {s.name:<28} {s.rule}\n         -> {detail}", flush=True)
             uncaught += not caught

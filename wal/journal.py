@@ -1109,6 +1109,12 @@ class Journal(HousekeepingMixin):
 
     # ------------------------------------------------------------------ close
 
+    @property
+    def closed(self) -> bool:
+        """True once ``close`` ran: appends are refused and descriptors released."""
+        with self._lock:
+            return self._closed
+
     def close(self) -> None:
         """Refuse new appends, let in-flight waiters finish, fsync and close files."""
         with self._lock:

@@ -29,10 +29,12 @@ Four tests:
   (S < X). Exact record ids, offsets and counters; the audit stream is compared with a
   reference ``TenantMiner`` restored from the same snapshot bytes (``CountingAllocator``
   ids, matched up to one consistent renaming) and fed the same frames in the same order.
-  Every (S, X] event is suppressed, as DESIGN.md §13 says; the seed's 2026-10-06
-  exception (forward an (S, X] event of a template replay minted afresh, RFC 0059) is
-  not implemented, and the S < X test prints the template ids it leaves without any
-  audit event.
+  Every (S, X] event is suppressed, as DESIGN.md §13 says, except the seed's 2026-10-06
+  amendment, which recovery implements: an (S, X] event of a template this replay
+  minted afresh (an id no published event binds) is forwarded once, so every
+  republished template id has its audit event. The real-process rounds allow exactly
+  that exception: an audit row at or below X is a failure unless its template id is
+  bound by no audit row published before the start.
 
 How the kills are placed and observed: the test writes a small probe, loaded by the
 served interpreter as ``sitecustomize`` (only that process's ``PYTHONPATH`` has it). It
@@ -364,20 +366,23 @@ class Row:
     tenant: str
     wal_lsn: int
     rid: str | None  # records only
+    template_id: int | None = None  # audit only
 
 
 def _rows(paths: Iterable[Path]) -> list[Row]:
     rows: list[Row] = []
     for path in sorted(paths):
         kind = "records" if "records" in path.parts else "audit"
-        cols = ["tenant", "wal_lsn"] + (["attributes"] if kind == "records" else [])
-        table = pq.read_table(path, columns=cols)
+        extra = "attributes" if kind == "records" else "template_id"
+        table = pq.read_table(path, columns=["tenant", "wal_lsn", extra])
         tenants = table.column("tenant").to_pylist()
         lsns = table.column("wal_lsn").to_pylist()
-        attrs = table.column("attributes").to_pylist() if kind == "records" else [None] * len(lsns)
-        for tenant, lsn, a in zip(tenants, lsns, attrs, strict=True):
-            rid = dict(a).get("rid") if a is not None else None
-            rows.append(Row(kind, tenant, lsn, rid))
+        extras = table.column(extra).to_pylist()
+        for tenant, lsn, x in zip(tenants, lsns, extras, strict=True):
+            if kind == "records":
+                rows.append(Row(kind, tenant, lsn, dict(x).get("rid")))
+            else:
+                rows.append(Row(kind, tenant, lsn, None, x))
     return rows
 
 
@@ -419,18 +424,26 @@ class Round:
     cuts_checkpointed: int = 0
     new_rows: list[Row] = field(default_factory=list)
     planned_after: int = 0  # RECLAIM planned entries left by the kill
+    #: template ids some audit event published before this start binds
+    bound_before: set[int] = field(default_factory=set)
 
     def republished(self) -> int:
         """Rows of earlier rounds this instance published (replays above the gates)."""
         return sum(1 for r in self.new_rows if r.rid and _rid_round(r.rid) < self.number)
 
     def below_gate(self) -> list[Row]:
-        """Rows this instance published at or below its gates: must be none."""
+        """Rows this instance published at or below its gates: must be none. The one
+        exception (RFC0052.10's 2026-10-06 amendment, implemented by recovery): an
+        event at or below X of a template this replay minted afresh, which no event
+        published before binds — its id is new, so it cannot duplicate anything."""
         out = []
         for r in self.new_rows:
             gate = self.x if r.kind == "audit" else max(self.x, self.s.get(r.tenant, -1))
-            if r.wal_lsn <= gate:
-                out.append(r)
+            if r.wal_lsn > gate:
+                continue
+            if r.kind == "audit" and r.template_id not in self.bound_before:
+                continue  # minted afresh by this replay
+            out.append(r)
         return out
 
 
@@ -493,6 +506,11 @@ class Campaign:
         reclaim = inspect_root(self.data_dir / "wal").reclaim
         r.planned_after = 0 if reclaim is None else len(reclaim.planned)
         r.new_rows = _rows(_objects(self.data_dir) - before)
+        r.bound_before = {
+            row.template_id
+            for row in _rows(path for path in before if "audit" in path.parts)
+            if row.template_id is not None
+        }
 
     def _serve(self, serve: ServeProcess, rng: random.Random, r: Round) -> None:
         with AckLoad(

@@ -262,7 +262,11 @@ def cut_ok(rig: NodeRig) -> bool:
 
 
 def names(rig: NodeRig, prefix: str) -> list[str]:
-    return [name for name, _ in rig.events if name.startswith(prefix)]
+    """The transition events with ``prefix``, read back from the JSON log stream the
+    production ``EventLog`` wrote (one object per line), in order."""
+    logged = [str(line["event"]) for line in rig.logged_events()]
+    assert logged == [name for name, _ in rig.events]  # the stream is the whole story
+    return [name for name in logged if name.startswith(prefix)]
 
 
 def test_rfc0052_7_unreclaimed_bytes_grow_in_process_after_a_healthy_cut(

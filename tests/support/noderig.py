@@ -12,6 +12,7 @@ recovery on the same directory, as ``ourios serve`` would.
 from __future__ import annotations
 
 import io
+import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ import pyarrow.parquet as pq
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 
 from app.barrier import Barrier
+from app.events import EventLog
 from app.housekeeping import Housekeeper
 from app.miner import FileTemplateIdAllocator, MinerCluster
 from app.otlp import decode_request, flatten
@@ -86,6 +88,9 @@ class NodeRig:
         data = self.root / "data"
         data.mkdir(parents=True, exist_ok=True)
         self.events: list[tuple[str, dict[str, object]]] = []
+        #: the same events through the production ``EventLog``: the log stream
+        self.log_stream = io.StringIO()
+        self.event_log = EventLog(self.log_stream)
         self.journal = Journal.open(
             data / "wal", self.config, fs=self.fs, clock=self.clock, events=self._event
         )
@@ -137,6 +142,11 @@ class NodeRig:
 
     def _event(self, name: str, fields: object) -> None:
         self.events.append((name, dict(fields)))  # type: ignore[call-overload]
+        self.event_log(name, fields)  # type: ignore[arg-type]
+
+    def logged_events(self) -> list[dict[str, object]]:
+        """The JSON lines the production ``EventLog`` wrote for this rig, parsed."""
+        return [json.loads(line) for line in self.log_stream.getvalue().splitlines()]
 
     def close(self) -> None:
         self.publisher.close()

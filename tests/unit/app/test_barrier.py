@@ -109,7 +109,7 @@ from app.snapshots import decode_snapshot
 from sink.buffers import NANOS_PER_DAY, Detached
 from sink.store import StoreError
 from tests.support.noderig import NodeRig, request, rids
-from wal import CommitOutcome, WalConfig, WalOffset
+from wal import AppendError, CommitOutcome, WalConfig, WalOffset
 
 T = TypeVar("T")
 
@@ -794,6 +794,43 @@ def test_rfc0052_1_raising_housekeeping_pass_counts_and_the_next_pass_replans(
 
     assert rig.housekeeper.runs[("ok", "")] == 1
     assert rig.journal.segment_names() == [second] and checkpoint(rig) == a
+
+
+def test_rfc0052_1_housekeeping_keeps_sweeping_while_the_barrier_is_latched(
+    make_rig: Callable[..., NodeRig], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A latch stops the checkpoint, not housekeeping: partials of failed rotations are
+    swept and what the last good checkpoint and snapshots cover is still reclaimed."""
+    rig = make_rig()
+    real = rig.miners.mine
+
+    def mine(tenant: str, bodies: Sequence[str]) -> object:
+        if tenant == "bad":
+            raise RuntimeError("injected miner failure")
+        return real(tenant, bodies)
+
+    monkeypatch.setattr(rig.miners, "mine", mine)
+    rig.ingest("good", "a")
+    rig.clock.advance(SEGMENT_AGE + 1)
+    assert step(rig).checkpointed  # the idle first segment rotated and is covered
+    first = rig.journal.segment_names()[0]
+    rig.ingest("bad", "x")  # latches every later cut
+    assert rig.pipeline.failed_epoch != LATCH_CLEAR
+    # a rotation whose rename fails leaves a partial behind; the next append retries it
+    rig.fs.fail("rename", "*.wal")  # the seam sees a rename by its destination
+    with pytest.raises(AppendError):
+        rig.journal.rotate()
+    debris = rig.journal.stale_partials
+    assert len(debris) == 1 and debris[0].exists()
+    rig.ingest("good", "b")
+    assert step(rig).latched
+
+    progress = rig.housekeeper.step()
+
+    assert progress is not None and progress.removed_partials == 1
+    assert not debris[0].exists() and rig.journal.stale_partials == []
+    assert first not in rig.journal.segment_names()
+    assert rig.housekeeper.runs[("ok", "")] == 1
 
 
 @pytest.mark.parametrize("order", ["requeued_before_capture", "requeued_after_capture"])

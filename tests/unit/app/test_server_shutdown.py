@@ -1,0 +1,110 @@
+"""Shutdown (DESIGN.md §6): the timers are joined, then the final cut; a timer that does
+not join is read as a failed cut, and a housekeeping pass still running keeps the WAL
+open (its file half may be writing RECLAIM)."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from app import points
+from app.config import load_settings
+from app.events import EventLog
+from app.otlp import decode_request, flatten
+from app.recovery import recover
+from app.server import Node, build_node, shutdown
+from tests.support.noderig import request
+
+WAIT_S = 30
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[tuple[Node, io.StringIO]]:
+    settings = load_settings(
+        {
+            "OURIOS_SERVER_DATA_DIR": str(tmp_path / "data"),
+            "OURIOS_WAL_BARRIER_SECS": "3600",
+            "OURIOS_WAL_HOUSEKEEPING_SECS": "3600",
+        }
+    )
+    stream = io.StringIO()
+    built = build_node(settings, EventLog(stream))
+    built.pipeline.publisher.start()
+    recover(built.journal, built.pipeline, built.snapshots, built.ledger)
+    built.pipeline.set_ready(True)
+    yield built, stream
+    built.journal.close()  # idempotent after a clean shutdown
+
+
+def ingest(node: Node, tag: str) -> None:
+    data = request(tag).SerializeToString()
+    batch = flatten(decode_request(data, "application/x-protobuf"), "t")
+    node.pipeline.ingest("t", data, batch, "test")
+
+
+def stopped(stream: io.StringIO) -> dict[str, object]:
+    lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+    found = [line for line in lines if line["event"] == "server.stopped"]
+    assert len(found) == 1, lines
+    return found[0]
+
+
+def test_a_clean_shutdown_runs_the_final_cut_and_closes_the_wal(
+    node: tuple[Node, io.StringIO],
+) -> None:
+    n, stream = node
+    n.barrier.start()
+    n.housekeeper.start()
+    ingest(n, "a")
+
+    shutdown(n)
+
+    line = stopped(stream)
+    assert line["level"] == "info"
+    assert line["final_cut_ok"] is True and line["rows_left_in_wal"] == 0
+    assert line["timers_joined"] is True and line["wal_closed"] is True
+    assert n.journal.last_checkpoint is not None
+
+
+def test_a_barrier_that_does_not_join_is_read_as_a_failed_cut(
+    node: tuple[Node, io.StringIO],
+) -> None:
+    n, stream = node
+    ingest(n, "a")
+    with points.hold("barrier.before_flush") as held:
+        n.barrier.start()
+        n.barrier.request_cut()  # the tick, now instead of in an hour
+        assert held.reached.wait(WAIT_S)
+        shutdown(n, join_timeout=0.2)  # the barrier is inside a cut and cannot join
+        line = stopped(stream)
+        held.release()
+    n.barrier.close(WAIT_S)  # the held cut finishes; joins the thread for the test
+
+    assert line["level"] == "warning"
+    assert line["barrier_joined"] is False and line["timers_joined"] is False
+    assert line["final_cut_ok"] is False  # no second cut ran beside the held one
+    assert line["checkpoint"] is None
+
+
+def test_a_housekeeping_pass_that_does_not_join_keeps_the_wal_open(
+    node: tuple[Node, io.StringIO],
+) -> None:
+    n, stream = node
+    ingest(n, "a")
+    with points.hold("housekeeping.before_pass") as held:
+        n.housekeeper.start()
+        n.housekeeper.wake()
+        assert held.reached.wait(WAIT_S)
+        shutdown(n, join_timeout=0.2)
+        line = stopped(stream)
+        assert not n.journal.closed  # the pass may still write RECLAIM
+        held.release()
+    assert n.housekeeper.close(WAIT_S)
+
+    assert line["level"] == "warning"
+    assert line["housekeeping_joined"] is False and line["wal_closed"] is False
+    assert line["final_cut_ok"] is True  # the barrier joined: the final cut still ran
