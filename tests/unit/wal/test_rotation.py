@@ -82,9 +82,9 @@ def rig(tmp_path: Path, config: WalConfig = SMALL) -> Rig:
     return r
 
 
-def inject(r: Rig, step: str, count: int | None) -> None:
+def inject(r: Rig, step: str, count: int | None, code: int = errno.EIO) -> None:
     op, glob = STEPS[step]
-    r.fs.fail(op, glob, count=count, errno=errno.EIO)
+    r.fs.fail(op, glob, count=count, errno=code)
 
 
 def reopen_and_check(r: Rig) -> Journal:
@@ -268,6 +268,7 @@ def test_budget_resets_only_when_the_obligation_itself_succeeds(tmp_path: Path) 
     failures=st.one_of(st.integers(min_value=1, max_value=5), st.none()),
     via_rotate=st.booleans(),
     budget=st.integers(min_value=1, max_value=4),
+    code=st.sampled_from([errno.EIO, errno.ENOSPC]),
 )
 def test_rfc0052_4_5_property_any_step_any_count(
     tmp_path_factory: pytest.TempPathFactory,
@@ -275,6 +276,7 @@ def test_rfc0052_4_5_property_any_step_any_count(
     failures: int | None,
     via_rotate: bool,
     budget: int,
+    code: int,
 ) -> None:
     tmp = tmp_path_factory.mktemp("prop")
     config = WalConfig(
@@ -283,7 +285,7 @@ def test_rfc0052_4_5_property_any_step_any_count(
         max_unlinks_per_pass=max(budget, 1),
     )
     r = rig(tmp, config)
-    inject(r, step, failures)
+    inject(r, step, failures, code)  # a full disk is an ordinary failure, like EIO
     for _ in range(8):
         if via_rotate:
             try:
