@@ -261,7 +261,9 @@ class MineResult:
     """One batch's mining, in columns: entry ``i`` belongs to body ``i``."""
 
     template_ids: list[int]
-    template_params: list[list[str]]
+    #: tuples, not lists: a tuple of strings leaves the cyclic collector's care after
+    #: its first young collection, so buffered rows never burden a full collection
+    template_params: list[tuple[str, ...]]
     #: in the order the bodies caused them
     events: list[TemplateEvent]
 
@@ -694,7 +696,7 @@ class TenantMiner:
         touch = cast(_Touchable, drain.id_to_cluster).__getitem__
         delimiters = self._config.extra_delimiters
         ids: list[int] = []
-        params: list[list[str]] = []
+        params: list[tuple[str, ...]] = []
         events: list[TemplateEvent] = []
         append_id = ids.append
         append_params = params.append
@@ -716,7 +718,7 @@ class TenantMiner:
                     templates[drain_id] = template
             append_id(template.template_id)
             positions = template.positions
-            append_params([tokens[i] for i in positions] if positions else [])
+            append_params(tuple([tokens[i] for i in positions]) if positions else ())
         return MineResult(ids, params, events)
 
     def _create(self, tokens: list[str], index: int, events: list[TemplateEvent]) -> _Template:

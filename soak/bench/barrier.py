@@ -8,11 +8,15 @@ turn needs the exclusion shared, so a turn that arrives during the capture — o
 the capture waits for the turns already inside to leave (the lock prefers the writer)
 — waits. That wait is the stall.
 
-In-process on ``tests/support/noderig.NodeRig`` (a real journal on the ``FaultyFs``
-seam, which does real I/O; the real pipeline, buffers, miners, barrier and snapshot
-store; an in-memory object store). Partitions are tenant × UTC day: ``T`` tenants
-(``--tenants``, at most P) each post requests whose records are spread over ``D =
-P / T`` distinct days, so one request per tenant recreates all P partitions. For each P:
+In-process on ``tests/support/noderig.NodeRig`` (a real journal on plain ``OsFs`` —
+the fault seam's op log would grow a heap production never has; the real pipeline,
+buffers, miners, barrier and snapshot store; an in-memory object store), with the heap
+built by the warm-up frozen out of the cyclic collector as ``ourios serve`` does after
+recovery (``app.server.freeze_long_lived_heap``): a full collection holds the GIL, so
+one landing in a capture lengthens the hold, and its cost is the tracked heap's size.
+Partitions are tenant × UTC day: ``T`` tenants (``--tenants``, at most P) each post
+requests whose records are spread over ``D = P / T`` distinct days, so one request per
+tenant recreates all P partitions. For each P:
 
 1. warm-up: one pass over the tenants and one cut (the templates exist from then on);
 2. reference window (``--seconds``): ``--threads`` ingest threads post continuously
@@ -77,6 +81,7 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (  # noqa: E4
 from app.barrier import Cut  # noqa: E402
 from app.otlp import decode_request, flatten  # noqa: E402
 from app.pipeline import ReadWriteLock  # noqa: E402
+from app.server import freeze_long_lived_heap  # noqa: E402
 from sink.buffers import NANOS_PER_DAY, PublishOutcome  # noqa: E402
 from tests.support.noderig import NodeRig  # noqa: E402
 from wal import WalConfig  # noqa: E402
@@ -314,13 +319,19 @@ def measure(base: Path, partitions: int, args: argparse.Namespace) -> Result:
     result = Result(partitions, tenants, days)
     requests = payloads(args.seed + partitions, tenants, days, args.min_records)
     root = base / f"p{partitions}"
-    rig = NodeRig(root, config=WalConfig(segment_max_bytes=SEGMENT_BYTES), flush_bytes=1 << 40)
+    rig = NodeRig(
+        root,
+        config=WalConfig(segment_max_bytes=SEGMENT_BYTES),
+        flush_bytes=1 << 40,
+        faulty=False,
+    )
     lock = TimedExclusion()
     rig.pipeline.exclusion = lock  # before any traffic: nothing holds the old one
     try:
         warm = Load(rig, requests, 1)
         warm.sweep()
         run_cut(rig, rig.barrier.capture(rotate_idle=False), args.publish)
+        freeze_long_lived_heap()  # as ``ourios serve`` does once recovery is done
 
         # reference: the same load, no cut
         lock.shared_log.clear()
@@ -360,6 +371,7 @@ def measure(base: Path, partitions: int, args: argparse.Namespace) -> Result:
         if args.profile:
             result.profile = profile_capture(rig, partitions, requests, args)
     finally:
+        gc.unfreeze()  # the next P starts from the same heap policy
         rig.close()
         shutil.rmtree(root, ignore_errors=True)
     return result

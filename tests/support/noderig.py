@@ -17,6 +17,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import pyarrow.parquet as pq
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
@@ -32,7 +33,7 @@ from app.snapshots import SnapshotLedger, SnapshotStore
 from sink.buffers import Buffers
 from sink.publisher import Publisher
 from sink.store import FailingStore, MemoryStore
-from wal import FaultyFs, Journal, WalConfig, WalOffset
+from wal import FaultyFs, Journal, OsFs, WalConfig, WalOffset
 
 
 class SteppedClock:
@@ -74,9 +75,15 @@ class NodeRig:
     ceiling_bytes: int = 256 << 20
     barrier_secs: float = 300
     housekeeping_secs: float = 60
+    #: False: plain ``OsFs`` (no fault seam, no op log, no crash model) — for the
+    #: benchmarks, where ``FaultyFs``'s ever-growing op log and inode shadow would be
+    #: a heap (and a garbage-collection cost) production never has
+    faulty: bool = True
 
     def __post_init__(self) -> None:
-        self.fs = FaultyFs(self.root / ".shadow")
+        self.fs: FaultyFs = (
+            FaultyFs(self.root / ".shadow") if self.faulty else cast(FaultyFs, OsFs())
+        )
         self.memory = MemoryStore()
         self.store = FailingStore(self.memory)
         self.clock = SteppedClock()

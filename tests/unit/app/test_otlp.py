@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import gc
 import gzip
 import json
 import math
@@ -269,6 +270,21 @@ def test_json_and_protobuf_flatten_to_the_same_batch() -> None:
     assert otlp.count_records(from_json) == otlp.count_records(from_pb) == 9
 
 
+def test_flattened_attribute_maps_leave_the_cyclic_collector() -> None:
+    """A buffered row's attribute maps must not stay tracked by the cyclic collector:
+    a full collection holds the GIL and rescans every tracked object, so a list per
+    buffered row would make each one stall every turn for as long as the buffers are
+    large. A tuple whose items are untracked is untracked by a collection that sees it:
+    the pairs by the first, the map (examined before its pairs) by the second — a
+    row's map is out of the collector's care before a full collection reaches it."""
+    batch = otlp.flatten(rich_request(), "acme")
+    gc.collect(0)
+    gc.collect(1)
+    for attributes in [*batch.attributes, *batch.resource_attributes]:
+        assert isinstance(attributes, tuple)
+        assert not gc.is_tracked(attributes), attributes
+
+
 def test_flatten_columns_of_the_rich_request() -> None:
     batch = otlp.flatten(rich_request(), "acme")
     assert batch.tenant == "acme"
@@ -306,10 +322,10 @@ def test_flatten_columns_of_the_rich_request() -> None:
     keys = [key for key, _ in batch.attributes[0]]
     assert len(keys) == len(set(keys)) == 10
     assert keys[-2:] == ["unset", "dup"]  # a duplicated key: first position, last value
-    assert batch.attributes[1:] == [[]] * 8
-    assert batch.resource_attributes[0] == [("service.name", "checkout"), ("cpus", "8")]
+    assert batch.attributes[1:] == [()] * 8
+    assert batch.resource_attributes[0] == (("service.name", "checkout"), ("cpus", "8"))
     assert batch.resource_attributes[0] is batch.resource_attributes[2]
-    assert batch.resource_attributes[3:] == [[]] * 6
+    assert batch.resource_attributes[3:] == [()] * 6
 
 
 def test_json_wal_payload_reparses_to_the_same_rows() -> None:
