@@ -149,6 +149,13 @@ class Barrier:
             self.pipeline.move_frozen(cut, pending)
             pending.snaps.update(cut.snaps)
 
+    def request_cut(self) -> None:
+        """Capture and run a cut now rather than at the next timer (the housekeeper
+        asks when the disk is low or a bound refuses batches); never blocks."""
+        with self._cond:
+            self.recapture = True
+            self._cond.notify_all()
+
     # -- the timer ---------------------------------------------------------------------
 
     def start(self) -> None:
