@@ -19,8 +19,8 @@ object under the final key, and an existing object is never replaced. The copy i
 
 Every failure keeps the segment on disk (``wal.housekeeping``: it stays reclaiming and
 the next pass archives it again), is counted (``ourios_wal_archive_failures_total``
-by ``error_type``) and is visible as one ``wal.archive.failed`` event at the first
-failure and one ``wal.archive.recovered`` at the next success.
+by ``error_type``) and is visible: one ``wal.archive.failed`` event when a segment's
+archive first fails, one ``wal.archive.recovered`` when that segment is archived.
 
 An archive location that resolves to the WAL directory itself (a ``file://`` store
 whose ``wal-archive/<node>`` is, or lies inside, the WAL directory — compared by inode
@@ -103,7 +103,8 @@ class Archiver:
         self._read = read or (lambda path: path.read_bytes())
         self._events = events or (lambda name, fields: None)
         self._lock = threading.Lock()
-        self._failing: ArchiveFailed | None = None
+        #: segment name -> its latest failure, while it keeps failing
+        self._failing: dict[str, ArchiveFailed] = {}
         self.archived = 0
         self.archived_bytes = 0
         self.failures: Counter[str] = Counter()
@@ -132,7 +133,7 @@ class Archiver:
         with self._lock:
             self.archived += 1
             self.archived_bytes += size
-            was, self._failing = self._failing, None
+            was = self._failing.pop(request.name, None)
         if was is not None:
             self._events(
                 "wal.archive.recovered",
@@ -178,8 +179,8 @@ class Archiver:
     def _failed(self, exc: ArchiveFailed) -> None:
         with self._lock:
             self.failures[exc.error_type] += 1
-            first = self._failing is None
-            self._failing = exc
+            first = exc.segment not in self._failing
+            self._failing[exc.segment] = exc
         if first:
             self._events(
                 "wal.archive.failed",
@@ -194,5 +195,7 @@ class Archiver:
             )
 
     @property
-    def failing(self) -> ArchiveFailed | None:
-        return self._failing
+    def failing(self) -> dict[str, ArchiveFailed]:
+        """Segments whose latest archive attempt failed (they are still on disk)."""
+        with self._lock:
+            return dict(self._failing)
