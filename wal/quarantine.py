@@ -117,17 +117,18 @@ class QuarantineRecord:
         """The loss in one sentence, for logs and the command's output."""
         records = self.lost_records
         what = "an unknown number of records" if records is None else f"{records} record(s)"
-        mark = (
-            "no checkpoint"
-            if self.checkpoint_lsn is None
-            else f"the checkpoint {self.checkpoint_lsn}"
-        )
-        tail = (
-            f"; {self.unreadable_bytes} byte(s) after offset {self.damage_offset} were unreadable "
-            f"({self.damage}) and may have held acknowledged frames"
-            if self.unreadable_bytes
-            else ""
-        )
+        x = self.checkpoint_lsn
+        mark = "no checkpoint" if x is None else f"the checkpoint (LSN {x})"
+        tail = ""
+        if self.unreadable_bytes:
+            tail = (
+                f"; {self.unreadable_bytes} byte(s) after offset {self.damage_offset} were "
+                f"unreadable ({self.damage})"
+            )
+            if x is not None and x >= self.end_lsn:
+                tail += ", all at or below the checkpoint: their records are in the store"
+            else:
+                tail += " and may have held acknowledged frames above the checkpoint"
         tenants = sorted(t for t, loss in self.tenants.items() if loss.frames_above_checkpoint)
         who = f" of tenant(s) {', '.join(tenants[:8])}" if tenants else ""
         return (

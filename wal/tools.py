@@ -8,8 +8,11 @@ a torn tail the writer is about to complete, which is reported as such).
 ``verify_root`` is the full CRC walk: every segment header, every frame, the set's
 structure and chain rules (``wal.layout``), the CHECKPOINT and the quarantine records.
 It collects every problem with its file and offset instead of stopping at the first.
-Damage that lies below the checkpoint is always a problem, wherever it sits: every
-frame at or below the checkpoint was acknowledged, so it cannot be a torn write.
+Damage in the segment that holds the checkpoint mark, below the mark, is always a
+problem, even where a torn tail would be legal: the mark is an acknowledged frame's end,
+and nothing is ever appended behind a torn frame, so bytes before it are no torn write.
+(A torn tail in an *earlier* sealed segment lies below the mark's LSN too, legally: the
+range a failed write reserved is never reused, so only the mark's own segment proves it.)
 """
 
 from __future__ import annotations
@@ -214,14 +217,14 @@ def _read_quarantine_into(fs: Fs, report: RootReport, present: set[str]) -> None
 
 
 def _damage_below_checkpoint(report: RootReport, scans: list[SegmentScan]) -> None:
-    """Damage at an LSN below the checkpoint is corruption of acknowledged frames, even
-    where a torn tail would be legal (the newest segment, a sealed one)."""
+    """Damage below the checkpoint mark in the mark's own segment is corruption of
+    acknowledged frames, even where a torn tail would be legal (the newest segment)."""
     mark = report.checkpoint
     if mark is None:
         return
     reported = {(p.path, p.offset) for p in report.problems}
     for scan in scans:
-        if not scan.data or not scan.stop.damaged:
+        if not scan.data or not scan.stop.damaged or scan.file.header.uuid != mark.segment:
             continue
         damage_lsn = scan.valid_end_lsn
         where = (scan.file.path, scan.stop.valid_end)
