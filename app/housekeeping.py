@@ -60,9 +60,12 @@ class Housekeeper:
         self.last_decision: TickDecision | None = None
         if admission is not None:
             admission.on_urgent = self.wake
+            # Said in the events, so it must be true of every path that emits them: the
+            # pass always follows the observation in the same tick; the cut is requested
+            # by regular ticks (a follow-up tick does not request another).
             admission.hurry = (
-                f"a housekeeping pass runs now, a barrier cut was requested and another pass "
-                f"runs as soon as it ends; again every {every:g} s while this lasts"
+                f"a housekeeping pass runs now; while this lasts every tick ({every:g} s) also "
+                f"requests a barrier cut and runs another pass as soon as that cut ends"
                 if request_cut is not None
                 else f"a housekeeping pass runs now and every {every:g} s"
             )

@@ -212,9 +212,7 @@ def test_the_housekeeping_tick_samples_and_hurries(journal: Journal) -> None:
     assert cuts == [] and a.level is DiskLevel.HEALTHY
     free[0] = LOW - 1
     hk.step()
-    assert cuts == [1] and "a barrier cut was requested" in str(
-        events.last("disk.low_water")["action"]
-    )
+    assert cuts == [1] and "requests a barrier cut" in str(events.last("disk.low_water")["action"])
     # the requested cut ends: the barrier's hook runs the follow-up pass at once
     ran = threading.Event()
     hk.on_pass = lambda seconds: ran.set()
