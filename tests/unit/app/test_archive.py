@@ -216,3 +216,23 @@ def test_wal_verify_checks_archived_segments_from_a_file_or_the_store(
     assert walcli.verify(bad, out) == 1 and f"at byte {HEADER_SIZE + frame}" in out.getvalue()
     out = io.StringIO()
     assert walcli.verify_archive([bad.name], out) == 1
+
+
+def test_a_node_whose_archive_resolves_to_its_wal_refuses_to_start(tmp_path: Path) -> None:
+    from app.config import load_settings
+    from app.events import EventLog
+    from app.server import build_node
+
+    data = tmp_path / "data"
+    settings = load_settings(
+        {
+            "OURIOS_SERVER_DATA_DIR": str(data),
+            "OURIOS_SERVER_NODE_ID": NODE,
+            "OURIOS_WAL_ARCHIVE": "true",
+            # the store's wal-archive/<node> lands inside data/wal
+            "OURIOS_STORE_URL": (data / "wal").as_uri(),
+        }
+    )
+    with pytest.raises(ArchiveLocationError, match="resolves to the WAL directory"):
+        build_node(settings, EventLog(io.StringIO()))
+    assert not (data / "wal").exists()  # refused before the WAL was opened or created
