@@ -150,8 +150,8 @@ class Barrier:
             pending.snaps.update(cut.snaps)
 
     def request_cut(self) -> None:
-        """Ask the barrier thread for a fresh capture now instead of at the next tick
-        (no I/O here; the thread runs it)."""
+        """Capture and run a cut now rather than at the next timer (the housekeeper
+        asks when the disk is low or a bound refuses batches); never blocks."""
         with self._cond:
             self.recapture = True
             self._cond.notify_all()

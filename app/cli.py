@@ -5,7 +5,9 @@
     ourios serve [--config FILE]    load and validate the settings, then serve
     ourios config [--config FILE]   print the effective configuration as JSON, exit 0
     ourios wal inspect DIR          segments, offsets, sidecars, floor (read-only)
-    ourios wal verify DIR           full CRC walk; the exit code says whether it is sound
+    ourios wal verify DIR|FILE      full CRC walk; the exit code says whether it is sound
+    ourios wal verify --archive     verify this node's archived segments in the store
+    ourios wal quarantine SEGMENT   move an unreadable segment aside, recording its loss
     ourios --version
 
 Exit codes: 0 success; 2 a usage or configuration error (the ``ConfigError`` message
@@ -107,18 +109,50 @@ def _build_parser() -> argparse.ArgumentParser:
     _add_config_option(config)
     config.set_defaults(handler=_config)
 
-    wal = commands.add_parser("wal", help="inspect or verify a WAL directory")
+    wal = commands.add_parser("wal", help="inspect, verify or quarantine a WAL")
     wal_commands = wal.add_subparsers(title="wal commands", metavar="WAL_COMMAND")
     inspect = wal_commands.add_parser(
         "inspect", help="list segments, offsets, sidecars and the floor (read-only)"
     )
-    inspect.add_argument("dir", metavar="DIR", type=Path, help="the WAL directory")
+    inspect.add_argument(
+        "dir", metavar="DIR", type=Path, help="the WAL directory (or the data directory)"
+    )
     inspect.set_defaults(handler=lambda args: _walcli("inspect", args.dir))
     verify = wal_commands.add_parser(
-        "verify", help="walk every frame's CRC; non-zero exit if anything is unsound"
+        "verify",
+        help="walk every frame's CRC; non-zero exit if anything is unsound (read-only)",
+        description="Verify a WAL directory, one segment file, or (--archive) this node's "
+        "archived segments in the configured object store. Exit 0 clean, 1 a problem, 2 "
+        "nothing to verify.",
     )
-    verify.add_argument("dir", metavar="DIR", type=Path, help="the WAL directory")
-    verify.set_defaults(handler=lambda args: _walcli("verify", args.dir))
+    verify.add_argument(
+        "dir",
+        metavar="DIR|FILE",
+        type=Path,
+        nargs="?",
+        help="the WAL directory (or data directory), or one segment file",
+    )
+    verify.add_argument(
+        "--archive",
+        nargs="*",
+        metavar="NAME",
+        help="verify archived segments (all, or these names) in the store the settings name",
+    )
+    verify.add_argument("--node", help="whose archive (default: this node's server.node_id)")
+    _add_config_option(verify)
+    verify.set_defaults(handler=_verify)
+    quarantine = wal_commands.add_parser(
+        "quarantine",
+        help="move an unreadable segment into quarantine/ with a record of its loss",
+        description="Move SEGMENT (a file in the WAL directory of a stopped node) into "
+        "quarantine/ beside it, with a record of the frames it held and which of them are "
+        "lost, so the node can start. Refuses a segment that verifies clean unless --force.",
+    )
+    quarantine.add_argument("segment", metavar="SEGMENT", type=Path, help="the segment file")
+    quarantine.add_argument(
+        "--force", action="store_true", help="quarantine a segment that verifies clean"
+    )
+    quarantine.set_defaults(handler=_quarantine)
     wal.set_defaults(handler=lambda _args: _usage(wal))
     return parser
 
@@ -170,6 +204,38 @@ def _walcli(command: str, directory: Path) -> int:
         )
         return EXIT_UNAVAILABLE
     return run(directory, sys.stdout)
+
+
+def _verify(args: argparse.Namespace) -> int:
+    if args.archive is not None:
+        if args.dir is not None:
+            print("ourios wal verify: give DIR|FILE or --archive, not both", file=sys.stderr)
+            return EXIT_USAGE
+        module = _walcli_module("verify")
+        if module is None:
+            return EXIT_UNAVAILABLE
+        run: Callable[..., int] = module.verify_archive
+        return run(args.archive, sys.stdout, config_file=args.config, node=args.node)
+    if args.dir is None:
+        print("ourios wal verify: DIR|FILE or --archive is required", file=sys.stderr)
+        return EXIT_USAGE
+    return _walcli("verify", args.dir)
+
+
+def _quarantine(args: argparse.Namespace) -> int:
+    module = _walcli_module("quarantine")
+    if module is None:
+        return EXIT_UNAVAILABLE
+    run: Callable[..., int] = module.quarantine
+    return run(args.segment, sys.stdout, force=args.force)
+
+
+def _walcli_module(command: str) -> ModuleType | None:
+    try:
+        return importlib.import_module("app.walcli")
+    except ImportError as exc:
+        print(f"ourios: wal {command} is unavailable: {exc}", file=sys.stderr)
+        return None
 
 
 def _usage(parser: argparse.ArgumentParser) -> int:

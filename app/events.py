@@ -46,6 +46,10 @@ _LEVELS = {
     "barrier.latch.set": "error",
     "disk.low_water": "warning",
     "disk.stop_water": "error",
+    "wal.unreclaimed.limit": "error",
+    "wal.archive.failed": "error",
+    "wal.segment.quarantined": "error",
+    "server.start_failed": "error",
     "tenant.unrecoverable": "error",
     "wal.floor.pinned": "warning",
 }

@@ -8,6 +8,15 @@ It runs independently of the barrier (a latched barrier does not stop partial sw
 survives an exception in a pass (counted by error type; the next pass re-plans), and is
 the single emitter of the floor's transitions (``wal.floor.pinned``/``wal.floor.lifted``,
 exactly once each, when the categorical state changes).
+
+Each tick first samples free space on the WAL's filesystem (statfs; the only place it is
+sampled, never the append path) and hands it to ``Admission.observe`` with the WAL's
+no-space latch read just before. When the tick is *urgent* (below low water, or a bound
+refusing batches) it asks the barrier for a cut now (``request_cut``) and, when that cut
+ends (``after_cut``, the barrier's hook), runs one more pass at once — so the checkpoint
+a reclamation needs is not left to the barrier's own timer. Reclamation needs no new
+block (RECLAIM is preallocated, CHECKPOINT has a spare), so it keeps running on a full
+disk; the pass never depends on the sample succeeding.
 """
 
 from __future__ import annotations
@@ -18,8 +27,10 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Mapping
+from pathlib import Path
 
 from app import points
+from app.admission import Admission, TickDecision
 from app.snapshots import SnapshotLedger
 from wal import FloorPinned, HousekeepingProgress, Journal, Known, ReclaimError, WalError
 
@@ -36,8 +47,28 @@ class Housekeeper:
         cap: int,
         clock: Callable[[], float] = time.time,
         events: Callable[[str, Mapping[str, object]], None] | None = None,
+        admission: Admission | None = None,
+        request_cut: Callable[[], None] | None = None,
+        disk_free: Callable[[Path], int] | None = None,
     ) -> None:
         self.journal = journal
+        self.admission = admission
+        self._request_cut = request_cut
+        self._disk_free = disk_free or _statvfs_free
+        self._follow_up = threading.Event()  # a requested cut ended: pass again now
+        self._cut_requested = False
+        self.last_decision: TickDecision | None = None
+        if admission is not None:
+            admission.on_urgent = self.wake
+            # Said in the events, so it must be true of every path that emits them: the
+            # pass always follows the observation in the same tick; the cut is requested
+            # by regular ticks (a follow-up tick does not request another).
+            admission.hurry = (
+                f"a housekeeping pass runs now; while this lasts every tick ({every:g} s) also "
+                f"requests a barrier cut and runs another pass as soon as that cut ends"
+                if request_cut is not None
+                else f"a housekeeping pass runs now and every {every:g} s"
+            )
         self.ledger = ledger
         self.every = every
         self.cap = cap
@@ -57,17 +88,46 @@ class Housekeeper:
         self.disk_free_bytes: int | None = None
 
     def sample_disk(self) -> int | None:
+        """Free bytes on the WAL's filesystem now, or None when statfs failed."""
         try:
-            st = os.statvfs(self.journal.root)
+            free = self._disk_free(self.journal.root)
         except OSError as exc:
             log.warning("statvfs of %s failed: %s", self.journal.root, exc)
-            return self.disk_free_bytes
-        self.disk_free_bytes = st.f_bavail * st.f_frsize
-        return self.disk_free_bytes
+            return None
+        self.disk_free_bytes = free
+        return free
 
-    def step(self) -> HousekeepingProgress | None:
-        """One pass; never raises (the outcome is counted and logged)."""
-        self.sample_disk()
+    def observe_disk(self) -> TickDecision | None:
+        """Sample, and let admission move its levels (the latch is read first)."""
+        latch = self.journal.no_space
+        free = self.sample_disk()
+        if self.admission is None:
+            return None
+        decision = self.admission.observe(free, latch)
+        self.last_decision = decision
+        return decision
+
+    def after_cut(self) -> None:
+        """The barrier's hook at the end of every cut: a cut this housekeeper asked for
+        is followed by a pass at once."""
+        if self._cut_requested:
+            self._cut_requested = False
+            self._follow_up.set()
+            self._wake.set()
+
+    def step(self, *, follow_up: bool = False) -> HousekeepingProgress | None:
+        """One tick: sample the disk, then one pass; never raises (the outcome is
+        counted and logged). ``follow_up``: the pass after a requested cut (no new
+        request, so an urgent state costs one extra cut per tick, not a loop)."""
+        decision = self.observe_disk()
+        if (
+            decision is not None
+            and decision.urgent
+            and not follow_up
+            and self._request_cut is not None
+        ):
+            self._cut_requested = True
+            self._request_cut()
         started = time.perf_counter()
         points.hit("housekeeping.before_pass")
         progress: HousekeepingProgress | None
@@ -134,7 +194,9 @@ class Housekeeper:
             self._wake.clear()
             if self._stop.is_set():
                 return
-            self.step()
+            follow_up = self._follow_up.is_set()
+            self._follow_up.clear()
+            self.step(follow_up=follow_up)
 
     def close(self, timeout: float = 60.0) -> bool:
         self._stop.set()
@@ -145,3 +207,8 @@ class Housekeeper:
         joined = not self._thread.is_alive()
         self._thread = None
         return joined
+
+
+def _statvfs_free(path: Path) -> int:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize

@@ -17,10 +17,20 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from app.admission import Admission, Bound
+from app.archive import Archiver
 from app.config import Settings
 from app.housekeeping import Housekeeper
 from app.pipeline import LATCH_CLEAR, Pipeline
-from wal import FloorMin, FloorNone, FloorPinned, FloorUnknown, Retrying, Terminal
+from wal import (
+    FloorMin,
+    FloorNone,
+    FloorPinned,
+    FloorUnknown,
+    QuarantineRecord,
+    Retrying,
+    Terminal,
+)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -155,6 +165,7 @@ class _StateCollector(Collector):
                 "Free bytes on the WAL's filesystem (sampled each housekeeping tick).",
                 self._m.housekeeper.disk_free_bytes,
             )
+        yield from self._m.disk_and_archive(p.journal.quarantined)
         stats = p.publisher.stats
         objects = CounterMetricFamily(
             "ourios_sink_objects", "Objects written to the store.", labels=["kind"]
@@ -280,8 +291,44 @@ class Metrics:
         self.audit_suppressed = 0
         self.pipeline: Pipeline | None = None
         self.housekeeper: Housekeeper | None = None
+        self.admission: Admission | None = None
+        self.archiver: Archiver | None = None
         self.unrecoverable: set[str] = set()
         self.extra: list[Callable[[], Iterator[GaugeMetricFamily]]] = []
+
+    def disk_and_archive(
+        self, quarantined: list[QuarantineRecord]
+    ) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        """Admission's bounds, archival and quarantine (issue 8's additions)."""
+        refusing = GaugeMetricFamily(
+            "ourios_admission_refusing",
+            "1 while new batches are refused for this bound (503 with Retry-After).",
+            labels=["bound"],
+        )
+        active = set(self.admission.refusing) if self.admission is not None else set()
+        for bound in Bound:
+            refusing.add_metric([bound.value], 1.0 if bound in active else 0.0)
+        yield refusing
+        q = GaugeMetricFamily(
+            "ourios_wal_quarantined_segments",
+            "Segments an operator quarantined (ourios wal quarantine); each is a recorded loss.",
+        )
+        q.add_metric([], len(quarantined))
+        yield q
+        archiver = self.archiver  # None with wal.archive off: 0 and no failure series
+        archived = CounterMetricFamily(
+            "ourios_wal_archived_segments", "Segments archived (copied and verified) before unlink."
+        )
+        archived.add_metric([], 0 if archiver is None else archiver.archived)
+        yield archived
+        failures = CounterMetricFamily(
+            "ourios_wal_archive_failures",
+            "Archive attempts that failed (the segment was kept).",
+            labels=["error_type"],
+        )
+        for error_type, count in sorted(archiver.failures.items() if archiver else ()):
+            failures.add_metric([error_type], count)
+        yield failures
 
     def bind(self, pipeline: Pipeline) -> None:
         self.pipeline = pipeline

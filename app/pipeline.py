@@ -30,7 +30,7 @@ from app import points
 from app.admission import Admission
 from app.ingest_api import IngestOutcome
 from app.miner import MinerCluster, MineResult
-from app.otlp import BadRequest, FlatBatch, PayloadTooLarge, Unavailable
+from app.otlp import BadRequest, FlatBatch, IngestRejection, PayloadTooLarge, Unavailable
 from app.snapshots import SnapshotLedger, SnapshotState
 from sink.buffers import NANOS_PER_DAY, Buffers, Detached
 from sink.publisher import Publisher
@@ -206,7 +206,11 @@ class Pipeline:
     ) -> IngestOutcome:
         """Append, wait for the covering fsync, run the turn; raises an ``IngestRejection``
         when nothing was acknowledged."""
-        self.admission.check(tenant)  # a refusal writes nothing
+        try:
+            self.admission.check(tenant)  # a refusal writes nothing
+        except IngestRejection as exc:
+            exc.records = len(batch)  # the refused-records counter
+            raise
         try:
             pending = self.journal.append_batch(tenant, payload)
         except FrameTooLarge as exc:

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import uvicorn
 
+from app.admission import Admission
+from app.archive import ArchiveLocationError, Archiver, check_archive_location
 from app.auth import Authenticator
 from app.barrier import Barrier
 from app.config import Settings
@@ -37,12 +39,12 @@ from app.metrics import Metrics
 from app.miner import FileTemplateIdAllocator, MinerCluster
 from app.pipeline import Pipeline
 from app.recovery import recover
-from app.snapshots import SnapshotLedger, SnapshotStore
+from app.snapshots import SnapshotLedger, SnapshotStore, SnapshotStoreError
 from sink.buffers import Buffers
 from sink.keys import node_identity
 from sink.publisher import Publisher
 from sink.store import ObjectStore, from_url
-from wal import Journal
+from wal import Journal, WalError
 
 log = logging.getLogger("ourios.server")
 
@@ -109,6 +111,8 @@ class Node:
     ledger: SnapshotLedger
     barrier: Barrier
     housekeeper: Housekeeper
+    admission: Admission | None = None
+    archiver: Archiver | None = None
 
 
 def build_node(
@@ -117,6 +121,12 @@ def build_node(
     server = settings.server
     server.data_dir.mkdir(parents=True, exist_ok=True)
     metrics = Metrics(settings)
+    store = _store(settings)
+    node = node_identity(server.node_id)
+    archiver: Archiver | None = None
+    if settings.wal.archive:
+        check_archive_location(store, node, server.wal_dir)  # refused before anything opens
+        archiver = Archiver(store, node, events=events)
     journal = Journal.open(
         server.wal_dir,
         settings.wal,
@@ -124,9 +134,8 @@ def build_node(
         events=events,
         on_append=metrics.append_seconds.observe,
         on_fsync=metrics.fsync_seconds.observe,
+        archive=archiver,
     )
-    store = _store(settings)
-    node = node_identity(server.node_id)
     allocator = FileTemplateIdAllocator(server.data_dir / "template-ids", server.node_ordinal)
     miners = MinerCluster(allocator)
     holder: dict[str, Pipeline] = {}
@@ -143,8 +152,23 @@ def build_node(
         queue_depth=settings.sink.publisher_queue_depth,
     )
     ledger = SnapshotLedger()
+    admission = Admission(
+        journal,
+        low_water_bytes=settings.disk.low_water_bytes,
+        stop_water_bytes=settings.disk.stop_water_bytes,
+        unreclaimed_bytes_limit=settings.wal.unreclaimed_bytes_limit,
+        retry_after_secs=settings.wal.housekeeping_secs,
+        events=events,
+    )
     pipeline = Pipeline(
-        journal, miners, buffers, publisher, clock=clock, events=events, ledger=ledger
+        journal,
+        miners,
+        buffers,
+        publisher,
+        clock=clock,
+        events=events,
+        ledger=ledger,
+        admission=admission,
     )
     holder["p"] = pipeline
     snapshots = SnapshotStore(server.snapshots_dir)
@@ -158,6 +182,7 @@ def build_node(
         ceiling_bytes=settings.sink.ceiling_bytes,
         clock=clock,
         events=events,
+        on_cut=lambda outcome: housekeeper.after_cut(),
         on_run=metrics.cadence_observer("barrier"),
     )
     pipeline.barrier = barrier
@@ -168,10 +193,14 @@ def build_node(
         cap=wal.max_unlinks_per_pass,
         clock=clock,
         events=events,
+        admission=admission,
+        request_cut=barrier.request_cut,
     )
     housekeeper.on_pass = metrics.pass_seconds.observe
-    housekeeper.sample_disk()
+    housekeeper.observe_disk()  # a node starting on a full disk refuses from its first request
     metrics.housekeeper = housekeeper
+    metrics.admission = admission
+    metrics.archiver = archiver
     housekeeper.on_run = metrics.cadence_observer("housekeeping")
     metrics.bind(pipeline)
     tick = max(0.1, min(5.0, settings.sink.flush_age_secs / 4))
@@ -190,6 +219,8 @@ def build_node(
         ledger,
         barrier,
         housekeeper,
+        admission,
+        archiver,
     )
 
 
@@ -226,10 +257,18 @@ def run_serve(settings: Settings) -> int:
             },
             "warning",
         )
-    node = build_node(settings, events)
+    try:
+        node = build_node(settings, events)
+    except (WalError, ArchiveLocationError, OSError) as exc:
+        return _start_failed(events, exc)
     pipeline = node.pipeline
     pipeline.publisher.start()
-    report = recover(node.journal, pipeline, node.snapshots, node.ledger)
+    try:
+        report = recover(node.journal, pipeline, node.snapshots, node.ledger)
+    except (WalError, SnapshotStoreError) as exc:
+        pipeline.publisher.close()
+        node.journal.close()
+        return _start_failed(events, exc)
     events.emit("recovery.done", report.fields())
     node.metrics.recovery_seconds = report.seconds
     node.metrics.records_suppressed = report.records_suppressed
@@ -300,6 +339,17 @@ def freeze_long_lived_heap() -> None:
     long as the process, so nothing collectable is kept."""
     gc.collect()
     gc.freeze()
+
+
+def _start_failed(events: EventLog, exc: BaseException) -> int:
+    """One error event naming what refused the start (the file, the offset, the
+    tenant), then exit 1: a node that cannot start safely never serves."""
+    events.emit(
+        "server.start_failed",
+        {"error": str(exc), "error_type": getattr(exc, "error_type", type(exc).__name__)},
+        "error",
+    )
+    return 1
 
 
 def shutdown(node: Node, join_timeout: float = 60.0) -> None:

@@ -213,6 +213,123 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "        if False:",
         ("tests/unit/wal/test_rotation.py",),
     ),
+    # -- a full disk, backpressure, archival and the operator's tools (issue 8) ---------
+    Sabotage(
+        "admit_below_stop_water",
+        "below stop water new batches are refused (503 naming the bound)",
+        "app/admission.py",
+        "        if self._level is DiskLevel.STOP_WATER or self._unreclaimed_since is not None:",
+        "        if self._unreclaimed_since is not None:",
+        (
+            "tests/unit/app/test_admission.py::test_stop_water_refuses_new_batches_and_resumes_by_itself",
+        ),
+    ),
+    Sabotage(
+        "clear_full_without_space",
+        "only a sample showing free space lifts the disk-full refusal and the WAL's latch",
+        "app/admission.py",
+        "                if self._latch is not None and free_bytes > 0 and free_bytes >= stop:",
+        "                if self._latch is not None:",
+        (
+            "tests/unit/app/test_admission.py::test_enospc_refuses_at_the_next_request_and_the_tick_alone_lifts_it",
+        ),
+    ),
+    Sabotage(
+        "ack_after_enospc",
+        "a failed fsync acknowledges nothing it was to cover",
+        "wal/journal.py",
+        '            if data_err is not None:\n                self._seal_locked(cur, "fsync", data_err)',
+        '            if data_err is not None and False:\n                self._seal_locked(cur, "fsync", data_err)',
+        (
+            "tests/unit/wal/test_no_space.py::test_seg14_enospc_at_fsync_acknowledges_nothing_after_the_failure",
+        ),
+    ),
+    Sabotage(
+        "append_while_full",
+        "after ENOSPC nothing is attempted on disk until free space is reported",
+        "wal/journal.py",
+        "        latch = self._no_space\n        if latch is not None:\n            # Nothing",
+        "        latch = None\n        if latch is not None:\n            # Nothing",
+        (
+            "tests/unit/wal/test_no_space.py::test_seg14_enospc_at_fsync_acknowledges_nothing_after_the_failure",
+        ),
+    ),
+    Sabotage(
+        "checkpoint_allocates",
+        "a checkpoint needs no new block (the preallocated spare), so a full disk reclaims",
+        "wal/checkpoint.py",
+        "    try:\n        fs.rename(root / SPARE_NAME, tmp)\n    except FileNotFoundError:",
+        "    try:\n        raise FileNotFoundError(tmp)\n    except FileNotFoundError:",
+        ("tests/unit/wal/test_no_space.py::test_a_full_filesystem_still_checkpoints_and_reclaims",),
+    ),
+    Sabotage(
+        "unlink_after_archive_failure",
+        "a segment whose archive failed is kept, not unlinked",
+        "wal/housekeeping.py",
+        "                    outcome.archive_failed.append((p.path, exc))\n                    continue",
+        "                    outcome.archive_failed.append((p.path, exc))",
+        (
+            "tests/unit/app/test_archive.py::test_an_archive_failure_keeps_the_segment_and_is_visible",
+        ),
+    ),
+    Sabotage(
+        "unlink_before_archive",
+        "a segment is archived before it is unlinked",
+        "wal/housekeeping.py",
+        "                try:\n                    archive(ArchiveRequest(",
+        "                try:\n                    fs.unlink(p.path)\n                    archive(ArchiveRequest(",
+        (
+            "tests/unit/app/test_archive.py::test_every_unlinked_segment_is_byte_identical_in_the_archive_before_its_unlink",
+        ),
+    ),
+    Sabotage(
+        "skip_archive_verification",
+        "an archived copy is read back and compared before the unlink",
+        "app/archive.py",
+        "        if back == data:\n            return len(data)",
+        "        if True:\n            return len(data)",
+        (
+            "tests/unit/app/test_archive.py::test_an_archive_failure_keeps_the_segment_and_is_visible",
+        ),
+    ),
+    Sabotage(
+        "archive_into_the_wal",
+        "an archive location resolving to the WAL directory is refused at start-up",
+        "app/archive.py",
+        "    if inside:\n        raise ArchiveLocationError(",
+        "    if False:\n        raise ArchiveLocationError(",
+        ("tests/unit/app/test_archive.py::test_an_archive_location_inside_the_wal_is_refused",),
+    ),
+    Sabotage(
+        "quarantine_reuses_lsns",
+        "after a quarantine the log never reuses the quarantined segment's LSNs",
+        "wal/journal.py",
+        "            if quarantined_end > self._end_lsn:",
+        "            if False:",
+        (
+            "tests/unit/app/test_quarantine.py::test_quarantining_the_newest_segment_never_reuses_its_lsns",
+        ),
+    ),
+    Sabotage(
+        "stale_gap_always_explained",
+        "only a quarantine record explains a missing segment under a horizon",
+        "wal/housekeeping.py",
+        "                if any(q.explains(h.segment, h.lsn) for q in self._quarantined):",
+        "                if True:",
+        (
+            "tests/unit/app/test_quarantine.py::test_seg12_a_segment_deleted_by_hand_is_caught_at_start_up_naming_tenant_and_offsets",
+        ),
+    ),
+    Sabotage(
+        "quarantine_a_sound_segment",
+        "quarantine moves only a segment verify finds unreadable (or on --force)",
+        "app/walcli.py",
+        "    if not mine and not force:",
+        "    if False:",
+        (
+            "tests/unit/app/test_quarantine.py::test_quarantine_refuses_a_segment_that_verifies_clean",
+        ),
+    ),
 )
 
 

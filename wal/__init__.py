@@ -20,9 +20,14 @@ from .errors import (
     RotationTerminal,
     WalError,
     WalIoError,
+    WalNoSpace,
+    is_no_space,
 )
 from .fs import FaultyFs, Fs, Hold, OsFs, SimulatedCrash
 from .housekeeping import (
+    ArchiveError,
+    ArchiveHook,
+    ArchiveRequest,
     ModeMismatch,
     ReclaimError,
     ReclaimOutcome,
@@ -43,6 +48,7 @@ from .ledger import (
     RetainFloor,
     SnapshotHorizons,
 )
+from .quarantine import QuarantineError, QuarantineRecord
 from .reclaim import ConsumerMode, TenantCapacityExceeded
 from .types import (
     CommitOutcome,
@@ -50,6 +56,7 @@ from .types import (
     Frame,
     FrameKind,
     Healthy,
+    NoSpace,
     Retrying,
     RotationKind,
     RotationState,
@@ -60,6 +67,9 @@ from .types import (
 __all__ = [
     "MAX_TENANT_BYTES",
     "AppendError",
+    "ArchiveError",
+    "ArchiveHook",
+    "ArchiveRequest",
     "CheckpointError",
     "CommitOutcome",
     "ConsumerMode",
@@ -86,11 +96,14 @@ __all__ = [
     "Known",
     "ModeMismatch",
     "NoConsumer",
+    "NoSpace",
     "OpenError",
     "OpenIoError",
     "OpenReport",
     "OsFs",
     "Pending",
+    "QuarantineError",
+    "QuarantineRecord",
     "ReclaimError",
     "ReclaimOutcome",
     "ReclaimPlan",
@@ -113,5 +126,7 @@ __all__ = [
     "WalConfig",
     "WalError",
     "WalIoError",
+    "WalNoSpace",
     "WalOffset",
+    "is_no_space",
 ]

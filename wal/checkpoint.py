@@ -8,9 +8,17 @@ Layout, 32 bytes, little-endian::
     6       2     reserved flags, zero
     8       24    the mark: segment UUID (16) then u64 LSN (a post-frame position)
 
-Write protocol: ``CHECKPOINT.tmp`` (truncated) → write → fsync → rename over
-``CHECKPOINT`` → fsync the WAL root. A visible CHECKPOINT is not necessarily durable
-until that last fsync, which is why open fsyncs the root before reading any sidecar.
+Write protocol: ``CHECKPOINT.tmp`` → write → fsync → rename over ``CHECKPOINT`` →
+fsync the WAL root. A visible CHECKPOINT is not necessarily durable until that last
+fsync, which is why open fsyncs the root before reading any sidecar.
+
+A full disk must not stop the checkpoint: it is what lets housekeeping reclaim. So the
+temp is never allocated on the write path when it can be avoided: ``CHECKPOINT.spare``,
+a 32-byte file written and fsynced ahead of need (at open, and after each checkpoint),
+is renamed to ``CHECKPOINT.tmp`` and overwritten in place, and the rename over
+``CHECKPOINT`` frees the old mark's block for the next spare. Without a spare the temp
+is created (and on a full disk that write fails, naming the file). Neither name is ever
+read as a mark; a spare lost in a crash is made again.
 
 The mark is monotonic: a lower mark is refused, an equal one is a no-op. A failed
 write leaves the previous mark in force in memory and on disk (the rename is the only
@@ -30,6 +38,7 @@ from .types import OFFSET_SIZE, WalOffset
 
 NAME: Final = "CHECKPOINT"
 TMP_NAME: Final = "CHECKPOINT.tmp"
+SPARE_NAME: Final = "CHECKPOINT.spare"
 MAGIC: Final = b"OWCK"
 VERSION: Final = 2
 _HEAD: Final = struct.Struct("<4sHH")
@@ -64,9 +73,20 @@ def read_checkpoint(fs: Fs, root: Path) -> WalOffset | None:
 
 
 def write_checkpoint(fs: Fs, root: Path, mark: WalOffset) -> None:
-    """Temp → fsync → rename → parent fsync. Raises ``OSError`` from the failing step."""
+    """Temp (the spare when there is one) → fsync → rename → parent fsync, then a new
+    spare (best effort). Raises ``OSError`` from the failing step of the write."""
     tmp = root / TMP_NAME
-    fd = fs.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+    try:
+        fs.rename(root / SPARE_NAME, tmp)
+    except FileNotFoundError:
+        pass
+    else:
+        flags = os.O_WRONLY  # 32 allocated bytes, overwritten in place
+    fd = fs.open(tmp, flags)
+    if flags == os.O_WRONLY and fs.fstat(fd).st_size != SIZE:
+        fs.close(fd)  # not a spare this code made: start from an empty temp
+        fd = fs.open(tmp, os.O_WRONLY | os.O_TRUNC)
     try:
         fs.write(fd, encode_checkpoint(mark))
         fs.fsync(fd)
@@ -74,3 +94,25 @@ def write_checkpoint(fs: Fs, root: Path, mark: WalOffset) -> None:
         fs.close(fd)
     fs.rename(tmp, root / NAME)
     fs.fsync_dir(root)
+    try:
+        make_spare(fs, root)
+    except OSError:
+        pass  # the next write creates its temp instead (and names it if that fails)
+
+
+def make_spare(fs: Fs, root: Path) -> bool:
+    """Write and fsync ``CHECKPOINT.spare`` unless a 32-byte one exists. True when it
+    made one. Raises ``OSError`` (a full disk: the caller decides whether that matters)."""
+    spare = root / SPARE_NAME
+    try:
+        if fs.stat(spare).st_size == SIZE:
+            return False
+    except FileNotFoundError:
+        pass
+    fd = fs.open(spare, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    try:
+        fs.write(fd, bytes(SIZE))
+        fs.fsync(fd)  # allocated now, not at some later writeback
+    finally:
+        fs.close(fd)
+    return True

@@ -10,6 +10,7 @@ Every error says what refused and carries the numbers an operator needs::
     ├── AppendError                 an append or its sync was not made durable
     │   ├── FrameRejected           the frame itself is invalid (tenant, size): never transient
     │   ├── WalIoError              transient: an ordinary write/fsync failure
+    │   │   └── WalNoSpace          transient: ENOSPC/EDQUOT; appends refused until space returns
     │   ├── RotationRetrying        transient: a rotation failed, the budget still holds
     │   ├── RotationTerminal        server-terminal: the rotation budget is exhausted
     │   └── JournalClosed           the journal was closed under the caller
@@ -24,7 +25,16 @@ it survives the group-commit path unchanged (RFC 0052 §3.3's FlushOutcome remar
 from __future__ import annotations
 
 import enum
+import errno
 from pathlib import Path
+
+#: errnos that mean "the filesystem has no room": the WAL latches on them (``WalNoSpace``)
+NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def is_no_space(exc: BaseException) -> bool:
+    """Whether ``exc`` is a full filesystem (ENOSPC, or a quota: EDQUOT)."""
+    return isinstance(exc, OSError) and exc.errno in NO_SPACE_ERRNOS
 
 
 class ErrorClass(enum.Enum):
@@ -130,6 +140,38 @@ class WalIoError(AppendError):
         self.path = Path(path)
         self.cause = cause
         super().__init__(f"WAL {op} failed on {self.path}: {cause}; the batch was not acknowledged")
+
+
+class WalNoSpace(WalIoError):
+    """The filesystem is full (ENOSPC/EDQUOT): transient for the client.
+
+    Raised for the write or fsync that hit it (``latched`` False) and, until the owner
+    reports free space again (``Journal.clear_no_space``), for every append refused
+    without touching the disk (``latched`` True) — so a full disk never burns the
+    rotation budget one append at a time.
+    """
+
+    error_type = "wal_no_space"
+
+    def __init__(
+        self, op: str, path: Path | str, cause: BaseException, *, latched: bool = False
+    ) -> None:
+        AppendError.__init__(
+            self,
+            (
+                f"WAL refused the batch without writing it: {op} on {Path(path)} hit a full "
+                f"filesystem ({cause}) and no free space has been reported since"
+            )
+            if latched
+            else (
+                f"WAL {op} failed on {Path(path)}: {cause}; the filesystem is full, the batch "
+                f"was not acknowledged and appends are refused until free space returns"
+            ),
+        )
+        self.op = op
+        self.path = Path(path)
+        self.cause = cause
+        self.latched = latched
 
 
 class RotationRetrying(AppendError):

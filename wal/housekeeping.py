@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -41,6 +41,7 @@ from .ledger import (
     SegState,
     SnapshotHorizons,
 )
+from .quarantine import QuarantineRecord
 from .reclaim import (
     FLAG_CHECKPOINT_ARMED,
     FLAG_CHECKPOINT_SEEN,
@@ -104,6 +105,43 @@ class StaleGap(ReclaimError):
     error_type = "wal_stale_gap"
 
 
+@dataclass(frozen=True, slots=True)
+class ArchiveRequest:
+    """A segment about to be unlinked, handed to the archive hook first. The file is
+    closed and immutable (reclaiming); the hook reads it from ``path``."""
+
+    path: Path
+    base_lsn: int
+    segment: uuid.UUID
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+
+#: Copies a segment somewhere durable and verifies the copy; raises on any failure.
+#: Called with the journal mutex released; the segment is unlinked only if it returns.
+ArchiveHook = Callable[[ArchiveRequest], None]
+
+
+class ArchiveError(ReclaimError):
+    """The archive hook failed for some segments; each stays on disk (reclaiming) and
+    is archived again, then unlinked, by a later pass."""
+
+    error_type = "wal_archive"
+
+    def __init__(
+        self, failures: list[tuple[Path, BaseException]], progress: HousekeepingProgress
+    ) -> None:
+        first_path, first_error = failures[0]
+        super().__init__(
+            f"archiving {len(failures)} segment(s) failed (first: {first_path.name}: "
+            f"{first_error}); they were kept, not unlinked, and are retried next pass",
+            progress,
+        )
+        self.failures = failures
+
+
 @dataclass
 class PlannedSegment:
     seg: LedgerSegment
@@ -133,6 +171,9 @@ class ReclaimOutcome:
     removed: list[Path] = field(default_factory=list)
     failed: list[tuple[Path, OSError]] = field(default_factory=list)
     fsync_failed: bool = False
+    #: segments the archive hook refused: kept, retried next pass
+    archive_failed: list[tuple[Path, BaseException]] = field(default_factory=list)
+    archived: list[Path] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +218,8 @@ class HousekeepingMixin:
     _config_max_tenants: int
     _armed_durable: bool
     _planned_index: dict[uuid.UUID, PlannedUnlink]
+    _quarantined: list[QuarantineRecord]
+    _archive: ArchiveHook | None
 
     def _segment_path(self, seg: LedgerSegment) -> Path:
         raise NotImplementedError
@@ -321,7 +364,18 @@ class HousekeepingMixin:
                 outcome.record_error = exc
                 segments = []  # nothing the record accounts for may be unlinked
         touched = False
-        for path in plan.partials + [p.path for p in segments]:
+        doomed = list(plan.partials)
+        archive = self._archive
+        for p in segments:
+            if archive is not None:
+                try:
+                    archive(ArchiveRequest(p.path, p.seg.base, p.seg.uuid))
+                except Exception as exc:  # noqa: BLE001 - the segment stays; reported below
+                    outcome.archive_failed.append((p.path, exc))
+                    continue
+                outcome.archived.append(p.path)
+            doomed.append(p.path)
+        for path in doomed:
             try:
                 fs.unlink(path)
             except FileNotFoundError:
@@ -446,6 +500,8 @@ class HousekeepingMixin:
                 "are re-verified next pass",
                 progress,
             )
+        if outcome.archive_failed:
+            raise ArchiveError(outcome.archive_failed, progress)
         if plan.refused:
             # The rest of the pass committed; the refusal names the tenant and the limit.
             raise plan.refused[0]
@@ -473,6 +529,8 @@ class HousekeepingMixin:
             for tenant, h in restorable.items():
                 if h is None or self._ledger.segment(h.segment) is not None:
                     continue
+                if any(q.explains(h.segment, h.lsn) for q in self._quarantined):
+                    continue  # a recorded loss (``ourios wal quarantine``), not a stale gap
                 slot = record.slot_of(tenant)
                 entry = record.entries.get(slot) if slot is not None else None
                 if entry is None or entry.reclaimed_through.lsn < h.lsn:

@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .checkpoint import read_checkpoint, write_checkpoint
+from .checkpoint import SPARE_NAME, make_spare, read_checkpoint, write_checkpoint
 from .config import WalConfig, reclaim_file_bytes
 from .errors import (
     AppendError,
@@ -50,12 +50,15 @@ from .errors import (
     RotationTerminal,
     WalError,
     WalIoError,
+    WalNoSpace,
+    is_no_space,
 )
 from .frame import encode_frame, validate_tenant
 from .fs import Fs, OsFs
-from .housekeeping import HousekeepingMixin, ReclaimState
+from .housekeeping import ArchiveHook, HousekeepingMixin, ReclaimState
 from .layout import SegmentFile, SegmentScan, chain_problem, list_root, scan_segment
 from .ledger import HousekeepingProgress, Ledger, LedgerSegment
+from .quarantine import QuarantineRecord, in_force, load_records
 from .reclaim import (
     FLAG_CHECKPOINT_ARMED,
     FLAG_CHECKPOINT_SEEN,
@@ -80,6 +83,7 @@ from .types import (
     Frame,
     FrameKind,
     Healthy,
+    NoSpace,
     Retrying,
     RotationKind,
     RotationState,
@@ -220,8 +224,11 @@ class Journal(HousekeepingMixin):
         events: EventSink,
         on_append: Timing | None = None,
         on_fsync: Timing | None = None,
+        archive: ArchiveHook | None = None,
     ) -> None:
         self.root = root
+        #: copies a segment before housekeeping unlinks it (``wal.archive``); None: off
+        self._archive = archive
         #: observers of each frame write's and each fsync's duration (the metrics)
         self._on_append = on_append
         self._on_fsync = on_fsync
@@ -252,12 +259,15 @@ class Journal(HousekeepingMixin):
         self._dir_durable_gen = 0
         self._dir_pending: DirFsyncOrigin | None = None
         self._rotation: RotationState = Healthy()
+        self._no_space: NoSpace | None = None
+        self._no_space_seq = 0
         self._retired: list[_Segment] = []
         self._partials: list[Path] = []
         self._checkpoint: WalOffset | None = None
         self._closed = False
         self._broken: BaseException | None = None
         self._valid_tenants: dict[str, bytes] = {}
+        self._quarantined: list[QuarantineRecord] = []
         self.open_report: OpenReport | None = None
 
     # ------------------------------------------------------------------ open
@@ -273,6 +283,7 @@ class Journal(HousekeepingMixin):
         events: EventSink | None = None,
         on_append: Timing | None = None,
         on_fsync: Timing | None = None,
+        archive: ArchiveHook | None = None,
     ) -> Journal:
         """Open (or create) the WAL at ``root``.
 
@@ -286,7 +297,7 @@ class Journal(HousekeepingMixin):
         config = config or WalConfig()
         config.validate()
         fs = fs or OsFs()
-        journal = cls(root, config, fs, clock, events or _no_events, on_append, on_fsync)
+        journal = cls(root, config, fs, clock, events or _no_events, on_append, on_fsync, archive)
         try:
             journal._open()
         except BaseException:
@@ -336,11 +347,19 @@ class Journal(HousekeepingMixin):
         self._partials = list(listing.partials)
         self._remove_leftover_rebuild(listing.other)
         self._checkpoint = read_checkpoint(fs, root)
+        # Segments an operator quarantined (``ourios wal quarantine``): their LSNs are
+        # never reused and a horizon inside one is a recorded loss (wal/quarantine.py).
+        self._quarantined = in_force(
+            load_records(fs, root), {f.path.name for f in listing.segments}
+        )
+        quarantined_end = max((q.end_lsn for q in self._quarantined), default=0)
         self._open_reclaim(listing.segments)
         sealed_reason = ""
         fresh = not listing.segments
         if fresh:
-            if self._checkpoint is not None:
+            if self._checkpoint is not None and (
+                not self._quarantined or self._checkpoint.lsn > quarantined_end
+            ):
                 raise CorruptionError(
                     root / "CHECKPOINT",
                     None,
@@ -349,14 +368,14 @@ class Journal(HousekeepingMixin):
                 )
             # RECLAIM is durable (``_open_reclaim``) before the first segment exists, so
             # no restart ever finds a segment beside no record.
-            header = SegmentHeader(0, uuid7(self._clock()))
+            header = SegmentHeader(quarantined_end, uuid7(self._clock()))
             try:
                 seg = self._create_segment_locked(header)
             except _StepError as exc:
                 raise OpenIoError(exc.path, f"{exc.step} the first segment", exc.cause) from exc
             self._install(seg)
             self._disk_bytes = HEADER_SIZE
-            self._end_lsn = 0
+            self._end_lsn = quarantined_end
             self._ledger_rebuilt = True  # nothing to walk
         else:
             for f in listing.segments[:-1]:
@@ -391,6 +410,23 @@ class Journal(HousekeepingMixin):
                         "kept_bytes": scan.file.size - scan.stop.valid_end,
                     },
                 )
+            if quarantined_end > self._end_lsn:
+                # The newest segment was quarantined: appending here would reuse its
+                # LSNs. Seal the survivor; the next append starts at the quarantined end.
+                self._end_lsn = quarantined_end
+                if not seg.sealed:
+                    seg.sealed = True
+                    sealed_reason = "a quarantined segment lies beyond it"
+                    self._events(
+                        "wal.segment.sealed",
+                        {
+                            "segment": seg.path.name,
+                            "offset": scan.stop.valid_end,
+                            "reason": f"sealed at open: a quarantined segment ends at LSN "
+                            f"{quarantined_end}, beyond it",
+                            "kept_bytes": 0,
+                        },
+                    )
             # A killed process may have left frames in the page cache only: make the
             # newest segment durable before anything is appended or rotated behind it.
             try:
@@ -423,6 +459,29 @@ class Journal(HousekeepingMixin):
             s_ = self._seg(s)
             s_.dir_gen = 1
         self._dir_pending = DirFsyncOrigin.OPEN
+        try:
+            make_spare(fs, root)
+        except OSError as exc:
+            raise OpenIoError(
+                root / SPARE_NAME,
+                "allocate the checkpoint spare (so a full disk can still checkpoint)",
+                exc,
+            ) from exc
+        for q in self._quarantined:
+            self._events(
+                "wal.segment.quarantined",
+                {
+                    "segment": q.segment,
+                    "base_lsn": q.base_lsn,
+                    "end_lsn": q.end_lsn,
+                    "lost_frames_above_checkpoint": q.lost_frames,
+                    "lost_records_above_checkpoint": q.lost_records,
+                    "unreadable_bytes": q.unreadable_bytes,
+                    "tenants": sorted(q.tenants),
+                    "record": str(root / "quarantine" / f"{q.segment}.json"),
+                    "loss": q.summary(),
+                },
+            )
         self.open_report = OpenReport(
             fresh=fresh,
             segments=self._ledger.segment_count,
@@ -656,7 +715,7 @@ class Journal(HousekeepingMixin):
                 cur.data_len += size
                 self._disk_bytes += size
                 self._seal_locked(cur, "write", exc)
-                raise WalIoError("write", cur.path, exc) from exc
+                raise self._io_error_locked("write", cur.path, exc) from exc
             self._end_lsn = end
             cur.data_len += size
             self._disk_bytes += size
@@ -680,6 +739,47 @@ class Journal(HousekeepingMixin):
             raise JournalClosed()
         if isinstance(self._rotation, Terminal):
             raise RotationTerminal(self._rotation.attempts, self._rotation.first_error)
+        latch = self._no_space
+        if latch is not None:
+            # Nothing is attempted on a full disk: an owed rotation tried append after
+            # append would spend the rotation budget and end terminal (RFC 0052 §3.3).
+            raise WalNoSpace(latch.op, latch.path, OSError(latch.error), latched=True)
+
+    # ------------------------------------------------------------------ no space
+
+    def _io_error_locked(self, op: str, path: Path, exc: OSError) -> WalIoError:
+        """The typed error for a failed write or fsync; a full filesystem latches."""
+        if is_no_space(exc):
+            self._latch_no_space_locked(op, path, exc)
+            return WalNoSpace(op, path, exc)
+        return WalIoError(op, path, exc)
+
+    def _latch_no_space_locked(self, op: str, path: Path, exc: OSError) -> None:
+        if self._no_space is None:
+            self._no_space_seq += 1
+            self._no_space = NoSpace(self._no_space_seq, op, str(path), str(exc), self._clock())
+
+    @property
+    def no_space(self) -> NoSpace | None:
+        """The no-space latch, or None. A plain attribute read (no lock): admission
+        consults it on every request."""
+        return self._no_space
+
+    def clear_no_space(self, seq: int) -> NoSpace | None:
+        """Clear the latch numbered ``seq`` (the owner saw free space return after it
+        observed that latch); a newer latch stays. Returns what was cleared."""
+        with self._lock:
+            latch = self._no_space
+            if latch is None or latch.seq != seq:
+                return None
+            self._no_space = None
+            return latch
+
+    @property
+    def unreclaimed_bytes(self) -> int:
+        """The ledger's incremental unreclaimed-bytes counter (RFC 0052 §3.5), read
+        without the journal mutex: one int, for admission's per-request check."""
+        return self._ledger.unreclaimed_bytes
 
     # ------------------------------------------------------------------ group commit
 
@@ -773,7 +873,7 @@ class Journal(HousekeepingMixin):
             return self._rotation_failed_locked(
                 "discharge the pending directory fsync", self.root, err
             )
-        return WalIoError("directory fsync", self.root, err)
+        return self._io_error_locked("directory fsync", self.root, err)
 
     def _seal_locked(self, seg: _Segment, op: str, exc: OSError) -> None:
         """Seal ``seg``: every unacknowledged frame in it fails; nothing more lands in it."""
@@ -785,9 +885,10 @@ class Journal(HousekeepingMixin):
             {"segment": seg.path.name, "reason": f"{op} failed: {exc}", "lsn": seg.end_lsn},
         )
         kept: deque[Pending] = deque()
+        error = self._io_error_locked(op, seg.path, exc)
         for w in self._waiters:
             if w._seg is seg:
-                _finish(w, None, WalIoError(op, seg.path, exc))
+                _finish(w, None, _copy_error(error))
             else:
                 kept.append(w)
         # A resolved leader keeps running its round and hands off at the round's end.
@@ -843,6 +944,8 @@ class Journal(HousekeepingMixin):
                 self._fs.fsync(old.fd)
             except OSError as exc:
                 self._seal_locked(old, "fsync", exc)
+                if is_no_space(exc):
+                    raise WalNoSpace("fsync", old.path, exc) from exc
             else:
                 old.synced_lsn = old.end_lsn
         flags = FLAG_HAS_PREDECESSOR | (FLAG_PREDECESSOR_SEALED if old.sealed else 0)
@@ -929,6 +1032,8 @@ class Journal(HousekeepingMixin):
 
     def _rotation_failed_locked(self, step: str, path: Path, exc: OSError) -> AppendError:
         what = f"{step} {path}: {exc}"
+        if is_no_space(exc):
+            self._latch_no_space_locked(step, path, exc)
         budget = self.config.rotation_retry_attempts
         state = self._rotation
         if isinstance(state, Terminal):
@@ -1059,6 +1164,11 @@ class Journal(HousekeepingMixin):
     def dir_fsync_pending(self) -> DirFsyncOrigin | None:
         with self._lock:
             return self._dir_pending
+
+    @property
+    def quarantined(self) -> list[QuarantineRecord]:
+        """The quarantine records in force at open (their segments left the set)."""
+        return list(self._quarantined)
 
     @property
     def stale_partials(self) -> list[Path]:
@@ -1232,6 +1342,8 @@ def _copy_error(err: AppendError) -> AppendError:
         return RotationTerminal(err.attempts, err.first_error)
     if isinstance(err, RotationRetrying):
         return RotationRetrying(err.attempts, err.budget, err.first_error)
+    if isinstance(err, WalNoSpace):
+        return WalNoSpace(err.op, err.path, err.cause, latched=err.latched)
     if isinstance(err, WalIoError):
         return WalIoError(err.op, err.path, err.cause)
     return JournalClosed()

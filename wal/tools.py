@@ -1,12 +1,18 @@
-"""Read-only operator views of a WAL root: ``inspect_root`` and ``verify_root``.
+"""Read-only operator views of a WAL root: ``inspect_root`` and ``verify_root``, and of
+one segment on its own (``verify_segment_bytes``: an archived copy, a file handed over).
 
-Neither writes, renames, fsyncs or creates anything, so both are safe against a
+None of them writes, renames, fsyncs or creates anything, so they are safe against a
 stopped node's volume (or a copy of it) and against a running node (they may then see
 a torn tail the writer is about to complete, which is reported as such).
 
 ``verify_root`` is the full CRC walk: every segment header, every frame, the set's
-structure and chain rules (``wal.layout``), and the CHECKPOINT. It collects every
-problem with its file and offset instead of stopping at the first.
+structure and chain rules (``wal.layout``), the CHECKPOINT and the quarantine records.
+It collects every problem with its file and offset instead of stopping at the first.
+Damage in the segment that holds the checkpoint mark, below the mark, is always a
+problem, even where a torn tail would be legal: the mark is an acknowledged frame's end,
+and nothing is ever appended behind a torn frame, so bytes before it are no torn write.
+(A torn tail in an *earlier* sealed segment lies below the mark's LSN too, legally: the
+range a failed write reserved is never reused, so only the mark's own segment proves it.)
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from pathlib import Path
 from .checkpoint import NAME as CHECKPOINT_NAME
 from .checkpoint import decode_checkpoint
 from .errors import CorruptionError, OpenIoError
-from .frame import ScanStop
+from .frame import ScanStop, scan_frames
 from .fs import Fs, OsFs, read_file
 from .layout import (
     SegmentFile,
@@ -29,7 +35,9 @@ from .layout import (
     read_segment_file,
     scan_segment,
 )
-from .segment import HEADER_SIZE, PARTIAL_RE, SEGMENT_RE, uuid7_time
+from .quarantine import DIR_NAME as QUARANTINE_DIR
+from .quarantine import QuarantineRecord, in_force, load_records
+from .segment import HEADER_SIZE, PARTIAL_RE, SEGMENT_RE, SegmentHeader, uuid7_time
 from .types import WalOffset
 
 
@@ -90,6 +98,12 @@ class RootReport:
     #: segment name -> why it is retained ("" when it is eligible now); with horizons
     eligibility: dict[str, str] = field(default_factory=dict)
     floor: str = ""
+    #: quarantine records whose segment left the set (in force at the next open)
+    quarantined: list[QuarantineRecord] = field(default_factory=list)
+    #: records whose segment is still in the set: a quarantine a crash interrupted
+    quarantine_pending: list[str] = field(default_factory=list)
+    #: the sidecars beside the segments and what state each is in
+    sidecars: dict[str, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -169,7 +183,187 @@ def verify_root(root: Path | str, *, fs: Fs | None = None) -> RootReport:
             )
     _read_checkpoint_into(fs, report, scans)
     _read_reclaim_into(fs, report)
+    _read_quarantine_into(fs, report, {f.path.name for f in files} | set(seg_names))
+    _damage_below_checkpoint(report, scans)
+    _describe_sidecars(report, names)
     return report
+
+
+def _read_quarantine_into(fs: Fs, report: RootReport, present: set[str]) -> None:
+    try:
+        records = load_records(fs, report.root)
+    except CorruptionError as exc:
+        report.problems.append(_problem(exc))
+        return
+    report.quarantined = in_force(records, present)
+    report.quarantine_pending = sorted(r.segment for r in records if r.segment in present)
+    for r in report.quarantined:
+        report.notes.append(
+            Problem(
+                report.root / QUARANTINE_DIR / r.segment,
+                r.damage_offset,
+                f"quarantined: {r.summary()}",
+            )
+        )
+    for name in report.quarantine_pending:
+        report.problems.append(
+            Problem(
+                report.root / name,
+                None,
+                "a quarantine record exists but the segment is still in the set (the "
+                "command was interrupted); run `ourios wal quarantine` for it again",
+            )
+        )
+
+
+def _damage_below_checkpoint(report: RootReport, scans: list[SegmentScan]) -> None:
+    """Damage below the checkpoint mark in the mark's own segment is corruption of
+    acknowledged frames, even where a torn tail would be legal (the newest segment)."""
+    mark = report.checkpoint
+    if mark is None:
+        return
+    reported = {(p.path, p.offset) for p in report.problems}
+    for scan in scans:
+        if not scan.data or not scan.stop.damaged or scan.file.header.uuid != mark.segment:
+            continue
+        damage_lsn = scan.valid_end_lsn
+        where = (scan.file.path, scan.stop.valid_end)
+        if damage_lsn < mark.lsn and where not in reported:
+            report.problems.append(
+                Problem(
+                    scan.file.path,
+                    scan.stop.valid_end,
+                    f"damage ({scan.stop.reason}) at LSN {damage_lsn}, below the checkpoint "
+                    f"{mark.lsn}: frames that were acknowledged and published are unreadable "
+                    f"here (the store holds their records)",
+                )
+            )
+            report.notes = [n for n in report.notes if (n.path, n.offset) != where]
+
+
+def _describe_sidecars(report: RootReport, names: list[str]) -> None:
+    from .checkpoint import SIZE as CHECKPOINT_SIZE
+    from .checkpoint import SPARE_NAME, TMP_NAME
+
+    present = set(names)
+    report.sidecars[CHECKPOINT_NAME] = (
+        f"mark {report.checkpoint}" if report.checkpoint is not None else "absent (never stamped)"
+    )
+    if SPARE_NAME in present:
+        size = (report.root / SPARE_NAME).stat().st_size
+        report.sidecars[SPARE_NAME] = (
+            "allocated (a checkpoint can be written on a full disk)"
+            if size == CHECKPOINT_SIZE
+            else f"{size} bytes (replaced at the next open)"
+        )
+    else:
+        report.sidecars[SPARE_NAME] = "absent (allocated at the next open)"
+    if TMP_NAME in present:
+        report.sidecars[TMP_NAME] = "present (a checkpoint write was interrupted; harmless)"
+    if report.reclaim is not None:
+        r = report.reclaim
+        report.sidecars["RECLAIM"] = (
+            f"mode {r.consumer_mode}, armed={r.checkpoint_armed}, seen={r.checkpoint_seen}, "
+            f"{len(r.entries)} tenant entries, {len(r.planned)} planned unlink(s)"
+        )
+    elif "RECLAIM" in present:
+        report.sidecars["RECLAIM"] = "unreadable (see the problems)"
+    else:
+        report.sidecars["RECLAIM"] = "absent"
+    if "PUBLISHED" in present:
+        report.sidecars["PUBLISHED"] = "present"
+
+
+@dataclass
+class SegmentVerdict:
+    """``verify_segment_bytes``: one segment on its own (an archived copy)."""
+
+    name: str
+    size: int
+    header: SegmentHeader | None = None
+    frames: int = 0
+    tenants: dict[str, int] = field(default_factory=dict)
+    valid_end_lsn: int = 0
+    problems: list[Problem] = field(default_factory=list)
+    notes: list[Problem] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def verify_segment_bytes(data: bytes, name: str, *, where: Path | None = None) -> SegmentVerdict:
+    """CRC-walk one segment's bytes. ``name`` is its file name (checked against the
+    header); ``where`` is what problems name (a path, or the store key as a path).
+
+    On its own a segment cannot say whether a torn tail held an acknowledged frame (its
+    successor would), so a torn tail is a note; damage followed by frames that verify
+    is a problem (a torn write leaves nothing valid after it).
+    """
+    path = where if where is not None else Path(name)
+    verdict = SegmentVerdict(name, len(data))
+    match = SEGMENT_RE.match(name)
+    if match is None:
+        verdict.problems.append(Problem(path, None, f"{name!r} is not a segment name"))
+    try:
+        header = SegmentHeader.decode(data[:HEADER_SIZE], path)
+    except CorruptionError as exc:
+        verdict.problems.append(_problem(exc))
+        return verdict
+    verdict.header = header
+    if match is not None and int(match.group(1)) != header.base_lsn:
+        verdict.problems.append(
+            Problem(
+                path,
+                8,
+                f"name/header disagreement: the name says base {int(match.group(1))} but "
+                f"the header declares base {header.base_lsn}",
+            )
+        )
+    try:
+        frames, stop = scan_frames(data, HEADER_SIZE, path=path)
+    except CorruptionError as exc:
+        verdict.problems.append(_problem(exc))
+        return verdict
+    verdict.frames = len(frames)
+    for raw in frames:
+        verdict.tenants[raw.tenant] = verdict.tenants.get(raw.tenant, 0) + 1
+    verdict.valid_end_lsn = header.base_lsn + stop.valid_end - HEADER_SIZE
+    if stop.damaged:
+        after = _frames_after_damage(data, stop.valid_end, path)
+        if after:
+            verdict.problems.append(
+                Problem(
+                    path,
+                    stop.valid_end,
+                    f"damage ({stop.reason}) followed by {after} frame(s) that verify: "
+                    f"corruption inside the segment, not a torn tail",
+                )
+            )
+        else:
+            verdict.notes.append(
+                Problem(
+                    path, stop.valid_end, f"torn tail ({stop.reason}); legal in a sealed segment"
+                )
+            )
+    return verdict
+
+
+def _frames_after_damage(data: bytes, damage: int, path: Path) -> int:
+    """Frames that verify after the damaged one, skipping it by its length prefix."""
+    from .frame import PREFIX
+
+    if len(data) - damage < PREFIX.size:
+        return 0
+    body_len, _crc = PREFIX.unpack_from(data, damage)
+    nxt = damage + PREFIX.size + body_len
+    if body_len <= 0 or nxt >= len(data):
+        return 0
+    try:
+        frames, _stop = scan_frames(data, nxt, path=path)
+    except CorruptionError:
+        return 0
+    return len(frames)
 
 
 def _read_reclaim_into(fs: Fs, report: RootReport) -> None:

@@ -127,3 +127,20 @@ class Frame:
     @property
     def size(self) -> int:
         return self.offset.lsn - self.start_lsn
+
+
+@dataclass(frozen=True, slots=True)
+class NoSpace:
+    """The WAL's no-space latch: an append, fsync or rotation step hit ENOSPC/EDQUOT.
+
+    While it is set every append is refused without touching the disk; only the owner,
+    having seen free space again (``Journal.clear_no_space(seq)``), clears it. ``seq``
+    numbers the latchings so a clear decided on an older observation never clears a
+    newer one.
+    """
+
+    seq: int
+    op: str
+    path: str
+    error: str
+    at: float  # the injected clock's time of the failure

@@ -20,6 +20,7 @@ from wal import (
     RotationTerminal,
     WalConfig,
     WalIoError,
+    WalNoSpace,
 )
 from wal.segment import SegmentHeader
 
@@ -112,6 +113,17 @@ def test_write_failure_seals_and_the_next_append_starts_a_new_segment(
             j.commit("t", payload(2, 500))
         assert info.value.error_class is ErrorClass.TRANSIENT
         assert j.rotation_state == Healthy()
+        if err == errno.ENOSPC:
+            # A full disk latches: nothing is attempted (no rotation budget spent) until
+            # the owner reports free space again.
+            latch = j.no_space
+            assert latch is not None and latch.op == "write"
+            with pytest.raises(WalNoSpace) as refused:
+                j.commit("t", payload(3, 500))
+            assert refused.value.latched and len(j.segment_names()) == 1
+            assert j.clear_no_space(latch.seq) == latch and j.no_space is None
+        else:
+            assert j.no_space is None
         assert ledger.commit(j, "t", payload(3, 500))
         names = j.segment_names()
     assert len(names) == 2
@@ -167,6 +179,9 @@ def test_rfc0052_15_ordinary_io_failures_stay_transient(tmp_path: Path) -> None:
         assert info2.value.error_class is ErrorClass.TRANSIENT
         assert "not acknowledged" in str(info2.value)
         assert j.rotation_state == Healthy()
+        latch = j.no_space  # ENOSPC latches until the owner reports free space
+        assert isinstance(info2.value, WalNoSpace) and latch is not None
+        j.clear_no_space(latch.seq)
         j.commit("t", payload(3, 10))
 
 

@@ -1,0 +1,175 @@
+"""A real full disk under a real ``ourios serve`` (issue 8; segment-set seed §6, §12.13).
+
+The WAL directory is a size-limited tmpfs mounted by the test (root can mount; a refused
+mount skips with the reason, and fails under ``CI=true``). The object store is a local
+directory that is unusable at first (its parent is a regular file), so nothing can be
+published, checkpointed or reclaimed: the WAL can only grow.
+
+0. With no room for RECLAIM the start fails, naming the file it could not allocate.
+1. Once space is freed the node starts, but below stop water (a ballast file): the
+   first batch is refused with 503, ``disk_stop_water`` and a Retry-After of the
+   housekeeping cadence; deleting the ballast lets admission resume by itself.
+2. Load is driven until the WAL's own write fails with ENOSPC: that batch is refused
+   (nothing acknowledged), every later one is refused with ``disk_full`` and a
+   Retry-After, and the volume has no room for one more frame.
+3. The store comes back: the barrier publishes and stamps a checkpoint and housekeeping
+   reclaims on the still-full volume (RECLAIM and the checkpoint spare need no new
+   block); admission resumes in the same process, with no restart and no append needed
+   to find out; only then is anything acknowledged again.
+4. After a clean stop, every acknowledged record is in the published Parquet and
+   ``ourios wal verify`` reports a clean set.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support.noderig import request
+from tests.support.parquet_read import read_kind
+from tests.support.serve import ROOT, ServeProcess
+from tests.support.tmpfs import TmpfsMounts
+
+TMPFS_BYTES = 1 << 20
+STOP_WATER = 128 * 1024
+CADENCE = 1
+
+
+def _free(path: Path) -> int:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def _fill_to(path: Path, ballast: Path, free: int) -> None:
+    """Write ``ballast`` until about ``free`` bytes remain on ``path``'s filesystem."""
+    fd = os.open(ballast, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    try:
+        while _free(path) > free + 4096:
+            os.write(fd, b"\0" * min(65536, _free(path) - free))
+    finally:
+        os.close(fd)
+
+
+def _wait(condition: object, what: str, server: ServeProcess, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not reached in {timeout} s:\n{server.tail()}")
+        time.sleep(0.05)  # an external process: polling with a deadline
+
+
+def _metric(server: ServeProcess, line_prefix: str) -> float | None:
+    status, body = server.get("/metrics")
+    assert status == 200
+    for line in body.decode().splitlines():
+        if line.startswith(line_prefix + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def test_a_real_full_disk_refuses_reclaims_and_resumes_without_a_restart(
+    tmp_path: Path, small_tmpfs: TmpfsMounts
+) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    mount = small_tmpfs(TMPFS_BYTES)
+    wal = data / "wal"
+    wal.symlink_to(mount, target_is_directory=True)  # the WAL, and only it, on the tmpfs
+    blocker = tmp_path / "store"
+    blocker.write_text("the store's parent is a file: every put fails until it goes")
+    objects = blocker / "objects"
+    env = {
+        "OURIOS_STORE_URL": objects.as_uri(),
+        "OURIOS_WAL_SEGMENT_MAX_BYTES": str(64 * 1024),
+        "OURIOS_WAL_BARRIER_SECS": "1",
+        "OURIOS_WAL_HOUSEKEEPING_SECS": str(CADENCE),
+        "OURIOS_WAL_MAX_TENANTS": "16",
+        "OURIOS_WAL_MAX_UNLINKS_PER_PASS": "16",
+        "OURIOS_DISK_LOW_WATER_BYTES": str(4 * STOP_WATER),
+        "OURIOS_DISK_STOP_WATER_BYTES": str(STOP_WATER),
+    }
+    ballast = mount / "ballast"
+    # 0. no room to allocate RECLAIM: the start fails naming the file, and nothing serves
+    _fill_to(mount, ballast, 0)
+    refused = ServeProcess(data, env)
+    try:
+        with pytest.raises(RuntimeError, match="exited with 1"):
+            refused.start(timeout=60)
+    finally:
+        refused.kill()
+    failed = refused.event("server.start_failed")
+    assert len(failed) == 1 and "RECLAIM" in str(failed[0]["error"]), failed
+    assert "No space left on device" in str(failed[0]["error"])
+    ballast.unlink()
+    _fill_to(mount, ballast, STOP_WATER)  # room to open, not to admit
+    acked: list[str] = []
+    with ServeProcess(data, env) as server:
+        pid = server.proc.pid if server.proc else None
+
+        def post(tag: str, n: int = 200) -> tuple[int, bytes, dict[str, str]]:
+            status, body, headers = server.post_logs(request(tag, n).SerializeToString())
+            if status == 200:
+                acked.extend(f"{tag}/{i}" for i in range(n))
+            return status, body, headers
+
+        # 1. below stop water from the start-up sample: refused, naming the bound
+        status, body, headers = post("early")
+        assert status == 503 and headers.get("retry-after") == str(CADENCE), (status, body)
+        assert b"disk below stop water" in body and f"={STOP_WATER}".encode() in body
+        assert len(server.event("disk.stop_water")) == 1
+        ballast.unlink()
+        _wait(lambda: len(server.event("disk.recovered")) >= 1, "disk.recovered", server)
+        assert post("resumed")[0] == 200
+
+        # 2. drive the WAL into ENOSPC (nothing can be reclaimed: the store is down)
+        first_refusal: tuple[int, bytes] | None = None
+        for i in range(5000):
+            status, body, _ = post(f"fill{i}")
+            if status != 200:
+                first_refusal = (status, body)
+                break
+        assert first_refusal is not None and first_refusal[0] == 503, first_refusal
+        full_at = time.time()
+        assert _free(mount) < 16 * 1024, "the volume did not fill"
+        for i in range(3):
+            status, body, headers = post(f"refused{i}")
+            assert status == 503 and headers.get("retry-after") == str(CADENCE)
+            assert b"disk full" in body or b"below stop water" in body, body
+        assert [e["cause"] for e in server.event("disk.stop_water")][-1].startswith(
+            "the WAL's"
+        ) or _free(mount) < STOP_WATER
+        assert _metric(server, 'ourios_admission_refusing{bound="disk_full"}') == 1.0
+        segments_full = _metric(server, "ourios_wal_segments")
+        assert segments_full is not None and segments_full > 4
+
+        # 3. the store catches up: cut, checkpoint and reclaim on the full volume
+        blocker.unlink()
+        _wait(lambda: len(server.event("disk.recovered")) >= 2, "the second recovery", server)
+        recovered = server.event("disk.recovered")[-1]
+        assert recovered["from"] == "stop_water" and recovered["refused_requests"] >= 3
+        assert (_metric(server, "ourios_wal_segments") or 0) < segments_full
+        assert _free(mount) > STOP_WATER
+        after = time.time()
+        assert post("after")[0] == 200  # the same process: no restart
+        assert server.proc is not None and server.proc.pid == pid
+        # nothing was acknowledged between the failure and the recovery event
+        assert float(recovered["ts"]) >= full_at and after >= float(recovered["ts"])
+        assert server.terminate() == 0
+
+    # 4. every acknowledged record is published; the set is sound
+    verify = subprocess.run(
+        [sys.executable, "-m", "app.cli", "wal", "verify", str(data)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert verify.returncode == 0 and "clean" in verify.stdout, verify.stdout + verify.stderr
+    published = {row["attributes"]["rid"] for row in read_kind(objects, "records", "pyarrow")}
+    lost = [rid for rid in acked if rid not in published]
+    assert not lost, f"{len(lost)} acknowledged records missing, e.g. {lost[:3]}"
