@@ -44,6 +44,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ourios.barrier")
 
+#: The first retry delay after a failed cut (seconds); it doubles up to barrier_secs.
+RETRY_FIRST_SECS = 0.5
+
 
 @dataclass
 class Cut:
@@ -126,6 +129,12 @@ class Barrier:
         self.last: CutOutcome | None = None
         self.last_ok_at: float | None = None
         self.recapture = False
+        #: After a failed cut the fresh capture is not taken before this (clock time):
+        #: the delay doubles from ``RETRY_FIRST_SECS`` up to ``barrier_secs`` while cuts
+        #: keep failing (a store outage, a latch) and resets on the first good cut, so
+        #: a node whose cuts cannot succeed neither spins nor floods its log.
+        self._retry_not_before = 0.0
+        self._retry_delay = 0.0
 
     # -- the rotation hook (inside an ingest turn: no I/O, never blocks) ---------------
 
@@ -168,11 +177,14 @@ class Barrier:
             with self._cond:
                 while (
                     self._pending is None
-                    and not self.recapture
+                    and not (self.recapture and self._clock() >= self._retry_not_before)
                     and not self._stop.is_set()
                     and self._clock() < deadline
                 ):
-                    self._cond.wait(timeout=min(1.0, max(0.01, deadline - self._clock())))
+                    wake = deadline
+                    if self.recapture:
+                        wake = min(wake, self._retry_not_before)
+                    self._cond.wait(timeout=min(1.0, max(0.01, wake - self._clock())))
             if self._stop.is_set():
                 return
             timed = self._clock() >= deadline
@@ -299,6 +311,11 @@ class Barrier:
         self.last = outcome
         if outcome.ok:
             self.last_ok_at = self._clock()
+            self._retry_delay = 0.0
+            self._retry_not_before = 0.0
+        else:
+            self._retry_delay = min(self.barrier_secs, max(RETRY_FIRST_SECS, 2 * self._retry_delay))
+            self._retry_not_before = self._clock() + self._retry_delay
         p.forget_failures_before(cut.epoch + 1)
         self._on_cut(outcome)
         if outcome.ok:
@@ -345,7 +362,9 @@ class Barrier:
     def _invalidate_pending(self, outcome: CutOutcome) -> None:
         """The running cut failed: a pending cut folded frames whose only durable copy
         was the failed batches, so it must not install or stamp. Its batches go back
-        into the buffers and a fresh capture follows at once."""
+        into the buffers and a fresh capture follows after the retry delay
+        (``RETRY_FIRST_SECS``, doubling up to ``barrier_secs`` while cuts keep failing;
+        the barrier thread honours it, a test's direct ``step`` does not)."""
         with self._cond:
             pending, self._pending = self._pending, None
             self.recapture = True

@@ -159,6 +159,16 @@ SABOTAGES: tuple[Sabotage, ...] = (
             "tests/unit/app/test_pipeline.py::test_recovery_replays_every_frame_and_gates_the_sink_on_the_checkpoint",
         ),
     ),
+    Sabotage(
+        "barrier_spins_on_failure",
+        "a failing cut is retried after a backoff, never in a tight loop",
+        "app/barrier.py",
+        "                    and not (self.recapture and self._clock() >= self._retry_not_before)",
+        "                    and not self.recapture",
+        (
+            "tests/unit/app/test_barrier.py::test_failed_cuts_back_off_instead_of_recapturing_at_once",
+        ),
+    ),
     # -- the WAL core (issue 2) ---------------------------------------------------------
     Sabotage(
         "skip_set_validation",

@@ -101,7 +101,7 @@ import pytest
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 
 from app import points
-from app.barrier import Cut, CutOutcome
+from app.barrier import Barrier, Cut, CutOutcome
 from app.otlp import Unavailable, decode_request, flatten
 from app.pipeline import LATCH_CLEAR, ReadWriteLock
 from app.server import AgeSweep
@@ -794,6 +794,56 @@ def test_rfc0052_1_raising_housekeeping_pass_counts_and_the_next_pass_replans(
 
     assert rig.housekeeper.runs[("ok", "")] == 1
     assert rig.journal.segment_names() == [second] and checkpoint(rig) == a
+
+
+def test_failed_cuts_back_off_instead_of_recapturing_at_once(
+    make_rig: Callable[..., NodeRig],
+) -> None:
+    """A cut that fails asks for a fresh capture; while cuts keep failing (a store
+    outage, a latch) the barrier thread waits a doubling delay, capped at the barrier
+    period, instead of capturing again at once — which spun the thread and wrote
+    thousands of log lines a second. The first good cut resets the delay."""
+    rig = make_rig()
+    rig.store.fail(ops=("put",), always=True)
+    rig.ingest("t", "a")
+    delays = []
+    for _ in range(6):
+        out = rig.barrier.step(timer=True)
+        assert out is not None and not out.ok
+        delays.append(rig.barrier._retry_not_before - rig.clock())
+    assert delays == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0]  # barrier_secs is 300 here
+    rig.barrier.barrier_secs = 3
+    assert rig.barrier.step(timer=True) is not None
+    assert rig.barrier._retry_not_before - rig.clock() == 3  # capped at the period
+    rig.store.clear()
+    out = rig.barrier.step(timer=True)
+    assert out is not None and out.ok
+    assert rig.barrier._retry_not_before == 0.0  # reset
+
+    # The thread: a failing store for ~2 s of real time is a handful of cuts, not a spin.
+    rig.store.fail(ops=("put",), always=True)
+    rig.ingest("t", "b")
+    outcomes: list[CutOutcome] = []
+    first = threading.Event()
+    barrier = Barrier(
+        rig.pipeline,
+        rig.snapshots,
+        rig.ledger,
+        barrier_secs=1,
+        segment_age_secs=SEGMENT_AGE,
+        ceiling_bytes=rig.ceiling_bytes,
+        on_cut=lambda o: (outcomes.append(o), first.set()),
+    )
+    rig.pipeline.barrier = barrier
+    barrier.start()
+    try:
+        assert first.wait(WAIT_S)
+        window = threading.Event()
+        window.wait(2.0)  # a measured window: the count in it is the assertion
+    finally:
+        assert barrier.close(WAIT_S)
+    assert 2 <= len(outcomes) <= 6, [o.reason for o in outcomes]
+    assert not any(o.ok for o in outcomes)
 
 
 def test_rfc0052_1_housekeeping_keeps_sweeping_while_the_barrier_is_latched(
