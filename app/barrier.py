@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from app import points
+from app.heap import collection_deferred
 from app.snapshots import SnapshotLedger, SnapshotState, SnapshotStore
 from sink.buffers import Detached
 from wal import AppendError, CheckpointError, RotationKind, WalOffset
@@ -253,7 +254,8 @@ class Barrier:
             points.hit("barrier.after_quiesce")
             if rotate_idle:
                 self._rotate_if_idle()
-            cut = p.capture_cut_locked("timer")
+            with collection_deferred():  # a collection runs after, not inside the hold
+                cut = p.capture_cut_locked("timer")
         p.record_cut_stall(time.perf_counter() - started)
         return cut
 

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Final
 
 from app import points
 from app.admission import Admission
+from app.heap import collection_deferred
 from app.ingest_api import IngestOutcome
 from app.miner import MinerCluster, MineResult
 from app.otlp import BadRequest, FlatBatch, IngestRejection, PayloadTooLarge, Unavailable
@@ -250,7 +251,8 @@ class Pipeline:
                 # mark (the previous turn's own frame end) and hand it to the barrier
                 # thread. Capture only: the store I/O runs there.
                 started = time.perf_counter()
-                cut = self.capture_cut_locked("rotation")
+                with collection_deferred():
+                    cut = self.capture_cut_locked("rotation")
                 self.record_cut_stall(time.perf_counter() - started)
                 self.barrier.offer_cut(cut)
             points.hit("turn.before_mine")

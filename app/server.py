@@ -14,7 +14,6 @@ partition, install snapshots, checkpoint) → stop the publisher → close the W
 
 from __future__ import annotations
 
-import gc
 import logging
 import signal
 import socket
@@ -33,6 +32,7 @@ from app.barrier import Barrier
 from app.config import Settings
 from app.events import EventLog, configure_logging
 from app.grpc_receiver import create_grpc_server
+from app.heap import freeze_long_lived_heap
 from app.housekeeping import Housekeeper
 from app.http_receiver import create_http_app
 from app.metrics import Metrics
@@ -328,17 +328,6 @@ def run_serve(settings: Settings) -> int:
         grpc_server.stop(grace=max(1, settings.server.shutdown_grace_secs // 2)).wait()
         shutdown(node)
     return 0
-
-
-def freeze_long_lived_heap() -> None:
-    """Move everything start-up built (modules, configuration, the restored miners, the
-    replay's state) out of the cyclic collector's generations. A full collection holds
-    the GIL, so it stalls every ingest turn and any cut it lands in; without this it
-    rescans those ~70k objects each time ingest churn triggers one (50–80 ms per full
-    collection here; 1–20 ms with them frozen — soak/bench/barrier.py). They live as
-    long as the process, so nothing collectable is kept."""
-    gc.collect()
-    gc.freeze()
 
 
 def _start_failed(events: EventLog, exc: BaseException) -> int:
