@@ -250,12 +250,13 @@ class Barrier:
         """Capture a cut under the exclusive exclusion (the timer's path)."""
         p = self.pipeline
         started = time.perf_counter()
-        with p.exclusion.exclusive():
+        # A collection the capture would trigger runs after the exclusion is released,
+        # not inside the hold (app/heap.py).
+        with collection_deferred(), p.exclusion.exclusive():
             points.hit("barrier.after_quiesce")
             if rotate_idle:
                 self._rotate_if_idle()
-            with collection_deferred():  # a collection runs after, not inside the hold
-                cut = p.capture_cut_locked("timer")
+            cut = p.capture_cut_locked("timer")
         p.record_cut_stall(time.perf_counter() - started)
         return cut
 
