@@ -21,6 +21,7 @@ from .errors import (
     WalError,
     WalIoError,
 )
+from .frontiers import PublishedWriteError
 from .fs import FaultyFs, Fs, Hold, OsFs, SimulatedCrash
 from .housekeeping import (
     ModeMismatch,
@@ -48,8 +49,11 @@ from .types import (
     CommitOutcome,
     DirFsyncOrigin,
     Frame,
+    FrameCursor,
     FrameKind,
+    FrameSpan,
     Healthy,
+    PublishedMarks,
     Retrying,
     RotationKind,
     RotationState,
@@ -72,8 +76,10 @@ __all__ = [
     "FloorPinned",
     "FloorUnknown",
     "Frame",
+    "FrameCursor",
     "FrameKind",
     "FrameRejected",
+    "FrameSpan",
     "FrameTooLarge",
     "Fs",
     "Healthy",
@@ -91,6 +97,8 @@ __all__ = [
     "OpenReport",
     "OsFs",
     "Pending",
+    "PublishedMarks",
+    "PublishedWriteError",
     "ReclaimError",
     "ReclaimOutcome",
     "ReclaimPlan",
