@@ -10,6 +10,17 @@ store (DESIGN.md §5.5). A publish that fails is *requeued*: its rows go back in
 buffers (never lost), tagged with the barrier epoch current at the requeue, so the
 barrier can tell which cuts it invalidates.
 
+A records publish requeued after an *ambiguous* failure (the store may have accepted
+it) keeps its identity (RFC 0055 §9.3): it is held as its own unit, never merged with
+rows that arrived meanwhile, carrying the deterministic object name its rows derive
+(``Partition.identity``), so every later attempt writes the same key. A clean failure
+wrote nothing and merges freely.
+
+A tenant can be *held* (settlement, RFC 0055 §9.4): its partitions stay in the buffers
+— no drain, sweep, size trigger or write-ordering detach takes them — until the
+settlement drops them (``drop_tenant``) in the section that swaps its tree, or releases
+them when it fails.
+
 Everything here runs under the sink lock, which this class owns; the lock order of
 DESIGN.md §5.3 puts it after the barrier exclusion and the miner lock.
 """
@@ -53,6 +64,9 @@ class Partition:
     #: records: the tenant's template events accepted when the rows were appended; the
     #: rows may reach the store only once every event up to it is durable
     audit_watermark: int = 0
+    #: the object name every attempt must use, set when a publish of these rows was
+    #: ambiguous (RFC 0055 §9.2); None: a fresh name per attempt
+    identity: str | None = None
 
     @property
     def nbytes(self) -> int:
@@ -154,6 +168,11 @@ class InFlight:
                 and i.detached.partition.first_seq <= seq
             ]
 
+    def pending_for(self, tenant: str) -> list[_InFlight]:
+        """The unsettled publishes of ``tenant``'s partitions."""
+        with self._lock:
+            return [i for i in self._items.values() if i.detached.partition.tenant == tenant]
+
     def pending_upto(self, upto_id: int) -> list[_InFlight]:
         """The publishes registered at or before ``upto_id`` that have not settled."""
         with self._lock:
@@ -185,6 +204,10 @@ class Buffers:
         self._last_id = 0
         self._bytes = 0  # bytes of buffered partitions as of their last append
         self._audit_seq: dict[str, int] = {}  # tenant -> template events accepted
+        #: records publishes requeued after an ambiguous failure, each its own unit
+        self._units: list[Partition] = []
+        #: tenants whose partitions nothing may detach (a settlement holds them)
+        self._held: set[str] = set()
 
     # -- appends (the ingest turn) -------------------------------------------------------
 
@@ -242,7 +265,7 @@ class Buffers:
             part.audit_watermark = self._audit_seq.get(tenant, 0)
             part.est_bytes += nbytes
             self._bytes += nbytes
-            if part.est_bytes >= self.flush_bytes:
+            if part.est_bytes >= self.flush_bytes and tenant not in self._held:
                 del self._records[key]
                 return self._detach_locked(part, "size")
             return None
@@ -276,7 +299,7 @@ class Buffers:
                 cols.append_row(tenant, template_id, version, template, change, wal_lsn, ts)
                 part.max_lsn = max(part.max_lsn, wal_lsn)
                 self._bytes += cols.nbytes - before
-                if cols.nbytes >= self.flush_bytes:
+                if cols.nbytes >= self.flush_bytes and tenant not in self._held:
                     del self._audit[key]
                     out.append(self._detach_locked(part, "size"))
             self._audit_seq[tenant] = seq
@@ -292,36 +315,61 @@ class Buffers:
     # -- detaching many (barrier, age sweep, shutdown) --------------------------------
 
     def drain_all(self, reason: str) -> list[Detached]:
-        """Every buffered partition, audit first (template events land before the records
-        that reference them), detached and registered in flight."""
-        with self.lock:
-            parts = list(self._audit.values()) + list(self._records.values())
-            self._audit.clear()
-            self._records.clear()
-            return [self._detach_locked(p, reason) for p in parts]
+        """Every buffered partition of a tenant not held, audit first (template events
+        land before the records that reference them), then the ambiguous units (each
+        alone, under its own name, before the rows that arrived after it), detached and
+        registered in flight."""
+        return self._drain(reason, lambda part: part.tenant not in self._held)
+
+    def drain_tenant(self, tenant: str, reason: str) -> list[Detached]:
+        """Every buffered partition of ``tenant`` (settlement's forced publish)."""
+        return self._drain(reason, lambda part: part.tenant == tenant)
 
     def drain_aged(self, max_age: float) -> list[Detached]:
         now = self._clock()
+        return self._drain(
+            "age",
+            lambda part: part.tenant not in self._held and now - part.first_at >= max_age,
+        )
+
+    def _drain(self, reason: str, take: Callable[[Partition], bool]) -> list[Detached]:
         with self.lock:
             out: list[Detached] = []
             for key_a, part in list(self._audit.items()):
-                if now - part.first_at >= max_age:
+                if take(part):
                     del self._audit[key_a]
-                    out.append(self._detach_locked(part, "age"))
+                    out.append(self._detach_locked(part, reason))
+            kept: list[Partition] = []
+            for unit in self._units:
+                if take(unit):
+                    out.append(self._detach_locked(unit, reason))
+                else:
+                    kept.append(unit)
+            self._units = kept
             for key, part in list(self._records.items()):
-                if now - part.first_at >= max_age:
+                if take(part):
                     del self._records[key]
-                    out.append(self._detach_locked(part, "age"))
+                    out.append(self._detach_locked(part, reason))
             return out
 
     # -- failures -----------------------------------------------------------------------
 
-    def requeue(self, d: Detached, error_type: str) -> PublishOutcome:
-        """Put a failed (or parked) publish's rows back, older rows first; settle it."""
+    def requeue(
+        self, d: Detached, error_type: str, *, identity: str | None = None
+    ) -> PublishOutcome:
+        """Put a failed (or parked) publish's rows back, older rows first; settle it.
+
+        ``identity`` (an ambiguous records failure: the store may hold the object) keeps
+        the rows as their own unit under that name; a partition that already has one
+        keeps it whatever the failure, since an earlier attempt may have landed."""
         with self.lock:
             epoch = self._epoch()
             part = d.partition
-            if part.kind is Kind.RECORDS:
+            if identity is not None and part.identity is None:
+                part.identity = identity
+            if part.kind is Kind.RECORDS and part.identity is not None:
+                self._units.append(part)
+            elif part.kind is Kind.RECORDS:
                 key = (part.tenant, part.day)
                 existing = self._records.get(key)
                 if existing is not None:
@@ -362,6 +410,8 @@ class Buffers:
         if w == 0:
             return taken, refused
         with self.lock:
+            if part.tenant in self._held:
+                return taken, refused  # held: the records wait (``audit_pending``)
             for key, a in list(self._audit.items()):
                 if a.tenant != part.tenant or a.first_seq > w:
                     continue
@@ -382,19 +432,51 @@ class Buffers:
                 return True
         return bool(self.in_flight.audit_upto(tenant, seq))
 
-    def discard_tenant(self, tenant: str) -> int:
-        """Drop a tenant's buffered rows (settlement's tree swap, a later issue)."""
+    def hold_tenant(self, tenant: str) -> None:
+        """From now on nothing detaches ``tenant``'s partitions (module docstring)."""
         with self.lock:
-            dropped = 0
-            for key in [k for k in self._records if k[0] == tenant]:
-                part = self._records.pop(key)
-                dropped += part.rows
-                self._bytes -= part.nbytes
-            for akey in [k for k in self._audit if k[0] == tenant]:
-                part_a = self._audit.pop(akey)
-                dropped += part_a.rows
-                self._bytes -= part_a.nbytes
-            return dropped
+            self._held.add(tenant)
+
+    def release_tenant(self, tenant: str) -> None:
+        """Undo ``hold_tenant``: the rows circulate again (a settlement that failed)."""
+        with self.lock:
+            self._held.discard(tenant)
+
+    def held(self) -> set[str]:
+        with self.lock:
+            return set(self._held)
+
+    def drop_tenant(self, tenant: str) -> int:
+        """Drop every buffered row of ``tenant`` (records, units and template events) and
+        release its hold: settlement's handoff, inside the section that swaps its tree."""
+        with self.lock:
+            self._held.discard(tenant)
+            return self._discard_locked(tenant)
+
+    def discard_tenant(self, tenant: str) -> int:
+        """Drop a tenant's buffered rows; returns how many."""
+        with self.lock:
+            return self._discard_locked(tenant)
+
+    def _discard_locked(self, tenant: str) -> int:
+        dropped = 0
+        kept: list[Partition] = []
+        for unit in self._units:
+            if unit.tenant == tenant:
+                dropped += unit.rows
+                self._bytes -= unit.nbytes
+            else:
+                kept.append(unit)
+        self._units = kept
+        for key in [k for k in self._records if k[0] == tenant]:
+            part = self._records.pop(key)
+            dropped += part.rows
+            self._bytes -= part.nbytes
+        for akey in [k for k in self._audit if k[0] == tenant]:
+            part_a = self._audit.pop(akey)
+            dropped += part_a.rows
+            self._bytes -= part_a.nbytes
+        return dropped
 
     # -- state ---------------------------------------------------------------------------
 
@@ -412,15 +494,17 @@ class Buffers:
     def parked_partitions(self) -> int:
         """Buffered partitions that a failed or refused publish put back."""
         with self.lock:
-            return sum(1 for p in self._records.values() if p.parked) + sum(
-                1 for p in self._audit.values() if p.parked
+            return (
+                sum(1 for p in self._records.values() if p.parked)
+                + sum(1 for p in self._audit.values() if p.parked)
+                + len(self._units)
             )
 
     @property
     def partitions(self) -> int:
         with self.lock:
-            return len(self._records) + len(self._audit)
+            return len(self._records) + len(self._audit) + len(self._units)
 
     def empty(self) -> bool:
         with self.lock:
-            return not self._records and not self._audit
+            return not self._records and not self._audit and not self._units

@@ -132,12 +132,14 @@ class _Segment(LedgerSegment):
 class Pending:
     """An appended frame waiting for the fsync that covers it.
 
-    ``offset`` is the frame's own end (the mark a caller may use once ``wait`` returns).
+    ``offset`` is the frame's own end (the mark a caller may use once ``wait`` returns);
+    ``span`` locates the whole frame (settlement's unmined entries record it).
     """
 
     __slots__ = (
         "seq",
         "offset",
+        "size",
         "_journal",
         "_seg",
         "_lock",
@@ -147,9 +149,12 @@ class Pending:
         "_error",
     )
 
-    def __init__(self, journal: Journal, seq: int, offset: WalOffset, seg: _Segment) -> None:
+    def __init__(
+        self, journal: Journal, seq: int, offset: WalOffset, seg: _Segment, size: int
+    ) -> None:
         self.seq = seq
         self.offset = offset
+        self.size = size
         self._journal = journal
         self._seg = seg
         self._lock = threading.Lock()
@@ -158,6 +163,10 @@ class Pending:
         self._done = False
         self._outcome: CommitOutcome | None = None
         self._error: AppendError | None = None
+
+    @property
+    def span(self) -> FrameSpan:
+        return FrameSpan(self.offset.segment, self.offset.lsn - self.size, self.size)
 
     def wait(self) -> CommitOutcome:
         """Block until the covering fsync; raise the typed ``AppendError`` on failure."""
@@ -685,7 +694,7 @@ class Journal(HousekeepingMixin, FrontiersMixin):
             self._ledger.on_frame(
                 cur, tenant if kind is FrameKind.TENANT_BATCH else None, end, size
             )
-            pending = Pending(self, self._next_seq, WalOffset(cur.header.uuid, end), cur)
+            pending = Pending(self, self._next_seq, WalOffset(cur.header.uuid, end), cur, size)
             self._next_seq += 1
             self._waiters.append(pending)
             if self._leader is None:
