@@ -47,6 +47,7 @@ _LEVELS = {
     "disk.low_water": "warning",
     "disk.stop_water": "error",
     "tenant.unrecoverable": "error",
+    "tenant.settling": "warning",
     "wal.floor.pinned": "warning",
 }
 

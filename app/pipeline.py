@@ -343,6 +343,15 @@ class Pipeline:
             entry = UnminedEntry(span, tenant, self._latest)
             self.unmined.add(entry)
             self._recompute_durable_locked()
+        self._events(
+            "tenant.settling",
+            {
+                "tenant": tenant,
+                "frame": str(offset),
+                "clamp": None if entry.clamp is None else str(entry.clamp),
+                "error": why,
+            },
+        )
         log.error(
             "mining failed for tenant %r at %s (%s): the frame is durable; the tenant is "
             "settled by a rebuild and the mark is held at %s meanwhile",

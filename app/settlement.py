@@ -110,8 +110,11 @@ class UnminedEntry:
     state: EntryState = EntryState.UNRESOLVED
     #: the completion signal of the current claim
     done: threading.Event = field(default_factory=threading.Event)
-    #: the checkpoint at the claim: while Settling the clamp is lowered to it
+    #: the checkpoint at the first claim: from then on the clamp is lowered to it, also
+    #: after a failed attempt (whose swap may already have dropped the held rows, which
+    #: lie above it and must still be re-emitted by the next attempt)
     claim_floor: WalOffset | None = None
+    claimed: bool = False
     #: the index of the first record of the frame not known durable (this pipeline
     #: never forwards part of a failed batch, so it is always 0)
     emit_from: int = 0
@@ -120,7 +123,7 @@ class UnminedEntry:
 
     @property
     def effective_clamp(self) -> WalOffset | None:
-        if self.state is EntryState.SETTLING:
+        if self.claimed:
             return _lower(self.clamp, self.claim_floor)
         return self.clamp
 
@@ -266,7 +269,11 @@ class Settler:
                     for e in entries:
                         e.state = EntryState.SETTLING
                         e.done = done
-                        e.claim_floor = claim_x
+                        if not e.claimed:
+                            e.claimed, e.claim_floor = True, claim_x
+                    # the lowest floor of any claim: everything above it may be unpublished
+                    for e in entries:
+                        claim_x = _lower(claim_x, e.claim_floor)
                     p.buffers.hold_tenant(tenant)
                     p.recompute_durable()
                     state = p.ledger.state(tenant)
@@ -378,8 +385,8 @@ class Settler:
         records = events_out = 0
         with p.exclusion.exclusive():
             with p.miner_lock:
+                p.replace_tenant(tenant, tree)  # first: a failure here has dropped nothing
                 dropped = p.buffers.drop_tenant(tenant)
-                p.replace_tenant(tenant, tree)
                 for r in replayed:
                     detached.extend(p.buffer_audit(tenant, r.batch, r.result, r.frame.offset))
                     events_out += len(r.result.events)
@@ -400,6 +407,20 @@ class Settler:
         for d in detached:
             if not p.publisher.offer(d):
                 p.publisher.park(d)
+        self._events(
+            "tenant.settled",
+            {
+                "tenant": tenant,
+                "from": None if horizon is None else str(horizon),
+                "through": str(to.offset),
+                "records_frontier": w_records,
+                "audit_frontier": w_audit,
+                "frames": len(replayed),
+                "records": records,
+                "events": events_out,
+                "dropped": dropped,
+            },
+        )
         log.info(
             "tenant %r settled: %d frames replayed from %s through %s, %d records and %d "
             "template events re-emitted (frontier %d), %d discarded rows dropped",

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import io
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,7 +22,7 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsSer
 
 from app.barrier import Barrier
 from app.housekeeping import Housekeeper
-from app.miner import FileTemplateIdAllocator, MinerCluster
+from app.miner import FileTemplateIdAllocator, MinerCluster, TemplateIdAllocator
 from app.otlp import decode_request, flatten
 from app.pipeline import Pipeline
 from app.recovery import RecoveryReport, recover
@@ -72,6 +72,9 @@ class NodeRig:
     ceiling_bytes: int = 256 << 20
     barrier_secs: float = 300
     housekeeping_secs: float = 60
+    #: builds the miners each start (``tests.support.minerfaults.FaultyMiners`` injects
+    #: mining failures); None: the production ``MinerCluster``
+    miners_factory: Callable[[TemplateIdAllocator], MinerCluster] | None = None
 
     def __post_init__(self) -> None:
         self.fs = FaultyFs(self.root / ".shadow")
@@ -99,7 +102,10 @@ class NodeRig:
             self.store, self.buffers, node="rig-0", queue_depth=self.queue_depth
         )
         self.allocator = FileTemplateIdAllocator(data / "template-ids", 0)
-        self.miners = MinerCluster(self.allocator)
+        factory = self.miners_factory
+        self.miners = (
+            factory(self.allocator) if factory is not None else MinerCluster(self.allocator)
+        )
         self.ledger = SnapshotLedger()
         self.pipeline = Pipeline(
             self.journal,
