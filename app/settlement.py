@@ -16,38 +16,38 @@ of the batch. From then on:
 
   1. *claim* — the settling state is published under the admission mutex, then under
      the barrier exclusion (exclusive) and the miner lock the entries move Unresolved →
-     Settling (a second trigger finds them Settling and waits on their signal instead),
-     the tenant's buffered rows are *held* (nothing detaches them), and the clamp is
-     lowered to the checkpoint X at the claim: rows only this tenant's buffers hold lie
-     above X, so no cut may stamp past them while they are held;
+     Settling (a second trigger finds them Settling: a turn waits on their signal, the
+     barrier tick goes on with its cut), and the frontier W is read: the larger of the
+     checkpoint X and the tenant's PUBLISHED records mark — every row at or below it is
+     durable, every buffered row lies above it;
   2. *check* — the restorable horizon (the SnapshotLedger's retained state, never the
      directory) against RECLAIM's ``reclaimed_through`` written under Known: below it,
      the surviving frames cannot rebuild the tree, and the tenant is refused as
      unrecoverable (below);
-  3. *quiesce* — wait for the tenant's in-flight publishes to settle (durable, or
-     requeued into the held buffers);
-  4. *read and mine* — the tenant's frames from its snapshot horizon (or its oldest
+  3. *read and mine* — the tenant's frames from its snapshot horizon (or its oldest
      surviving frame) through the entry's span, in bounded ``read_frames_from`` calls
      with no pipeline lock held (the journal mutex is dropped between calls), mined
      into a new tree built off to the side;
-  5. *swap* — under the exclusion (exclusive) and the miner lock, in one section: every
-     buffered row of the tenant is dropped (the discarded tree's products), the new
-     tree replaces the old, the replay's rows and events are buffered, the entries are
-     removed and the clamp lifted; the signal is set;
-  6. *forced frontier* (barrier thread only; no store I/O in an ingest turn) — the
-     tenant's rows are published now and PUBLISHED records the raised marks, so a
-     crash after it replays nothing of the span again.
+  4. *swap* — under the exclusion (exclusive) and the miner lock, in one section: the
+     new tree replaces the old, every buffered row of the tenant is dropped and its
+     next generation begins (``Buffers.drop_tenant``: a discarded-tree partition still
+     in flight is fenced, never written after this point), the replay's rows and
+     events are buffered, the entries are removed and the clamp lifted; the signal is
+     set. Nothing here waits for another thread's publish;
+  5. *forced frontier* (barrier thread only; no store I/O in an ingest turn) — the
+     tenant's rows are published now and, when nothing of it is left in flight,
+     PUBLISHED records the raised marks, so a crash after it replays nothing of the
+     span again.
 
-  What the replay emits: a frame's records only above the tenant's records frontier W
-  (the larger of X and its PUBLISHED records mark at the claim — everything at or below
-  it is durable); its template events above the audit frontier, and always the events
-  of templates the replay created (a fresh id: no published event names it). So a
-  record at or below W is present exactly once; one above it at most twice (it may
-  have been published by the discarded tree before the failure), never absent.
-  Template ids are never rewound: a template the replay re-creates gets a fresh id.
+  What the replay emits: a frame's records only above W; its template events above
+  the audit frontier, and always the events of templates the replay created (a fresh
+  id: no published event names it). So a record at or below W is present exactly once;
+  one above it at most twice (the discarded tree may have published it before the
+  swap), never absent. Template ids are never rewound: a template the replay re-creates
+  gets a fresh id.
 
-* **failure inside settlement** — the entries return to Unresolved, the hold is
-  released, the signal is set; the tenant stays refused and the next tick retries.
+* **failure inside settlement** — the entries return to Unresolved, the signal is set;
+  the tenant stays refused and the next tick retries.
 
 * **unrecoverable** — PUBLISHED records a terminal entry for the tenant (its frontier
   stays at W, so a restart replays its frames in full), the entries leave the clamp set
@@ -110,22 +110,11 @@ class UnminedEntry:
     state: EntryState = EntryState.UNRESOLVED
     #: the completion signal of the current claim
     done: threading.Event = field(default_factory=threading.Event)
-    #: the checkpoint at the first claim: from then on the clamp is lowered to it, also
-    #: after a failed attempt (whose swap may already have dropped the held rows, which
-    #: lie above it and must still be re-emitted by the next attempt)
-    claim_floor: WalOffset | None = None
-    claimed: bool = False
     #: the index of the first record of the frame not known durable (this pipeline
     #: never forwards part of a failed batch, so it is always 0)
     emit_from: int = 0
     failures: int = 0
     error: str = ""
-
-    @property
-    def effective_clamp(self) -> WalOffset | None:
-        if self.claimed:
-            return _lower(self.clamp, self.claim_floor)
-        return self.clamp
 
 
 def _lower(a: WalOffset | None, b: WalOffset | None) -> WalOffset | None:
@@ -170,9 +159,9 @@ class UnminedSet:
             active = [e for e in self._entries if e.state is not EntryState.REFUSED]
         if not active:
             return False, None
-        low: WalOffset | None = active[0].effective_clamp
+        low: WalOffset | None = active[0].clamp
         for e in active[1:]:
-            low = _lower(low, e.effective_clamp)
+            low = _lower(low, e.clamp)
         return True, low
 
     def __len__(self) -> int:
@@ -230,7 +219,7 @@ class Settler:
     def settle_all(self, *, force_publish: bool) -> list[SettleOutcome]:
         """The barrier tick: every tenant with an entry, before the cut is captured."""
         return [
-            self.settle(t, force_publish=force_publish)
+            self.settle(t, force_publish=force_publish, wait=False)
             for t in sorted(self.pipeline.unmined.tenants())
         ]
 
@@ -248,7 +237,11 @@ class Settler:
 
     # -- one settlement ------------------------------------------------------------------
 
-    def settle(self, tenant: str, *, force_publish: bool) -> SettleOutcome:
+    def settle(self, tenant: str, *, force_publish: bool, wait: bool = True) -> SettleOutcome:
+        """Settle ``tenant``'s entries, or — another trigger holding the claim — wait for
+        its signal (``wait``: a turn must not mine before the rebuild is installed; the
+        barrier tick need not wait, and must not: the claimant may be waiting for a cut
+        only the barrier thread runs)."""
         p = self.pipeline
         if not p.unmined.has(tenant):
             return SettleOutcome(tenant, Result.NOTHING)
@@ -269,20 +262,14 @@ class Settler:
                     for e in entries:
                         e.state = EntryState.SETTLING
                         e.done = done
-                        if not e.claimed:
-                            e.claimed, e.claim_floor = True, claim_x
-                    # the lowest floor of any claim: everything above it may be unpublished
-                    for e in entries:
-                        claim_x = _lower(claim_x, e.claim_floor)
-                    p.buffers.hold_tenant(tenant)
-                    p.recompute_durable()
                     state = p.ledger.state(tenant)
         if not entries:
             p.tenants.set_settling(tenant, False)
             return SettleOutcome(tenant, Result.NOTHING)
         if signal is not None:
             points.hit("settlement.lost")
-            signal.wait()
+            if wait:
+                signal.wait()
             return SettleOutcome(tenant, Result.WAITED)
         points.hit("settlement.claimed")
         try:
@@ -307,8 +294,6 @@ class Settler:
                         e.state = EntryState.UNRESOLVED
                     e.failures += 1
                     e.error = f"{type(exc).__name__}: {exc}"
-                p.buffers.release_tenant(tenant)
-                p.recompute_durable()
         done.set()
         log.error(
             "settlement of tenant %r failed (attempt %d): %s; it stays refused and the next "
@@ -358,8 +343,6 @@ class Settler:
         x = -1 if claim_x is None else claim_x.lsn
         w_records = max(x, -1 if marks.records is None else marks.records.lsn)
         w_audit = max(x, -1 if marks.audit is None else marks.audit.lsn)
-        for item in p.buffers.in_flight.pending_for(tenant):
-            item.wait()  # quiesce: they settle durable, or requeue into the held buffers
         cursor = (
             FrameCursor.after(horizon) if horizon is not None else p.journal.oldest_frame(tenant)
         )
@@ -404,9 +387,10 @@ class Settler:
         done.set()
         p.tenants.set_settling(tenant, False)
         p.tenants.settled(tenant, installed=True)
-        for d in detached:
-            if not p.publisher.offer(d):
-                p.publisher.park(d)
+        if not force_publish:
+            for d in detached:
+                if not p.publisher.offer(d):
+                    p.publisher.park(d)
         self._events(
             "tenant.settled",
             {
@@ -433,26 +417,27 @@ class Settler:
             w_records,
             dropped,
         )
-        written = self._force_frontier(tenant, to.offset) if force_publish else False
+        written = self._force_frontier(tenant, to.offset, detached) if force_publish else False
         return SettleOutcome(
             tenant, Result.SETTLED, len(replayed), records, events_out, dropped, written
         )
 
-    def _force_frontier(self, tenant: str, through: WalOffset) -> bool:
+    def _force_frontier(self, tenant: str, through: WalOffset, detached: list[Detached]) -> bool:
         """Publish the tenant's rows now and record the raised frontier (RFC 0055 §9.4):
         a crash after it replays nothing of the span. A failure leaves the previous
         frontier in force — the next checkpoint's PUBLISHED write supersedes it."""
         p = self.pipeline
         with p.exclusion.shared():
             batches = p.buffers.drain_tenant(tenant, "settlement")
+        # what the swap's size trigger detached goes first (template events lead)
+        batches = sorted(detached + batches, key=lambda d: d.partition.kind.value != "audit")
         ok = True
         for d in batches:
             ok = p.publisher.publish(d).ok and ok
-        for item in p.buffers.in_flight.pending_for(tenant):
-            item.wait()
-            ok = ok and item.outcome is not None and item.outcome.ok
-        if not ok:
-            log.warning("tenant %r: the settled rows did not all publish; frontier kept", tenant)
+        # Rows of it still in flight elsewhere (the publisher thread's queue, a pending
+        # cut only this thread runs): not waited for; the next checkpoint covers them.
+        if not ok or p.buffers.in_flight.pending_for(tenant):
+            log.info("tenant %r: not all settled rows are durable yet; frontier kept", tenant)
             return False
         try:
             p.journal.publish_marks({tenant: PublishedMarks(through, through)})
@@ -484,7 +469,6 @@ class Settler:
                 for e in entries:
                     e.state = EntryState.REFUSED
                 p.refused = p.refused | {tenant}  # read by turns without a lock
-                p.buffers.release_tenant(tenant)
                 p.recompute_durable()
         done.set()
         first = p.tenants.set_unrecoverable(tenant, detail)

@@ -16,10 +16,17 @@ rows that arrived meanwhile, carrying the deterministic object name its rows der
 (``Partition.identity``), so every later attempt writes the same key. A clean failure
 wrote nothing and merges freely.
 
-A tenant can be *held* (settlement, RFC 0055 §9.4): its partitions stay in the buffers
-— no drain, sweep, size trigger or write-ordering detach takes them — until the
-settlement drops them (``drop_tenant``) in the section that swaps its tree, or releases
-them when it fails.
+A settlement (RFC 0055 §9.4) replaces a tenant's miner tree and re-emits, from the
+WAL, everything of it that is not known durable; the rows and template events the
+discarded tree produced are then superseded. ``drop_tenant``, in the section that swaps
+the tree, drops the tenant's buffered partitions and starts a new *generation* for it.
+A partition of an older generation still in flight at the swap may publish (its rows
+are real, at most a second copy of what the replay re-emits) unless its template
+events were among the dropped ones — then the write-ordering check refuses it, so no
+row under a template id without a durable event reaches the store — and a requeue
+discards it instead of putting it back (a failed publish: a cut whose batch held it
+does not stamp; the re-emitted rows are the tenant's copy). Nothing waits for those
+publishes, so a settlement never depends on another thread's progress.
 
 Everything here runs under the sink lock, which this class owns; the lock order of
 DESIGN.md §5.3 puts it after the barrier exclusion and the miner lock.
@@ -67,6 +74,8 @@ class Partition:
     #: the object name every attempt must use, set when a publish of these rows was
     #: ambiguous (RFC 0055 §9.2); None: a fresh name per attempt
     identity: str | None = None
+    #: the tenant's tree generation its rows came from (``drop_tenant`` starts a new one)
+    gen: int = 0
 
     @property
     def nbytes(self) -> int:
@@ -206,8 +215,13 @@ class Buffers:
         self._audit_seq: dict[str, int] = {}  # tenant -> template events accepted
         #: records publishes requeued after an ambiguous failure, each its own unit
         self._units: list[Partition] = []
-        #: tenants whose partitions nothing may detach (a settlement holds them)
-        self._held: set[str] = set()
+        #: tenant -> tree generation (a settlement's swap starts the next one)
+        self._gen: dict[str, int] = {}
+        #: tenant -> the lowest sequence number among template events a settlement
+        #: superseded before they were durable (older generations only)
+        self._lost_from: dict[str, int] = {}
+        #: rows discarded because a settlement superseded them (dropped or fenced)
+        self.superseded_rows = 0
 
     # -- appends (the ingest turn) -------------------------------------------------------
 
@@ -243,6 +257,7 @@ class Buffers:
             part = self._records.get(key)
             if part is None:
                 part = Partition(Kind.RECORDS, tenant, day, RecordColumns(), None, self._clock())
+                part.gen = self._gen.get(tenant, 0)
                 self._records[key] = part
             cols = part.records
             assert cols is not None
@@ -265,7 +280,7 @@ class Buffers:
             part.audit_watermark = self._audit_seq.get(tenant, 0)
             part.est_bytes += nbytes
             self._bytes += nbytes
-            if part.est_bytes >= self.flush_bytes and tenant not in self._held:
+            if part.est_bytes >= self.flush_bytes:
                 del self._records[key]
                 return self._detach_locked(part, "size")
             return None
@@ -292,6 +307,7 @@ class Buffers:
                         Kind.AUDIT, tenant, key[1], None, AuditColumns(), self._clock()
                     )
                     part.first_seq = seq
+                    part.gen = self._gen.get(tenant, 0)
                     self._audit[key] = part
                 cols = part.audit
                 assert cols is not None
@@ -299,7 +315,7 @@ class Buffers:
                 cols.append_row(tenant, template_id, version, template, change, wal_lsn, ts)
                 part.max_lsn = max(part.max_lsn, wal_lsn)
                 self._bytes += cols.nbytes - before
-                if cols.nbytes >= self.flush_bytes and tenant not in self._held:
+                if cols.nbytes >= self.flush_bytes:
                     del self._audit[key]
                     out.append(self._detach_locked(part, "size"))
             self._audit_seq[tenant] = seq
@@ -315,11 +331,10 @@ class Buffers:
     # -- detaching many (barrier, age sweep, shutdown) --------------------------------
 
     def drain_all(self, reason: str) -> list[Detached]:
-        """Every buffered partition of a tenant not held, audit first (template events
-        land before the records that reference them), then the ambiguous units (each
-        alone, under its own name, before the rows that arrived after it), detached and
-        registered in flight."""
-        return self._drain(reason, lambda part: part.tenant not in self._held)
+        """Every buffered partition, audit first (template events land before the records
+        that reference them), then the ambiguous units (each alone, under its own name,
+        before the rows that arrived after it), detached and registered in flight."""
+        return self._drain(reason, lambda part: True)
 
     def drain_tenant(self, tenant: str, reason: str) -> list[Detached]:
         """Every buffered partition of ``tenant`` (settlement's forced publish)."""
@@ -327,10 +342,7 @@ class Buffers:
 
     def drain_aged(self, max_age: float) -> list[Detached]:
         now = self._clock()
-        return self._drain(
-            "age",
-            lambda part: part.tenant not in self._held and now - part.first_at >= max_age,
-        )
+        return self._drain("age", lambda part: now - part.first_at >= max_age)
 
     def _drain(self, reason: str, take: Callable[[Partition], bool]) -> list[Detached]:
         with self.lock:
@@ -365,6 +377,14 @@ class Buffers:
         with self.lock:
             epoch = self._epoch()
             part = d.partition
+            if part.gen < self._gen.get(part.tenant, 0):
+                # superseded by a settlement (module docstring): discarded, never back
+                self.superseded_rows += part.rows
+                if part.kind is Kind.AUDIT:
+                    self._lose_locked(part.tenant, part.first_seq)
+                outcome = PublishOutcome(d.id, False, epoch, "superseded")
+                self.in_flight.settle(outcome)
+                return outcome
             if identity is not None and part.identity is None:
                 part.identity = identity
             if part.kind is Kind.RECORDS and part.identity is not None:
@@ -410,8 +430,10 @@ class Buffers:
         if w == 0:
             return taken, refused
         with self.lock:
-            if part.tenant in self._held:
-                return taken, refused  # held: the records wait (``audit_pending``)
+            if part.gen < self._gen.get(part.tenant, 0) and w >= self._lost_from.get(
+                part.tenant, w + 1
+            ):
+                return taken, True  # superseded, and some of its events were dropped
             for key, a in list(self._audit.items()):
                 if a.tenant != part.tenant or a.first_seq > w:
                     continue
@@ -422,36 +444,40 @@ class Buffers:
                 taken.append(self._detach_locked(a, "ordered"))
         return taken, refused
 
-    def audit_pending(self, tenant: str, seq: int) -> bool:
+    def audit_pending(self, tenant: str, seq: int, gen: int | None = None) -> bool:
         """Whether an event of ``tenant`` at or below ``seq`` is not yet durable: still
-        buffered or in an unsettled publish."""
+        buffered or in an unsettled publish — or, for rows of an older generation
+        ``gen``, superseded by a settlement before it was durable (never will be)."""
         if seq == 0:
             return False
         with self.lock:
+            if (
+                gen is not None
+                and gen < self._gen.get(tenant, 0)
+                and seq >= self._lost_from.get(tenant, seq + 1)
+            ):
+                return True
             if any(a.tenant == tenant and a.first_seq <= seq for a in self._audit.values()):
                 return True
         return bool(self.in_flight.audit_upto(tenant, seq))
 
-    def hold_tenant(self, tenant: str) -> None:
-        """From now on nothing detaches ``tenant``'s partitions (module docstring)."""
-        with self.lock:
-            self._held.add(tenant)
-
-    def release_tenant(self, tenant: str) -> None:
-        """Undo ``hold_tenant``: the rows circulate again (a settlement that failed)."""
-        with self.lock:
-            self._held.discard(tenant)
-
-    def held(self) -> set[str]:
-        with self.lock:
-            return set(self._held)
+    def _lose_locked(self, tenant: str, first_seq: int) -> None:
+        lost = self._lost_from.get(tenant)
+        if lost is None or first_seq < lost:
+            self._lost_from[tenant] = first_seq
 
     def drop_tenant(self, tenant: str) -> int:
         """Drop every buffered row of ``tenant`` (records, units and template events) and
-        release its hold: settlement's handoff, inside the section that swaps its tree."""
+        start its next generation: settlement's handoff, in the section that swaps its
+        tree (module docstring). Returns the rows dropped."""
         with self.lock:
-            self._held.discard(tenant)
-            return self._discard_locked(tenant)
+            self._gen[tenant] = self._gen.get(tenant, 0) + 1
+            for a in self._audit.values():
+                if a.tenant == tenant:
+                    self._lose_locked(tenant, a.first_seq)
+            dropped = self._discard_locked(tenant)
+            self.superseded_rows += dropped
+            return dropped
 
     def discard_tenant(self, tenant: str) -> int:
         """Drop a tenant's buffered rows; returns how many."""

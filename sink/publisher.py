@@ -189,7 +189,7 @@ class Publisher:
             return _DEFER
         for item in others:  # a synchronous caller's publish: it never waits on this one
             item.wait()
-        if self._buffers.audit_pending(part.tenant, part.audit_watermark):
+        if self._buffers.audit_pending(part.tenant, part.audit_watermark, part.gen):
             return f"template events of tenant {part.tenant!r} failed to publish"
         return ""
 

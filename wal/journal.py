@@ -1151,9 +1151,10 @@ class Journal(HousekeepingMixin, FrontiersMixin):
         cursor; segments below it, or without the tenant, are skipped by the ledger."""
         for s in self._ledger.segments():
             seg = self._seg(s)
-            if seg.end_lsn <= cursor.lsn:
-                continue
-            if tenant in seg.tenants:
+            span = seg.tenants.get(tenant)
+            # No frame of the tenant after the cursor here: skipped unread (such a
+            # segment may be mid-reclamation, its file already unlinked).
+            if span is not None and span[1] > cursor.lsn:
                 return seg
         return None
 

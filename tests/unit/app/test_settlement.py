@@ -384,7 +384,6 @@ def test_rfc0055_9_5_a_failure_inside_the_settlement_returns_the_entry_to_unreso
     assert first.ok and first.mark == rig.journal.last_checkpoint
     with pytest.raises(SettlementInProgress):
         rig.ingest("T", "t3")  # still refused, with a fresh hint
-    assert "T" not in rig.buffers.held()
 
     step(rig)  # the next tick claims it afresh
 
