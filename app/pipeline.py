@@ -325,7 +325,13 @@ class Pipeline:
                 except Exception as exc:  # noqa: BLE001 - the frame is durable; settled
                     self._record_unmined(tenant, span, offset, f"{type(exc).__name__}: {exc}")
                     return TurnResult.UNMINED
-            detached.extend(self._buffer(tenant, batch, result, offset, nbytes))
+            try:
+                detached.extend(self._buffer(tenant, batch, result, offset, nbytes))
+            except Exception as exc:  # noqa: BLE001 - mined but not emitted: settled
+                # The tree took the batch and its rows and events are partly buffered:
+                # the same unknown state as a failure inside mining (RFC 0055 §9.4).
+                self._record_unmined(tenant, span, offset, f"{type(exc).__name__}: {exc}")
+                return TurnResult.UNMINED
             with self._durable_lock:
                 self._latest = offset
                 self._recompute_durable_locked()
@@ -337,8 +343,9 @@ class Pipeline:
         return TurnResult.MINED
 
     def _record_unmined(self, tenant: str, span: FrameSpan, offset: WalOffset, why: str) -> None:
-        """The turn's mining raised (miner lock held): the frame is durable, so record an
-        unmined entry clamped at the previous acknowledged offset (RFC 0055 §9.4)."""
+        """The turn's mining (or its emit) raised, under the shared exclusion (a settler's
+        claim takes it exclusively): the frame is durable, so record an unmined entry
+        clamped at the previous acknowledged offset (RFC 0055 §9.4)."""
         with self._durable_lock:
             entry = UnminedEntry(span, tenant, self._latest)
             self.unmined.add(entry)

@@ -54,6 +54,18 @@ def inspect(directory: Path, out: TextIO) -> int:
             print(f"  reclaimed through for {tenant}: {through} ({mode})", file=out)
         for planned in r.planned:
             print(f"  planned unlink: {planned}", file=out)
+    if report.published is not None:
+        pub = report.published
+        print(
+            f"PUBLISHED: {len(pub.frontiers)} tenant frontiers (max_tenants={pub.max_tenants})",
+            file=out,
+        )
+        for tenant, (records, audit, flags) in sorted(pub.frontiers.items()):
+            extra = f" [{flags}]" if flags else ""
+            print(
+                f"  published through for {tenant}: records {records}, audit {audit}{extra}",
+                file=out,
+            )
     if report.floor:
         print(f"retain floor: {report.floor}", file=out)
     print(f"segments: {len(report.segments)}", file=out)

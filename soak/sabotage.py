@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -294,7 +295,7 @@ def run(sabotage: Sabotage, tree: Path) -> tuple[bool, str]:
     finally:
         target.write_text(original)
     # summary lines only ("FAILED tests/..."), not captured log records ("ERROR    ourios...")
-    failed = [line for line in proc.stdout.splitlines() if line.startswith(("FAILED ", "ERROR "))]
+    failed = [line for line in proc.stdout.splitlines() if re.match(r"(FAILED|ERROR) \S", line)]
     if proc.returncode == 0:
         return False, "no test failed"
     if proc.returncode == 5 or not failed:

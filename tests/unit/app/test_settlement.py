@@ -28,7 +28,7 @@ from app.snapshots import decode_snapshot
 from app.tenants import SettlementInProgress, TenantCapacity, TenantUnrecoverable
 from tests.support.minerfaults import FaultPlan, FaultyMiners
 from tests.support.noderig import NodeRig, rids
-from wal import FloorPinned, UnrecoverableTenant, WalConfig, WalOffset
+from wal import ConsumerMode, FloorPinned, NoConsumer, UnrecoverableTenant, WalConfig, WalOffset
 
 T = TypeVar("T")
 WAIT_S = 10.0
@@ -568,3 +568,74 @@ def test_rfc0055_9_5_a_first_write_whose_mining_fails_keeps_its_reservation_unti
     with pytest.raises(TenantCapacity):
         rig.ingest("V", "v0")
     rig.ingest("T", "t1")
+
+
+def test_rfc0055_9_5_a_tenant_with_no_installed_snapshot_is_rebuilt_by_a_full_replay(
+    make: Callable[..., tuple[NodeRig, FaultPlan]],
+) -> None:
+    """From empty, replaying from its oldest surviving frame — never the span alone — so
+    a template defined before the span is in the rebuilt tree."""
+    rig, plan = make()
+    ingest_bodies(rig, "T", "a0", ["disk sda is 91 percent full"])
+    plan.fail_at("disk sdb", "after")
+    ingest_bodies(rig, "T", "t1", ["disk sdb is 97 percent full"])  # widens a0's template
+    assert rig.ledger.state("T") is None
+
+    rig.barrier.settle()
+
+    settled = rig.barrier.settlements[0]
+    assert settled.result is Result.SETTLED and settled.frames == 2
+    templates = [t.template for t in rig.miners.miner("T").templates()]
+    assert templates == ["disk <*> is <*> percent full"]
+    assert copies(rig, "T") == Counter(["a0/0", "t1/0"])
+
+
+def test_rfc0055_9_5_a_failure_after_mining_returned_is_settled_the_same_way(
+    make: Callable[..., tuple[NodeRig, FaultPlan]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Mined, then the emit into the sink raised with part of it buffered: the record is
+    present at most twice, never absent."""
+    rig, _ = make()
+    rig.ingest("T", "a0")
+    step(rig)
+    real = rig.buffers.add_records
+    failures = [1]
+
+    def add_records(tenant: str, day: int, **cols: object) -> object:
+        if tenant == "T" and failures:
+            failures.pop()
+            raise RuntimeError("injected failure inside the emit")
+        return real(tenant, day, **cols)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(rig.buffers, "add_records", add_records)
+    rig.ingest("T", "t1")  # its template events were buffered before the failure
+    assert rig.pipeline.unmined.tenants() == {"T"}
+
+    step(rig)
+
+    assert rig.pipeline.settler.rebuilds == 1
+    got = copies(rig, "T")
+    assert set(got) == {*rids("a0"), *rids("t1")} and all(n == 1 for n in got.values())
+
+
+def test_rfc0055_9_5_a_no_consumer_entry_rebuilds_from_empty_rather_than_refusing(
+    make: Callable[..., tuple[NodeRig, FaultPlan]],
+) -> None:
+    """reclaimed_through written under NoConsumer is checkpoint-covered (no miner state
+    was ever expected): a tenant with no restorable snapshot rebuilds from empty and
+    pins, while the same shape under Known is refused (the unrecoverable test)."""
+    rig, plan = make()
+    for i in range(8):
+        rig.ingest("T", f"t{i}", BIG)
+    fresh_cut(rig)
+    rig.journal.maintain(NoConsumer(), rig.config.max_unlinks_per_pass)
+    reclaimed = rig.journal.reclaimed_through("T")
+    assert reclaimed is not None and reclaimed[0] is ConsumerMode.NO_CONSUMER
+    plan.fail_at("op tx step 0 ", "before")
+    rig.ingest("T", "tx")
+    plan.restore_failures = 1
+
+    rig.barrier.settle()
+
+    assert [o.result for o in rig.barrier.settlements] == [Result.SETTLED]
+    assert not rig.pipeline.refused

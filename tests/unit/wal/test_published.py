@@ -469,3 +469,20 @@ def test_rfc0055_9_5_a_span_not_ending_on_a_frame_boundary_is_an_error(tmp_path:
             j.read_frames_from(FrameCursor.after(a[0].offset), bad, "A", 100)
         with pytest.raises(WalError, match="not a frame of tenant 'A'"):
             j.read_frames_from(FrameCursor.after(a[0].offset), b[2], "A", 100)
+
+
+def test_the_operator_tools_read_the_frontiers_and_name_a_missing_published(
+    tmp_path: Path,
+) -> None:
+    from wal.tools import verify_root
+
+    root = tmp_path / "wal"
+    with Journal.open(root, CFG) as j:
+        mark = j.commit("acme", payload(1, 200)).offset
+        j.publish_marks({"acme": PublishedMarks(mark, None, terminal=True)})
+    report = verify_root(root)
+    assert report.ok and report.published is not None
+    assert report.published.frontiers == {"acme": (mark, None, "terminal")}
+    (root / "PUBLISHED").unlink()
+    missing = verify_root(root)
+    assert [p.path.name for p in missing.problems] == ["PUBLISHED"]
