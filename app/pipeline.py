@@ -186,8 +186,10 @@ class Pipeline:
         self.tenants = TenantTable(journal.config.max_tenants)
         #: frames whose mining raised, until settlement rebuilds their tenants
         self.unmined = UnminedSet()
-        #: tenants refused as unrecoverable; replaced whole (turns read it lock-free)
+        #: tenants refused as unrecoverable, and why; replaced whole by the settler (turns
+        #: read them under the miner lock, where the admission mutex may not be taken)
         self.refused: frozenset[str] = frozenset()
+        self.refused_details: Mapping[str, str] = {}
         self.folded: dict[str, WalOffset] = {}
         #: barrier epoch: the number of the next cut (incremented at each capture)
         self.epoch = 1
@@ -274,7 +276,8 @@ class Pipeline:
             if reservation is not None:
                 self.tenants.finish(reservation, result)
             if result is TurnResult.UNMINED:
-                self.tenants.set_settling(tenant, True)
+                # refused until settled — unless a settler got there first
+                self.tenants.set_settling(tenant, True, still=lambda: self.unmined.has(tenant))
         if error is not None:
             raise _unavailable(error, len(batch)) from error
         return IngestOutcome(records=len(batch))
@@ -282,7 +285,7 @@ class Pipeline:
     # -- the turn ------------------------------------------------------------------------
 
     def _refused(self, tenant: str) -> TenantUnrecoverable:
-        detail = "see the tenant.unrecoverable event"
+        detail = self.refused_details.get(tenant, "see the tenant.unrecoverable event")
         return TenantUnrecoverable(tenant, detail)
 
     def _turn(

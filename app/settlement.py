@@ -244,6 +244,7 @@ class Settler:
         only the barrier thread runs)."""
         p = self.pipeline
         if not p.unmined.has(tenant):
+            p.tenants.set_settling(tenant, False)
             return SettleOutcome(tenant, Result.NOTHING)
         # The claim is visible to admission before it exists (admission mutex alone).
         p.tenants.set_settling(tenant, True)
@@ -468,6 +469,7 @@ class Settler:
             with p.miner_lock:
                 for e in entries:
                     e.state = EntryState.REFUSED
+                p.refused_details = {**p.refused_details, tenant: detail}
                 p.refused = p.refused | {tenant}  # read by turns without a lock
                 p.recompute_durable()
         done.set()

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import enum
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from app.otlp import Unavailable
@@ -242,12 +242,18 @@ class TenantTable:
 
     # -- admission states -------------------------------------------------------------------
 
-    def set_settling(self, tenant: str, settling: bool) -> None:
-        """A tenant with an unmined entry is refused at admission until it is settled."""
+    def set_settling(
+        self, tenant: str, settling: bool, *, still: Callable[[], bool] | None = None
+    ) -> None:
+        """A tenant with an unmined entry is refused at admission until it is settled.
+        ``still`` (evaluated under the admission mutex) guards a late ``True`` against a
+        settlement that cleared the state first."""
         with self.lock:
             current = self._states.get(tenant)
             if current is AdmissionState.UNRECOVERABLE:
                 return  # one refusal reason per tenant: the terminal one
+            if settling and still is not None and not still():
+                return
             if settling:
                 self._states[tenant] = AdmissionState.SETTLING
             elif current is AdmissionState.SETTLING:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from app import points
-from app.otlp import Unavailable
+from app.otlp import PayloadTooLarge, Unavailable, decode_request, flatten
 from app.pipeline import LATCH_CLEAR
 from app.tenants import (
     SettlementInProgress,
@@ -27,7 +27,7 @@ from app.tenants import (
     TurnResult,
 )
 from tests.support.noderig import NodeRig, rids
-from wal import WalConfig
+from wal import AppendError, RotationKind, Terminal, WalConfig
 
 WAIT_S = 10.0
 
@@ -237,3 +237,28 @@ def test_rfc0055_9_5_a_restart_seeds_the_table_before_any_request(
     with pytest.raises(TenantCapacity):
         rig.ingest("C", "c0")
     rig.ingest("B", "b1")  # a held tenant is admitted at once
+
+
+def test_rfc0055_9_5_the_size_and_the_wal_state_are_reported_before_the_tenant_state(
+    make_rig: Callable[..., NodeRig],
+) -> None:
+    """Order of the checks: an oversize batch is TooLarge and a terminal WAL reports the
+    WAL's state, whatever the tenant's own state (here: refused as unrecoverable)."""
+    rig = make_rig()
+    rig.ingest("T", "t0")
+    rig.pipeline.tenants.set_unrecoverable("T", "a test's verdict")
+    with pytest.raises(TenantUnrecoverable):
+        rig.ingest("T", "t1")
+    data = b"x" * (rig.config.max_frame_bytes + 1)
+    batch = flatten(decode_request(b"", "application/x-protobuf"), "T")
+    with pytest.raises(PayloadTooLarge):
+        rig.pipeline.ingest("T", data, batch, "test")
+    rig.fs.fail("open", "*.wal.partial", count=None)  # every rotation fails from here
+    for _ in range(rig.config.rotation_retry_attempts):
+        with pytest.raises(AppendError):
+            rig.journal.rotate(RotationKind.OWED)
+    assert isinstance(rig.journal.rotation_state, Terminal)
+    with pytest.raises(Unavailable) as terminal:
+        rig.ingest("T", "t2")
+    assert terminal.value.error_type == "wal_rotation_terminal"
+    assert not isinstance(terminal.value, TenantUnrecoverable)
