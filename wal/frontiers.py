@@ -52,6 +52,7 @@ from .reclaim import (
     Geometry,
     ReclaimFile,
     ReclaimRecord,
+    TenantCapacityExceeded,
 )
 from .slots import SlotDefect
 from .types import PublishedMarks, WalOffset
@@ -309,9 +310,13 @@ class FrontiersMixin:
         self._write_published(marks)
 
     def _write_published(
-        self, marks: Mapping[str, PublishedMarks], *, checkpointed: bool = False
+        self, marks: Mapping[str, PublishedMarks], *, checkpointed: bool | None = None
     ) -> bool:
-        """Merge ``marks`` into the entries and write them if anything changed."""
+        """Merge ``marks`` into the entries and write them if anything changed.
+
+        ``checkpointed`` is None for ``publish_marks``, where a tenant that cannot take a
+        slot id refuses the write; in the checkpoint's write such a tenant is left
+        without an entry (it falls back to the checkpoint, which is what its mark is)."""
         file = self._published_file
         assert file is not None
         with self._published_lock:
@@ -321,7 +326,14 @@ class FrontiersMixin:
                 dirty = False
                 for tenant, m in marks.items():
                     before = self._record.next_slot_id
-                    slot = self._record.assign_slot(tenant, capacity)
+                    try:
+                        slot = self._record.assign_slot(tenant, capacity)
+                    except TenantCapacityExceeded as exc:
+                        if checkpointed is None:
+                            raise PublishedWriteError(
+                                f"no slot id for tenant {tenant!r} in {file.path}: {exc}"
+                            ) from exc
+                        continue
                     if self._record.next_slot_id != before:
                         self._touch_record_locked()
                     old = self._published.get(slot)
@@ -347,7 +359,7 @@ class FrontiersMixin:
             except OSError as exc:
                 raise PublishedWriteError(
                     f"writing {file.path} failed: {exc}; the previous frontiers stay in force",
-                    checkpointed=checkpointed,
+                    checkpointed=bool(checkpointed),
                 ) from exc
             with self._lock:
                 self._published_durable = {

@@ -486,3 +486,15 @@ def test_the_operator_tools_read_the_frontiers_and_name_a_missing_published(
     (root / "PUBLISHED").unlink()
     missing = verify_root(root)
     assert [p.path.name for p in missing.problems] == ["PUBLISHED"]
+
+
+def test_a_tenant_without_a_slot_id_is_left_out_of_a_checkpoint_but_refuses_publish_marks(
+    tmp_path: Path,
+) -> None:
+    cfg = WalConfig(segment_max_bytes=64 * 1024, max_tenants=2)
+    with Journal.open(tmp_path / "wal", cfg) as j:
+        mark = j.commit("A", payload(1, 200)).offset
+        assert j.checkpoint(mark, {t: PublishedMarks(mark, mark) for t in "ABC"})
+        assert set(j.published_marks()) == {"A", "B"}  # C falls back to the checkpoint
+        with pytest.raises(PublishedWriteError, match="no slot id for tenant 'D'"):
+            j.publish_marks({"D": PublishedMarks(mark, mark)})
