@@ -669,7 +669,7 @@ def _days(batch: FlatBatch, offset: WalOffset) -> list[tuple[int, list[int] | No
 
 def _unavailable(exc: AppendError, records: int) -> Unavailable:
     """The WAL's refusal as the client sees it; the WAL error's type (for example
-    ``wal_rotation_retrying``, ``wal_tenant_capacity``) rides the counters' label."""
+    ``wal_rotation_retrying``, ``wal_rotation_terminal``) rides the counters' label."""
     if exc.error_class is ErrorClass.TERMINAL:
         refusal = Unavailable(
             f"WAL refused the batch (server-terminal, retry later): {exc}",
