@@ -540,7 +540,7 @@ def test_unrecoverable_at_restart_halts_naming_the_tenant(
     rig.journal.close()
 
 
-def test_rfc0055_9_5_a_first_write_whose_mining_fails_keeps_its_reservation_until_settled(
+def test_rfc0055_4_a_first_write_whose_mining_fails_keeps_its_reservation_through_restart(
     make: Callable[..., tuple[NodeRig, FaultPlan]],
 ) -> None:
     """Settlement installs a tenant outside admission, so the failed first write keeps
