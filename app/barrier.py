@@ -16,8 +16,15 @@ The cut then *runs* outside the exclusion:
 2. check every publish registered before the capture: a failure that requeued at an
    epoch above the cut's means its rows were not in this cut — the cut fails;
 3. recheck the latch (``failed_epoch`` at or below the cut's epoch fails it);
-4. install the snapshots (a failure is logged and never blocks the stamp);
-5. ``Journal.checkpoint(mark)`` (a failure leaves the previous mark in force).
+4. install the snapshots (a failure is logged and never blocks the stamp) — none for a
+   tenant with an unmined entry or refused as unrecoverable (RFC 0055);
+5. ``Journal.checkpoint(mark, published)`` (a failure leaves the previous mark in
+   force), which writes every other tenant's publication frontier (the mark: all its
+   records and events at or below it are durable) to PUBLISHED after CHECKPOINT; an
+   unrecoverable tenant's frontier is left where it was, so a restart replays it.
+
+Each tick first runs the pending cut, if any, then settles every tenant with an unmined
+entry (RFC 0055 §9.4, before a fresh capture), then captures on the timer.
 
 Cuts are strictly ordered: the single pending slot holds at most one cut captured while
 another runs, coalesces a further capture into it (all-or-nothing under
@@ -36,9 +43,17 @@ from typing import TYPE_CHECKING
 
 from app import points
 from app.heap import collection_deferred
+from app.settlement import Result, SettleOutcome
 from app.snapshots import SnapshotLedger, SnapshotState, SnapshotStore
 from sink.buffers import Detached
-from wal import AppendError, CheckpointError, RotationKind, WalOffset
+from wal import (
+    AppendError,
+    CheckpointError,
+    PublishedMarks,
+    PublishedWriteError,
+    RotationKind,
+    WalOffset,
+)
 
 if TYPE_CHECKING:
     from app.pipeline import Pipeline
@@ -136,6 +151,9 @@ class Barrier:
         #: a node whose cuts cannot succeed neither spins nor floods its log.
         self._retry_not_before = 0.0
         self._retry_delay = 0.0
+        #: when the timer fires next (the settling hint reads it)
+        self.next_tick_at = self._clock() + barrier_secs
+        self.settlements: list[SettleOutcome] = []
 
     # -- the rotation hook (inside an ingest turn: no I/O, never blocks) ---------------
 
@@ -173,7 +191,7 @@ class Barrier:
         self._thread.start()
 
     def _run(self) -> None:
-        deadline = self._clock() + self.barrier_secs
+        deadline = self.next_tick_at = self._clock() + self.barrier_secs
         while not self._stop.is_set():
             with self._cond:
                 while (
@@ -194,7 +212,7 @@ class Barrier:
             except Exception as exc:  # noqa: BLE001 - latched and counted; the next tick runs
                 self.tick_failed(exc)
             if timed:
-                deadline = self._clock() + self.barrier_secs
+                deadline = self.next_tick_at = self._clock() + self.barrier_secs
 
     def close(self, timeout: float = 60.0) -> bool:
         """Stop the timer; the running cut finishes and a pending one runs once."""
@@ -236,15 +254,30 @@ class Barrier:
 
     def step(self, *, timer: bool = True) -> CutOutcome | None:
         """Run the pending cut if one waits, else (on the timer) rotate an old idle
-        segment and capture a fresh cut. Returns what the cut did."""
+        segment and capture a fresh cut; either way settle every unmined entry first
+        (a pending cut's batches are published before, so a settlement never waits on
+        them). Returns what the cut did."""
         with self._cond:
             cut, self._pending = self._pending, None
             recapture, self.recapture = self.recapture, False
-        if cut is None and (timer or recapture):
-            cut = self.capture(rotate_idle=timer)
-        if cut is None:
+        if cut is not None:
+            outcome = self.run_cut(cut)
+            self.settle()
+            return outcome
+        self.settle()
+        if not (timer or recapture):
             return None
-        return self.run_cut(cut)
+        return self.run_cut(self.capture(rotate_idle=timer))
+
+    def settle(self) -> list[SettleOutcome]:
+        """Settle every tenant with an unmined entry (the barrier's trigger): the store
+        I/O of the forced frontier is allowed here, on the barrier thread."""
+        outcomes = self.pipeline.settler.settle_all(force_publish=True)
+        for o in outcomes:
+            if o.result is Result.FAILED:
+                self._count("error", "settlement_failed")
+        self.settlements = outcomes
+        return outcomes
 
     def capture(self, *, rotate_idle: bool = True) -> Cut:
         """Capture a cut under the exclusive exclusion (the timer's path)."""
@@ -333,7 +366,10 @@ class Barrier:
 
     def _stamp(self, cut: Cut, outcome: CutOutcome) -> CutOutcome:
         installed = failed = 0
-        for tenant, result in self.store.install_all(cut.snaps).items():
+        p = self.pipeline
+        unsettled = p.unmined.tenants() | p.refused
+        snaps = {t: s for t, s in cut.snaps.items() if t not in unsettled}
+        for tenant, result in self.store.install_all(snaps).items():
             if result.installed:
                 installed += 1
                 self.ledger.record(cut.snaps[tenant])
@@ -341,13 +377,20 @@ class Barrier:
                 failed += 1
                 log.warning("snapshot of tenant %r not installed: %s", tenant, result.reason)
         assert cut.mark is not None
+        mark = cut.mark
+        refused = p.refused
+        published = {t: PublishedMarks(mark, mark) for t in p.miners.tenants() if t not in refused}
         checkpointed = False
         error = ""
         try:
-            checkpointed = self.pipeline.journal.checkpoint(cut.mark)
+            checkpointed = p.journal.checkpoint(mark, published)
         except CheckpointError as exc:
             error = str(exc)
             log.warning("checkpoint not advanced: %s", exc)
+        except PublishedWriteError as exc:
+            checkpointed = exc.checkpointed
+            error = str(exc)
+            log.warning("publication frontiers not written: %s", exc)
         return CutOutcome(
             outcome.epoch,
             outcome.reason,

@@ -51,6 +51,7 @@ _LEVELS = {
     "wal.segment.quarantined": "error",
     "server.start_failed": "error",
     "tenant.unrecoverable": "error",
+    "tenant.settling": "warning",
     "wal.floor.pinned": "warning",
 }
 

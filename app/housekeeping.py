@@ -32,7 +32,7 @@ from pathlib import Path
 from app import points
 from app.admission import Admission, TickDecision
 from app.snapshots import SnapshotLedger
-from wal import FloorPinned, HousekeepingProgress, Journal, Known, ReclaimError, WalError
+from wal import FloorPinned, HousekeepingProgress, Journal, ReclaimError, WalError
 
 log = logging.getLogger("ourios.housekeeping")
 
@@ -132,7 +132,7 @@ class Housekeeper:
         points.hit("housekeeping.before_pass")
         progress: HousekeepingProgress | None
         try:
-            progress = self.journal.maintain(Known(self.ledger.horizons()), self.cap)
+            progress = self.journal.maintain(self.ledger.known(), self.cap)
         except ReclaimError as exc:
             self._count("error", exc.error_type)
             log.warning("housekeeping pass failed: %s", exc)

@@ -142,22 +142,27 @@ class _StateCollector(Collector):
             "Buffered partitions a failed or refused publish put back.",
             p.buffers.parked_partitions,
         )
-        limit = self._m.settings.wal.max_tenants
-        held = len(p.miners.tenants())
+        usage = p.tenants.usage()  # one read of the table: the states sum to the limit
         tenants = GaugeMetricFamily(
             "ourios_wal_tenants",
             "Tenant slots by state (of ourios_wal_tenants_limit).",
             labels=["state"],
         )
-        tenants.add_metric(["held"], held)
-        tenants.add_metric(["reserved"], 0)
-        tenants.add_metric(["free"], max(0, limit - held))
+        tenants.add_metric(["held"], usage.held)
+        tenants.add_metric(["reserved"], usage.reserved)
+        tenants.add_metric(["free"], usage.free)
         yield tenants
-        yield gauge("ourios_wal_tenants_limit", "The configured max_tenants.", limit)
+        yield gauge("ourios_wal_tenants_limit", "The configured max_tenants.", usage.limit)
         yield gauge(
             "ourios_wal_tenant_unrecoverable",
             "Tenants whose snapshot is below what was reclaimed (their appends are refused).",
-            len(self._m.unrecoverable),
+            len(p.refused),
+        )
+        yield gauge(
+            "ourios_wal_settling_tenants",
+            "Tenants with an unmined entry awaiting or undergoing settlement (refused with a "
+            "hint meanwhile).",
+            len(p.unmined.tenants()),
         )
         if self._m.housekeeper is not None and self._m.housekeeper.disk_free_bytes is not None:
             yield gauge(
@@ -293,7 +298,6 @@ class Metrics:
         self.housekeeper: Housekeeper | None = None
         self.admission: Admission | None = None
         self.archiver: Archiver | None = None
-        self.unrecoverable: set[str] = set()
         self.extra: list[Callable[[], Iterator[GaugeMetricFamily]]] = []
 
     def disk_and_archive(

@@ -1024,18 +1024,26 @@ def _parse_body(body: object) -> tuple[MinerConfig, int, list[_Row], list[_NodeR
 
 
 class MinerCluster:
-    """Every tenant's miner on this node, created on first use, one shared allocator."""
+    """Every tenant's miner on this node, created on first use, one shared allocator.
+
+    ``miner_type`` is the class every miner is built from (``TenantMiner`` or a
+    subclass): the seam through which a test injects a mining failure at a chosen
+    record, in process and in a real ``ourios serve`` (``tests/support/minerfaults.py``),
+    without a field in the production types."""
 
     def __init__(
         self,
         allocator: TemplateIdAllocator,
         default_config: MinerConfig | None = None,
         tenant_configs: Mapping[str, MinerConfig] | None = None,
+        *,
+        miner_type: type[TenantMiner] = TenantMiner,
     ) -> None:
         self._allocator = allocator
         self._default = default_config if default_config is not None else MinerConfig()
         self._configs = dict(tenant_configs or {})
         self._miners: dict[str, TenantMiner] = {}
+        self._type = miner_type
 
     @property
     def allocator(self) -> TemplateIdAllocator:
@@ -1055,7 +1063,7 @@ class MinerCluster:
         """The tenant's miner, created empty with its configuration on first use."""
         miner = self._miners.get(tenant)
         if miner is None:
-            miner = TenantMiner(self._allocator, self.config_for(tenant))
+            miner = self._type(self._allocator, self.config_for(tenant))
             self._miners[tenant] = miner
         return miner
 
@@ -1067,10 +1075,27 @@ class MinerCluster:
 
         The snapshot's own configuration is used: its tree was built under it.
         """
-        miner = TenantMiner.from_snapshot(data, self._allocator)
+        miner = self._type.from_snapshot(data, self._allocator)
         self._miners[tenant] = miner
         return miner
 
+    def build(self, tenant: str, snapshot: bytes | None) -> TenantMiner:
+        """A miner for ``tenant`` that is *not* installed: restored from ``snapshot`` or
+        empty with the tenant's configuration (settlement rebuilds into it off to the
+        side, then swaps it in with ``replace_tenant``)."""
+        if snapshot is None:
+            return self._type(self._allocator, self.config_for(tenant))
+        return self._type.from_snapshot(snapshot, self._allocator)
+
+    def replace_tenant(self, tenant: str, miner: TenantMiner) -> TenantMiner | None:
+        """Drop the tenant's live miner and install ``miner`` as one operation (callers
+        hold the miner lock, so no one observes the tenant absent); no other tenant and
+        no allocator state is touched — template ids are never rewound. Returns the
+        discarded miner."""
+        old = self._miners.get(tenant)
+        self._miners[tenant] = miner
+        return old
+
     def discard(self, tenant: str) -> None:
-        """Forget the tenant's miner (e.g. before a settlement rebuild)."""
+        """Forget the tenant's miner."""
         self._miners.pop(tenant, None)

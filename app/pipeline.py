@@ -13,6 +13,13 @@ recovery. Inside it: mine the batch's bodies, emit template events to the audit
 buffers, append the rows to the record buffers, and set ``last_durable`` to this
 turn's own frame end — never the fsync's EOF (RFC 0052 §3.1). A failed append or sync
 still passes its turn (with nothing to ingest), so the gate never stalls on it.
+
+Before the append, under the admission mutex (``app.tenants``): a settling or
+unrecoverable tenant is refused, and a tenant not yet held takes a slot (refused at
+``max_tenants``); after the turn, with nothing else held, the slot's transition is
+recorded. A mining failure inside a turn records an unmined entry (``app.settlement``)
+instead of latching the barrier: the frame is durable and acknowledged, the mark is
+clamped below it, and the tenant is rebuilt by settlement.
 """
 
 from __future__ import annotations
@@ -30,15 +37,18 @@ from app import points
 from app.admission import Admission
 from app.heap import collection_deferred
 from app.ingest_api import IngestOutcome
-from app.miner import MinerCluster, MineResult
+from app.miner import MinerCluster, MineResult, TenantMiner
 from app.otlp import BadRequest, FlatBatch, IngestRejection, PayloadTooLarge, Unavailable
+from app.settlement import Settler, UnminedEntry, UnminedSet
 from app.snapshots import SnapshotLedger, SnapshotState
+from app.tenants import Reservation, TenantTable, TenantUnrecoverable, TurnResult
 from sink.buffers import NANOS_PER_DAY, Buffers, Detached
 from sink.publisher import Publisher
 from wal import (
     AppendError,
     ErrorClass,
     FrameRejected,
+    FrameSpan,
     FrameTooLarge,
     Journal,
     Terminal,
@@ -169,7 +179,18 @@ class Pipeline:
         self.exclusion = ReadWriteLock()
         self.miner_lock = threading.Lock()
         self._durable_lock = threading.Lock()
+        #: the mark: the latest acknowledged offset, clamped below every unmined entry
         self._last_durable: WalOffset | None = None
+        #: the latest acknowledged turn's own frame end, unclamped
+        self._latest: WalOffset | None = None
+        #: tenant slots and admission states; its lock is the admission mutex
+        self.tenants = TenantTable(journal.config.max_tenants)
+        #: frames whose mining raised, until settlement rebuilds their tenants
+        self.unmined = UnminedSet()
+        #: tenants refused as unrecoverable, and why; replaced whole by the settler (turns
+        #: read them under the miner lock, where the admission mutex may not be taken)
+        self.refused: frozenset[str] = frozenset()
+        self.refused_details: Mapping[str, str] = {}
         self.folded: dict[str, WalOffset] = {}
         #: barrier epoch: the number of the next cut (incremented at each capture)
         self.epoch = 1
@@ -188,6 +209,7 @@ class Pipeline:
         #: observer the metrics install
         self.cut_stall_seconds: deque[float] = deque(maxlen=4096)
         self.on_cut_stall: Callable[[float], None] | None = None
+        self.settler = Settler(self, events=self._events)
 
     # -- the receivers' interface --------------------------------------------------------
 
@@ -206,43 +228,83 @@ class Pipeline:
         self, tenant: str, payload: bytes, batch: FlatBatch, transport: str
     ) -> IngestOutcome:
         """Append, wait for the covering fsync, run the turn; raises an ``IngestRejection``
-        when nothing was acknowledged."""
+        when nothing was acknowledged.
+
+        Order of the checks (RFC 0055 §9.5): an oversize batch is TooLarge and a terminal
+        WAL reports the WAL's state before any tenant state; then the tenant's admission
+        state and slot (admission mutex, released before the journal); then the bounds."""
+        limit = self.journal.config.max_frame_bytes
+        if len(payload) > limit:
+            raise PayloadTooLarge(limit)
+        reservation: Reservation | None = None
+        if not isinstance(self.journal.rotation_state, Terminal):
+            hint = self.settler.retry_after(tenant)
+            try:
+                reservation = self.tenants.admit(tenant, hint)  # a refusal writes nothing
+            except Unavailable as refusal:
+                refusal.records = len(batch)
+                raise
+        result = TurnResult.NO_FRAME
         try:
-            self.admission.check(tenant)  # a refusal writes nothing
-        except IngestRejection as exc:
-            exc.records = len(batch)  # the refused-records counter
-            raise
-        try:
-            pending = self.journal.append_batch(tenant, payload)
-        except FrameTooLarge as exc:
-            raise PayloadTooLarge(exc.limit) from exc
-        except FrameRejected as exc:
-            raise BadRequest(str(exc)) from exc
-        except AppendError as exc:
-            raise _unavailable(exc, len(batch)) from exc
-        seq = pending.seq
-        error: AppendError | None = None
-        offset: WalOffset | None = None
-        try:
-            offset = pending.wait().offset
-        except AppendError as exc:
-            error = exc
-        # Every sequence passes the gate, a failed one with nothing to ingest, so the
-        # turns behind it never stall.
-        self.gate.enter(seq)
-        try:
-            if offset is not None:
-                self._turn(tenant, batch, offset, len(payload))
+            try:
+                self.admission.check(tenant)  # the bounds: a refusal writes nothing
+            except IngestRejection as exc:
+                exc.records = len(batch)  # the refused-records counter
+                raise
+            try:
+                pending = self.journal.append_batch(tenant, payload)
+            except FrameTooLarge as exc:
+                raise PayloadTooLarge(exc.limit) from exc
+            except FrameRejected as exc:
+                raise BadRequest(str(exc)) from exc
+            except AppendError as exc:
+                raise _unavailable(exc, len(batch)) from exc
+            result = TurnResult.FRAME_LEFT
+            seq = pending.seq
+            points.hit("ingest.appended")
+            error: AppendError | None = None
+            offset: WalOffset | None = None
+            try:
+                offset = pending.wait().offset
+            except AppendError as exc:
+                error = exc
+            # Every sequence passes the gate, a failed one with nothing to ingest, so the
+            # turns behind it never stall.
+            self.gate.enter(seq)
+            try:
+                if offset is not None:
+                    result = self._turn(tenant, batch, offset, len(payload), pending.span)
+            finally:
+                self.gate.leave(seq)
         finally:
-            self.gate.leave(seq)
+            # The slot's transition, with nothing else held (RFC 0055 §9.1).
+            if reservation is not None:
+                self.tenants.finish(reservation, result)
+            if result is TurnResult.UNMINED:
+                # refused until settled — unless a settler got there first
+                self.tenants.set_settling(tenant, True, still=lambda: self.unmined.has(tenant))
         if error is not None:
             raise _unavailable(error, len(batch)) from error
         return IngestOutcome(records=len(batch))
 
     # -- the turn ------------------------------------------------------------------------
 
-    def _turn(self, tenant: str, batch: FlatBatch, offset: WalOffset, nbytes: int) -> None:
+    def _refused(self, tenant: str) -> TenantUnrecoverable:
+        detail = self.refused_details.get(tenant, "see the tenant.unrecoverable event")
+        return TenantUnrecoverable(tenant, detail)
+
+    def _turn(
+        self, tenant: str, batch: FlatBatch, offset: WalOffset, nbytes: int, span: FrameSpan
+    ) -> TurnResult:
         """Mine, buffer, and advance the mark — no store I/O (publishes are queued)."""
+        if tenant in self.refused:
+            raise self._refused(tenant)
+        if self.unmined.has(tenant):
+            # An earlier frame of this tenant is unmined: settle it before this batch (or
+            # wait for the settler that holds the claim), so this frame is mined against
+            # the rebuilt tree and nothing overtakes the gap. Never under the exclusion.
+            points.hit("turn.settling")
+            self.settler.settle(tenant, force_publish=False)
         detached: list[Detached] = []
         with self.exclusion.shared():
             prev = self._last_durable
@@ -256,45 +318,93 @@ class Pipeline:
                 self.record_cut_stall(time.perf_counter() - started)
                 self.barrier.offer_cut(cut)
             points.hit("turn.before_mine")
-            try:
-                with self.miner_lock:
-                    if tenant in self._frozen:
-                        self._serialize_locked(tenant)
+            with self.miner_lock:
+                # Re-tested under the miner lock (a settler refuses a tenant inside the
+                # exclusion, so a turn either ran wholly before it or sees it here).
+                if tenant in self.refused:
+                    raise self._refused(tenant)
+                if self.unmined.has(tenant):
+                    # settlement failed just now: the tree is still the discarded one
+                    self._record_unmined(tenant, span, offset, "an earlier frame is unmined")
+                    return TurnResult.UNMINED
+                if tenant in self._frozen:
+                    self._serialize_locked(tenant)
+                try:
                     result = self.miners.mine(tenant, batch.body)
-            except Exception as exc:  # noqa: BLE001 - the frame is durable; see below
-                # The miner's tree is in an unknown state: latch every cut from now on
-                # (the WAL keeps the frame; a restart re-mines it). Settlement, a later
-                # issue, rebuilds the tenant instead of waiting for a restart.
-                log.error("mining failed for tenant %r at %s: %s", tenant, offset, exc)
-                if self.failed_epoch > self.epoch:  # a transition: one event per latch
-                    self.failed_epoch = self.epoch
-                    self._events(
-                        "barrier.latch.set",
-                        {
-                            "tenant": tenant,
-                            "offset": str(offset),
-                            "epoch": self.epoch,
-                            "error": str(exc),
-                        },
-                    )
-                return
-            detached.extend(self._buffer(tenant, batch, result, offset, nbytes))
+                except Exception as exc:  # noqa: BLE001 - the frame is durable; settled
+                    self._record_unmined(tenant, span, offset, f"{type(exc).__name__}: {exc}")
+                    return TurnResult.UNMINED
+            try:
+                detached.extend(self._buffer(tenant, batch, result, offset, nbytes))
+            except Exception as exc:  # noqa: BLE001 - mined but not emitted: settled
+                # The tree took the batch and its rows and events are partly buffered:
+                # the same unknown state as a failure inside mining (RFC 0055 §9.4).
+                self._record_unmined(tenant, span, offset, f"{type(exc).__name__}: {exc}")
+                return TurnResult.UNMINED
             with self._durable_lock:
-                self._last_durable = offset
+                self._latest = offset
+                self._recompute_durable_locked()
                 self.folded[tenant] = offset
             self.records_mined += len(batch)
         for d in detached:
             if not self.publisher.offer(d):
                 self.publisher.park(d)
+        return TurnResult.MINED
+
+    def _record_unmined(self, tenant: str, span: FrameSpan, offset: WalOffset, why: str) -> None:
+        """The turn's mining (or its emit) raised, under the shared exclusion (a settler's
+        claim takes it exclusively): the frame is durable, so record an unmined entry
+        clamped at the previous acknowledged offset (RFC 0055 §9.4)."""
+        with self._durable_lock:
+            entry = UnminedEntry(span, tenant, self._latest)
+            self.unmined.add(entry)
+            self._recompute_durable_locked()
+        self._events(
+            "tenant.settling",
+            {
+                "tenant": tenant,
+                "frame": str(offset),
+                "clamp": None if entry.clamp is None else str(entry.clamp),
+                "error": why,
+            },
+        )
+        log.error(
+            "mining failed for tenant %r at %s (%s): the frame is durable; the tenant is "
+            "settled by a rebuild and the mark is held at %s meanwhile",
+            tenant,
+            offset,
+            why,
+            entry.clamp,
+        )
+
+    def recompute_durable(self) -> None:
+        with self._durable_lock:
+            self._recompute_durable_locked()
+
+    def _recompute_durable_locked(self) -> None:
+        """``last_durable = min(latest, clamp)`` while any entry clamps (None stays None)."""
+        clamped, clamp = self.unmined.clamp()
+        latest = self._latest
+        if not clamped:
+            self._last_durable = latest
+        elif clamp is None or latest is None:
+            self._last_durable = None
+        else:
+            self._last_durable = latest if latest.lsn <= clamp.lsn else clamp
+
+    def replace_tenant(self, tenant: str, miner: TenantMiner) -> None:
+        """Settlement's swap (miner lock held): install the rebuilt tree."""
+        self.miners.replace_tenant(tenant, miner)
+        self._frozen.pop(tenant, None)
 
     def _buffer(
         self, tenant: str, batch: FlatBatch, result: MineResult, offset: WalOffset, nbytes: int
     ) -> list[Detached]:
-        out = self._buffer_audit(tenant, batch, result, offset)
-        out.extend(self._buffer_records(tenant, batch, result, offset, nbytes))
+        out = self.buffer_audit(tenant, batch, result, offset)
+        out.extend(self.buffer_records(tenant, batch, result, offset, nbytes))
         return out
 
-    def _buffer_audit(
+    def buffer_audit(
         self, tenant: str, batch: FlatBatch, result: MineResult, offset: WalOffset
     ) -> list[Detached]:
         if not result.events:
@@ -314,7 +424,7 @@ class Pipeline:
         ]
         return self.buffers.add_audit(tenant, events, offset.lsn)
 
-    def _buffer_records(
+    def buffer_records(
         self, tenant: str, batch: FlatBatch, result: MineResult, offset: WalOffset, nbytes: int
     ) -> list[Detached]:
         out: list[Detached] = []
@@ -384,10 +494,15 @@ class Pipeline:
         cut = Cut(epoch, mark, batches, self.buffers.last_id, reason, captured_at=self._clock())
         self.epoch = epoch + 1  # a publish registered from now on belongs to later cuts
         installed = self.ledger.horizons()
+        # No snapshot of a tenant with an unmined entry (its live tree is unknown) or of
+        # an unrecoverable one (RFC 0055 §9.4).
+        unsettled = self.unmined.tenants() | self.refused
         with self.miner_lock:
             for tenant, horizon in self.folded.items():
                 done = installed.get(tenant)
                 if done is not None and done.lsn >= horizon.lsn:
+                    continue
+                if tenant in unsettled:
                     continue
                 if tenant in self._frozen:
                     self._serialize_locked(tenant)  # into the earlier, still pending cut
@@ -507,9 +622,9 @@ class Pipeline:
                 ]
                 events_suppressed = len(result.events) - len(fresh)
                 result = MineResult(result.template_ids, result.template_params, fresh)
-            detached.extend(self._buffer_audit(tenant, batch, result, offset))
+            detached.extend(self.buffer_audit(tenant, batch, result, offset))
         if publish_records:
-            detached.extend(self._buffer_records(tenant, batch, result, offset, nbytes))
+            detached.extend(self.buffer_records(tenant, batch, result, offset, nbytes))
         for d in detached:
             if not self.publisher.offer(d):
                 self.publisher.park(d)
@@ -517,8 +632,15 @@ class Pipeline:
 
     @property
     def last_durable(self) -> WalOffset | None:
+        """The mark a cut captures: the latest acknowledged offset, clamped."""
         with self._durable_lock:
             return self._last_durable
+
+    @property
+    def latest(self) -> WalOffset | None:
+        """The latest acknowledged (and mined) turn's own frame end, never clamped."""
+        with self._durable_lock:
+            return self._latest
 
 
 def _days(batch: FlatBatch, offset: WalOffset) -> list[tuple[int, list[int] | None]]:
@@ -553,7 +675,7 @@ def _days(batch: FlatBatch, offset: WalOffset) -> list[tuple[int, list[int] | No
 
 def _unavailable(exc: AppendError, records: int) -> Unavailable:
     """The WAL's refusal as the client sees it; the WAL error's type (for example
-    ``wal_rotation_retrying``, ``wal_tenant_capacity``) rides the counters' label."""
+    ``wal_rotation_retrying``, ``wal_rotation_terminal``) rides the counters' label."""
     if exc.error_class is ErrorClass.TERMINAL:
         refusal = Unavailable(
             f"WAL refused the batch (server-terminal, retry later): {exc}",

@@ -12,7 +12,11 @@ In production nothing is registered and ``hit`` is one dictionary lookup. A test
 
 Points in the code: ``barrier.after_quiesce`` (capture, exclusion held),
 ``barrier.before_flush``, ``barrier.after_flush``, ``barrier.before_stamp`` (a cut
-running), ``turn.before_mine`` (inside an ingest turn), ``housekeeping.before_pass``.
+running), ``turn.before_mine`` (inside an ingest turn), ``housekeeping.before_pass``;
+for RFC 0055: ``ingest.appended`` (a request's frame written, before its sync wait),
+``turn.settling`` (a turn about to settle its tenant's entry), ``settlement.claimed``,
+``settlement.lost`` (a trigger that found the claim taken), ``settlement.read`` (between
+two bounded reads: no lock held), ``settlement.before_swap``.
 """
 
 from __future__ import annotations

@@ -3,19 +3,24 @@
 1. ``load_all_durable`` the snapshots (after fsyncing the directory and its parent) and
    restore each tenant's miner from the one that decodes and restores;
 2. replay the WAL (its walk rebuilds the reclamation ledger as a by-product) with the
-   gates of DESIGN.md §5.8 / §13, per tenant with restored horizon S and checkpoint X:
+   gates of DESIGN.md §5.8 / §13, per tenant with restored horizon S, checkpoint X and
+   the tenant's PUBLISHED frontiers R (records) and A (audit), when it has them:
 
    * a frame at or below S is already folded: skipped (not mined);
    * above S it feeds the tenant's miner;
-   * its records reach the sink only above max(X, S): at or below X they are in the
-     store already, and (X, S] are too when the snapshot was installed before a failed
-     checkpoint write (S > X);
-   * the template events the miner regenerates reach the audit sink only above X
-     (the barrier drained the audit sink before it stamped X); those for (S, X] are
-     suppressed and counted — except an event of a template this replay minted afresh
-     (an id above the allocator's high-water at start), which no published event binds
-     and which is forwarded once (RFC0052.10, 2026-10-06). Stored audit frames are never
-     replayed.
+   * its records reach the sink only above max(S, R) — R governs its tenant and is
+     never maxed with X, so a tenant whose records never published (an unrecoverable
+     one, its frontier held back while X advanced for everyone else) is replayed in
+     full; a tenant with no records frontier falls back to max(S, X) (at or below X
+     everything is in the store, and (X, S] too when the snapshot was installed before a
+     failed checkpoint write, S > X); one marked terminal with no frontier has nothing
+     published since S;
+   * the template events the miner regenerates reach the audit sink only above A, or X
+     for a tenant without one (the barrier drained the audit sink before it stamped X);
+     the rest are suppressed and counted — except an event of a template this replay
+     minted afresh (an id above the allocator's high-water at start), which no published
+     event binds and which is forwarded once (RFC0052.10, 2026-10-06). Stored audit
+     frames are never replayed.
 
 3. ``check_restorable``: a tenant that still has frames and whose restorable horizon is
    below what RECLAIM says was reclaimed from under it refuses the start, naming it;
@@ -23,7 +28,9 @@
    post-recovery snapshots at each tenant's own folded horizon (a snapshot above X
    suppresses (X, S] on the next replay, so those rows must be in the store first; a
    tenant replay did not touch keeps its restored one); the SnapshotLedger is seeded
-   from what installed, never from what was attempted.
+   from what installed, never from what was attempted;
+5. the tenant admission table is seeded with every tenant the miner now holds, before
+   any listener exists (more than ``max_tenants`` refuses the start).
 
 A restarted node has no mark until its first acknowledged turn: replay sets none.
 """
@@ -38,7 +45,7 @@ from app.miner import FileTemplateIdAllocator, MinerCluster, TenantMiner
 from app.otlp import IngestRejection, decode_request, flatten
 from app.pipeline import Pipeline
 from app.snapshots import SnapshotLedger, SnapshotState, SnapshotStore
-from wal import CorruptionError, FrameKind, Journal, WalOffset
+from wal import CorruptionError, FrameKind, Journal, PublishedMarks, WalOffset
 
 #: The counter bits of a template id (node ordinal << 48 | counter).
 COUNTER_MASK = (1 << 48) - 1
@@ -60,6 +67,8 @@ class RecoveryReport:
     tenants: set[str] = field(default_factory=set)
     torn_segments: list[str] = field(default_factory=list)
     checkpoint: WalOffset | None = None
+    #: tenants PUBLISHED holds frontiers for (their gates are their own)
+    frontiers: int = 0
     seconds: float = 0.0
 
     def fields(self) -> dict[str, object]:
@@ -77,6 +86,7 @@ class RecoveryReport:
             "tenants": len(self.tenants),
             "torn_segments": self.torn_segments,
             "checkpoint": None if self.checkpoint is None else str(self.checkpoint),
+            "frontiers": self.frontiers,
             "seconds": round(self.seconds, 3),
         }
 
@@ -106,6 +116,8 @@ def recover(
     report.checkpoint = mark
     fresh_above = _fresh_threshold(miners)
     x = -1 if mark is None else mark.lsn
+    frontiers = journal.published_marks()
+    report.frontiers = len(frontiers)
     replay = journal.replay()
     for frame in replay:
         if frame.kind is not FrameKind.TENANT_BATCH:
@@ -130,13 +142,14 @@ def recover(
                 f"frame at LSN {frame.start_lsn} no longer decodes: {exc}",
             ) from exc
         batch = flatten(request, tenant)
-        gate = max(x, -1 if s is None else s.lsn)
+        records_gate, audit_gate = gates(frontiers.get(tenant), x)
+        gate = max(records_gate, -1 if s is None else s.lsn)
         records, events = pipeline.replay_frame(
             tenant,
             batch,
             frame.offset,
             publish_records=lsn > gate,
-            publish_audit=lsn > x,
+            publish_audit=lsn > audit_gate,
             nbytes=len(frame.payload),
             is_fresh=fresh_above,
         )
@@ -156,8 +169,24 @@ def recover(
             _post_recovery_snapshots(pipeline, store, ledger, restored, report)
         else:
             report.snapshot_failures += 1
+    pipeline.tenants.seed(miners.tenants())
     report.seconds = time.monotonic() - start
     return report
+
+
+def gates(marks: PublishedMarks | None, x: int) -> tuple[int, int]:
+    """(records, audit) LSNs at or below which a tenant's replay publishes nothing
+    (DESIGN.md §13): its own frontier where PUBLISHED has one, never maxed with X; X
+    where it has none; nothing (-1) for a side of a terminal entry that has none."""
+    if marks is None:
+        return x, x
+
+    def side(offset: WalOffset | None) -> int:
+        if offset is not None:
+            return offset.lsn
+        return -1 if marks.terminal else x
+
+    return side(marks.records), side(marks.audit)
 
 
 def _fresh_threshold(miners: MinerCluster) -> Callable[[int], bool] | None:

@@ -355,6 +355,7 @@ def shutdown(node: Node, join_timeout: float = 60.0) -> None:
     barrier_joined = node.barrier.close(join_timeout)
     final = None
     if barrier_joined:
+        node.barrier.settle()  # an unmined entry would hold the final mark below its frame
         final = node.barrier.run_cut(node.barrier.capture(rotate_idle=False))
     left = 0 if node.pipeline.buffers.empty() else _buffered_rows(node)
     joined = node.pipeline.publisher.close(join_timeout)

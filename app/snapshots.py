@@ -41,7 +41,7 @@ from typing import Final
 import crc32c
 
 from sink.keys import decode_tenant, encode_tenant
-from wal import Fs, OsFs, WalOffset
+from wal import Fs, Known, OsFs, WalOffset
 
 MAGIC: Final = b"OSNP"
 VERSION: Final = 2
@@ -259,11 +259,17 @@ def _read(fs: Fs, path: Path) -> bytes:
 
 class SnapshotLedger:
     """Installs that returned OK (after the directory fsync): the only source of
-    ``SnapshotHorizons.Known`` for housekeeping, and the state settlement rebuilds from."""
+    ``SnapshotHorizons.Known`` for housekeeping, and the state settlement rebuilds from
+    (the decoded state each horizon was installed from is retained beside it, so a
+    rebuild never reads the directory, RFC 0055 §9.4).
+
+    A tenant refused as unrecoverable is left out of the horizons (the WAL pins its
+    frames) and named to housekeeping, which then goes on for everyone else."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._states: dict[str, SnapshotState] = {}
+        self._refused: set[str] = set()
 
     def record(self, state: SnapshotState) -> None:
         with self._lock:
@@ -273,7 +279,18 @@ class SnapshotLedger:
 
     def horizons(self) -> dict[str, WalOffset]:
         with self._lock:
-            return {t: s.horizon for t, s in self._states.items()}
+            return {t: s.horizon for t, s in self._states.items() if t not in self._refused}
+
+    def refuse(self, tenant: str) -> None:
+        """The tenant is unrecoverable: no horizon for it from now on (it pins)."""
+        with self._lock:
+            self._refused.add(tenant)
+
+    def known(self) -> Known:
+        """What housekeeping passes to ``Journal.maintain``."""
+        with self._lock:
+            horizons = {t: s.horizon for t, s in self._states.items() if t not in self._refused}
+            return Known(horizons, unrecoverable=frozenset(self._refused))
 
     def state(self, tenant: str) -> SnapshotState | None:
         with self._lock:

@@ -117,6 +117,18 @@ def inspect(directory: Path, out: TextIO) -> int:
             print(f"  horizon of {tenant}: {horizon}", file=out)
         for snap, error in sorted(bad_snapshots.items()):
             print(f"  UNDECODABLE {snap}: {error} (its tenant is pinned)", file=out)
+    if report.published is not None:
+        pub = report.published
+        print(
+            f"PUBLISHED: {len(pub.frontiers)} tenant frontiers (max_tenants={pub.max_tenants})",
+            file=out,
+        )
+        for tenant, (records, audit, flags) in sorted(pub.frontiers.items()):
+            extra = f" [{flags}]" if flags else ""
+            print(
+                f"  published through for {tenant}: records {records}, audit {audit}{extra}",
+                file=out,
+            )
     if report.floor:
         print(f"retain floor: {report.floor}", file=out)
     print(f"segments: {len(report.segments)}", file=out)

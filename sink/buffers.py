@@ -10,6 +10,24 @@ store (DESIGN.md §5.5). A publish that fails is *requeued*: its rows go back in
 buffers (never lost), tagged with the barrier epoch current at the requeue, so the
 barrier can tell which cuts it invalidates.
 
+A records publish requeued after an *ambiguous* failure (the store may have accepted
+it) keeps its identity (RFC 0055 §9.3): it is held as its own unit, never merged with
+rows that arrived meanwhile, carrying the deterministic object name its rows derive
+(``Partition.identity``), so every later attempt writes the same key. A clean failure
+wrote nothing and merges freely.
+
+A settlement (RFC 0055 §9.4) replaces a tenant's miner tree and re-emits, from the
+WAL, everything of it that is not known durable; the rows and template events the
+discarded tree produced are then superseded. ``drop_tenant``, in the section that swaps
+the tree, drops the tenant's buffered partitions and starts a new *generation* for it.
+A partition of an older generation still in flight at the swap may publish (its rows
+are real, at most a second copy of what the replay re-emits) unless its template
+events were among the dropped ones — then the write-ordering check refuses it, so no
+row under a template id without a durable event reaches the store — and a requeue
+discards it instead of putting it back (a failed publish: a cut whose batch held it
+does not stamp; the re-emitted rows are the tenant's copy). Nothing waits for those
+publishes, so a settlement never depends on another thread's progress.
+
 Everything here runs under the sink lock, which this class owns; the lock order of
 DESIGN.md §5.3 puts it after the barrier exclusion and the miner lock.
 """
@@ -53,6 +71,11 @@ class Partition:
     #: records: the tenant's template events accepted when the rows were appended; the
     #: rows may reach the store only once every event up to it is durable
     audit_watermark: int = 0
+    #: the object name every attempt must use, set when a publish of these rows was
+    #: ambiguous (RFC 0055 §9.2); None: a fresh name per attempt
+    identity: str | None = None
+    #: the tenant's tree generation its rows came from (``drop_tenant`` starts a new one)
+    gen: int = 0
 
     @property
     def nbytes(self) -> int:
@@ -154,6 +177,11 @@ class InFlight:
                 and i.detached.partition.first_seq <= seq
             ]
 
+    def pending_for(self, tenant: str) -> list[_InFlight]:
+        """The unsettled publishes of ``tenant``'s partitions."""
+        with self._lock:
+            return [i for i in self._items.values() if i.detached.partition.tenant == tenant]
+
     def pending_upto(self, upto_id: int) -> list[_InFlight]:
         """The publishes registered at or before ``upto_id`` that have not settled."""
         with self._lock:
@@ -185,6 +213,15 @@ class Buffers:
         self._last_id = 0
         self._bytes = 0  # bytes of buffered partitions as of their last append
         self._audit_seq: dict[str, int] = {}  # tenant -> template events accepted
+        #: records publishes requeued after an ambiguous failure, each its own unit
+        self._units: list[Partition] = []
+        #: tenant -> tree generation (a settlement's swap starts the next one)
+        self._gen: dict[str, int] = {}
+        #: tenant -> the lowest sequence number among template events a settlement
+        #: superseded before they were durable (older generations only)
+        self._lost_from: dict[str, int] = {}
+        #: rows discarded because a settlement superseded them (dropped or fenced)
+        self.superseded_rows = 0
 
     # -- appends (the ingest turn) -------------------------------------------------------
 
@@ -220,6 +257,7 @@ class Buffers:
             part = self._records.get(key)
             if part is None:
                 part = Partition(Kind.RECORDS, tenant, day, RecordColumns(), None, self._clock())
+                part.gen = self._gen.get(tenant, 0)
                 self._records[key] = part
             cols = part.records
             assert cols is not None
@@ -269,6 +307,7 @@ class Buffers:
                         Kind.AUDIT, tenant, key[1], None, AuditColumns(), self._clock()
                     )
                     part.first_seq = seq
+                    part.gen = self._gen.get(tenant, 0)
                     self._audit[key] = part
                 cols = part.audit
                 assert cols is not None
@@ -293,35 +332,64 @@ class Buffers:
 
     def drain_all(self, reason: str) -> list[Detached]:
         """Every buffered partition, audit first (template events land before the records
-        that reference them), detached and registered in flight."""
-        with self.lock:
-            parts = list(self._audit.values()) + list(self._records.values())
-            self._audit.clear()
-            self._records.clear()
-            return [self._detach_locked(p, reason) for p in parts]
+        that reference them), then the ambiguous units (each alone, under its own name,
+        before the rows that arrived after it), detached and registered in flight."""
+        return self._drain(reason, lambda part: True)
+
+    def drain_tenant(self, tenant: str, reason: str) -> list[Detached]:
+        """Every buffered partition of ``tenant`` (settlement's forced publish)."""
+        return self._drain(reason, lambda part: part.tenant == tenant)
 
     def drain_aged(self, max_age: float) -> list[Detached]:
         now = self._clock()
+        return self._drain("age", lambda part: now - part.first_at >= max_age)
+
+    def _drain(self, reason: str, take: Callable[[Partition], bool]) -> list[Detached]:
         with self.lock:
             out: list[Detached] = []
             for key_a, part in list(self._audit.items()):
-                if now - part.first_at >= max_age:
+                if take(part):
                     del self._audit[key_a]
-                    out.append(self._detach_locked(part, "age"))
+                    out.append(self._detach_locked(part, reason))
+            kept: list[Partition] = []
+            for unit in self._units:
+                if take(unit):
+                    out.append(self._detach_locked(unit, reason))
+                else:
+                    kept.append(unit)
+            self._units = kept
             for key, part in list(self._records.items()):
-                if now - part.first_at >= max_age:
+                if take(part):
                     del self._records[key]
-                    out.append(self._detach_locked(part, "age"))
+                    out.append(self._detach_locked(part, reason))
             return out
 
     # -- failures -----------------------------------------------------------------------
 
-    def requeue(self, d: Detached, error_type: str) -> PublishOutcome:
-        """Put a failed (or parked) publish's rows back, older rows first; settle it."""
+    def requeue(
+        self, d: Detached, error_type: str, *, identity: str | None = None
+    ) -> PublishOutcome:
+        """Put a failed (or parked) publish's rows back, older rows first; settle it.
+
+        ``identity`` (an ambiguous records failure: the store may hold the object) keeps
+        the rows as their own unit under that name; a partition that already has one
+        keeps it whatever the failure, since an earlier attempt may have landed."""
         with self.lock:
             epoch = self._epoch()
             part = d.partition
-            if part.kind is Kind.RECORDS:
+            if part.gen < self._gen.get(part.tenant, 0):
+                # superseded by a settlement (module docstring): discarded, never back
+                self.superseded_rows += part.rows
+                if part.kind is Kind.AUDIT:
+                    self._lose_locked(part.tenant, part.first_seq)
+                outcome = PublishOutcome(d.id, False, epoch, "superseded")
+                self.in_flight.settle(outcome)
+                return outcome
+            if identity is not None and part.identity is None:
+                part.identity = identity
+            if part.kind is Kind.RECORDS and part.identity is not None:
+                self._units.append(part)
+            elif part.kind is Kind.RECORDS:
                 key = (part.tenant, part.day)
                 existing = self._records.get(key)
                 if existing is not None:
@@ -362,6 +430,10 @@ class Buffers:
         if w == 0:
             return taken, refused
         with self.lock:
+            if part.gen < self._gen.get(part.tenant, 0) and w >= self._lost_from.get(
+                part.tenant, w + 1
+            ):
+                return taken, True  # superseded, and some of its events were dropped
             for key, a in list(self._audit.items()):
                 if a.tenant != part.tenant or a.first_seq > w:
                     continue
@@ -372,29 +444,65 @@ class Buffers:
                 taken.append(self._detach_locked(a, "ordered"))
         return taken, refused
 
-    def audit_pending(self, tenant: str, seq: int) -> bool:
+    def audit_pending(self, tenant: str, seq: int, gen: int | None = None) -> bool:
         """Whether an event of ``tenant`` at or below ``seq`` is not yet durable: still
-        buffered or in an unsettled publish."""
+        buffered or in an unsettled publish — or, for rows of an older generation
+        ``gen``, superseded by a settlement before it was durable (never will be)."""
         if seq == 0:
             return False
         with self.lock:
+            if (
+                gen is not None
+                and gen < self._gen.get(tenant, 0)
+                and seq >= self._lost_from.get(tenant, seq + 1)
+            ):
+                return True
             if any(a.tenant == tenant and a.first_seq <= seq for a in self._audit.values()):
                 return True
         return bool(self.in_flight.audit_upto(tenant, seq))
 
-    def discard_tenant(self, tenant: str) -> int:
-        """Drop a tenant's buffered rows (settlement's tree swap, a later issue)."""
+    def _lose_locked(self, tenant: str, first_seq: int) -> None:
+        lost = self._lost_from.get(tenant)
+        if lost is None or first_seq < lost:
+            self._lost_from[tenant] = first_seq
+
+    def drop_tenant(self, tenant: str) -> int:
+        """Drop every buffered row of ``tenant`` (records, units and template events) and
+        start its next generation: settlement's handoff, in the section that swaps its
+        tree (module docstring). Returns the rows dropped."""
         with self.lock:
-            dropped = 0
-            for key in [k for k in self._records if k[0] == tenant]:
-                part = self._records.pop(key)
-                dropped += part.rows
-                self._bytes -= part.nbytes
-            for akey in [k for k in self._audit if k[0] == tenant]:
-                part_a = self._audit.pop(akey)
-                dropped += part_a.rows
-                self._bytes -= part_a.nbytes
+            self._gen[tenant] = self._gen.get(tenant, 0) + 1
+            for a in self._audit.values():
+                if a.tenant == tenant:
+                    self._lose_locked(tenant, a.first_seq)
+            dropped = self._discard_locked(tenant)
+            self.superseded_rows += dropped
             return dropped
+
+    def discard_tenant(self, tenant: str) -> int:
+        """Drop a tenant's buffered rows; returns how many."""
+        with self.lock:
+            return self._discard_locked(tenant)
+
+    def _discard_locked(self, tenant: str) -> int:
+        dropped = 0
+        kept: list[Partition] = []
+        for unit in self._units:
+            if unit.tenant == tenant:
+                dropped += unit.rows
+                self._bytes -= unit.nbytes
+            else:
+                kept.append(unit)
+        self._units = kept
+        for key in [k for k in self._records if k[0] == tenant]:
+            part = self._records.pop(key)
+            dropped += part.rows
+            self._bytes -= part.nbytes
+        for akey in [k for k in self._audit if k[0] == tenant]:
+            part_a = self._audit.pop(akey)
+            dropped += part_a.rows
+            self._bytes -= part_a.nbytes
+        return dropped
 
     # -- state ---------------------------------------------------------------------------
 
@@ -412,15 +520,17 @@ class Buffers:
     def parked_partitions(self) -> int:
         """Buffered partitions that a failed or refused publish put back."""
         with self.lock:
-            return sum(1 for p in self._records.values() if p.parked) + sum(
-                1 for p in self._audit.values() if p.parked
+            return (
+                sum(1 for p in self._records.values() if p.parked)
+                + sum(1 for p in self._audit.values() if p.parked)
+                + len(self._units)
             )
 
     @property
     def partitions(self) -> int:
         with self.lock:
-            return len(self._records) + len(self._audit)
+            return len(self._records) + len(self._audit) + len(self._units)
 
     def empty(self) -> bool:
         with self.lock:
-            return not self._records and not self._audit
+            return not self._records and not self._audit and not self._units

@@ -27,6 +27,26 @@ operator which replica wrote an object, and keeps later name-based (RFC 4122 v5)
 take the name as an argument, so a different naming scheme is a different
 ``name``-producing function, nothing else.
 
+A records publish retried after an *ambiguous* failure is named deterministically
+instead (RFC 0055 §9.2): ``<node>-<uuid5>``, the RFC 4122 version-5 UUID (SHA-1) in
+the namespace ``6f757269-6f73-5055-424c-000000000001`` (fixed for the life of the
+format; its bytes spell "ourios" and "PUBL") of this serialisation, the normative one
+the seed's missing table leaves to us — integers little-endian, every variable-length
+part preceded by its u16 length, concatenated with no padding or separator::
+
+    u16 tenant_len | tenant (ASCII)           the tenant id
+    u16 key_len    | partition key (ASCII)    "date=YYYY-MM-DD", the record partition
+    u64 first_lsn                             the first frame of the rows (its wal_lsn,
+    u64 last_lsn                              i.e. the frame's end), and the last frame
+    u32 first_index                           the lowest record_index among the rows of
+    u32 last_index                            the first frame; the highest in the last
+
+Nothing else enters the name (no time, no attempt count, no row contents), so every
+attempt at the same rows derives the same name, and different rows never share one:
+a frame's rows of one day land in one partition together, so two units of a tenant
+and day never hold the same first and last frame. The node part keeps replicas apart
+(WAL offsets are per node).
+
 Invariant: every key built here is a valid store key (``check_key``): no empty, ``.``
 or ``..`` segment, no segment starting with ``.`` (reserved for ``LocalStore``'s temp
 files), no leading or trailing ``/``.
@@ -39,6 +59,8 @@ import enum
 import hashlib
 import re
 import string
+import struct
+import uuid
 from dataclasses import dataclass
 from typing import Final
 
@@ -66,6 +88,7 @@ __all__ = [
     "parse_object_key",
     "partition_date",
     "records_key",
+    "retry_object_name",
 ]
 
 NANOS_PER_DAY: Final = 86_400 * 1_000_000_000
@@ -166,6 +189,55 @@ def new_object_name(node: str) -> str:
     if _NODE_LABEL.fullmatch(node) is None:
         raise KeyFormatError(f"node identity {node!r} is not a lowercase DNS label")
     return f"{node}-{uuid6.uuid7()}"
+
+
+#: RFC 0055 §9.2's namespace for deterministic object names (never configuration).
+RETRY_NAMESPACE: Final = uuid.UUID("6f757269-6f73-5055-424c-000000000001")
+
+
+def retry_name_bytes(
+    tenant: str, day: dt.date, first_lsn: int, last_lsn: int, first_index: int, last_index: int
+) -> bytes:
+    """The canonical serialisation the deterministic name hashes (module docstring)."""
+    check_tenant(tenant)
+    if not 0 <= first_lsn <= last_lsn < 1 << 64:
+        raise KeyFormatError(f"frame range {first_lsn}..{last_lsn} is not a u64 range")
+    if not (0 <= first_index < 1 << 32 and 0 <= last_index < 1 << 32):
+        raise KeyFormatError(f"record index range {first_index}..{last_index} is not u32")
+    raw_tenant = tenant.encode("ascii")
+    raw_key = f"date={day.isoformat()}".encode("ascii")
+    return b"".join(
+        (
+            struct.pack("<H", len(raw_tenant)),
+            raw_tenant,
+            struct.pack("<H", len(raw_key)),
+            raw_key,
+            struct.pack("<QQII", first_lsn, last_lsn, first_index, last_index),
+        )
+    )
+
+
+def retry_object_name(
+    node: str,
+    tenant: str,
+    day: dt.date,
+    first_lsn: int,
+    last_lsn: int,
+    first_index: int,
+    last_index: int,
+) -> str:
+    """``<node>-<uuid5>``: the name every attempt at these rows uses (module docstring)."""
+    if _NODE_LABEL.fullmatch(node) is None:
+        raise KeyFormatError(f"node identity {node!r} is not a lowercase DNS label")
+    name = retry_name_bytes(tenant, day, first_lsn, last_lsn, first_index, last_index)
+    return f"{node}-{uuid5_bytes(RETRY_NAMESPACE, name)}"
+
+
+def uuid5_bytes(namespace: uuid.UUID, name: bytes) -> uuid.UUID:
+    """RFC 4122 §4.3 version 5 over a *binary* name (the stdlib's ``uuid5`` takes a str
+    and UTF-8 encodes it, which would change every byte above 0x7f)."""
+    digest = hashlib.sha1(namespace.bytes + name, usedforsecurity=False).digest()
+    return uuid.UUID(bytes=digest[:16], version=5)
 
 
 def normalize_prefix(prefix: str) -> str:

@@ -19,6 +19,13 @@ event was refused — so a failed audit half takes its records back with it. The
 publisher thread never waits for a partition the size trigger detached: that one is in
 its own queue (or about to be: a turn offers what it detached after the turn), so it
 defers the records instead and takes them up again after each partition it writes.
+
+A records publish that fails *ambiguously* (the store may have accepted the object) is
+requeued as its own unit under a deterministic name (``sink.keys.retry_object_name``,
+RFC 0055 §9.2): every later attempt writes that same key, with the store's conditional
+create, so a retry never adds a second object for the same rows and never replaces an
+object holding other rows. A key that already exists was written by an earlier attempt
+of these very rows (the name is derived from them), so the publish is complete.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from sink.buffers import Buffers, Detached, Kind, PublishOutcome
-from sink.keys import audit_key, new_object_name, records_key
+from sink.keys import audit_key, new_object_name, records_key, retry_object_name
 from sink.parquet import encode_audit, encode_records
 from sink.store import ObjectStore, StoreError
 
@@ -56,6 +63,8 @@ class PublishStats:
     objects: Counter[str]
     bytes: Counter[str]
     failures: Counter[tuple[str, str]]  # (kind, error_type)
+    #: retries under a deterministic name whose object an earlier attempt had written
+    already_present: int = 0
 
 
 class Publisher:
@@ -138,16 +147,27 @@ class Publisher:
                 return None
             if refusal:
                 return self._failed(d, kind, "audit_not_durable", RuntimeError(refusal))
+        created = True
         try:
             key, data = self._encode(d)
-            self._store.put(key, data)
+            if d.partition.identity is None:
+                self._store.put(key, data)
+            else:
+                # a retry of rows whose earlier attempt may have landed: never replace
+                created = self._store.put_if_absent(key, data)
         except StoreError as exc:
-            return self._failed(d, kind, exc.error_type, exc)
+            identity = None
+            if exc.ambiguous and d.partition.kind is Kind.RECORDS:
+                identity = self._retry_name(d)
+            return self._failed(d, kind, exc.error_type, exc, identity)
         except Exception as exc:  # noqa: BLE001 - requeued and counted, never lost
             return self._failed(d, kind, "unexpected", exc)
         with self._stats_lock:
-            self.stats.objects[kind] += 1
-            self.stats.bytes[kind] += len(data)
+            if created:
+                self.stats.objects[kind] += 1
+                self.stats.bytes[kind] += len(data)
+            else:
+                self.stats.already_present += 1
         outcome = PublishOutcome(d.id, True)
         self._buffers.in_flight.settle(outcome)
         return outcome
@@ -169,12 +189,31 @@ class Publisher:
             return _DEFER
         for item in others:  # a synchronous caller's publish: it never waits on this one
             item.wait()
-        if self._buffers.audit_pending(part.tenant, part.audit_watermark):
+        if self._buffers.audit_pending(part.tenant, part.audit_watermark, part.gen):
             return f"template events of tenant {part.tenant!r} failed to publish"
         return ""
 
+    def _retry_name(self, d: Detached) -> str | None:
+        """The deterministic name of a records partition's rows (None when it has none)."""
+        cols = d.partition.records
+        if cols is None or not len(cols):
+            return None
+        lsns, indexes = cols.wal_lsn, cols.record_index
+        first, last = min(lsns), max(lsns)
+        first_index = min(i for lsn, i in zip(lsns, indexes, strict=True) if lsn == first)
+        last_index = max(i for lsn, i in zip(lsns, indexes, strict=True) if lsn == last)
+        day = dt.date(1970, 1, 1) + dt.timedelta(days=d.partition.day)
+        return retry_object_name(
+            self._node, d.partition.tenant, day, first, last, first_index, last_index
+        )
+
     def _failed(
-        self, d: Detached, kind: str, error_type: str, exc: BaseException
+        self,
+        d: Detached,
+        kind: str,
+        error_type: str,
+        exc: BaseException,
+        identity: str | None = None,
     ) -> PublishOutcome:
         with self._stats_lock:
             self.stats.failures[(kind, error_type)] += 1
@@ -186,11 +225,11 @@ class Publisher:
             error_type,
             exc,
         )
-        return self._buffers.requeue(d, error_type)
+        return self._buffers.requeue(d, error_type, identity=identity)
 
     def _encode(self, d: Detached) -> tuple[str, bytes]:
         part = d.partition
-        name = new_object_name(self._node)
+        name = part.identity if part.identity is not None else new_object_name(self._node)
         if part.kind is Kind.RECORDS:
             assert part.records is not None
             day = dt.date(1970, 1, 1) + dt.timedelta(days=part.day)

@@ -340,6 +340,108 @@ SABOTAGES: tuple[Sabotage, ...] = (
             "tests/unit/app/test_quarantine.py::test_quarantine_refuses_a_segment_that_verifies_clean",
         ),
     ),
+    # -- RFC 0055: frontiers, slots, settlement, keys (issue 7) ---------------------------
+    Sabotage(
+        "stamp_past_clamp",
+        "no barrier stamps past an unsettled entry's clamp",
+        "app/pipeline.py",
+        "        if not clamped:\n            self._last_durable = latest",
+        "        if True:\n            self._last_durable = latest",
+        (
+            "tests/unit/app/test_settlement.py::test_rfc0055_9_5_two_entries_the_mark_is_the_lower_clamp_until_both_settle",
+            "tests/unit/app/test_settlement.py::test_rfc0055_9_5_an_unresolved_entry_clamps_the_mark_and_withholds_only_its_snapshot",
+        ),
+    ),
+    Sabotage(
+        "rebuild_from_directory",
+        "settlement rebuilds from the SnapshotLedger's retained state, never the directory",
+        "app/settlement.py",
+        "                    state = p.ledger.state(tenant)",
+        "                    state = p.barrier.store.load_all_durable().states.get(tenant)  # type: ignore[union-attr]",
+        (
+            "tests/unit/app/test_settlement.py::test_rfc0055_9_5_settlement_rebuilds_from_the_ledger_not_the_directory",
+        ),
+    ),
+    Sabotage(
+        "keep_old_tree_rows",
+        "the discarded tree's buffered rows are dropped in the swap's section",
+        "app/settlement.py",
+        "                dropped = p.buffers.drop_tenant(tenant)",
+        "                dropped = 0",
+        (
+            "tests/unit/app/test_settlement.py::test_rfc0055_3_the_rebuild_publishes_no_row_under_a_template_id_it_did_not_allocate",
+        ),
+    ),
+    Sabotage(
+        "settle_twice",
+        "one claim per entry: a second trigger waits instead of rebuilding again",
+        "app/settlement.py",
+        "                if busy:\n                    signal = busy[0].done",
+        "                if False:\n                    signal = busy[0].done",
+        (
+            "tests/unit/app/test_settlement.py::test_rfc0055_9_5_the_tick_and_a_turn_racing_for_one_entry_make_exactly_one_rebuild",
+        ),
+    ),
+    Sabotage(
+        "gate_replay_on_x",
+        "a tenant's replay gate is its own PUBLISHED frontier, never the node-wide X",
+        "app/recovery.py",
+        "        records_gate, audit_gate = gates(frontiers.get(tenant), x)",
+        "        records_gate, audit_gate = x, x",
+        (
+            "tests/unit/app/test_settlement.py::test_rfc0055_9_5_an_unrecoverable_tenant_is_isolated_and_the_checkpoint_advances_for_others",
+        ),
+    ),
+    Sabotage(
+        "merge_ambiguous_retry",
+        "a retry after an ambiguous PUT keeps its identity, never merged with new rows",
+        "sink/buffers.py",
+        "            if part.kind is Kind.RECORDS and part.identity is not None:",
+        "            if False:",
+        (
+            "tests/unit/sink/test_retry_identity.py::test_rfc0055_9_3_an_ambiguous_retry_keeps_its_identity_and_never_merges_with_new_rows",
+        ),
+    ),
+    Sabotage(
+        "slots_count_held_only",
+        "Held + Reserved count against max_tenants: a burst never overshoots",
+        "app/tenants.py",
+        "                count = self._held + self._reserved",
+        "                count = self._held",
+        (
+            "tests/unit/app/test_tenants.py::test_rfc0055_9_5_a_burst_of_new_ids_never_overshoots_the_limit",
+        ),
+    ),
+    Sabotage(
+        "release_on_failed_sync",
+        "a failed sync keeps the reservation while its frame can be replayed",
+        "app/tenants.py",
+        "            if result is TurnResult.FRAME_LEFT:\n                slot.frame_pending = True",
+        "            if result is TurnResult.FRAME_LEFT:\n                pass",
+        (
+            "tests/unit/app/test_tenants.py::test_rfc0055_4_a_failed_sync_keeps_the_reservation_and_a_restart_holds_the_tenant",
+        ),
+    ),
+    Sabotage(
+        "published_before_checkpoint",
+        "PUBLISHED is written after CHECKPOINT in the checkpoint call",
+        "wal/journal.py",
+        "        advanced = self._checkpoint_mark(mark)\n        if published:\n            self._write_published(published, checkpointed=advanced)",
+        "        if published:\n            self._write_published(published)\n        advanced = self._checkpoint_mark(mark)",
+        (
+            "tests/unit/wal/test_published.py::test_published_is_written_after_checkpoint_in_the_same_call",
+        ),
+    ),
+    Sabotage(
+        "ignore_id_conflict",
+        "an id the two sidecars name with different tenants fails open naming both files",
+        "wal/frontiers.py",
+        "                if mine.tenant != rec.tenant:",
+        "                if False:",
+        (
+            "tests/unit/wal/test_published.py::test_an_id_the_two_files_name_differently_fails_open_naming_both_files_and_the_id",
+        ),
+    ),
 )
 
 

@@ -23,6 +23,7 @@ from .errors import (
     WalNoSpace,
     is_no_space,
 )
+from .frontiers import PublishedWriteError
 from .fs import FaultyFs, Fs, Hold, OsFs, SimulatedCrash
 from .housekeeping import (
     ArchiveError,
@@ -54,9 +55,12 @@ from .types import (
     CommitOutcome,
     DirFsyncOrigin,
     Frame,
+    FrameCursor,
     FrameKind,
+    FrameSpan,
     Healthy,
     NoSpace,
+    PublishedMarks,
     Retrying,
     RotationKind,
     RotationState,
@@ -82,8 +86,10 @@ __all__ = [
     "FloorPinned",
     "FloorUnknown",
     "Frame",
+    "FrameCursor",
     "FrameKind",
     "FrameRejected",
+    "FrameSpan",
     "FrameTooLarge",
     "Fs",
     "Healthy",
@@ -104,6 +110,8 @@ __all__ = [
     "Pending",
     "QuarantineError",
     "QuarantineRecord",
+    "PublishedMarks",
+    "PublishedWriteError",
     "ReclaimError",
     "ReclaimOutcome",
     "ReclaimPlan",

@@ -270,7 +270,7 @@ class HousekeepingMixin:
                 skipped = "ledger_not_rebuilt"
             else:
                 if isinstance(horizons, Known):
-                    self._refuse_unrecoverable_locked(horizons.horizons)
+                    self._refuse_unrecoverable_locked(horizons.horizons, horizons.unrecoverable)
                 if record.consumer_mode is ConsumerMode.UNRECORDED:
                     record.consumer_mode = mode
                     self._touch_record_locked()
@@ -335,9 +335,13 @@ class HousekeepingMixin:
             self._planned_index[seg.uuid] = entry
         self._touch_record_locked()
 
-    def _refuse_unrecoverable_locked(self, horizons: Mapping[str, WalOffset]) -> None:
+    def _refuse_unrecoverable_locked(
+        self, horizons: Mapping[str, WalOffset], known_bad: frozenset[str] = frozenset()
+    ) -> None:
         record = self._record
         for tenant in self._ledger.tenants():
+            if tenant in known_bad:
+                continue  # already refused by the caller; pinned, the pass goes on
             slot = record.slot_of(tenant)
             if slot is None:
                 continue
@@ -572,6 +576,15 @@ class HousekeepingMixin:
             stale_partials=len(self._partials),
             last_progress=self._last_progress,
         )
+
+    def reclaimed_through(self, tenant: str) -> tuple[ConsumerMode, WalOffset] | None:
+        """What RECLAIM records as reclaimed from under ``tenant`` (after open reconciled
+        planned entries against the directory), with the mode the pass ran under; None
+        when nothing was. Settlement's proof of loss (RFC 0055 §9.4)."""
+        with self._lock:
+            slot = self._record.slot_of(tenant)
+            entry = self._record.entries.get(slot) if slot is not None else None
+            return None if entry is None else (entry.mode, entry.reclaimed_through)
 
     def tenants_with_frames(self) -> list[str]:
         """Tenants the ledger holds frames for (after the rebuild)."""

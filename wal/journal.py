@@ -37,8 +37,10 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import crc32c
+
 from .checkpoint import SPARE_NAME, make_spare, read_checkpoint, write_checkpoint
-from .config import WalConfig, reclaim_file_bytes
+from .config import MAX_TENANT_BYTES, WalConfig, reclaim_file_bytes
 from .errors import (
     AppendError,
     CheckpointError,
@@ -53,11 +55,13 @@ from .errors import (
     WalNoSpace,
     is_no_space,
 )
-from .frame import encode_frame, validate_tenant
+from .frame import BODY_OVERHEAD, PREFIX, PREFIX_SIZE, encode_frame, validate_tenant
+from .frontiers import FrontiersMixin
 from .fs import Fs, OsFs
 from .housekeeping import ArchiveHook, HousekeepingMixin, ReclaimState
 from .layout import SegmentFile, SegmentScan, chain_problem, list_root, scan_segment
 from .ledger import HousekeepingProgress, Ledger, LedgerSegment
+from .published import PublishedEntry, PublishedFile
 from .quarantine import QuarantineRecord, in_force, load_records
 from .reclaim import (
     FLAG_CHECKPOINT_ARMED,
@@ -81,9 +85,12 @@ from .types import (
     CommitOutcome,
     DirFsyncOrigin,
     Frame,
+    FrameCursor,
     FrameKind,
+    FrameSpan,
     Healthy,
     NoSpace,
+    PublishedMarks,
     Retrying,
     RotationKind,
     RotationState,
@@ -129,12 +136,14 @@ class _Segment(LedgerSegment):
 class Pending:
     """An appended frame waiting for the fsync that covers it.
 
-    ``offset`` is the frame's own end (the mark a caller may use once ``wait`` returns).
+    ``offset`` is the frame's own end (the mark a caller may use once ``wait`` returns);
+    ``span`` locates the whole frame (settlement's unmined entries record it).
     """
 
     __slots__ = (
         "seq",
         "offset",
+        "size",
         "_journal",
         "_seg",
         "_lock",
@@ -144,9 +153,12 @@ class Pending:
         "_error",
     )
 
-    def __init__(self, journal: Journal, seq: int, offset: WalOffset, seg: _Segment) -> None:
+    def __init__(
+        self, journal: Journal, seq: int, offset: WalOffset, seg: _Segment, size: int
+    ) -> None:
         self.seq = seq
         self.offset = offset
+        self.size = size
         self._journal = journal
         self._seg = seg
         self._lock = threading.Lock()
@@ -155,6 +167,10 @@ class Pending:
         self._done = False
         self._outcome: CommitOutcome | None = None
         self._error: AppendError | None = None
+
+    @property
+    def span(self) -> FrameSpan:
+        return FrameSpan(self.offset.segment, self.offset.lsn - self.size, self.size)
 
     def wait(self) -> CommitOutcome:
         """Block until the covering fsync; raise the typed ``AppendError`` on failure."""
@@ -212,7 +228,7 @@ class _StepError(Exception):
         self.cause = cause
 
 
-class Journal(HousekeepingMixin):
+class Journal(HousekeepingMixin, FrontiersMixin):
     """The WAL's single writer. Construct with ``Journal.open``."""
 
     def __init__(
@@ -268,6 +284,11 @@ class Journal(HousekeepingMixin):
         self._broken: BaseException | None = None
         self._valid_tenants: dict[str, bytes] = {}
         self._quarantined: list[QuarantineRecord] = []
+        self._published_file: PublishedFile | None = None
+        self._published: dict[int, PublishedEntry] = {}
+        self._published_lock = threading.Lock()
+        self._published_durable: dict[str, PublishedMarks] = {}
+        self._reclaim_rebuilt = False
         self.open_report: OpenReport | None = None
 
     # ------------------------------------------------------------------ open
@@ -309,6 +330,8 @@ class Journal(HousekeepingMixin):
         reclaim = getattr(self, "_reclaim_file", None)
         if reclaim is not None and not reclaim.closed:
             reclaim.close()
+        if self._published_file is not None and not self._published_file.closed:
+            self._published_file.close()
         segs = [self._seg(x) for x in self._ledger.segments()] + list(self._retired)
         for seg in segs:
             if seg.fd is not None:
@@ -492,14 +515,19 @@ class Journal(HousekeepingMixin):
         )
 
     def _remove_leftover_rebuild(self, other: list[str]) -> None:
-        """A ``RECLAIM.new`` left by a crashed geometry rebuild is never read: remove it."""
-        if ReclaimFile.NEW_NAME not in other:
-            return
-        try:
-            self._fs.unlink(self.root / ReclaimFile.NEW_NAME)
-            self._fs.fsync_dir(self.root)
-        except OSError as exc:
-            raise OpenIoError(self.root / ReclaimFile.NEW_NAME, "remove the leftover", exc) from exc
+        """A ``RECLAIM.new`` or ``PUBLISHED.new`` left by a crashed geometry rebuild is
+        never read: remove it."""
+        names = [n for n in (ReclaimFile.NEW_NAME, PublishedFile.NEW_NAME) if n in other]
+        for name in names:
+            try:
+                self._fs.unlink(self.root / name)
+            except OSError as exc:
+                raise OpenIoError(self.root / name, "remove the leftover", exc) from exc
+        if names:
+            try:
+                self._fs.fsync_dir(self.root)
+            except OSError as exc:
+                raise OpenIoError(self.root, "fsync after removing leftovers", exc) from exc
 
     def _open_reclaim(self, segments: list[SegmentFile]) -> None:
         """The RECLAIM × CHECKPOINT × segments matrix (RFC 0052 §3.2, DESIGN.md §4: the
@@ -521,6 +549,7 @@ class Journal(HousekeepingMixin):
                     + ": this root has run this WAL, so the record of what was reclaimed is "
                     "lost; refusing to guess (restore RECLAIM from a backup of the volume)",
                 )
+            self._published_file = self._create_published_fresh(wanted.max_tenants)
             try:
                 self._reclaim_file = ReclaimFile.create(fs, root, wanted, self._record)
             except OSError as exc:
@@ -599,10 +628,12 @@ class Journal(HousekeepingMixin):
                 self._reclaim_file = file.rebuild(grown, self._record)
             except OSError as exc:
                 raise OpenIoError(rpath, "rebuild at a larger geometry", exc) from exc
+            self._reclaim_rebuilt = True
         present = {f.header.uuid for f in segments}
         if self._record.planned:
             self._reconcile_planned(present)
             changed = True
+        changed |= self._open_published(bool(segments))
         if changed:
             try:
                 self._reclaim_file.write(self._record)
@@ -722,7 +753,7 @@ class Journal(HousekeepingMixin):
             self._ledger.on_frame(
                 cur, tenant if kind is FrameKind.TENANT_BATCH else None, end, size
             )
-            pending = Pending(self, self._next_seq, WalOffset(cur.header.uuid, end), cur)
+            pending = Pending(self, self._next_seq, WalOffset(cur.header.uuid, end), cur, size)
             self._next_seq += 1
             self._waiters.append(pending)
             if self._leader is None:
@@ -1070,14 +1101,26 @@ class Journal(HousekeepingMixin):
         with self._lock:
             return self._checkpoint
 
-    def checkpoint(self, mark: WalOffset) -> bool:
-        """Advance the CHECKPOINT to ``mark`` (a turn's own frame end).
+    def checkpoint(
+        self, mark: WalOffset, published: Mapping[str, PublishedMarks] | None = None
+    ) -> bool:
+        """Advance the CHECKPOINT to ``mark`` (a turn's own frame end), then write
+        ``published`` (each tenant's frontiers) to PUBLISHED in the same call — after
+        CHECKPOINT, so a crash between the two leaves a stale PUBLISHED, whose entries
+        still govern their tenants (RFC 0055 §9.4).
 
-        Monotonic: a lower mark raises ``CheckpointError``; an equal one is a no-op
-        (False). On a failed write the previous mark stays in force and
-        ``CheckpointError`` carries the cause. The file I/O runs without the journal
-        mutex, so appends continue meanwhile.
+        Monotonic: a lower mark raises ``CheckpointError``; an equal one writes no
+        CHECKPOINT (False). On a failed CHECKPOINT write the previous mark stays in force
+        and ``CheckpointError`` carries the cause; on a failed PUBLISHED write after it
+        ``PublishedWriteError`` (``checkpointed`` says whether the mark moved). The file
+        I/O runs without the journal mutex, so appends continue meanwhile.
         """
+        advanced = self._checkpoint_mark(mark)
+        if published:
+            self._write_published(published, checkpointed=advanced)
+        return advanced
+
+    def _checkpoint_mark(self, mark: WalOffset) -> bool:
         with self._ckpt_lock:
             with self._lock:
                 current = self._checkpoint
@@ -1152,6 +1195,138 @@ class Journal(HousekeepingMixin):
                 raise WalError("replay is recovery's: it runs before the first append")
             segments = [self._seg(x) for x in self._ledger.segments()]
         return Replay(self, segments, after_lsn)
+
+    # ------------------------------------------------------------------ bounded reads
+
+    def oldest_frame(self, tenant: str) -> FrameCursor | None:
+        """A cursor from which ``read_frames_from`` returns ``tenant``'s oldest surviving
+        frame first (the start of the segment holding it); None when it has none."""
+        with self._lock:
+            if not self._ledger_rebuilt:
+                self._rebuild_locked()
+            first = self._ledger.oldest_frame(tenant)
+            if first is None:
+                return None
+            seg = self._ledger.segment(first.segment)
+            assert seg is not None
+            return FrameCursor(seg.uuid, seg.base)
+
+    def read_frames_from(
+        self, cursor: FrameCursor, to: FrameSpan, tenant: str, limit: int
+    ) -> tuple[list[Frame], FrameCursor | None]:
+        """``tenant``'s frames after ``cursor`` through the ``to`` frame, oldest first,
+        in bounded calls (RFC 0055 §9.4): one call holds the journal mutex for at most
+        ``limit`` returned frames within one segment, so appends and rotations
+        interleave between calls. Returns the frames and the cursor of the next call,
+        None once the ``to`` frame was returned (it is returned last). Other tenants'
+        frames are skipped at their prefix; every returned frame's checksum is verified.
+        A ``to`` that does not end on a frame boundary of ``tenant``, or a cursor whose
+        segment is gone, raises ``WalError`` naming the file and the offsets."""
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, got {limit}")
+        with self._lock:
+            if not self._ledger_rebuilt:
+                self._rebuild_locked()
+            seg = self._seg_at_or_after_locked(cursor, tenant)
+            if seg is None:
+                raise WalError(
+                    f"read_frames_from: no surviving segment holds a frame of tenant "
+                    f"{tenant!r} at or after LSN {cursor.lsn} (segment {cursor.segment}), "
+                    f"but the span {to.start}+{to.length} in segment {to.segment} was expected"
+                )
+            start = max(cursor.lsn, seg.base)
+            frames = self._read_segment_locked(seg, start, to, tenant, limit)
+            last = frames[-1] if frames else None
+            if last is not None and last.offset.lsn == to.end:
+                return frames, None
+            if len(frames) >= limit:
+                assert last is not None
+                return frames, FrameCursor(seg.uuid, last.offset.lsn)
+            nxt = self._next_segment_locked(seg)
+            if nxt is None or seg.end_lsn >= to.end:
+                raise WalError(
+                    f"read_frames_from: the span {to.start}+{to.length} of tenant {tenant!r} "
+                    f"(segment {to.segment}) does not end on a frame boundary of a surviving "
+                    f"segment ({seg.path.name} read from LSN {start})"
+                )
+            return frames, FrameCursor(nxt.uuid, nxt.base)
+
+    def _seg_at_or_after_locked(self, cursor: FrameCursor, tenant: str) -> _Segment | None:
+        """The first surviving segment holding a frame of ``tenant`` at or after the
+        cursor; segments below it, or without the tenant, are skipped by the ledger."""
+        for s in self._ledger.segments():
+            seg = self._seg(s)
+            span = seg.tenants.get(tenant)
+            # No frame of the tenant after the cursor here: skipped unread (such a
+            # segment may be mid-reclamation, its file already unlinked).
+            if span is not None and span[1] > cursor.lsn:
+                return seg
+        return None
+
+    def _next_segment_locked(self, seg: _Segment) -> _Segment | None:
+        later = [self._seg(s) for s in self._ledger.segments() if s.base > seg.base]
+        return later[0] if later else None
+
+    def _read_segment_locked(
+        self, seg: _Segment, start: int, to: FrameSpan, tenant: str, limit: int
+    ) -> list[Frame]:
+        """At most ``limit`` of ``tenant``'s frames of ``seg`` from LSN ``start``, stopping
+        after the ``to`` frame; other tenants' frames are skipped by their prefix."""
+        fs = self._fs
+        want = tenant.encode("ascii")
+        out: list[Frame] = []
+        end_lsn = seg.highest if seg.highest is not None else seg.base
+        try:
+            fd = fs.open(seg.path, os.O_RDONLY)
+        except OSError as exc:
+            raise WalIoError("open for reading", seg.path, exc) from exc
+        try:
+            lsn = start
+            while lsn < end_lsn and len(out) < limit:
+                at = HEADER_SIZE + (lsn - seg.base)
+                head = fs.pread(fd, PREFIX_SIZE + BODY_OVERHEAD + MAX_TENANT_BYTES, at)
+                if len(head) < PREFIX_SIZE + BODY_OVERHEAD:
+                    raise CorruptionError(seg.path, at, "short frame prefix inside valid frames")
+                body_len, crc = PREFIX.unpack_from(head)
+                size = PREFIX_SIZE + body_len
+                kind, tenant_len = head[PREFIX_SIZE], head[PREFIX_SIZE + 1]
+                named = head[PREFIX_SIZE + BODY_OVERHEAD : PREFIX_SIZE + BODY_OVERHEAD + tenant_len]
+                if (
+                    to.start < lsn + size
+                    and lsn < to.start
+                    or (lsn == to.start and size != to.length)
+                ):
+                    raise WalError(
+                        f"read_frames_from: the span {to.start}+{to.length} does not match the "
+                        f"frame at LSN {lsn} ({size} bytes) in {seg.path.name} (file offset {at})"
+                    )
+                mine = kind == FrameKind.TENANT_BATCH and named == want
+                if mine:
+                    body = fs.pread(fd, body_len, at + PREFIX_SIZE)
+                    if len(body) != body_len or crc32c.crc32c(body) != crc:
+                        raise CorruptionError(
+                            seg.path, at, "frame checksum mismatch on re-read of a valid frame"
+                        )
+                    out.append(
+                        Frame(
+                            FrameKind.TENANT_BATCH,
+                            tenant,
+                            body[BODY_OVERHEAD + tenant_len :],
+                            lsn,
+                            WalOffset(seg.uuid, lsn + size),
+                        )
+                    )
+                if lsn == to.start:
+                    if not mine:
+                        raise WalError(
+                            f"read_frames_from: the frame at LSN {lsn} in {seg.path.name} is "
+                            f"not a frame of tenant {tenant!r}"
+                        )
+                    break
+                lsn += size
+        finally:
+            fs.close(fd)
+        return out
 
     # ------------------------------------------------------------------ state
 
@@ -1239,6 +1414,8 @@ class Journal(HousekeepingMixin):
             reclaim = getattr(self, "_reclaim_file", None)
             if reclaim is not None and not reclaim.closed:
                 reclaim.close()
+            if self._published_file is not None and not self._published_file.closed:
+                self._published_file.close()
             for seg in segments:
                 if seg.fd is None:
                     continue

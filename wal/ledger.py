@@ -57,10 +57,14 @@ class NoConsumer:
 class Known:
     """The durable per-tenant snapshot horizons (from the SnapshotLedger only).
 
-    A tenant with WAL frames and no entry here is pinned."""
+    A tenant with WAL frames and no entry here is pinned. ``unrecoverable`` names the
+    tenants the caller already refuses as unrecoverable (RFC 0055): they are pinned like
+    any tenant without a horizon, and a pass does not refuse itself over them — their
+    state is decided by an operator at the next start, which halts naming them."""
 
     horizons: Mapping[str, WalOffset]
     name: str = "known"
+    unrecoverable: frozenset[str] = frozenset()
 
 
 SnapshotHorizons = NoConsumer | Known

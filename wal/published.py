@@ -77,7 +77,7 @@ from .slots import (
     select_live,
     slot_offset,
 )
-from .types import WalOffset
+from .types import PublishedMarks, WalOffset
 
 MAGIC: Final = b"OWPB"
 VERSION: Final = 1
@@ -121,6 +121,14 @@ class PublishedEntry:
             | (ENTRY_PUBLISHING if self.publishing else 0)
             | (ENTRY_TERMINAL if self.terminal else 0)
         )
+
+    @property
+    def marks(self) -> PublishedMarks:
+        return PublishedMarks(self.records, self.audit, self.terminal, self.publishing)
+
+    @classmethod
+    def of(cls, marks: PublishedMarks, generation: int = 0) -> PublishedEntry:
+        return cls(marks.records, marks.audit, marks.publishing, marks.terminal, generation)
 
     def same_marks(self, other: PublishedEntry) -> bool:
         return (

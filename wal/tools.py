@@ -85,6 +85,15 @@ class ReclaimSummary:
 
 
 @dataclass
+class PublishedSummary:
+    """The live PUBLISHED slot, for operators (RFC 0055)."""
+
+    max_tenants: int
+    #: tenant -> (records frontier, audit frontier, flags "terminal"/"publishing")
+    frontiers: dict[str, tuple[WalOffset | None, WalOffset | None, str]]
+
+
+@dataclass
 class RootReport:
     root: Path
     segments: list[SegmentSummary] = field(default_factory=list)
@@ -95,6 +104,7 @@ class RootReport:
     #: legal states worth telling an operator (a torn tail open will seal)
     notes: list[Problem] = field(default_factory=list)
     reclaim: ReclaimSummary | None = None
+    published: PublishedSummary | None = None
     #: segment name -> why it is retained ("" when it is eligible now); with horizons
     eligibility: dict[str, str] = field(default_factory=dict)
     floor: str = ""
@@ -185,6 +195,7 @@ def verify_root(root: Path | str, *, fs: Fs | None = None) -> RootReport:
     _read_reclaim_into(fs, report)
     _read_quarantine_into(fs, report, {f.path.name for f in files} | set(seg_names))
     _damage_below_checkpoint(report, scans)
+    _read_published_into(fs, report)
     _describe_sidecars(report, names)
     return report
 
@@ -270,8 +281,15 @@ def _describe_sidecars(report: RootReport, names: list[str]) -> None:
         report.sidecars["RECLAIM"] = "unreadable (see the problems)"
     else:
         report.sidecars["RECLAIM"] = "absent"
-    if "PUBLISHED" in present:
-        report.sidecars["PUBLISHED"] = "present"
+    if report.published is not None:
+        pub = report.published
+        report.sidecars["PUBLISHED"] = (
+            f"{len(pub.frontiers)} tenant frontier(s), max_tenants={pub.max_tenants}"
+        )
+    elif "PUBLISHED" in present:
+        report.sidecars["PUBLISHED"] = "unreadable (see the problems)"
+    else:
+        report.sidecars["PUBLISHED"] = "absent"
 
 
 @dataclass
@@ -364,6 +382,32 @@ def _frames_after_damage(data: bytes, damage: int, path: Path) -> int:
     except CorruptionError:
         return 0
     return len(frames)
+
+
+def _read_published_into(fs: Fs, report: RootReport) -> None:
+    from .published import PublishedFile
+
+    try:
+        loaded = PublishedFile.read_only(fs, report.root)
+    except CorruptionError as exc:
+        report.problems.append(_problem(exc))
+        return
+    if loaded is None:
+        if report.segments:
+            report.problems.append(
+                Problem(report.root / "PUBLISHED", None, "missing beside segments")
+            )
+        return
+    t, record = loaded
+    frontiers: dict[str, tuple[WalOffset | None, WalOffset | None, str]] = {}
+    for slot, entry in record.entries.items():
+        flags = ",".join(
+            name
+            for name, on in (("terminal", entry.terminal), ("publishing", entry.publishing))
+            if on
+        )
+        frontiers[record.dictionary[slot].tenant] = (entry.records, entry.audit, flags)
+    report.published = PublishedSummary(t, frontiers)
 
 
 def _read_reclaim_into(fs: Fs, report: RootReport) -> None:

@@ -144,3 +144,57 @@ class NoSpace:
     path: str
     error: str
     at: float  # the injected clock's time of the failure
+
+
+@dataclass(frozen=True, slots=True)
+class FrameSpan:
+    """Where one frame lies: it starts at ``start`` (a global LSN) inside ``segment`` and
+    is ``length`` bytes long, so its mark is ``start + length``. The caller computes it
+    from the offset ``append_batch`` returned and the frame's size (RFC 0055 §9.4)."""
+
+    segment: uuid.UUID
+    start: int
+    length: int
+
+    @property
+    def end(self) -> int:
+        return self.start + self.length
+
+    @property
+    def offset(self) -> WalOffset:
+        """The frame's mark (its post-frame position)."""
+        return WalOffset(self.segment, self.end)
+
+    @classmethod
+    def of(cls, frame: Frame) -> FrameSpan:
+        return cls(frame.offset.segment, frame.start_lsn, frame.size)
+
+
+@dataclass(frozen=True, slots=True)
+class FrameCursor:
+    """An owned read position for ``Journal.read_frames_from``: the next frame to read
+    starts at or after ``lsn`` inside ``segment``. It holds no journal state, so a reader
+    can drop the journal mutex between calls."""
+
+    segment: uuid.UUID
+    lsn: int
+
+    @classmethod
+    def after(cls, mark: WalOffset) -> FrameCursor:
+        """The first frame after the one ending at ``mark`` (a post-frame offset)."""
+        return cls(mark.segment, mark.lsn)
+
+
+@dataclass(frozen=True, slots=True)
+class PublishedMarks:
+    """A tenant's publication frontiers (RFC 0055, PUBLISHED): every record of its frames
+    ending at or below ``records`` is durable in the store, and every template event of
+    its frames ending at or below ``audit``. None: no frontier on that side (recovery
+    falls back to the checkpoint for it). ``terminal``: the tenant was refused as
+    unrecoverable — a clear side then means "nothing of it was published", never
+    "consult the checkpoint". ``publishing``: a settlement's publish was in flight."""
+
+    records: WalOffset | None = None
+    audit: WalOffset | None = None
+    terminal: bool = False
+    publishing: bool = False

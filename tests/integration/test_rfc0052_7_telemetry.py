@@ -18,7 +18,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -368,25 +368,24 @@ def floor_pinned_and_lifted(rig: NodeRig, tmp_path: Path, monkeypatch: pytest.Mo
 
 
 def latch_set(rig: NodeRig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A barrier tick that raises latches its epoch, once however often it repeats (a
+    mining failure no longer latches: RFC 0055 settles it, test_settlement.py)."""
     read = collector(rig, tmp_path)
-    real = rig.miners.mine
-
-    def mine(tenant: str, bodies: Sequence[str]) -> object:
-        if tenant == "bad":
-            raise RuntimeError("injected miner failure")
-        return real(tenant, bodies)
-
-    monkeypatch.setattr(rig.miners, "mine", mine)
     rig.ingest("good", "a")
     assert cut_ok(rig)
     assert "ourios_barrier_failed_epoch" not in read().families
     epoch = rig.pipeline.epoch
 
-    # The same tenant keeps sending; every turn fails to mine. The latch is set once.
+    def capture(reason: str) -> object:
+        raise RuntimeError("injected tick failure")
+
+    monkeypatch.setattr(rig.pipeline, "capture_cut_locked", capture)
     for i in range(3):
-        rig.ingest("bad", f"x{i}")
         rig.ingest("good", f"g{i}")
-        rig.barrier.step()
+        try:
+            rig.barrier.step()
+        except RuntimeError as exc:  # what the barrier thread's loop does with it
+            rig.barrier.tick_failed(exc)
     assert rig.pipeline.failed_epoch == epoch
     assert read().value("ourios_barrier_failed_epoch") == epoch
     assert names(rig, "barrier.latch.") == ["barrier.latch.set"], [n for n, _ in rig.events]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import io
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
@@ -25,7 +25,7 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsSer
 from app.barrier import Barrier
 from app.events import EventLog
 from app.housekeeping import Housekeeper
-from app.miner import FileTemplateIdAllocator, MinerCluster
+from app.miner import FileTemplateIdAllocator, MinerCluster, TemplateIdAllocator
 from app.otlp import decode_request, flatten
 from app.pipeline import Pipeline
 from app.recovery import RecoveryReport, recover
@@ -79,6 +79,9 @@ class NodeRig:
     #: benchmarks, where ``FaultyFs``'s ever-growing op log and inode shadow would be
     #: a heap (and a garbage-collection cost) production never has
     faulty: bool = True
+    #: builds the miners each start (``tests.support.minerfaults.FaultyMiners`` injects
+    #: mining failures); None: the production ``MinerCluster``
+    miners_factory: Callable[[TemplateIdAllocator], MinerCluster] | None = None
 
     def __post_init__(self) -> None:
         self.fs: FaultyFs = (
@@ -111,7 +114,10 @@ class NodeRig:
             self.store, self.buffers, node="rig-0", queue_depth=self.queue_depth
         )
         self.allocator = FileTemplateIdAllocator(data / "template-ids", 0)
-        self.miners = MinerCluster(self.allocator)
+        factory = self.miners_factory
+        self.miners = (
+            factory(self.allocator) if factory is not None else MinerCluster(self.allocator)
+        )
         self.ledger = SnapshotLedger()
         self.pipeline = Pipeline(
             self.journal,
@@ -176,7 +182,7 @@ class NodeRig:
         data = request(tag, n).SerializeToString()
         batch = flatten(decode_request(data, "application/x-protobuf"), tenant)
         self.pipeline.ingest(tenant, data, batch, "test")
-        mark = self.pipeline.last_durable
+        mark = self.pipeline.latest  # the own frame end (the mark may be clamped below it)
         assert mark is not None
         return mark
 

@@ -109,7 +109,7 @@ from app.snapshots import decode_snapshot
 from sink.buffers import NANOS_PER_DAY, Detached
 from sink.store import StoreError
 from tests.support.noderig import NodeRig, request, rids
-from wal import AppendError, CommitOutcome, WalConfig, WalOffset
+from wal import AppendError, CommitOutcome, FrameSpan, WalConfig, WalOffset
 
 T = TypeVar("T")
 
@@ -217,6 +217,7 @@ class Settled:
 
     seq: int
     outcome: CommitOutcome
+    span: FrameSpan
 
     def wait(self) -> CommitOutcome:
         return self.outcome
@@ -514,9 +515,12 @@ def test_rfc0052_1_prior_publish_failing_while_the_barrier_waits(
     assert horizon(rig, "t") == a
 
 
-def test_rfc0052_1_mining_failure_latches_every_later_cut_until_restart(
+def test_rfc0052_1_mining_failure_clamps_the_mark_until_settlement_rebuilds_the_tenant(
     make_rig: Callable[..., NodeRig], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """A mining failure is no longer a latch (DESIGN.md §5: RFC 0055's settlement rebuilds
+    the tenant): the mark is clamped below the frame, no cut stamps past it, and the next
+    tick rebuilds the tenant, after which the mark is the latest acknowledged offset."""
     rig = make_rig()
     real = rig.miners.mine
 
@@ -528,40 +532,29 @@ def test_rfc0052_1_mining_failure_latches_every_later_cut_until_restart(
     monkeypatch.setattr(rig.miners, "mine", mine)
     a = rig.ingest("good", "a")
     assert step(rig).checkpointed
-    snapshot = rig.snapshots.path_of("good").read_bytes()
-    epoch = rig.pipeline.epoch
 
-    # The frame is durable and acknowledged; its turn failed to mine and latched.
+    # The frame is durable and acknowledged; its turn failed to mine: an unmined entry.
     assert rig.ingest("bad", "x") == a  # a failed turn does not advance the mark
-    assert rig.pipeline.failed_epoch == epoch
-    assert [f["tenant"] for n, f in rig.events if n == "barrier.latch.set"] == ["bad"]
-
-    for i in range(5):
-        mark = rig.ingest("good", f"g{i}")
-        out = step(rig)
-        assert out.epoch >= epoch and out.mark == mark
-        assert out.latched and not out.ok and not out.checkpointed
-        assert out.snapshots_installed == 0
-        assert checkpoint(rig) == a
-        assert rig.snapshots.path_of("good").read_bytes() == snapshot
-        assert horizon(rig, "bad") is None
-    assert sum(1 for n, _ in rig.events if n == "barrier.cut.refused") == 5
-
-    rig.restart()  # the new process re-mines the frame; nothing else clears the latch
-
     assert rig.pipeline.failed_epoch == LATCH_CLEAR
-    assert Counter(rig.published_rids("bad")) == Counter(rids("x"))
-    assert set(rig.published_rids("good")) == set(
-        all_rids((["a", *(f"g{i}" for i in range(5))], 3))
-    )
-    assert step(rig).mark is None  # no mark until the first acknowledged turn
-    d = rig.ingest("good", "d")
-    out = step(rig)
-    assert out.ok and out.checkpointed and checkpoint(rig) == d
+    assert not [n for n, _ in rig.events if n == "barrier.latch.set"]
+    assert rig.pipeline.unmined.tenants() == {"bad"}
+    g = rig.ingest("good", "g")
+    assert last_durable(rig) == a  # clamped below the unmined frame
+
+    out = step(rig)  # settles first, then captures
+
+    assert rig.pipeline.settler.rebuilds == 1 and not rig.pipeline.unmined.tenants()
+    assert out.ok and out.mark == g and checkpoint(rig) == g
     assert horizon(rig, "bad") == rig.pipeline.folded["bad"]
+    assert Counter(rig.published_rids("bad")) == Counter(rids("x"))
+    assert set(rig.published_rids("good")) == set(all_rids((["a", "g"], 3)))
+
+    rig.restart()  # nothing above the frontiers is left to replay
+    assert rig.report.records_replayed == 0
+    assert Counter(rig.published_rids("bad")) == Counter(rids("x"))
 
 
-def test_rfc0052_1_turn_failing_concurrently_with_a_barrier_latches_its_cut(
+def test_rfc0052_1_turn_failing_concurrently_with_a_barrier_stamps_no_mark_past_it(
     make_rig: Callable[..., NodeRig], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     rig = make_rig()
@@ -581,16 +574,15 @@ def test_rfc0052_1_turn_failing_concurrently_with_a_barrier_latches_its_cut(
     with points.hold("turn.before_mine") as turn:
         ingest = Worker("ingest", lambda: rig.ingest("bad", "x"))
         assert turn.reached.wait(WAIT_S)
-        assert rig.pipeline.failed_epoch == LATCH_CLEAR
-        barrier = Worker("barrier", rig.barrier.step)
+        barrier = Worker("barrier", lambda: rig.barrier.run_cut(rig.barrier.capture()))
         assert exclusion.writer_arrived.wait(WAIT_S)
         turn.release()  # the turn fails to mine while the barrier waits to capture
         ingest.join()
         out = barrier.join()
 
-    assert out is not None and out.epoch == rig.pipeline.failed_epoch
-    assert out.latched and not out.checkpointed and out.snapshots_installed == 0
-    assert checkpoint(rig) == a
+    assert out is not None and out.ok and out.mark == a and not out.latched
+    assert out.snapshots_installed == 0 and horizon(rig, "bad") is None
+    assert checkpoint(rig) == a and rig.pipeline.unmined.tenants() == {"bad"}
 
 
 @pytest.mark.parametrize(
@@ -1114,7 +1106,7 @@ def test_rfc0052_14_own_frame_mark_across_a_two_turn_flush(
     oa = pa.wait()
     ob = pb.wait()
     assert oa.durable_eof.lsn == ob.offset.lsn > oa.offset.lsn  # one sync, two turns
-    settled = [Settled(pa.seq, oa), Settled(pb.seq, ob)]
+    settled = [Settled(pa.seq, oa, pa.span), Settled(pb.seq, ob, pb.span)]
     monkeypatch.setattr(rig.journal, "append_batch", lambda tenant, payload: settled.pop(0))
 
     def turn(tag: str) -> None:

@@ -26,6 +26,7 @@ from app.auth import Authenticator
 from app.grpc_receiver import EXPORT_METHOD, create_grpc_server
 from app.ingest_api import IngestOutcome, ListenerBindError, StubPipeline
 from app.otlp import BadRequest, IngestRejection, PayloadTooLarge, Unavailable
+from app.tenants import SettlementInProgress, TenantCapacity, TenantUnrecoverable
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -202,14 +203,15 @@ SECTION7_PIPELINE_ROWS = [
         id="terminal",
     ),
     pytest.param(
-        Unavailable("tenant 'x' would be 1025 of max_tenants=1024"),
-        grpc.StatusCode.UNAVAILABLE,
-        id="tenant_capacity",
+        TenantCapacity("x", 1024, 1024), grpc.StatusCode.UNAVAILABLE, id="tenant_capacity"
     ),
     pytest.param(
-        Unavailable("tenant 'x' is settling", retry_after=5),
+        SettlementInProgress("x", 5), grpc.StatusCode.UNAVAILABLE, id="settling_retry_info"
+    ),
+    pytest.param(
+        TenantUnrecoverable("x", "below reclaimed_through"),
         grpc.StatusCode.UNAVAILABLE,
-        id="settling_retry_info",
+        id="unrecoverable",
     ),
     pytest.param(
         Unavailable("disk below stop-water", retry_after=60),

@@ -54,6 +54,7 @@ from app.otlp import (
     decode_request,
     to_wal_payload,
 )
+from app.tenants import SettlementInProgress, TenantCapacity, TenantUnrecoverable
 
 PB = "application/x-protobuf"
 JSON = "application/json"
@@ -439,14 +440,10 @@ SECTION7_PIPELINE_ROWS = [
         None,
         id="503_terminal",
     ),
+    pytest.param(TenantCapacity("x", 1024, 1024), 503, None, id="503_tenant_capacity"),
+    pytest.param(SettlementInProgress("x", 5), 503, 5, id="503_settling_retry"),
     pytest.param(
-        Unavailable("tenant 'x' would be tenant 1025, limit max_tenants=1024"),
-        503,
-        None,
-        id="503_tenant_capacity",
-    ),
-    pytest.param(
-        Unavailable("tenant 'x' is settling", retry_after=5), 503, 5, id="503_settling_retry"
+        TenantUnrecoverable("x", "below reclaimed_through"), 503, None, id="503_unrecoverable"
     ),
     pytest.param(
         Unavailable("disk below stop-water 1 GiB", retry_after=60), 503, 60, id="503_disk_retry"

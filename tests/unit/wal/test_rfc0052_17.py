@@ -68,6 +68,8 @@ from wal import (
 from wal.reclaim import (
     FLAG_CHECKPOINT_ARMED,
     FLAG_CHECKPOINT_SEEN,
+    FLAG_PUBLISHED_SEEDED_ARMED,
+    FLAG_PUBLISHED_SEEDED_CONFIRMED,
     ConsumerMode,
     Geometry,
     ReclaimEntry,
@@ -89,6 +91,11 @@ TENANTS = 8
 CAP = 4
 KNOWN = ConsumerMode.KNOWN
 NO_CONSUMER = ConsumerMode.NO_CONSUMER
+
+#: RFC 0055's published_seeded bits: PUBLISHED was created (this build always has them)
+SEEDED = FLAG_PUBLISHED_SEEDED_ARMED | FLAG_PUBLISHED_SEEDED_CONFIRMED
+#: the RFC 0052 flags; RFC 0055's published_seeded bits ride beside them
+CHECKPOINT_FLAGS = FLAG_CHECKPOINT_ARMED | FLAG_CHECKPOINT_SEEN
 
 
 def config(**changes: int) -> WalConfig:
@@ -620,7 +627,7 @@ def test_rfc0052_17_neither_sidecar_in_an_empty_directory_opens_fresh(
         j.maintain(horizons, CAP)
     record = on_disk(root)
     assert record.consumer_mode is (NO_CONSUMER if mode == "no_consumer" else KNOWN)
-    assert record.flags == FLAG_CHECKPOINT_ARMED | FLAG_CHECKPOINT_SEEN
+    assert (record.flags & CHECKPOINT_FLAGS) == FLAG_CHECKPOINT_ARMED | FLAG_CHECKPOINT_SEEN
 
 
 # -- leg 8: geometry --------------------------------------------------------------------
@@ -657,7 +664,8 @@ def test_rfc0052_17_geometry_grows_through_reclaim_new(
     assert (r.root / "RECLAIM").stat().st_size == grown.file_size
     assert on_disk(r.root) == record  # every id, entry, flag and the mode, unchanged
     renames = r.ops_since(start, "rename")
-    assert renames == [("rename", r.root / "RECLAIM")]
+    # RFC 0055: PUBLISHED is rebuilt with it, after it (DESIGN.md §13)
+    assert renames == [("rename", r.root / "RECLAIM"), ("rename", r.root / "PUBLISHED")]
     assert ("open", r.root / "RECLAIM.new") in r.fs.log[start:]
     assert not (r.root / "RECLAIM.new").exists()
     # and the grown file is usable at once
@@ -786,7 +794,9 @@ def test_rfc0052_17_full_volume_at_open(tmp_path: Path, shape: str) -> None:
     fs.fail("fallocate", count=None, errno=errno.ENOSPC)
     with pytest.raises(OpenIoError) as info:
         Journal.open(root, cfg, fs=fs)
-    assert info.value.path == root / "RECLAIM" and str(root / "RECLAIM") in str(info.value)
+    # a first start allocates PUBLISHED first (RFC 0055), a rebuild RECLAIM first
+    first = root / ("PUBLISHED" if shape == "first_start" else "RECLAIM")
+    assert info.value.path == first and str(first) in str(info.value)
     assert info.value.cause.errno == errno.ENOSPC
     # nothing left behind that the next open would trip on: no temp, no segment
     assert sorted(os.listdir(root)) == listing
@@ -836,15 +846,20 @@ def test_rfc0052_17_passes_never_allocate(tmp_path: Path) -> None:
 # -- leg 11: a node's first start -------------------------------------------------------
 
 
-# where a first start can die: each step of the record's creation, then the first
+# where a first start can die: each step of PUBLISHED's creation (RFC 0055: created
+# first, so RECLAIM can record it as seeded), then the record's, then the first
 # segment's creation (open's own directory fsync is the first on the root)
 FIRST_START_CRASHES = [
+    pytest.param(("open", "PUBLISHED.new", 1), id="published_open_temp"),
+    pytest.param(("fsync", "PUBLISHED.new", 1), id="published_fsync"),
+    pytest.param(("rename", "PUBLISHED", 1), id="published_rename"),
+    pytest.param(("fsync_dir", "wal", 2), id="published_parent_fsync"),
     pytest.param(("open", "RECLAIM.new", 1), id="record_open_temp"),
     pytest.param(("fallocate", "RECLAIM.new", 1), id="record_fallocate"),
     pytest.param(("pwrite", "RECLAIM.new", 2), id="record_write_slot0"),
     pytest.param(("fsync", "RECLAIM.new", 1), id="record_fsync"),
     pytest.param(("rename", "RECLAIM", 1), id="record_rename"),
-    pytest.param(("fsync_dir", "wal", 2), id="record_parent_fsync"),
+    pytest.param(("fsync_dir", "wal", 3), id="record_parent_fsync"),
     pytest.param(("open", "*.wal.partial", 1), id="first_segment_create"),
     pytest.param(None, id="no_crash"),
 ]
@@ -881,9 +896,17 @@ def test_rfc0052_17_first_start(
         assert installed < parent_fsync < created
     fs.apply_crash(power_loss=power_loss)
     left = sorted(os.listdir(root))
-    assert set(left) <= {"RECLAIM", "RECLAIM.new", segment_name(0), "CHECKPOINT.spare"}
+    assert set(left) <= {
+        "CHECKPOINT.spare",
+        "PUBLISHED",
+        "PUBLISHED.new",
+        "RECLAIM",
+        "RECLAIM.new",
+        segment_name(0),
+    }
     if reached_segment:
-        assert "RECLAIM" in left and on_disk(root) == ReclaimRecord(generation=1)
+        assert "RECLAIM" in left and on_disk(root) == ReclaimRecord(generation=1, flags=SEEDED)
+        assert "PUBLISHED" in left
 
     with Journal.open(root, CFG) as again:  # never the segments-and-no-record row
         assert again.open_report is not None
@@ -891,7 +914,9 @@ def test_rfc0052_17_first_start(
         assert [f.payload for f in again.replay()] == []
         again.commit("A", payload(1, 200))
     # no temp left; the checkpoint spare is allocated at open (wal/checkpoint.py)
-    assert sorted(os.listdir(root)) == sorted(["CHECKPOINT.spare", "RECLAIM", segment_name(0)])
+    assert sorted(os.listdir(root)) == sorted(
+        ["CHECKPOINT.spare", "PUBLISHED", "RECLAIM", segment_name(0)]
+    )
     with Journal.open(root, CFG) as third:
         assert [f.payload for f in third.replay()] == [payload(1, 200)]
 
@@ -934,10 +959,12 @@ def test_rfc0052_17_armed_without_checkpoint_and_no_segments_opens_fresh(tmp_pat
     with Journal.open(root, CFG) as j:
         assert j.open_report is not None and j.open_report.fresh
         record = on_disk(root)
-        assert record == ReclaimRecord(generation=2)  # empty, written durably
+        assert record == ReclaimRecord(generation=2, flags=SEEDED)  # empty, durable
         mark = j.commit("A", payload(1, 200)).offset
         j.checkpoint(mark)  # re-armed by the next checkpoint
-        assert on_disk(root).flags == FLAG_CHECKPOINT_ARMED | FLAG_CHECKPOINT_SEEN
+        assert (
+            on_disk(root).flags & CHECKPOINT_FLAGS
+        ) == FLAG_CHECKPOINT_ARMED | FLAG_CHECKPOINT_SEEN
     with Journal.open(root, CFG) as again:
         assert again.last_checkpoint == mark
 
@@ -954,7 +981,9 @@ def test_rfc0052_17_armed_without_checkpoint_beside_segments_keeps_the_arming(
         r.journal.checkpoint(r.last)
     r.fs.apply_crash(power_loss=True)
     crashed = on_disk(r.root)
-    assert crashed.flags == FLAG_CHECKPOINT_ARMED and crashed.consumer_mode is KNOWN
+    assert (
+        crashed.flags & CHECKPOINT_FLAGS
+    ) == FLAG_CHECKPOINT_ARMED and crashed.consumer_mode is KNOWN
     assert not (r.root / "CHECKPOINT").exists()
 
     replayed = r.start(fs=OsFs())
@@ -963,7 +992,9 @@ def test_rfc0052_17_armed_without_checkpoint_beside_segments_keeps_the_arming(
     assert replayed == [d for _, _, d in r.frames]
     assert on_disk(r.root) == crashed  # kept as it was: arming and mode
     r.journal.checkpoint(r.last)  # the retry succeeds against the arming on disk
-    assert on_disk(r.root).flags == FLAG_CHECKPOINT_ARMED | FLAG_CHECKPOINT_SEEN
+    assert (
+        on_disk(r.root).flags & CHECKPOINT_FLAGS
+    ) == FLAG_CHECKPOINT_ARMED | FLAG_CHECKPOINT_SEEN
     r.restart()
     assert r.journal.last_checkpoint == r.last
     r.journal.close()
@@ -997,7 +1028,7 @@ def test_rfc0052_17_armed_beside_checkpoint_is_promoted_at_open(tmp_path: Path, 
     else:
         assert r.journal.checkpoint(r.last) is True  # the mark stands; seen stays owed
         r.journal.close()
-    assert on_disk(r.root).flags == FLAG_CHECKPOINT_ARMED
+    assert (on_disk(r.root).flags & CHECKPOINT_FLAGS) == FLAG_CHECKPOINT_ARMED
     assert (r.root / "CHECKPOINT").exists()
 
     fs = fresh_fs(tmp_path, "restart")
@@ -1006,7 +1037,7 @@ def test_rfc0052_17_armed_beside_checkpoint_is_promoted_at_open(tmp_path: Path, 
     writes = [(op, p) for op, p in fs.log if p == r.root / "RECLAIM" and op in ("pwrite", "fsync")]
     assert writes == [("pwrite", r.root / "RECLAIM"), ("fsync", r.root / "RECLAIM")]
     promoted = on_disk(r.root)
-    assert promoted.flags == FLAG_CHECKPOINT_ARMED | FLAG_CHECKPOINT_SEEN
+    assert (promoted.flags & CHECKPOINT_FLAGS) == FLAG_CHECKPOINT_ARMED | FLAG_CHECKPOINT_SEEN
     fs.apply_crash(power_loss=True)  # durable, not merely in memory
     assert on_disk(r.root) == promoted
     fs2 = fresh_fs(tmp_path, "again")
@@ -1021,9 +1052,11 @@ def test_rfc0052_17_armed_beside_checkpoint_is_seen_by_the_next_pass(tmp_path: P
     s0 = r.segment(["A", "B"])
     r.fs.fail("pwrite", "RECLAIM", nth=2)  # the seen write
     assert r.journal.checkpoint(r.last) is True
-    assert on_disk(r.root).flags == FLAG_CHECKPOINT_ARMED
+    assert (on_disk(r.root).flags & CHECKPOINT_FLAGS) == FLAG_CHECKPOINT_ARMED
     r.journal.maintain(known(A=s0["A"], B=s0["B"]), CAP)
-    assert on_disk(r.root).flags == FLAG_CHECKPOINT_ARMED | FLAG_CHECKPOINT_SEEN
+    assert (
+        on_disk(r.root).flags & CHECKPOINT_FLAGS
+    ) == FLAG_CHECKPOINT_ARMED | FLAG_CHECKPOINT_SEEN
     r.restart(fs=fresh_fs(tmp_path, "restart"))
     assert r.journal.last_checkpoint == r.last
     r.journal.close()

@@ -1,0 +1,490 @@
+"""Settlement after a mining failure (RFC 0055 §9.4, DESIGN.md §5 and §13).
+
+An exception inside a turn's mining leaves the tenant's tree in an unknown state (a
+leaf may have been widened before its template event was emitted), while the frame is
+durable and acknowledged. The turn records an *unmined entry* — the frame's span, its
+tenant, and ``clamp``: the last acknowledged offset before the frame — and nothing else
+of the batch. From then on:
+
+* **the clamp**: the pipeline's mark is ``min(latest, clamp)`` over every remaining
+  entry (None stays None), so no barrier stamps past the frame; the latest offset is
+  kept beside it and becomes the mark again when the set is empty;
+* **no snapshot** of the entry's tenant is installed (the live tree is unknown), and
+  admission refuses the tenant (``SettlementInProgress``, 503 with a bounded hint);
+* **settlement** rebuilds the tenant, triggered by the next turn for it (before its
+  own batch) or by the barrier tick (before it captures), exactly once per entry:
+
+  1. *claim* — the settling state is published under the admission mutex, then under
+     the barrier exclusion (exclusive) and the miner lock the entries move Unresolved →
+     Settling (a second trigger finds them Settling: a turn waits on their signal, the
+     barrier tick goes on with its cut), and the frontier W is read: the larger of the
+     checkpoint X and the tenant's PUBLISHED records mark — every row at or below it is
+     durable, every buffered row lies above it;
+  2. *check* — the restorable horizon (the SnapshotLedger's retained state, never the
+     directory) against RECLAIM's ``reclaimed_through`` written under Known: below it,
+     the surviving frames cannot rebuild the tree, and the tenant is refused as
+     unrecoverable (below);
+  3. *read and mine* — the tenant's frames from its snapshot horizon (or its oldest
+     surviving frame) through the entry's span, in bounded ``read_frames_from`` calls
+     with no pipeline lock held (the journal mutex is dropped between calls), mined
+     into a new tree built off to the side;
+  4. *swap* — under the exclusion (exclusive) and the miner lock, in one section: the
+     new tree replaces the old, every buffered row of the tenant is dropped and its
+     next generation begins (``Buffers.drop_tenant``: a discarded-tree partition still
+     in flight is fenced, never written after this point), the replay's rows and
+     events are buffered, the entries are removed and the clamp lifted; the signal is
+     set. Nothing here waits for another thread's publish;
+  5. *forced frontier* (barrier thread only; no store I/O in an ingest turn) — the
+     tenant's rows are published now and, when nothing of it is left in flight,
+     PUBLISHED records the raised marks, so a crash after it replays nothing of the
+     span again.
+
+  What the replay emits: a frame's records only above W; its template events above
+  the audit frontier, and always the events of templates the replay created (a fresh
+  id: no published event names it). So a record at or below W is present exactly once;
+  one above it at most twice (the discarded tree may have published it before the
+  swap), never absent. Template ids are never rewound: a template the replay re-creates
+  gets a fresh id.
+
+* **failure inside settlement** — the entries return to Unresolved, the signal is set;
+  the tenant stays refused and the next tick retries.
+
+* **unrecoverable** — PUBLISHED records a terminal entry for the tenant (its frontier
+  stays at W, so a restart replays its frames in full), the entries leave the clamp set
+  (the checkpoint advances for everyone else), the tenant is dropped from the horizons
+  housekeeping uses (its frames stay pinned), its appends are refused
+  (``TenantUnrecoverable``, server-terminal, naming it), ``tenant.unrecoverable`` is
+  emitted once. Every other tenant continues.
+
+Settlement never takes the ingest gate: the barrier exclusion, then the miner lock.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import math
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from app import points
+from app.miner import MineResult, TenantMiner
+from app.otlp import FlatBatch, decode_request, flatten
+from app.snapshots import SnapshotState
+from sink.buffers import Detached
+from wal import (
+    ConsumerMode,
+    Frame,
+    FrameCursor,
+    FrameSpan,
+    PublishedMarks,
+    PublishedWriteError,
+    WalOffset,
+)
+
+if TYPE_CHECKING:
+    from app.pipeline import Pipeline
+
+log = logging.getLogger("ourios.settlement")
+
+#: frames per ``read_frames_from`` call: the longest the journal mutex is held
+READ_LIMIT = 64
+
+
+class EntryState(enum.Enum):
+    UNRESOLVED = 1
+    SETTLING = 2
+    REFUSED = 3  # the tenant is unrecoverable: out of the clamp set
+
+
+@dataclass(eq=False)
+class UnminedEntry:
+    """A frame whose mining raised: where it is, whose it is, and the clamp."""
+
+    span: FrameSpan
+    tenant: str
+    #: the last acknowledged offset when the frame was appended (the previous turn's)
+    clamp: WalOffset | None
+    state: EntryState = EntryState.UNRESOLVED
+    #: the completion signal of the current claim
+    done: threading.Event = field(default_factory=threading.Event)
+    #: the index of the first record of the frame not known durable (this pipeline
+    #: never forwards part of a failed batch, so it is always 0)
+    emit_from: int = 0
+    failures: int = 0
+    error: str = ""
+
+
+def _lower(a: WalOffset | None, b: WalOffset | None) -> WalOffset | None:
+    if a is None or b is None:
+        return None
+    return a if a.lsn <= b.lsn else b
+
+
+class UnminedSet:
+    """The entries (a set, not a slot) and the clamp over them."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entries: list[UnminedEntry] = []
+
+    def add(self, entry: UnminedEntry) -> None:
+        with self._lock:
+            self._entries.append(entry)
+
+    def remove(self, entries: list[UnminedEntry]) -> None:
+        with self._lock:
+            self._entries = [e for e in self._entries if e not in entries]
+
+    def of(self, tenant: str) -> list[UnminedEntry]:
+        """The tenant's entries that still hold it (not Refused)."""
+        with self._lock:
+            return [
+                e for e in self._entries if e.tenant == tenant and e.state is not EntryState.REFUSED
+            ]
+
+    def has(self, tenant: str) -> bool:
+        return bool(self.of(tenant))
+
+    def tenants(self) -> set[str]:
+        """Tenants with an entry that holds them (Unresolved or Settling)."""
+        with self._lock:
+            return {e.tenant for e in self._entries if e.state is not EntryState.REFUSED}
+
+    def clamp(self) -> tuple[bool, WalOffset | None]:
+        """(whether any entry clamps, the minimum effective clamp — None stays None)."""
+        with self._lock:
+            active = [e for e in self._entries if e.state is not EntryState.REFUSED]
+        if not active:
+            return False, None
+        low: WalOffset | None = active[0].clamp
+        for e in active[1:]:
+            low = _lower(low, e.clamp)
+        return True, low
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)
+
+
+class Result(enum.Enum):
+    NOTHING = 1  # no entry for the tenant
+    SETTLED = 2  # rebuilt, swapped in, entries removed
+    WAITED = 3  # another trigger held the claim; this one waited for its signal
+    UNRECOVERABLE = 4
+    FAILED = 5  # an exception inside the settlement: entries back to Unresolved
+
+
+@dataclass(frozen=True, slots=True)
+class SettleOutcome:
+    tenant: str
+    result: Result
+    frames: int = 0
+    records: int = 0
+    events: int = 0
+    dropped: int = 0
+    marks_written: bool = False
+    error: str = ""
+
+
+@dataclass
+class _Replayed:
+    frame: Frame
+    batch: FlatBatch
+    result: MineResult
+    publish_records: bool
+
+
+class Settler:
+    """Runs settlements for the pipeline (module docstring)."""
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        *,
+        events: Callable[[str, Mapping[str, object]], None] | None = None,
+        read_limit: int = READ_LIMIT,
+    ) -> None:
+        self.pipeline = pipeline
+        self._events = events or (lambda name, fields: None)
+        self.read_limit = read_limit
+        #: rebuilds swapped in (the claim makes it one per entry set)
+        self.rebuilds = 0
+        self.last: SettleOutcome | None = None
+
+    # -- the two triggers ----------------------------------------------------------------
+
+    def settle_all(self, *, force_publish: bool) -> list[SettleOutcome]:
+        """The barrier tick: every tenant with an entry, before the cut is captured."""
+        return [
+            self.settle(t, force_publish=force_publish, wait=False)
+            for t in sorted(self.pipeline.unmined.tenants())
+        ]
+
+    def retry_after(self, tenant: str) -> int:
+        """The hint a refused request gets: about a second while a rebuild runs, else
+        until the next barrier tick retries it; at least 1 s, at most the cadence."""
+        p = self.pipeline
+        cadence = p.barrier.barrier_secs if p.barrier is not None else 1.0
+        entries = p.unmined.of(tenant)
+        if any(e.state is EntryState.SETTLING for e in entries) or p.barrier is None:
+            remaining = 1.0
+        else:
+            remaining = p.barrier.next_tick_at - p._clock()
+        return int(max(1, min(math.ceil(cadence), math.ceil(remaining))))
+
+    # -- one settlement ------------------------------------------------------------------
+
+    def settle(self, tenant: str, *, force_publish: bool, wait: bool = True) -> SettleOutcome:
+        """Settle ``tenant``'s entries, or — another trigger holding the claim — wait for
+        its signal (``wait``: a turn must not mine before the rebuild is installed; the
+        barrier tick need not wait, and must not: the claimant may be waiting for a cut
+        only the barrier thread runs)."""
+        p = self.pipeline
+        if not p.unmined.has(tenant):
+            p.tenants.set_settling(tenant, False)
+            return SettleOutcome(tenant, Result.NOTHING)
+        # The claim is visible to admission before it exists (admission mutex alone).
+        p.tenants.set_settling(tenant, True)
+        signal: threading.Event | None = None
+        done = threading.Event()
+        claim_x: WalOffset | None = None
+        state: SnapshotState | None = None
+        with p.exclusion.exclusive():
+            with p.miner_lock:
+                entries = p.unmined.of(tenant)
+                busy = [e for e in entries if e.state is EntryState.SETTLING]
+                if busy:
+                    signal = busy[0].done
+                elif entries:
+                    claim_x = p.journal.last_checkpoint
+                    for e in entries:
+                        e.state = EntryState.SETTLING
+                        e.done = done
+                    state = p.ledger.state(tenant)
+        if not entries:
+            p.tenants.set_settling(tenant, False)
+            return SettleOutcome(tenant, Result.NOTHING)
+        if signal is not None:
+            points.hit("settlement.lost")
+            if wait:
+                signal.wait()
+            return SettleOutcome(tenant, Result.WAITED)
+        points.hit("settlement.claimed")
+        try:
+            outcome = self._rebuild(tenant, entries, state, claim_x, done, force_publish)
+        except Exception as exc:  # noqa: BLE001 - the entry goes back; the next tick retries
+            outcome = self._failed(tenant, entries, done, exc)
+        self.last = outcome
+        return outcome
+
+    def _failed(
+        self,
+        tenant: str,
+        entries: list[UnminedEntry],
+        done: threading.Event,
+        exc: BaseException,
+    ) -> SettleOutcome:
+        p = self.pipeline
+        with p.exclusion.exclusive():
+            with p.miner_lock:
+                for e in entries:
+                    if e.state is EntryState.SETTLING:
+                        e.state = EntryState.UNRESOLVED
+                    e.failures += 1
+                    e.error = f"{type(exc).__name__}: {exc}"
+        done.set()
+        log.error(
+            "settlement of tenant %r failed (attempt %d): %s; it stays refused and the next "
+            "barrier tick retries",
+            tenant,
+            entries[0].failures,
+            exc,
+            exc_info=exc,
+        )
+        return SettleOutcome(tenant, Result.FAILED, error=entries[0].error)
+
+    def _rebuild(
+        self,
+        tenant: str,
+        entries: list[UnminedEntry],
+        state: SnapshotState | None,
+        claim_x: WalOffset | None,
+        done: threading.Event,
+        force_publish: bool,
+    ) -> SettleOutcome:
+        p = self.pipeline
+        to = max((e.span for e in entries), key=lambda s: s.end)
+        horizon: WalOffset | None = None
+        tree: TenantMiner | None = None
+        if state is not None:
+            try:
+                tree = p.miners.build(tenant, state.miner)
+                horizon = state.horizon
+            except Exception as exc:  # noqa: BLE001 - as at start-up: empty + full replay
+                log.warning(
+                    "tenant %r: its installed snapshot at %s does not restore (%s); rebuilding "
+                    "from empty with a full replay",
+                    tenant,
+                    state.horizon,
+                    exc,
+                )
+        reclaimed = p.journal.reclaimed_through(tenant)
+        if (
+            reclaimed is not None
+            and reclaimed[0] is ConsumerMode.KNOWN
+            and (horizon is None or horizon.lsn < reclaimed[1].lsn)
+        ):
+            return self._refuse(tenant, entries, done, horizon, reclaimed[1], claim_x)
+        if tree is None:
+            tree = p.miners.build(tenant, None)
+        marks = p.journal.published_marks().get(tenant, PublishedMarks())
+        x = -1 if claim_x is None else claim_x.lsn
+        w_records = max(x, -1 if marks.records is None else marks.records.lsn)
+        w_audit = max(x, -1 if marks.audit is None else marks.audit.lsn)
+        cursor = (
+            FrameCursor.after(horizon) if horizon is not None else p.journal.oldest_frame(tenant)
+        )
+        replayed: list[_Replayed] = []
+        while cursor is not None:
+            frames, cursor = p.journal.read_frames_from(cursor, to, tenant, self.read_limit)
+            points.hit("settlement.read")  # the journal mutex is free here
+            for frame in frames:
+                batch = flatten(decode_request(frame.payload, "application/x-protobuf"), tenant)
+                mined = tree.mine(batch.body)
+                lsn = frame.offset.lsn
+                events = [e for e in mined.events if lsn > w_audit or e.change == "created"]
+                replayed.append(
+                    _Replayed(
+                        frame,
+                        batch,
+                        MineResult(mined.template_ids, mined.template_params, events),
+                        lsn > w_records,
+                    )
+                )
+        points.hit("settlement.before_swap")
+        detached: list[Detached] = []
+        records = events_out = 0
+        with p.exclusion.exclusive():
+            with p.miner_lock:
+                p.replace_tenant(tenant, tree)  # first: a failure here has dropped nothing
+                dropped = p.buffers.drop_tenant(tenant)
+                for r in replayed:
+                    detached.extend(p.buffer_audit(tenant, r.batch, r.result, r.frame.offset))
+                    events_out += len(r.result.events)
+                    if r.publish_records:
+                        detached.extend(
+                            p.buffer_records(
+                                tenant, r.batch, r.result, r.frame.offset, len(r.frame.payload)
+                            )
+                        )
+                        records += len(r.batch)
+                p.folded[tenant] = to.offset
+                p.unmined.remove(entries)
+                p.recompute_durable()
+        self.rebuilds += 1
+        done.set()
+        p.tenants.set_settling(tenant, False)
+        p.tenants.settled(tenant, installed=True)
+        if not force_publish:
+            for d in detached:
+                if not p.publisher.offer(d):
+                    p.publisher.park(d)
+        self._events(
+            "tenant.settled",
+            {
+                "tenant": tenant,
+                "from": None if horizon is None else str(horizon),
+                "through": str(to.offset),
+                "records_frontier": w_records,
+                "audit_frontier": w_audit,
+                "frames": len(replayed),
+                "records": records,
+                "events": events_out,
+                "dropped": dropped,
+            },
+        )
+        log.info(
+            "tenant %r settled: %d frames replayed from %s through %s, %d records and %d "
+            "template events re-emitted (frontier %d), %d discarded rows dropped",
+            tenant,
+            len(replayed),
+            horizon if horizon is not None else "its oldest surviving frame",
+            to.offset,
+            records,
+            events_out,
+            w_records,
+            dropped,
+        )
+        written = self._force_frontier(tenant, to.offset, detached) if force_publish else False
+        return SettleOutcome(
+            tenant, Result.SETTLED, len(replayed), records, events_out, dropped, written
+        )
+
+    def _force_frontier(self, tenant: str, through: WalOffset, detached: list[Detached]) -> bool:
+        """Publish the tenant's rows now and record the raised frontier (RFC 0055 §9.4):
+        a crash after it replays nothing of the span. A failure leaves the previous
+        frontier in force — the next checkpoint's PUBLISHED write supersedes it."""
+        p = self.pipeline
+        with p.exclusion.shared():
+            batches = p.buffers.drain_tenant(tenant, "settlement")
+        # what the swap's size trigger detached goes first (template events lead)
+        batches = sorted(detached + batches, key=lambda d: d.partition.kind.value != "audit")
+        ok = True
+        for d in batches:
+            ok = p.publisher.publish(d).ok and ok
+        # Rows of it still in flight elsewhere (the publisher thread's queue, a pending
+        # cut only this thread runs): not waited for; the next checkpoint covers them.
+        if not ok or p.buffers.in_flight.pending_for(tenant):
+            log.info("tenant %r: not all settled rows are durable yet; frontier kept", tenant)
+            return False
+        try:
+            p.journal.publish_marks({tenant: PublishedMarks(through, through)})
+        except PublishedWriteError as exc:
+            log.warning("tenant %r: the settlement's frontier write failed: %s", tenant, exc)
+            return False
+        return True
+
+    def _refuse(
+        self,
+        tenant: str,
+        entries: list[UnminedEntry],
+        done: threading.Event,
+        horizon: WalOffset | None,
+        reclaimed: WalOffset,
+        claim_x: WalOffset | None,
+    ) -> SettleOutcome:
+        """The tenant cannot be rebuilt from what survives: isolate it (module docstring).
+        Its terminal PUBLISHED entry is durable before its entries leave the clamp set."""
+        p = self.pipeline
+        have = "no restorable snapshot" if horizon is None else f"a snapshot at {horizon}"
+        detail = (
+            f"it has {have}, but RECLAIM records its frames reclaimed through {reclaimed}; "
+            f"its template state cannot be rebuilt from the WAL (a restart halts naming it)"
+        )
+        p.journal.publish_marks({tenant: PublishedMarks(claim_x, claim_x, terminal=True)})
+        with p.exclusion.exclusive():
+            with p.miner_lock:
+                for e in entries:
+                    e.state = EntryState.REFUSED
+                p.refused_details = {**p.refused_details, tenant: detail}
+                p.refused = p.refused | {tenant}  # read by turns without a lock
+                p.recompute_durable()
+        done.set()
+        first = p.tenants.set_unrecoverable(tenant, detail)
+        p.tenants.settled(tenant, installed=False)
+        p.ledger.refuse(tenant)
+        if first:
+            self._events(
+                "tenant.unrecoverable",
+                {
+                    "tenant": tenant,
+                    "horizon": None if horizon is None else str(horizon),
+                    "reclaimed_through": str(reclaimed),
+                    "frame": str(entries[0].span.offset),
+                },
+            )
+        log.error("tenant %r is unrecoverable: %s", tenant, detail)
+        return SettleOutcome(tenant, Result.UNRECOVERABLE, error=detail)

@@ -1,0 +1,81 @@
+"""RFC 0055 tenant slots against a real ``ourios serve`` (the wire, the gauges, and the
+table seeded before any listener exists).
+
+§9.5: a batch for a tenant id the node does not hold, with ``max_tenants`` held, is
+refused naming the tenant — 503 with a protobuf Status body and no Retry-After — while
+a held tenant is admitted; the refusal is counted with ``error_type=wal_tenant_cap`` and
+sets no latch; ``ourios_wal_tenants`` over its states sums to ``ourios_wal_tenants_limit``
+with ``free`` at zero. After a restart the table is seeded from the tenants recovery
+restored before the listeners start: the first request after ``server.listening`` —
+a held tenant admitted at once, a new id at the limit refused — leaves no race window.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from google.rpc import status_pb2
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+
+from tests.support.serve import ServeProcess
+
+ENV = {"OURIOS_WAL_MAX_TENANTS": "2", "OURIOS_WAL_BARRIER_SECS": "1"}
+
+
+def body(tag: str) -> bytes:
+    req = ExportLogsServiceRequest()
+    rec = req.resource_logs.add().scope_logs.add().log_records.add()
+    rec.time_unix_nano = 1_764_000_000_000_000_000
+    rec.body.string_value = f"hello {tag}"
+    return req.SerializeToString()
+
+
+def metrics(serve: ServeProcess) -> dict[str, float]:
+    status, text = serve.get("/metrics")
+    assert status == 200
+    out: dict[str, float] = {}
+    for line in text.decode().splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            out[key] = float(value)
+    return out
+
+
+def post(serve: ServeProcess, tenant: str) -> tuple[int, bytes, dict[str, str]]:
+    return serve.post_logs(body(tenant), {"X-Ourios-Tenant": tenant})
+
+
+def test_rfc0055_9_5_tenant_capacity_on_the_wire_and_the_table_seeded_before_listeners(
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "data"
+    with ServeProcess(data, ENV) as serve:
+        assert post(serve, "alpha")[0] == 200
+        assert post(serve, "beta")[0] == 200
+        status, raw, headers = post(serve, "gamma")
+        assert status == 503 and "retry-after" not in headers
+        refusal = status_pb2.Status.FromString(raw)
+        assert "'gamma'" in refusal.message and "2 of max_tenants=2" in refusal.message
+        assert not refusal.details  # no RetryInfo
+        assert post(serve, "alpha")[0] == 200  # held tenants are unaffected
+        m = metrics(serve)
+        held = m['ourios_wal_tenants{state="held"}']
+        reserved = m['ourios_wal_tenants{state="reserved"}']
+        free = m['ourios_wal_tenants{state="free"}']
+        assert (held, reserved, free) == (2, 0, 0)
+        assert held + reserved + free == m["ourios_wal_tenants_limit"] == 2
+        refused = (
+            "ourios_ingest_requests_total"
+            '{error_type="wal_tenant_cap",outcome="refused",transport="http"}'
+        )
+        assert m[refused] == 1
+        assert "ourios_barrier_failed_epoch" not in m  # no latch
+        assert serve.terminate() == 0
+
+    with ServeProcess(data, ENV) as again:
+        # the very first requests after the listeners opened
+        assert post(again, "gamma")[0] == 503
+        assert post(again, "beta")[0] == 200
+        m = metrics(again)
+        assert m['ourios_wal_tenants{state="held"}'] == 2
+        assert again.terminate() == 0

@@ -1,0 +1,370 @@
+"""The journal's PUBLISHED side: open-time matrix, the shared tenant-id table, and the
+two write paths (after CHECKPOINT in ``checkpoint``, alone in ``publish_marks``).
+
+One id space, owned by RECLAIM (RFC 0055 §9.4, DESIGN.md §4): the journal keeps one
+in-memory dictionary — the RECLAIM record's — seeded at open from the union of both
+files' dictionaries, ``next_slot_id`` the larger of the two. An id the two files name
+with different tenants, or one tenant the two place at different live ids, would cross
+two tenants' marks and is refused at open (``CorruptionError`` naming both files and
+the id). A tenant that only one file names is the ordinary case: the other file simply
+has nothing for it yet. PUBLISHED is always written from the shared table, so its
+dictionary is RECLAIM's, at the same ids.
+
+Open-time rows (this implementation has no earlier deployments, so no root predates
+PUBLISHED; DESIGN.md §4):
+
+* PUBLISHED absent, RECLAIM not ``published_seeded_confirmed``: a crash before the first
+  PUBLISHED was durable (or a root the first build of this WAL created): PUBLISHED is
+  created empty — every tenant falls back to the checkpoint, which is exactly the gate
+  a root without frontiers has — then RECLAIM records ``armed | confirmed``. Creating an
+  empty file is idempotent, so no separate arming write is needed before it.
+* PUBLISHED absent, RECLAIM confirmed: the file was lost; a tenant whose frontier
+  lagged the checkpoint would be suppressed on replay, so open refuses.
+* PUBLISHED present, not confirmed (armed or not): promoted to confirmed durably.
+* no segment at all: entries are dropped (their LSNs belong to no frame of this root).
+* either file's ``max_tenants`` below the larger of the two or the configured one
+  (a crash between the two renames of a geometry rebuild, or a raised knob): both are
+  rebuilt at the larger geometry through their ``.new`` temps, ids unchanged.
+
+Marks are monotonic per tenant: a write never lowers a side that is already valid (a
+settlement's forced write may land between a cut's capture and its stamp).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .errors import CorruptionError, OpenError, OpenIoError, WalError
+from .fs import Fs
+from .published import (
+    PublishedEntry,
+    PublishedFile,
+    PublishedRecord,
+    published_file_bytes,
+)
+from .reclaim import (
+    FLAG_PUBLISHED_SEEDED_ARMED,
+    FLAG_PUBLISHED_SEEDED_CONFIRMED,
+    DictRecord,
+    Geometry,
+    ReclaimFile,
+    ReclaimRecord,
+    TenantCapacityExceeded,
+)
+from .slots import SlotDefect
+from .types import PublishedMarks, WalOffset
+
+if TYPE_CHECKING:
+    from .config import WalConfig
+
+SEEDED: int = FLAG_PUBLISHED_SEEDED_ARMED | FLAG_PUBLISHED_SEEDED_CONFIRMED
+
+
+class PublishedWriteError(WalError):
+    """PUBLISHED could not be written; the previous frontiers stay in force on disk.
+
+    ``checkpointed`` is True when it happened in ``checkpoint`` after the CHECKPOINT
+    itself advanced (so the caller knows the mark moved)."""
+
+    error_type = "wal_published_write"
+
+    def __init__(self, message: str, *, checkpointed: bool = False) -> None:
+        super().__init__(message)
+        self.checkpointed = checkpointed
+
+
+def _later(old: WalOffset | None, new: WalOffset | None) -> WalOffset | None:
+    if old is None:
+        return new
+    if new is None or new.lsn <= old.lsn:
+        return old
+    return new
+
+
+class FrontiersMixin:
+    """PUBLISHED methods of ``Journal`` (kept apart to keep each file readable)."""
+
+    # Provided by Journal.
+    root: Path
+    config: WalConfig
+    _fs: Fs
+    _lock: threading.Lock
+    _record: ReclaimRecord
+    _reclaim_file: ReclaimFile
+    _published_file: PublishedFile | None
+    _published: dict[int, PublishedEntry]
+    _published_lock: threading.Lock
+    _published_durable: dict[str, PublishedMarks]
+
+    def _tenant_capacity(self) -> int:
+        raise NotImplementedError
+
+    def _touch_record_locked(self) -> None:
+        raise NotImplementedError
+
+    def _write_record(self) -> None:
+        raise NotImplementedError
+
+    # -- open --------------------------------------------------------------------------
+
+    def _create_published_fresh(self, max_tenants: int) -> PublishedFile:
+        """A fresh root: PUBLISHED (empty) before RECLAIM, which is then created with the
+        seeding confirmed. A PUBLISHED left by a crash before RECLAIM existed belongs to
+        no frame of this root and is replaced."""
+        path = self.root / PublishedFile.NAME
+        try:
+            self._fs.stat(path)
+        except FileNotFoundError:
+            pass
+        else:
+            try:
+                self._fs.unlink(path)
+            except OSError as exc:
+                raise OpenIoError(path, "remove the PUBLISHED of an empty root", exc) from exc
+        try:
+            made = PublishedFile.create(self._fs, self.root, max_tenants, PublishedRecord())
+        except OSError as exc:
+            raise OpenIoError(
+                path, f"allocate {published_file_bytes(max_tenants)} bytes for", exc
+            ) from exc
+        self._record.flags |= SEEDED
+        return made
+
+    def _open_published(self, has_segments: bool) -> bool:
+        """The PUBLISHED rows of the module docstring, after RECLAIM's own matrix; True
+        when the RECLAIM record changed (the caller writes it once, durably)."""
+        fs, root = self._fs, self.root
+        ppath = root / PublishedFile.NAME
+        rpath = root / ReclaimFile.NAME
+        record = self._record
+        changed = False
+        loaded = PublishedFile.load(fs, root)
+        if loaded is None:
+            if record.flags & FLAG_PUBLISHED_SEEDED_CONFIRMED:
+                raise CorruptionError(
+                    ppath,
+                    None,
+                    f"PUBLISHED is missing but {rpath.name} records that it was written "
+                    f"(published_seeded_confirmed): the publication frontiers are lost, and "
+                    f"falling back to the checkpoint would suppress frames of a tenant whose "
+                    f"frontier lagged it; refusing (restore PUBLISHED from a backup)",
+                )
+            t = self._reclaim_file.geometry.max_tenants
+            try:
+                file = PublishedFile.create(fs, root, t, self._published_record_locked())
+            except OSError as exc:
+                raise OpenIoError(
+                    ppath, f"allocate {published_file_bytes(t)} bytes for", exc
+                ) from exc
+            record.flags |= SEEDED
+            changed = True
+        else:
+            file, prec = loaded
+            rejected = file.rejected
+            if (
+                rejected is not None
+                and rejected.defect is SlotDefect.FORMAT
+                and rejected.generation is not None
+                and rejected.generation > file.generation
+            ):
+                file.close()
+                raise CorruptionError(
+                    ppath,
+                    rejected.offset,
+                    f"newer slot {rejected.index} is unreadable: {rejected.reason}",
+                )
+            try:
+                changed |= self._union_dictionaries(prec, ppath, rpath)
+            except BaseException:
+                file.close()
+                raise
+            if has_segments:
+                for slot, entry in prec.entries.items():
+                    owner = record.dictionary.get(slot)
+                    if owner is not None and not owner.tombstoned:
+                        self._published[slot] = entry
+            if record.flags & SEEDED != SEEDED:
+                record.flags |= SEEDED  # promoted durably below, never read as a fault
+                changed = True
+        self._published_file = file
+        wanted = self.config.max_tenants
+        if wanted < record.next_slot_id:
+            raise OpenError(
+                f"max_tenants={wanted} is below the {record.next_slot_id} tenant ids "
+                f"{rpath} and {ppath} have recorded; raise max_tenants to at least "
+                f"{record.next_slot_id}"
+            )
+        self._rebuild_geometry(file)
+        for slot in [s for s in self._published if s not in record.dictionary]:
+            del self._published[slot]
+        self._published_durable = self._marks_by_tenant_locked()
+        if loaded is not None and not has_segments and loaded[1].entries:
+            # Entries of a root with no frame: their LSNs name nothing here.
+            try:
+                self._published_file.write(self._published_record_locked())
+            except OSError as exc:
+                raise OpenIoError(ppath, "clear the entries of an empty root", exc) from exc
+        return changed
+
+    def _union_dictionaries(self, prec: PublishedRecord, ppath: Path, rpath: Path) -> bool:
+        """Fold PUBLISHED's dictionary into the shared table; True when it grew."""
+        record = self._record
+        grew = False
+        live = record.tenant_ids()
+        for slot, rec in sorted(prec.dictionary.items()):
+            mine = record.dictionary.get(slot)
+            if mine is not None:
+                if mine.tenant != rec.tenant:
+                    raise CorruptionError(
+                        ppath,
+                        None,
+                        f"slot id {slot} names tenant {rec.tenant!r} in {ppath.name} but "
+                        f"{mine.tenant!r} in {rpath} ({rpath.name}): the two files would cross "
+                        f"two tenants' marks; refusing",
+                    )
+                if rec.tombstoned and not mine.tombstoned:
+                    mine.tombstoned = True  # a retired id stays retired in both
+                    grew = True
+                continue
+            if not rec.tombstoned and rec.tenant in live:
+                raise CorruptionError(
+                    ppath,
+                    None,
+                    f"tenant {rec.tenant!r} is at slot id {slot} in {ppath.name} but at id "
+                    f"{live[rec.tenant]} in {rpath} ({rpath.name}): one tenant at two ids; "
+                    f"refusing",
+                )
+            record.dictionary[slot] = DictRecord(rec.tenant, rec.tombstoned)
+            grew = True
+        if prec.next_slot_id > record.next_slot_id:
+            record.next_slot_id = prec.next_slot_id
+            grew = True
+        if grew:
+            record._index = None
+        return grew
+
+    def _rebuild_geometry(self, published: PublishedFile) -> None:
+        """Bring both files to the larger ``max_tenants`` (RFC0055.2): a crash between the
+        two renames of an earlier rebuild leaves one file wider; ids are unchanged."""
+        reclaim_t = self._reclaim_file.geometry.max_tenants
+        target = max(reclaim_t, published.max_tenants, self.config.max_tenants)
+        if reclaim_t < target:
+            g = self._reclaim_file.geometry
+            try:
+                self._reclaim_file = self._reclaim_file.rebuild(
+                    Geometry(target, g.max_unlinks), self._record
+                )
+            except OSError as exc:
+                raise OpenIoError(
+                    self.root / ReclaimFile.NAME, "rebuild at a larger geometry", exc
+                ) from exc
+        if published.max_tenants < target or self._reclaim_rebuilt:
+            try:
+                self._published_file = published.rebuild(target, self._published_record_locked())
+            except OSError as exc:
+                raise OpenIoError(
+                    self.root / PublishedFile.NAME, "rebuild at a larger geometry", exc
+                ) from exc
+
+    _reclaim_rebuilt: bool = False
+
+    # -- the table -----------------------------------------------------------------------
+
+    def _published_record_locked(self) -> PublishedRecord:
+        """What PUBLISHED holds now: the shared dictionary and the entries by id."""
+        record = self._record
+        return PublishedRecord(
+            0,
+            record.next_slot_id,
+            {i: DictRecord(r.tenant, r.tombstoned) for i, r in record.dictionary.items()},
+            {
+                i: PublishedEntry(e.records, e.audit, e.publishing, e.terminal, e.generation)
+                for i, e in self._published.items()
+            },
+        )
+
+    def _marks_by_tenant_locked(self) -> dict[str, PublishedMarks]:
+        out: dict[str, PublishedMarks] = {}
+        for slot, entry in self._published.items():
+            owner = self._record.dictionary.get(slot)
+            if owner is not None and not owner.tombstoned:
+                out[owner.tenant] = entry.marks
+        return out
+
+    def published_marks(self) -> dict[str, PublishedMarks]:
+        """Each tenant's frontiers as PUBLISHED last durably recorded them (read at open,
+        updated by every successful write): recovery's per-tenant gates."""
+        with self._lock:
+            return dict(self._published_durable)
+
+    # -- writing -------------------------------------------------------------------------
+
+    def publish_marks(self, marks: Mapping[str, PublishedMarks]) -> None:
+        """Write PUBLISHED alone (settlement's forced write, an unrecoverable tenant's
+        terminal entry): raises ``PublishedWriteError``, the previous slot staying live.
+        Monotonic per tenant; a tenant new to the shared table takes its next slot id
+        there (RECLAIM records it at its next write)."""
+        self._write_published(marks)
+
+    def _write_published(
+        self, marks: Mapping[str, PublishedMarks], *, checkpointed: bool | None = None
+    ) -> bool:
+        """Merge ``marks`` into the entries and write them if anything changed.
+
+        ``checkpointed`` is None for ``publish_marks``, where a tenant that cannot take a
+        slot id refuses the write; in the checkpoint's write such a tenant is left
+        without an entry (it falls back to the checkpoint, which is what its mark is)."""
+        file = self._published_file
+        assert file is not None
+        with self._published_lock:
+            with self._lock:
+                capacity = self._tenant_capacity()
+                generation = file.generation + 1
+                dirty = False
+                for tenant, m in marks.items():
+                    before = self._record.next_slot_id
+                    try:
+                        slot = self._record.assign_slot(tenant, capacity)
+                    except TenantCapacityExceeded as exc:
+                        if checkpointed is None:
+                            raise PublishedWriteError(
+                                f"no slot id for tenant {tenant!r} in {file.path}: {exc}"
+                            ) from exc
+                        continue
+                    if self._record.next_slot_id != before:
+                        self._touch_record_locked()
+                    old = self._published.get(slot)
+                    if old is None:
+                        new = PublishedEntry.of(m, generation)
+                    else:
+                        new = PublishedEntry(
+                            _later(old.records, m.records),
+                            _later(old.audit, m.audit),
+                            m.publishing,
+                            m.terminal,
+                            old.generation,
+                        )
+                    if old is None or not new.same_marks(old):
+                        new.generation = generation
+                        self._published[slot] = new
+                        dirty = True
+                if not dirty:
+                    return False
+                snapshot = self._published_record_locked()
+            try:
+                file.write(snapshot)
+            except OSError as exc:
+                raise PublishedWriteError(
+                    f"writing {file.path} failed: {exc}; the previous frontiers stay in force",
+                    checkpointed=bool(checkpointed),
+                ) from exc
+            with self._lock:
+                self._published_durable = {
+                    r.tenant: e.marks
+                    for i, e in snapshot.entries.items()
+                    if (r := snapshot.dictionary[i]) and not r.tombstoned
+                }
+            return True
