@@ -839,24 +839,17 @@ def test_failed_cuts_back_off_instead_of_recapturing_at_once(
 
 
 def test_rfc0052_1_housekeeping_keeps_sweeping_while_the_barrier_is_latched(
-    make_rig: Callable[..., NodeRig], monkeypatch: pytest.MonkeyPatch
+    make_rig: Callable[..., NodeRig],
 ) -> None:
     """A latch stops the checkpoint, not housekeeping: partials of failed rotations are
     swept and what the last good checkpoint and snapshots cover is still reclaimed."""
     rig = make_rig()
-    real = rig.miners.mine
-
-    def mine(tenant: str, bodies: Sequence[str]) -> object:
-        if tenant == "bad":
-            raise RuntimeError("injected miner failure")
-        return real(tenant, bodies)
-
-    monkeypatch.setattr(rig.miners, "mine", mine)
     rig.ingest("good", "a")
     rig.clock.advance(SEGMENT_AGE + 1)
     assert step(rig).checkpointed  # the idle first segment rotated and is covered
     first = rig.journal.segment_names()[0]
-    rig.ingest("bad", "x")  # latches every later cut
+    rig.ingest("good", "x")
+    rig.barrier.tick_failed(RuntimeError("injected barrier tick failure"))  # latches
     assert rig.pipeline.failed_epoch != LATCH_CLEAR
     # a rotation whose rename fails leaves a partial behind; the next append retries it
     rig.fs.fail("rename", "*.wal")  # the seam sees a rename by its destination
