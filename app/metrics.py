@@ -170,6 +170,17 @@ class _StateCollector(Collector):
                 "Free bytes on the WAL's filesystem (sampled each housekeeping tick).",
                 self._m.housekeeper.disk_free_bytes,
             )
+        disk = self._m.settings.disk
+        yield gauge(
+            "ourios_disk_low_water_bytes",
+            "The configured disk.low_water_bytes (alerts compare free bytes with it).",
+            disk.low_water_bytes,
+        )
+        yield gauge(
+            "ourios_disk_stop_water_bytes",
+            "The configured disk.stop_water_bytes (alerts compare free bytes with it).",
+            disk.stop_water_bytes,
+        )
         yield from self._m.disk_and_archive(p.journal.quarantined)
         stats = p.publisher.stats
         objects = CounterMetricFamily(

@@ -67,6 +67,8 @@ INTERFACE: dict[str, tuple[str, frozenset[str]]] = {
     "ourios_ingest_records_total": ("counter", frozenset({"transport", "outcome"})),
     "ourios_cadence_runs_total": ("counter", frozenset({"cadence", "outcome", "error_type"})),
     "ourios_disk_free_bytes": ("gauge", frozenset()),
+    "ourios_disk_low_water_bytes": ("gauge", frozenset()),
+    "ourios_disk_stop_water_bytes": ("gauge", frozenset()),
     "ourios_admission_refusing": ("gauge", frozenset({"bound"})),
     "ourios_wal_quarantined_segments": ("gauge", frozenset()),
     "ourios_wal_archived_segments_total": ("counter", frozenset()),
