@@ -107,8 +107,8 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "mark_before_quiesce",
         "the cut's mark is read after the quiesce, under the exclusive exclusion",
         "app/barrier.py",
-        '        with p.exclusion.exclusive():\n            points.hit("barrier.after_quiesce")',
-        '        early = p.last_durable()\n        with p.exclusion.exclusive():\n            points.hit("barrier.after_quiesce")',
+        '        with collection_deferred(), p.exclusion.exclusive():\n            points.hit("barrier.after_quiesce")',
+        '        early = p.last_durable()\n        with collection_deferred(), p.exclusion.exclusive():\n            points.hit("barrier.after_quiesce")',
         (
             "tests/unit/app/test_barrier.py::test_rfc0052_14_mark_is_read_after_the_quiesce_under_the_exclusion",
         ),
@@ -134,8 +134,8 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "        latched = p.failed_epoch <= cut.epoch  # the recheck, after the waits",
         "        latched = False",
         (
-            "tests/unit/app/test_barrier.py::test_rfc0052_1_turn_failing_concurrently_with_a_barrier_latches_its_cut",
-            "tests/unit/app/test_barrier.py::test_rfc0052_1_mining_failure_latches_every_later_cut_until_restart",
+            "tests/unit/app/test_barrier.py::test_rfc0052_1_prior_publish_failing_while_the_barrier_waits",
+            "tests/unit/app/test_barrier.py::test_rfc0052_1_raising_barrier_tick_latches_and_the_next_tick_runs",
         ),
     ),
     Sabotage(
