@@ -870,6 +870,43 @@ def test_a_chart_value_changes_what_the_app_runs_with(
     assert others == {k: v for k, v in baseline.items() if k not in touched}
 
 
+#: The sections whose every tunable the running node must be shown to use.
+TUNED_SECTIONS = ("wal", "sink", "disk")
+
+
+@pytest.mark.slow
+def test_every_wal_sink_and_disk_value_reaches_the_running_node(tmp_path: Path) -> None:
+    """All WAL, sink and disk values changed at once; the pod's command and environment
+    start a real ``ourios serve``, whose start-up line (``config.effective``) and
+    ``/metrics`` must show every changed value."""
+    keys = [k for k in CHANGES if k.split(".")[0] in TUNED_SECTIONS]
+    expected_rows = [r for r in gen_chart_schema.value_rows() if r.section in TUNED_SECTIONS]
+    assert len(keys) == len(expected_rows) >= 17
+    flat = {k: CHANGES[k][0] for k in keys}
+    pod = PodEmulator(render(nest(flat)), tmp_path)
+    assert pod.argv == ["ourios", "serve"], "ServeProcess runs the same entry point"
+    env = pod.env()
+    # The only substitutions: loopback and free ports, since this machine is shared.
+    env.update(
+        {"OURIOS_SERVER_HOST": "127.0.0.1", "OURIOS_SERVER_HTTP_PORT": "0"}
+        | {"OURIOS_SERVER_GRPC_PORT": "0"}
+    )
+    node = ServeProcess(Path(env["OURIOS_SERVER_DATA_DIR"]), env)
+    with node:
+        (line,) = node.event("config.effective")
+        effective = {k: pod.podify(v) for k, v in line["config"].items()}
+        status, metrics = node.get("/metrics")
+        assert node.terminate() == 0
+    for key, value in flat.items():
+        row = _ROWS[key]
+        assert value != row.default, key
+        assert effective[row.env_var] == value, (
+            f"{key}: the node runs with {effective[row.env_var]}"
+        )
+    assert status == 200
+    assert f"ourios_wal_tenants_limit {float(flat['wal.maxTenants'])}" in metrics.decode()
+
+
 def test_the_app_accepts_the_schema_minima_and_maxima(tmp_path: Path) -> None:
     """The schema's bounds are the app's: at each bound the app starts (the refusal one
     step beyond is test_helm_template_refuses_values_outside_the_schema_range)."""
