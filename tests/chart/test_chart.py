@@ -1059,3 +1059,42 @@ def test_a_node_installed_with_store_url_and_credentials_works(
     assert keys, f"nothing published; node log:\n{node.tail()}"
     assert all(k.rsplit("/", 1)[1].startswith(f"{FULLNAME}-0-") for k in keys), keys
     assert (data_dir / "wal").is_dir(), "the WAL is not in the data volume"
+
+
+# --- NOTES.txt -----------------------------------------------------------------------------
+
+
+def notes(values: Values) -> str:
+    """NOTES.txt as ``helm install`` prints it (a client-side dry run: no cluster)."""
+    proc = subprocess.run(
+        [helm(), "install", RELEASE, str(CHART), "--dry-run=client", "--namespace", NAMESPACE]
+        + ["-f", "-"],
+        input=yaml.safe_dump(dict(values)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "KUBECONFIG": os.devnull},
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "NOTES:" in proc.stdout, proc.stdout[-2000:]
+    return proc.stdout.split("NOTES:", 1)[1]
+
+
+@pytest.mark.parametrize("name", ["defaults", "auth_tokens", "s3_existing_secret"])
+def test_notes_say_how_to_send_logs_and_where_they_land(name: str) -> None:
+    values = VALUE_SETS[name]
+    text = notes(values)
+    rendered = render(values)
+    service = rendered.one("Service", FULLNAME)
+    ports = {p["name"]: p["port"] for p in service["spec"]["ports"]}
+    host = f"{FULLNAME}.{NAMESPACE}.svc"
+    assert f"http://{host}:{ports['http']}/v1/logs" in text
+    assert f"{host}:{ports['grpc']}" in text
+    assert "X-Ourios-Tenant" in text
+    if "auth" in values:
+        assert "Authentication is ON" in text and "Authorization: Bearer" in text
+    else:
+        assert "Authentication is OFF" in text
+    url = values.get("store", {}).get("url") or f"{DATA_DIR}/objects"
+    assert f"{url.rstrip('/')}/records/tenant=<tenant>/date=YYYY-MM-DD/" in text
+    assert f"{url.rstrip('/')}/audit/tenant=<tenant>/date=YYYY-MM-DD/" in text
