@@ -100,13 +100,16 @@ class LocalTarget:
 
 
 class PodApi(Protocol):
-    """The three ``kubernetes.client.CoreV1Api`` calls the driver makes."""
+    """The three ``kubernetes.client.CoreV1Api`` calls the driver makes, with the
+    arguments it passes (``CoreV1Api`` satisfies it)."""
 
-    def list_namespaced_pod(self, namespace: str, **kwargs: Any) -> Any: ...
+    def list_namespaced_pod(self, namespace: str, *, label_selector: str | None = ...) -> Any: ...
 
-    def delete_namespaced_pod(self, name: str, namespace: str, **kwargs: Any) -> Any: ...
+    def read_namespaced_pod(self, name: str, namespace: str) -> Any: ...
 
-    def read_namespaced_pod(self, name: str, namespace: str, **kwargs: Any) -> Any: ...
+    def delete_namespaced_pod(
+        self, name: str, namespace: str, *, grace_period_seconds: int | None = ..., body: Any = ...
+    ) -> Any: ...
 
 
 def _is_ready(pod: Any) -> bool:
@@ -232,9 +235,9 @@ def kubernetes_api() -> PodApi:
     from kubernetes import client, config
 
     try:
-        config.load_incluster_config()
+        config.load_incluster_config()  # type: ignore[no-untyped-call]
     except config.ConfigException:
-        config.load_kube_config()
+        config.load_kube_config()  # type: ignore[no-untyped-call]
     api: PodApi = client.CoreV1Api()
     return api
 

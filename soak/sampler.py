@@ -104,9 +104,9 @@ def parse_metrics(text: str) -> dict[str, Any]:
                     out["ack_sum"] = sample.value
         else:
             for sample in family.samples:
-                key = GAUGES.get(sample.name)
-                if key is not None and not sample.labels:
-                    out[key] = sample.value
+                gauge = GAUGES.get(sample.name)
+                if gauge is not None and not sample.labels:
+                    out[gauge] = sample.value
     if buckets:
         buckets.sort()
         out["ack_buckets"] = [[_le_json(le), count] for le, count in buckets]
