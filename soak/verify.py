@@ -224,6 +224,7 @@ class VerifyReport:
     wrong_tenant_sample: list[str]
     duplicates: int  # extra copies beyond the first
     duplicated_ids: int
+    duplicated_sample: list[str]
     maybe_published: int  # ids of refused/error/in-flight requests found in the store
     seconds: float = 0.0
 
@@ -261,6 +262,8 @@ class VerifyReport:
             out.append(f"  never sent, first: {self.never_sent_sample}")
         if self.wrong_tenant_sample:
             out.append(f"  wrong tenant, first: {self.wrong_tenant_sample}")
+        if self.duplicated_sample:
+            out.append(f"  duplicated, first: {self.duplicated_sample}")
         if self.ledger_anomalies:
             out.append(f"  ledger anomalies ({len(self.ledger_anomalies)}):")
             out.extend(f"    {a}" for a in self.ledger_anomalies[:SAMPLE])
@@ -361,6 +364,7 @@ def verify(ledger: LedgerIndex, published: PublishedIds, store: str = "") -> Ver
         wrong_tenant_sample=wrong_sample,
         duplicates=int((pc.sum(copies).as_py() or 0) - len(unique)),
         duplicated_ids=int(pc.sum(duplicated).as_py() or 0),
+        duplicated_sample=_sample(unique.filter(duplicated)),
         maybe_published=int(maybe),
     )
     report.seconds = time.monotonic() - began

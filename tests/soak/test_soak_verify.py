@@ -171,6 +171,7 @@ def test_lost_phantom_wrong_tenant_and_duplicates_are_found(tmp_path: Path) -> N
     assert report.never_sent == 1 and report.never_sent_sample == ["x.1.0"]
     assert report.wrong_tenant == 1 and "'t2'" in report.wrong_tenant_sample[0]
     assert report.duplicates == 1 and report.duplicated_ids == 1
+    assert report.duplicated_sample == ["r.2.0"]
     assert report.rows_without_id == 1
     text = "\n".join(report.lines())
     assert "FAILED" in text and "r.1.1" in text
