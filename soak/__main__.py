@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -19,7 +20,7 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from soak.run import parse_duration
+from soak.durations import parse_duration
 
 
 def _duration(text: str) -> float:
@@ -42,7 +43,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if not sep or not key.startswith("OURIOS_"):
             raise SystemExit(f"--set {item!r}: expected OURIOS_<SECTION>_<NAME>=VALUE")
         settings[key] = value
-    out = args.out or Path("soak-out") / time.strftime("%Y%m%d-%H%M%S")
+    out = args.out or Path("soak") / "out" / time.strftime("%Y%m%d-%H%M%S")
     config = SoakConfig(
         duration_s=args.duration,
         out=out,
@@ -58,7 +59,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
         node_settings=settings,
         label=args.label,
     )
-    result = run(config)
+    try:
+        result = run(config)
+    except ValueError as exc:  # a bad setting or a used --out: nothing was started
+        print(f"python -m soak run: {exc}", file=sys.stderr)
+        return 2
     print()
     print((out / "summary.md").read_text())
     print(f"report: {out.resolve()}")
@@ -82,7 +87,10 @@ def _cmd_report(args: argparse.Namespace) -> int:
 def _cmd_chaos(args: argparse.Namespace) -> int:
     from soak.chaos import ChaosDriver, KillSchedule, KubernetesTarget, kubernetes_api
 
-    target = KubernetesTarget(kubernetes_api(), args.namespace, args.selector, seed=args.seed)
+    pods = [p for p in (args.pods or "").split(",") if p]
+    target = KubernetesTarget(
+        kubernetes_api(), args.namespace, pods=pods, selector=args.selector or "", seed=args.seed
+    )
     driver = ChaosDriver(
         target,
         KillSchedule(args.kill_every, args.seed),
@@ -91,12 +99,15 @@ def _cmd_chaos(args: argparse.Namespace) -> int:
         max_kills=args.max_kills,
         ready_timeout_s=args.ready_timeout,
         on_kill=lambda k: print(
-            f"kill {k.number}: {k.target} down {k.down_s} s {k.error}", flush=True
+            f"kill {k.number}: {k.target}; back: {k.back or 'no'}"
+            f" after {k.down_s} s {k.error}".rstrip(),
+            flush=True,
         ),
     )
     with driver:
-        driver.join(args.duration + args.ready_timeout + 60)
-    print(f"{len(driver.kills)} kills; {driver.error or 'every pod came back ready'}")
+        # The driver ends by itself at stop_at (or max_kills); the bound is for a hang.
+        driver.join(args.duration + 2 * args.ready_timeout + 60)
+    print(f"{len(driver.kills)} kills; {driver.error or 'every pod came back ready'}", flush=True)
     return 1 if driver.error else 0
 
 
@@ -127,7 +138,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--tenants", type=int, default=16)
     p.add_argument("--users", type=int, default=8, help="locust users (connections)")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--out", type=Path, default=None, help="report dir (soak-out/<time>)")
+    p.add_argument("--out", type=Path, default=None, help="report dir (soak/out/<time>)")
     p.add_argument("--local-store", action="store_true", help="embedded store, no SeaweedFS")
     p.add_argument("--sample-every", type=_duration, default=2.0)
     p.add_argument("--max-kills", type=int, default=None)
@@ -152,8 +163,15 @@ def parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_report)
 
     p = sub.add_parser("chaos", help="SIGKILL Kubernetes pods at seeded intervals")
-    p.add_argument("--namespace", required=True)
-    p.add_argument("--selector", required=True, help="label selector of the target pods")
+    p.add_argument(
+        "--namespace",
+        default=os.environ.get("POD_NAMESPACE") or None,
+        required=not os.environ.get("POD_NAMESPACE"),
+        help="namespace of the target pods (default $POD_NAMESPACE)",
+    )
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--pods", help="comma-separated pod names (RBAC: get, delete)")
+    which.add_argument("--selector", help="label selector (RBAC: list, get, delete)")
     p.add_argument("--kill-every", type=_duration, default=parse_duration("60s"))
     p.add_argument("--duration", type=_duration, default=parse_duration("60m"))
     p.add_argument("--seed", type=int, default=1)

@@ -1,28 +1,38 @@
 """The chaos driver: SIGKILL the node at seeded random intervals, wait for it to return.
 
-One interface, two targets:
+One interface (``Target``), two implementations:
 
-- ``Target.kill() -> str`` kills one node *now*, without grace, and says what it killed;
-- ``Target.wait_ready(timeout_s)`` returns once the node is back and ready, or raises
+- ``kill() -> str`` kills one node instance *now*, without grace, and names it;
+- ``wait_ready(timeout_s) -> str`` returns once every instance is up and ready (the one
+  killed last replaced by a new instance) and names what is up, or raises
   ``TimeoutError``.
+
+An instance is a process (``pid N``) locally and a pod incarnation (``pod NS/NAME uid
+U``) in Kubernetes; a replacement is always a different instance, which is what the
+contract test (tests/soak/test_chaos.py) holds both targets to.
 
 ``LocalTarget`` drives a ``soak.node.ServeNode``: ``kill`` SIGKILLs the ``ourios serve``
 process by pid and reaps it; ``wait_ready`` plays the StatefulSet controller, starting
 a new process on the same data directory, and waits for its ``/readyz``.
+
 ``KubernetesTarget`` drives pods through a ``CoreV1Api`` (the ``kubernetes`` client's,
-or any object with the same three methods — the tests pass a fake): ``kill`` lists the
-pods matching the label selector in the namespace, picks one with the seeded RNG and
-deletes it with ``grace_period_seconds=0`` (the kubelet SIGKILLs the container; the
-StatefulSet recreates the pod under the same name on the same PVC); ``wait_ready``
+or any object with the same three methods — the tests pass a recording fake and the
+real client pointed at a stub API server). The pods are named (``pods=``, which lets
+the chaos Job's Role list them in ``resourceNames`` with only ``get`` and ``delete``)
+or found by a label selector (``selector=``, which also needs ``list``). ``kill`` picks
+one with the seeded RNG, reads its uid and deletes it with ``gracePeriodSeconds=0``
+(the kubelet SIGKILLs the container) and a uid precondition (only that incarnation);
+the StatefulSet recreates the pod under the same name on the same PVC. ``wait_ready``
 polls ``read_namespaced_pod`` until a pod of that name with a *different uid* reports
 the ``Ready`` condition.
 
 ``ChaosDriver(target, schedule, stop_at=...)`` is a thread (``start()``/``close()``):
-it waits the schedule's next interval *after the node is ready again* (the intervals
-are the point of the harness, not synchronisation; the wait is on the stop event, so
-``close()`` interrupts it), kills, waits for readiness, and appends one JSON line per
-kill to ``log_path``. It never kills after ``stop_at`` or beyond ``max_kills``, and
-stops for good (recording the error) if the node does not come back.
+it first waits for the target to be ready, then waits the schedule's next interval
+*after the node is ready again* (the intervals are the point of the harness, not
+synchronisation; the wait is on the stop event, so ``close()`` interrupts it), kills,
+waits for readiness, and appends one JSON line per kill to ``log_path``. It never
+starts a kill after ``stop_at`` or beyond ``max_kills``, and stops for good (recording
+the error) if the node does not come back.
 
 ``KillSchedule(kill_every_s, seed)`` draws each interval uniformly from
 ``kill_every_s × [1 - jitter, 1 + jitter]`` with ``random.Random(seed)``: the same seed
@@ -40,7 +50,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
 
-if TYPE_CHECKING:  # soak.node needs tests/support, which the Kubernetes image lacks
+if TYPE_CHECKING:  # soak.node needs tests/support, which the soak image lacks
     from soak.node import ServeNode
 
 __all__ = [
@@ -51,6 +61,7 @@ __all__ = [
     "LocalTarget",
     "PodApi",
     "Target",
+    "kubernetes_api",
     "read_kills",
 ]
 
@@ -62,7 +73,7 @@ POD_POLL_S: Final = 1.0
 class Target(Protocol):
     def kill(self) -> str: ...
 
-    def wait_ready(self, timeout_s: float) -> None: ...
+    def wait_ready(self, timeout_s: float) -> str: ...
 
 
 # ── local ────────────────────────────────────────────────────────────────────────────
@@ -77,28 +88,33 @@ class LocalTarget:
     def kill(self) -> str:
         return f"pid {self.node.kill()}"
 
-    def wait_ready(self, timeout_s: float) -> None:
+    def wait_ready(self, timeout_s: float) -> str:
         if not self.node.running:
-            self.node.start_timeout_s = timeout_s
-            self.node.start()  # ServeProcess waits for server.listening then /readyz
+            self.node.start(timeout_s)  # waits for server.listening, then /readyz
         elif not self.node.ready():
-            raise TimeoutError("node is running but not ready")
+            raise TimeoutError(f"node pid {self.node.pid} is running but not ready")
+        return f"pid {self.node.pid}"
 
 
 # ── Kubernetes ───────────────────────────────────────────────────────────────────────
 
 
 class PodApi(Protocol):
-    """The three ``kubernetes.client.CoreV1Api`` calls the driver makes."""
+    """The three ``kubernetes.client.CoreV1Api`` calls the driver makes, with the
+    arguments it passes (``CoreV1Api`` satisfies it)."""
 
-    def list_namespaced_pod(self, namespace: str, **kwargs: Any) -> Any: ...
+    def list_namespaced_pod(self, namespace: str, *, label_selector: str | None = ...) -> Any: ...
 
-    def delete_namespaced_pod(self, name: str, namespace: str, **kwargs: Any) -> Any: ...
+    def read_namespaced_pod(self, name: str, namespace: str) -> Any: ...
 
-    def read_namespaced_pod(self, name: str, namespace: str, **kwargs: Any) -> Any: ...
+    def delete_namespaced_pod(
+        self, name: str, namespace: str, *, grace_period_seconds: int | None = ..., body: Any = ...
+    ) -> Any: ...
 
 
 def _is_ready(pod: Any) -> bool:
+    if getattr(pod.metadata, "deletion_timestamp", None) is not None:
+        return False
     status = getattr(pod, "status", None)
     if status is None or getattr(status, "phase", None) != "Running":
         return False
@@ -112,24 +128,40 @@ def _not_found(exc: Exception) -> bool:
     return getattr(exc, "status", None) == 404
 
 
+def _delete_options(uid: str) -> Any:
+    """``V1DeleteOptions``: no grace, only the incarnation ``uid``, dependents in the
+    background."""
+    from kubernetes import client
+
+    return client.V1DeleteOptions(
+        grace_period_seconds=0,
+        preconditions=client.V1Preconditions(uid=uid),
+        propagation_policy="Background",
+    )
+
+
 class KubernetesTarget:
-    """Delete a pod of the selector with zero grace; wait for its replacement (module
-    docstring). ``wait`` is the poll pause (``threading.Event.wait`` by default, so a
-    stop event can cut it short; a test passes one that returns at once)."""
+    """Delete a pod with zero grace; wait for its replacement (module docstring).
+    ``wait`` is the poll pause (``threading.Event.wait`` by default; a test passes one
+    that advances a fake clock)."""
 
     def __init__(
         self,
         api: PodApi,
         namespace: str,
-        selector: str,
         *,
+        pods: Sequence[str] = (),
+        selector: str = "",
         seed: int = 1,
         poll_s: float = POD_POLL_S,
         wait: Callable[[float], object] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        if bool(pods) == bool(selector):
+            raise ValueError("name the target pods or give a label selector, not both")
         self.api = api
         self.namespace = namespace
+        self.pods = tuple(sorted(pods))
         self.selector = selector
         self.poll_s = poll_s
         self._rng = random.Random(f"pods:{seed}")
@@ -137,45 +169,63 @@ class KubernetesTarget:
         self._clock = clock
         self._victim: tuple[str, str] | None = None  # (name, uid) of the last kill
 
+    def _describe(self, pod: Any) -> str:
+        return f"pod {self.namespace}/{pod.metadata.name} uid {pod.metadata.uid}"
+
+    def _read(self, name: str) -> Any | None:
+        try:
+            return self.api.read_namespaced_pod(name, self.namespace)
+        except Exception as exc:  # the client raises ApiException; 404 while recreated
+            if _not_found(exc):
+                return None
+            raise
+
+    def _current(self) -> list[Any]:
+        """The target pods that exist now (named ones not found are left out)."""
+        if self.pods:
+            found = (self._read(name) for name in self.pods)
+            return [p for p in found if p is not None]
+        listed = self.api.list_namespaced_pod(self.namespace, label_selector=self.selector)
+        return sorted(listed.items, key=lambda p: str(p.metadata.name))
+
     def kill(self) -> str:
-        pods = self.api.list_namespaced_pod(self.namespace, label_selector=self.selector)
-        candidates = sorted(
-            (p for p in pods.items if getattr(p.metadata, "deletion_timestamp", None) is None),
-            key=lambda p: str(p.metadata.name),
-        )
+        candidates = [
+            p for p in self._current() if getattr(p.metadata, "deletion_timestamp", None) is None
+        ]
         if not candidates:
-            raise RuntimeError(f"no pod matches {self.selector!r} in namespace {self.namespace!r}")
+            wanted = ", ".join(self.pods) if self.pods else f"selector {self.selector!r}"
+            raise RuntimeError(f"no live target pod ({wanted}) in namespace {self.namespace!r}")
         pod = self._rng.choice(candidates)
         name, uid = str(pod.metadata.name), str(pod.metadata.uid)
-        # grace_period_seconds=0 both as a parameter and in the body: the API server
-        # honours either, and the kubelet then sends SIGKILL without a SIGTERM first.
+        # gracePeriodSeconds=0 both as the query parameter and in the body; the uid
+        # precondition makes a retried or late delete unable to hit the replacement.
         self.api.delete_namespaced_pod(
-            name,
-            self.namespace,
-            grace_period_seconds=0,
-            body={"gracePeriodSeconds": 0, "propagationPolicy": "Background"},
+            name, self.namespace, grace_period_seconds=0, body=_delete_options(uid)
         )
         self._victim = (name, uid)
-        return f"pod {self.namespace}/{name} uid {uid}"
+        return self._describe(pod)
 
-    def wait_ready(self, timeout_s: float) -> None:
-        if self._victim is None:
-            return
-        name, old_uid = self._victim
+    def wait_ready(self, timeout_s: float) -> str:
         deadline = self._clock() + timeout_s
         while True:
-            try:
-                pod = self.api.read_namespaced_pod(name, self.namespace)
-            except Exception as exc:  # the client raises ApiException; 404 while recreated
-                if not _not_found(exc):
-                    raise
-            else:
-                if str(pod.metadata.uid) != old_uid and _is_ready(pod):
-                    self._victim = None
-                    return
+            pods = self._current()
+            names = {str(p.metadata.name) for p in pods}
+            expected = set(self.pods) if self.pods else names
+            if self._victim is not None:
+                expected.add(self._victim[0])
+            ready = [p for p in pods if _is_ready(p)]
+            replaced = self._victim is None or any(
+                str(p.metadata.name) == self._victim[0] and str(p.metadata.uid) != self._victim[1]
+                for p in ready
+            )
+            if pods and replaced and {str(p.metadata.name) for p in ready} >= expected:
+                self._victim = None
+                return ", ".join(self._describe(p) for p in ready)
             if self._clock() >= deadline:
+                waiting = sorted(expected - {str(p.metadata.name) for p in ready})
                 raise TimeoutError(
-                    f"pod {self.namespace}/{name} not replaced and ready within {timeout_s:g} s"
+                    f"pods {waiting or sorted(expected)} in {self.namespace} not replaced"
+                    f" and ready within {timeout_s:g} s"
                 )
             self._wait(self.poll_s)
 
@@ -185,9 +235,9 @@ def kubernetes_api() -> PodApi:
     from kubernetes import client, config
 
     try:
-        config.load_incluster_config()
+        config.load_incluster_config()  # type: ignore[no-untyped-call]
     except config.ConfigException:
-        config.load_kube_config()
+        config.load_kube_config()  # type: ignore[no-untyped-call]
     api: PodApi = client.CoreV1Api()
     return api
 
@@ -222,6 +272,7 @@ class Kill:
     waited_s: float  # the interval waited before it
     down_s: float | None  # kill → ready again (None: it did not come back)
     error: str = ""
+    back: str = ""  # what was up and ready afterwards (a new instance)
 
 
 def read_kills(path: Path) -> list[Kill]:
@@ -280,6 +331,11 @@ class ChaosDriver:
 
     def _run(self) -> None:
         try:
+            try:
+                self.target.wait_ready(self.ready_timeout_s)
+            except Exception as exc:
+                self.error = f"target not ready before the first kill: {exc!r}"
+                return
             for waited in self.schedule.intervals():
                 if self.max_kills is not None and len(self.kills) >= self.max_kills:
                     return
@@ -298,20 +354,16 @@ class ChaosDriver:
         began = time.monotonic()
         target = self.target.kill()
         down: float | None = None
-        error = ""
+        error = back = ""
         try:
-            self.target.wait_ready(self.ready_timeout_s)
+            back = self.target.wait_ready(self.ready_timeout_s)
             down = time.monotonic() - began
         except Exception as exc:
             error = f"not ready again: {exc!r}"
             self.error = error
-        kill = Kill(len(self.kills) + 1, at, target, round(waited, 3), down, error)
+        kill = Kill(len(self.kills) + 1, at, target, round(waited, 3), down, error, back)
         self.kills.append(kill)
         with self.log_path.open("a", encoding="utf-8") as log:
             log.write(json.dumps(asdict(kill)) + "\n")
         if self.on_kill is not None:
             self.on_kill(kill)
-
-
-def kill_times(kills: Sequence[Kill]) -> list[float]:
-    return [k.at for k in kills]

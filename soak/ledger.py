@@ -8,6 +8,10 @@ are tab-separated; the first field is the kind:
 
 ``# soak-ledger 1 <worker> <unix-time>``
     header, once per open (a restarted worker appends a second header; harmless).
+``# soak-ledger-end <worker> <unix-time>``
+    written by ``close()``: the worker has stopped and wrote everything it will. The
+    Kubernetes verifier Job waits for it (``LedgerIndex.ended``), since it runs beside
+    the soak Job instead of after it.
 ``S <request> <records> <tenant> <unix-time>``
     written *before* the request leaves the client: the ids ``<request>.0`` …
     ``<request>.<records-1>`` may now exist in the store.
@@ -83,6 +87,7 @@ class LedgerWriter:
 
     def __init__(self, directory: Path, worker: str) -> None:
         directory.mkdir(parents=True, exist_ok=True)
+        self.worker = worker
         self.path = directory / f"{worker}{LEDGER_SUFFIX}"
         # buffering=1: line-buffered, every line is flushed to the kernel when written.
         self._file: TextIO | None = self.path.open("a", encoding="utf-8", buffering=1)
@@ -107,6 +112,7 @@ class LedgerWriter:
 
     def close(self) -> None:
         if self._file is not None:
+            self._write(f"# soak-ledger-end {self.worker} {time.time():.3f}")
             self._file.close()
             self._file = None
 
@@ -125,6 +131,7 @@ class RequestEntry:
     outcome: Outcome = Outcome.IN_FLIGHT
     status: int = 0
     done_at: float | None = None
+    latency_ms: float | None = None  # A lines: send → complete response, client side
 
 
 @dataclass
@@ -133,6 +140,8 @@ class LedgerIndex:
 
     requests: dict[str, RequestEntry] = field(default_factory=dict)
     files: int = 0
+    #: Files whose last header is followed by an end line (the worker closed it).
+    files_ended: int = 0
     torn_lines: int = 0
     #: Lines that parse but break the format: an outcome without an ``S`` line, a second
     #: outcome for one request, a repeated ``S``. Any is a harness bug worth seeing.
@@ -150,14 +159,23 @@ class LedgerIndex:
         return counts
 
     @property
+    def ended(self) -> bool:
+        """At least one ledger, and every ledger closed by its worker."""
+        return self.files > 0 and self.files_ended == self.files
+
+    @property
     def sent_records(self) -> int:
         return sum(e.records for e in self.requests.values())
 
-    def ack_times(self) -> list[float]:
+    def acks(self) -> list[tuple[float, int, float | None]]:
+        """``(time, records, latency_ms)`` of every acknowledged request, by time."""
         return sorted(
-            e.done_at
-            for e in self.requests.values()
-            if e.outcome is Outcome.ACKED and e.done_at is not None
+            (
+                (e.done_at, e.records, e.latency_ms)
+                for e in self.requests.values()
+                if e.outcome is Outcome.ACKED and e.done_at is not None
+            ),
+            key=lambda ack: ack[0],
         )
 
     def add_lines(self, lines: Iterable[str], source: str) -> None:
@@ -188,6 +206,8 @@ class LedgerIndex:
                     entry.outcome = outcome
                     entry.status = int(parts[2])
                     entry.done_at = float(parts[3])
+                    if outcome is Outcome.ACKED and len(parts) >= 5:
+                        entry.latency_ms = float(parts[4])
                 return
         except ValueError:
             pass
@@ -205,4 +225,7 @@ def read_ledgers(directory: Path) -> LedgerIndex:
         if lines[-1]:
             index.torn_lines += 1
         index.add_lines(lines[:-1], str(path))
+        comments = [line for line in lines[:-1] if line.startswith("# soak-ledger")]
+        if comments and comments[-1].startswith("# soak-ledger-end "):
+            index.files_ended += 1
     return index

@@ -6,8 +6,9 @@ ServeProcess`` (the same launcher the crash tests use: JSON stderr events,
 
 - a fixed HTTP port, so the load generator's URL survives restarts;
 - ``kill()`` (SIGKILL, reap) and ``start()`` on the same data directory, any number of
-  times; each lifetime's stderr is appended to ``log_path`` when it ends and then
-  dropped, so an hour of restarts holds one lifetime's lines in memory, not sixty;
+  times; each lifetime's stderr is appended to ``log_path`` when it ends (a
+  ``{"soak": "lifetime", ...}`` line saying which process and how it ended, then its
+  lines) and then dropped, so an hour of restarts holds one lifetime's lines in memory;
 - the ``recovery.done`` event of every start, for the report.
 
 ``close()`` kills whatever is still running; it is safe to call twice.
@@ -88,8 +89,9 @@ class ServeNode:
         proc = self._proc
         return proc.proc.pid if proc is not None and proc.proc is not None else None
 
-    def start(self) -> Lifetime:
-        """Launch on the data directory and wait for ``/readyz``."""
+    def start(self, timeout_s: float | None = None) -> Lifetime:
+        """Launch on the data directory and wait for ``/readyz`` (within ``timeout_s``,
+        default ``start_timeout_s``)."""
         if self.running:
             raise RuntimeError(f"node already running (pid {self.pid})")
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -98,7 +100,7 @@ class ServeNode:
         launched = time.time()
         began = time.monotonic()
         try:
-            proc.start(timeout=self.start_timeout_s)
+            proc.start(timeout=self.start_timeout_s if timeout_s is None else timeout_s)
         except BaseException:
             self._end("failed-start", kill=True)
             raise
@@ -160,5 +162,6 @@ class ServeNode:
             )
         with self.log_path.open("a", encoding="utf-8") as log:
             pid = proc.proc.pid if proc.proc else None
-            log.write(json.dumps({"soak": "lifetime.end", "pid": pid, "how": how}) + "\n")
-            log.write("\n".join(proc.lines) + "\n")
+            header = {"soak": "lifetime", "pid": pid, "ended_by": how, "exit_code": code}
+            log.write(json.dumps(header) + "\n")
+            log.write("".join(line + "\n" for line in proc.lines))

@@ -2,34 +2,42 @@
 
 Inputs are the files a run leaves in its output directory: ``samples.jsonl``
 (``soak.sampler``), ``kills.jsonl`` (``soak.chaos``), ``verify.json``
-(``soak.verify``) and ``run.json`` (the run's settings and timeline, written by
-``soak.run``). Outputs, in the same directory:
+(``soak.verify``), ``run.json`` (the run's settings and timeline, written by
+``soak.run``) and the ack ledgers (``ledger/``, ``soak.ledger``). Outputs, in the same
+directory:
 
 - ``wal.png`` — WAL bytes on disk and unreclaimed bytes against the checkpoint LSN
   (all in MiB; the checkpoint is a byte position, so its slope is the WAL write rate
   behind the barrier), and the segment count against the derived bound;
-- ``ingest.png`` — acknowledged records/s and refused/failed requests/s;
-- ``latency.png`` — ack latency p50/p99 per sampling interval (from the
+- ``ingest.png`` — records/s acknowledged as the client saw them (the ledger, so the
+  downtime after a kill shows as zero) and as the node counted them (its
+  ``ourios_ingest_records_total``), and requests/s that got no 2xx;
+- ``latency.png`` — ack latency p50/p99 per time bin as the client measured it (send →
+  complete 2xx, from the ledger), and the node's p99 per sampling interval (the
   ``ourios_ingest_ack_seconds`` bucket deltas);
-- ``summary.md`` — the table below, then the verifier's lines.
+- ``summary.md`` / ``summary.json`` — the table below, the verifier's lines, the kills.
 
-Every plot marks each SIGKILL with a vertical line and shades the samples where the
-node did not answer. Matplotlib runs on the Agg backend (no display).
+Every plot marks each SIGKILL with a vertical line and shades each kill → ready span
+(from the kill log, not the samples, so a short outage between two scrapes still
+shows). Matplotlib runs on the Agg backend (no display).
 
-The segment bound (``segment_bound``), derived from the reclamation rule (DESIGN.md §5.7):
-a closed segment is unlinked by the first housekeeping pass after a barrier whose
-checkpoint covers it. A segment closed just after a cut waits up to one barrier period
-B for the next cut; if a SIGKILL lands just before that cut, it waits the downtime D and
-a further B for the new process's first cut; the cut's flush and publish take at most
-another B at soak rates; then up to one housekeeping period H. So no closed segment is
-older than 3B + D + H, and segments are created at most ``r/S + 1/A`` per second
-(size rotation at WAL write rate r bytes/s with S-byte segments, plus age rotation every
-A seconds). With the active segment and one sealed by a torn tail at restart::
+The segment bound (``segment_bound``), derived from the node's settings and the WAL
+write rate, by the reclamation rule (DESIGN.md §5.7): a closed segment is unlinked by
+the first housekeeping pass after a barrier whose checkpoint and tenant snapshots
+cover it. A segment closed just after a cut waits up to one barrier period B for the
+next cut; if a SIGKILL lands just before that cut, it waits the downtime D and a further
+B for the new process's first cut; the cut's flush and publish take at most another B
+at soak rates; then up to one housekeeping period H. So no closed segment is older than
+3B + D + H, and segments are created at most ``r/S + 1/A`` per second (size rotation at
+WAL write rate r bytes/s with S-byte segments, plus age rotation every A seconds). With
+the active segment and one sealed by a torn tail at restart::
 
     max segments ≤ ceil((r/S + 1/A) · (3B + D + H)) + 2
 
-r is estimated from the run itself: the highest checkpoint LSN over the load's
-duration, × 1.5 for burstiness.
+r is measured from the run itself: the highest checkpoint LSN (bytes of WAL frames
+covered) over the load's duration, × 1.5 for burstiness. D is the longest kill → ready.
+If reclamation stalled, the count would grow by ``r/S + 1/A`` per second without limit,
+so the bound is crossed within about 3B + D + H of a stall.
 """
 
 from __future__ import annotations
@@ -49,11 +57,19 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
 
 from soak.chaos import Kill  # noqa: E402
-from soak.sampler import counter_deltas, interval_quantiles, restarts  # noqa: E402
+from soak.ledger import LedgerIndex, Outcome  # noqa: E402
+from soak.sampler import (  # noqa: E402
+    counter_deltas,
+    histogram_quantile,
+    interval_quantiles,
+    restarts,
+)
 
 __all__ = [
+    "PLOTS",
     "Summary",
     "estimate_wal_rate",
+    "report_dir",
     "segment_bound",
     "summarise",
     "write_report",
@@ -62,6 +78,8 @@ __all__ = [
 MIB: Final = 1024 * 1024
 RATE_HEADROOM: Final = 1.5
 PLOTS: Final = ("wal.png", "ingest.png", "latency.png")
+
+Sample = dict[str, Any]
 
 
 def segment_bound(
@@ -79,13 +97,55 @@ def segment_bound(
     return math.ceil(created_per_s * oldest_s) + 2
 
 
-def estimate_wal_rate(samples: Sequence[dict[str, Any]], load_s: float) -> float:
+def estimate_wal_rate(samples: Sequence[Sample], load_s: float) -> float:
     """WAL write rate (bytes/s) for the bound: the highest checkpoint LSN over the
     load's duration, with headroom."""
     lsns = [float(s["wal_checkpoint_lsn"]) for s in samples if s.get("wal_checkpoint_lsn")]
     if not lsns or load_s <= 0:
         return 0.0
     return max(lsns) / load_s * RATE_HEADROOM
+
+
+# ── client-side series (the ledger) ──────────────────────────────────────────────────
+
+
+@dataclass(frozen=True)
+class ClientSeries:
+    """The ledger binned by time: what the load generator saw."""
+
+    bin_s: float
+    starts: list[float]  # unix time of each bin's start
+    acked_records: list[int]
+    failed_requests: list[int]  # refused (non-2xx) or no complete response
+    latencies_ms: list[list[float]]  # per bin, of acknowledged requests
+
+    @classmethod
+    def of(cls, ledger: LedgerIndex, t0: float, t1: float, bin_s: float) -> ClientSeries:
+        count = max(1, math.ceil((t1 - t0) / bin_s))
+        acked = [0] * count
+        failed = [0] * count
+        latencies: list[list[float]] = [[] for _ in range(count)]
+        for entry in ledger.requests.values():
+            if entry.done_at is None:
+                continue
+            i = min(count - 1, max(0, int((entry.done_at - t0) // bin_s)))
+            if entry.outcome is Outcome.ACKED:
+                acked[i] += entry.records
+                if entry.latency_ms is not None:
+                    latencies[i].append(entry.latency_ms)
+            else:
+                failed[i] += 1
+        return cls(bin_s, [t0 + i * bin_s for i in range(count)], acked, failed, latencies)
+
+
+def _nearest_rank(values: Sequence[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+# ── the summary ──────────────────────────────────────────────────────────────────────
 
 
 @dataclass(frozen=True)
@@ -108,11 +168,19 @@ class Summary:
     max_wal_disk_bytes: int | None
     max_unreclaimed_bytes: int | None
     final_checkpoint_lsn: int | None
-    ack_p50_ms: float | None
-    ack_p99_ms: float | None
+    acked_records_per_s: float | None
+    client_ack_p50_ms: float | None
+    client_ack_p99_ms: float | None
+    client_ack_max_ms: float | None
+    node_ack_p50_ms: float | None
+    node_ack_p99_ms: float | None
     samples: int
     samples_down: int
     verdict: str
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict == "PASS"
 
     def markdown(self) -> str:
         def num(v: float | int | None, unit: str = "", digits: int = 0) -> str:
@@ -123,6 +191,9 @@ class Summary:
 
         def mib(v: int | None) -> str:
             return "—" if v is None else f"{v / MIB:,.1f} MiB ({v:,} B)"
+
+        def ms_pair(a: float | None, b: float | None) -> str:
+            return f"{num(a, ' ms', 1)} / {num(b, ' ms', 1)}"
 
         bound_ok = (
             ""
@@ -148,8 +219,11 @@ class Summary:
             ("max WAL bytes on disk", mib(self.max_wal_disk_bytes)),
             ("max unreclaimed WAL bytes", mib(self.max_unreclaimed_bytes)),
             ("final checkpoint LSN", mib(self.final_checkpoint_lsn)),
-            ("ack latency p50 / p99", f"{num(self.ack_p50_ms, ' ms', 1)} / "
-                                      f"{num(self.ack_p99_ms, ' ms', 1)}"),
+            ("acknowledged records/s (mean)", num(self.acked_records_per_s, "", 0)),
+            ("ack latency, client p50 / p99", ms_pair(self.client_ack_p50_ms,
+                                                      self.client_ack_p99_ms)),
+            ("ack latency, client max", num(self.client_ack_max_ms, " ms", 1)),
+            ("ack latency, node p50 / p99", ms_pair(self.node_ack_p50_ms, self.node_ack_p99_ms)),
             ("samples (node down)", f"{self.samples:,} ({self.samples_down:,})"),
         ]  # fmt: skip
         lines = [f"## Soak summary: {self.label}", "", "| | |", "|---|---|"]
@@ -157,22 +231,25 @@ class Summary:
         return "\n".join(lines) + "\n"
 
 
-def _max_int(samples: Sequence[dict[str, Any]], key: str) -> int | None:
+def _max_int(samples: Sequence[Sample], key: str) -> int | None:
     values = [s[key] for s in samples if s.get("up") and s.get(key) is not None]
     return int(max(values)) if values else None
 
 
-def _overall_quantiles(samples: Sequence[dict[str, Any]]) -> tuple[float | None, float | None]:
-    """p50/p99 of every acknowledgement of the run: bucket deltas summed over samples."""
-    from soak.sampler import histogram_quantile
+def _buckets(row: Sample) -> list[tuple[float, float]] | None:
+    raw = row.get("ack_buckets") if row.get("up") else None
+    if not raw:
+        return None
+    return [(math.inf if le == "+Inf" else float(le), float(c)) for le, c in raw]
 
+
+def _node_quantiles(samples: Sequence[Sample]) -> tuple[float | None, float | None]:
+    """p50/p99 of every acknowledgement the node timed: bucket deltas summed over the
+    samples, a restart counting everything the new process counted."""
     total: dict[float, float] = {}
     previous: list[tuple[float, float]] | None = None
     for row, restarted in zip(samples, restarts(samples), strict=True):
-        raw = row.get("ack_buckets") if row.get("up") else None
-        current = (
-            [(math.inf if le == "+Inf" else float(le), float(c)) for le, c in raw] if raw else None
-        )
+        current = _buckets(row)
         if current is not None:
             if previous is None or restarted or current[-1][1] < previous[-1][1]:
                 delta = current
@@ -191,10 +268,11 @@ def _overall_quantiles(samples: Sequence[dict[str, Any]]) -> tuple[float | None,
 
 
 def summarise(
-    samples: Sequence[dict[str, Any]],
+    samples: Sequence[Sample],
     kills: Sequence[Kill],
     verified: dict[str, Any],
     run: dict[str, Any],
+    ledger: LedgerIndex | None = None,
 ) -> Summary:
     settings = run.get("settings", {})
     load_s = float(run.get("load_seconds") or run.get("duration_s") or 0.0)
@@ -210,17 +288,23 @@ def summarise(
             down_s=max(downs, default=0.0),
         )
     recoveries = [float(r) for r in run.get("recovery_seconds", []) if r is not None]
-    p50, p99 = _overall_quantiles(samples)
+    node_p50, node_p99 = _node_quantiles(samples)
+    latencies = (
+        [e.latency_ms for e in ledger.requests.values() if e.latency_ms is not None]
+        if ledger is not None
+        else []
+    )
     max_segments = _max_int(samples, "wal_segments")
     problems = [] if verified.get("ok") else ["verifier"]
     if bound is not None and max_segments is not None and max_segments > bound:
         problems.append(f"segments {max_segments} > bound {bound}")
     problems.extend(str(p) for p in run.get("problems", []))
+    acked = int(verified.get("records_acked", 0))
     return Summary(
         label=str(run.get("label", "")),
         duration_s=float(run.get("duration_s") or 0.0),
         records_sent=int(verified.get("records_sent", 0)),
-        records_acked=int(verified.get("records_acked", 0)),
+        records_acked=acked,
         records_refused=int(verified.get("records_refused", 0)),
         records_no_response=int(verified.get("records_error", 0))
         + int(verified.get("records_in_flight", 0)),
@@ -236,8 +320,12 @@ def summarise(
         max_wal_disk_bytes=_max_int(samples, "wal_disk_bytes"),
         max_unreclaimed_bytes=_max_int(samples, "wal_unreclaimed_bytes"),
         final_checkpoint_lsn=_max_int(samples, "wal_checkpoint_lsn"),
-        ack_p50_ms=p50,
-        ack_p99_ms=p99,
+        acked_records_per_s=acked / load_s if load_s > 0 else None,
+        client_ack_p50_ms=_nearest_rank(latencies, 0.5),
+        client_ack_p99_ms=_nearest_rank(latencies, 0.99),
+        client_ack_max_ms=max(latencies) if latencies else None,
+        node_ack_p50_ms=node_p50,
+        node_ack_p99_ms=node_p99,
         samples=len(samples),
         samples_down=sum(1 for s in samples if not s.get("up")),
         verdict="PASS" if not problems else "FAIL: " + "; ".join(problems),
@@ -247,51 +335,50 @@ def summarise(
 # ── plots ────────────────────────────────────────────────────────────────────────────
 
 
-def _timeline(samples: Sequence[dict[str, Any]], t0: float, minutes: bool) -> list[float]:
-    scale = 60.0 if minutes else 1.0
-    return [(float(s["t"]) - t0) / scale for s in samples]
+@dataclass(frozen=True)
+class _Axis:
+    """Seconds (or minutes, for runs over ten minutes) since the run started."""
+
+    t0: float
+    scale: float
+
+    def x(self, t: float) -> float:
+        return (t - self.t0) / self.scale
+
+    @property
+    def label(self) -> str:
+        return "minutes since start" if self.scale == 60.0 else "seconds since start"
 
 
-def _mark(
-    ax: Axes, kills: Sequence[Kill], downs: Sequence[float], t0: float, scale: float, width: float
-) -> None:
-    """Kills as vertical lines, samples where the node did not answer shaded."""
+def _mark(ax: Axes, kills: Sequence[Kill], axis: _Axis) -> None:
+    """Kills as vertical lines; each kill → ready span shaded (to the plot's end when
+    the node never came back)."""
     for i, kill in enumerate(kills):
+        x = axis.x(kill.at)
         ax.axvline(
-            (kill.at - t0) / scale,
-            color="tab:red",
-            linestyle="--",
-            linewidth=0.8,
-            label="SIGKILL" if i == 0 else None,
+            x, color="tab:red", linestyle="--", linewidth=0.8, label="SIGKILL" if i == 0 else None
         )
-    for i, x in enumerate(downs):
+        end = axis.x(kill.at + kill.down_s) if kill.down_s is not None else ax.get_xlim()[1]
         ax.axvspan(
-            x - width / 2, x + width / 2, color="0.85", linewidth=0,
-            label="node down" if i == 0 else None,
-        )  # fmt: skip
+            x, end, color="0.85", linewidth=0, label="down (kill → ready)" if i == 0 else None
+        )
 
 
-def _step(xs: Sequence[float]) -> float:
-    """The median spacing of the samples, the width of one shaded sample."""
-    gaps = sorted(b - a for a, b in zip(xs, xs[1:], strict=False))
-    return gaps[len(gaps) // 2] if gaps else 0.01
-
-
-def _series(samples: Sequence[dict[str, Any]], key: str, scale: float = 1.0) -> list[float]:
+def _series(samples: Sequence[Sample], key: str, scale: float = 1.0) -> list[float]:
     return [
         float(s[key]) / scale if s.get("up") and s.get(key) is not None else math.nan
         for s in samples
     ]
 
 
-def _outcome_total(row: dict[str, Any], key: str, ok: bool) -> float | None:
+def _outcome_total(row: Sample, key: str, ok: bool) -> float | None:
     if not row.get("up"):
         return None
     values: dict[str, float] = row.get(key) or {}
     return sum(v for k, v in values.items() if (k == "ok") == ok)
 
 
-def _rates(samples: Sequence[dict[str, Any]], values: Sequence[float | None]) -> list[float]:
+def _rates(samples: Sequence[Sample], values: Sequence[float | None]) -> list[float]:
     deltas = counter_deltas(values, restarts(samples))
     out = [math.nan]
     for i in range(1, len(samples)):
@@ -301,21 +388,35 @@ def _rates(samples: Sequence[dict[str, Any]], values: Sequence[float | None]) ->
     return out
 
 
+def _legend(*axes: Axes) -> None:
+    handles: list[Any] = []
+    labels: list[str] = []
+    for ax in axes:
+        h, lab = ax.get_legend_handles_labels()
+        handles += h
+        labels += lab
+    axes[0].legend(handles, labels, loc="upper left", fontsize=8)
+
+
+def _save(fig: Any, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
 def write_plots(
     out_dir: Path,
-    samples: Sequence[dict[str, Any]],
+    samples: Sequence[Sample],
     kills: Sequence[Kill],
     run: dict[str, Any],
     bound: int | None,
+    ledger: LedgerIndex | None = None,
 ) -> list[Path]:
     t0 = float(run.get("started_at") or (samples[0]["t"] if samples else 0.0))
-    span = (float(samples[-1]["t"]) - t0) if samples else 0.0
-    minutes = span > 600
-    scale = 60.0 if minutes else 1.0
-    xlabel = "minutes since start" if minutes else "seconds since start"
-    xs = _timeline(samples, t0, minutes)
-    downs = [x for x, s in zip(xs, samples, strict=True) if not s.get("up")]
-    width = _step(xs)
+    t1 = float(samples[-1]["t"]) if samples else float(run.get("ended_at") or t0 + 1.0)
+    axis = _Axis(t0, 60.0 if t1 - t0 > 600 else 1.0)
+    xs = [axis.x(float(s["t"])) for s in samples]
     title = str(run.get("label", "soak"))
     paths: list[Path] = []
 
@@ -333,87 +434,113 @@ def write_plots(
         label="checkpoint LSN",
     )
     right.set_ylabel("checkpoint LSN (MiB of WAL written)")
-    _mark(top, kills, downs, t0, scale, width)
-    handles, labels = top.get_legend_handles_labels()
-    more_h, more_l = right.get_legend_handles_labels()
-    top.legend(handles + more_h, labels + more_l, loc="upper left", fontsize=8)
+    _mark(top, kills, axis)
+    _legend(top, right)
     top.set_title(f"{title}: WAL against the checkpoint")
     bottom.step(xs, _series(samples, "wal_segments"), where="post", label="WAL segments")
     if bound is not None:
         bottom.axhline(bound, color="tab:orange", linestyle=":", label=f"bound {bound}")
-    _mark(bottom, kills, downs, t0, scale, width)
+    _mark(bottom, kills, axis)
     bottom.set_ylabel("segments")
-    bottom.set_xlabel(xlabel)
+    bottom.set_xlabel(axis.label)
+    bottom.set_ylim(bottom=0)
     bottom.legend(loc="upper left", fontsize=8)
-    fig.tight_layout()
-    paths.append(out_dir / "wal.png")
-    fig.savefig(paths[-1], dpi=100)
-    plt.close(fig)
+    paths.append(_save(fig, out_dir / "wal.png"))
+
+    client = None
+    if ledger is not None and ledger.requests:
+        span = t1 - t0
+        client = ClientSeries.of(ledger, t0, t1, max(2.0, span / 200))
 
     # Ingest rate.
     fig, ax = plt.subplots(figsize=(11, 4))
+    if client is not None:
+        cx = [axis.x(t + client.bin_s / 2) for t in client.starts]
+        ax.plot(
+            cx, [n / client.bin_s for n in client.acked_records], label="acked records/s (client)"
+        )
     ok_records = [_outcome_total(s, "ingest_records", True) for s in samples]
-    bad_requests = [_outcome_total(s, "ingest_requests", False) for s in samples]
-    ax.plot(xs, _rates(samples, ok_records), label="records acknowledged /s")
+    ax.plot(
+        xs, _rates(samples, ok_records), linestyle=":", label="accepted records/s (node counter)"
+    )
     ax.set_ylabel("records/s")
     right = ax.twinx()
-    right.plot(
-        xs, _rates(samples, bad_requests), color="tab:purple", linewidth=0.8,
-        label="requests refused /s",
-    )  # fmt: skip
-    right.set_ylabel("refused requests/s")
-    _mark(ax, kills, downs, t0, scale, width)
-    handles, labels = ax.get_legend_handles_labels()
-    more_h, more_l = right.get_legend_handles_labels()
-    ax.legend(handles + more_h, labels + more_l, loc="upper left", fontsize=8)
-    ax.set_title(f"{title}: ingest rate (node's counters; gaps: node down)")
-    ax.set_xlabel(xlabel)
-    fig.tight_layout()
-    paths.append(out_dir / "ingest.png")
-    fig.savefig(paths[-1], dpi=100)
-    plt.close(fig)
+    if client is not None:
+        right.plot(
+            cx,
+            [n / client.bin_s for n in client.failed_requests],
+            color="tab:purple",
+            linewidth=0.8,
+            label="requests/s without a 2xx (client)",
+        )
+    right.set_ylabel("failed requests/s")
+    _mark(ax, kills, axis)
+    _legend(ax, right)
+    ax.set_title(f"{title}: ingest rate")
+    ax.set_xlabel(axis.label)
+    paths.append(_save(fig, out_dir / "ingest.png"))
 
     # Ack latency.
     fig, ax = plt.subplots(figsize=(11, 4))
-    quantiles = interval_quantiles(samples, (0.5, 0.99))
-    for q, label in ((0.5, "p50"), (0.99, "p99")):
-        ys = [(v * 1000 if (v := row.get(q)) is not None else math.nan) for row in quantiles]
-        ax.plot(xs, ys, label=f"ack latency {label}")
-    if any(row.get(0.99) for row in quantiles):
-        ax.set_yscale("log")
+    if client is not None:
+        for q, label in ((0.5, "p50"), (0.99, "p99")):
+            ys = [
+                math.nan if (v := _nearest_rank(lat, q)) is None else v
+                for lat in client.latencies_ms
+            ]
+            ax.plot(cx, ys, label=f"client {label}")
+    # The node's p99 over windows as wide as the client's bins (every stride-th sample),
+    # so a long run's line is as readable as a short one's.
+    bin_s = client.bin_s if client is not None else 0.0
+    spacing = (t1 - t0) / max(1, len(samples) - 1)
+    stride = max(1, round(bin_s / spacing)) if spacing > 0 else 1
+    picked = samples[::stride]
+    node = interval_quantiles(picked, (0.99,))
+    ax.plot(
+        [axis.x(float(s["t"])) for s in picked],
+        [(v * 1000 if (v := row.get(0.99)) is not None else math.nan) for row in node],
+        linestyle=":",
+        label="node p99 (ourios_ingest_ack_seconds)",
+    )
+    ax.set_yscale("log")
     ax.set_ylabel("ms")
-    _mark(ax, kills, downs, t0, scale, width)
+    _mark(ax, kills, axis)
     ax.legend(loc="upper left", fontsize=8)
-    ax.set_title(f"{title}: ack latency per sampling interval (ourios_ingest_ack_seconds)")
-    ax.set_xlabel(xlabel)
-    fig.tight_layout()
-    paths.append(out_dir / "latency.png")
-    fig.savefig(paths[-1], dpi=100)
-    plt.close(fig)
+    ax.set_title(f"{title}: ack latency")
+    ax.set_xlabel(axis.label)
+    paths.append(_save(fig, out_dir / "latency.png"))
     return paths
 
 
 def write_report(
     out_dir: Path,
-    samples: Sequence[dict[str, Any]],
+    samples: Sequence[Sample],
     kills: Sequence[Kill],
     verified: dict[str, Any],
     run: dict[str, Any],
     verify_lines: Sequence[str] = (),
+    ledger: LedgerIndex | None = None,
 ) -> Summary:
-    """Write the plots and ``summary.md`` (and ``summary.json``) into ``out_dir``."""
+    """Write the plots, ``summary.md`` and ``summary.json`` into ``out_dir``."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    summary = summarise(samples, kills, verified, run)
-    write_plots(out_dir, samples, kills, run, summary.segment_bound)
+    summary = summarise(samples, kills, verified, run, ledger)
+    write_plots(out_dir, samples, kills, run, summary.segment_bound, ledger)
     text = summary.markdown()
     if verify_lines:
         text += "\n```\n" + "\n".join(verify_lines) + "\n```\n"
     if kills:
-        text += "\n| kill | at (s) | target | waited (s) | down (s) |\n|---:|---:|---|---:|---:|\n"
+        text += (
+            "\n| kill | at (s) | killed | waited (s) | down (s) | back |\n"
+            "|---:|---:|---|---:|---:|---|\n"
+        )
         t0 = float(run.get("started_at") or kills[0].at)
         for k in kills:
             down = "—" if k.down_s is None else f"{k.down_s:.1f}"
-            text += f"| {k.number} | {k.at - t0:.1f} | {k.target} | {k.waited_s:.1f} | {down} |\n"
+            back = k.back or k.error or "—"
+            text += (
+                f"| {k.number} | {k.at - t0:.1f} | {k.target} | {k.waited_s:.1f} | {down}"
+                f" | {back} |\n"
+            )
     (out_dir / "summary.md").write_text(text, encoding="utf-8")
     (out_dir / "summary.json").write_text(json.dumps(asdict(summary), indent=2) + "\n")
     return summary
@@ -422,6 +549,7 @@ def write_report(
 def report_dir(out_dir: Path) -> Summary:
     """Rebuild the report from a run's files (``python -m soak report DIR``)."""
     from soak.chaos import read_kills
+    from soak.ledger import read_ledgers
     from soak.sampler import load_samples
 
     samples = load_samples(out_dir / "samples.jsonl")
@@ -429,4 +557,5 @@ def report_dir(out_dir: Path) -> Summary:
     verified = json.loads((out_dir / "verify.json").read_text())
     run = json.loads((out_dir / "run.json").read_text())
     lines = [str(x) for x in verified.get("lines", [])]
-    return write_report(out_dir, samples, kills, verified, run, lines)
+    ledger = read_ledgers(out_dir / "ledger")
+    return write_report(out_dir, samples, kills, verified, run, lines, ledger)

@@ -27,18 +27,18 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Final
 
 from soak.chaos import ChaosDriver, KillSchedule, LocalTarget
+from soak.durations import parse_duration
 from soak.ledger import read_ledgers
 from soak.report import Summary, write_report
 from soak.sampler import Sampler, load_samples
@@ -59,17 +59,6 @@ NODE_SETTINGS: Final[Mapping[str, str]] = {
     "OURIOS_SERVER_NODE_ID": "soak-0",
     "OURIOS_SERVER_SHUTDOWN_GRACE_SECS": "5",
 }
-
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
-_UNIT_S: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
-
-
-def parse_duration(text: str) -> float:
-    """``"90"``, ``"90s"``, ``"10m"``, ``"1h"``, ``"500ms"`` → seconds."""
-    match = _DURATION.match(text)
-    if match is None:
-        raise ValueError(f"duration {text!r}: expected a number with ms, s, m or h")
-    return float(match.group(1)) * _UNIT_S[match.group(2)]
 
 
 @dataclass(frozen=True)
@@ -190,10 +179,13 @@ def _say(message: str) -> None:
 def run(config: SoakConfig) -> SoakResult:
     """The whole soak (module docstring)."""
     config.validate()
+    # Absolute: SeaweedFS and locust run in other working directories.
+    config = replace(config, out=config.out.resolve())
     out = config.out
+    if out.exists() and any(out.iterdir()):
+        # A second run would replay the first one's WAL and mix its ledgers in.
+        raise ValueError(f"output directory {out} is not empty: give a new --out")
     out.mkdir(parents=True, exist_ok=True)
-    for name in ("samples.jsonl", "kills.jsonl"):
-        (out / name).unlink(missing_ok=True)
     started_at = time.time()
     run_id = f"s{config.seed}t{int(started_at)}"
     problems: list[str] = []
@@ -217,8 +209,7 @@ def run(config: SoakConfig) -> SoakResult:
 
             _say("starting SeaweedFS")
             seaweed = stack.enter_context(SeaweedS3(_weed(), out / "seaweed"))
-            with contextlib.suppress(Exception):
-                seaweed.make_bucket(BUCKET)  # an --out reused from an earlier run has it
+            seaweed.make_bucket(BUCKET)
             env.update(seaweed.env())
             env["OURIOS_STORE_URL"] = f"s3://{BUCKET}"
             source = S3Objects(seaweed.client(), BUCKET)
@@ -283,19 +274,28 @@ def run(config: SoakConfig) -> SoakResult:
                 problems.append(chaos.error)
         if not node.running:
             _say("node is down after the last kill; starting it for the final cut")
-            node.start()
-        sampler.sample_once()
-        _say("SIGTERM: drain and final cut")
-        term_began = time.monotonic()
-        exit_code = node.terminate()
-        meta["sigterm_seconds"] = time.monotonic() - term_began
-        if exit_code != 0:
-            problems.append(f"ourios serve exited with {exit_code} after SIGTERM")
+            try:
+                node.start()
+            except Exception as exc:  # what was acknowledged stays unpublished: say so
+                problems.append(f"the node did not start for the final cut: {exc}")
+        if node.running:
+            sampler.sample_once()
+            _say("SIGTERM: drain and final cut")
+            term_began = time.monotonic()
+            try:
+                exit_code: int | None = node.terminate()
+            except RuntimeError as exc:  # ignored SIGTERM: ServeProcess killed it
+                exit_code = None
+                problems.append(str(exc).splitlines()[0])
+            meta["sigterm_seconds"] = time.monotonic() - term_began
+            if exit_code not in (0, None):
+                problems.append(f"ourios serve exited with {exit_code} after SIGTERM")
         sampler.close()
 
         _say("verifying the store against the ledgers")
         published = read_published(source, PublishedIds())
-        verified = verify(read_ledgers(out / "ledger"), published, source.describe())
+        ledger = read_ledgers(out / "ledger")
+        verified = verify(ledger, published, source.describe())
         verify_lines = verified.lines()
         (out / "verify.json").write_text(
             json.dumps({**verified.to_json(), "lines": verify_lines}, indent=2) + "\n"
@@ -314,6 +314,12 @@ def run(config: SoakConfig) -> SoakResult:
         (out / "run.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
 
     summary = write_report(
-        out, load_samples(out / "samples.jsonl"), kills, verified.to_json(), meta, verify_lines
+        out,
+        load_samples(out / "samples.jsonl"),
+        kills,
+        verified.to_json(),
+        meta,
+        verify_lines,
+        ledger,
     )
     return SoakResult(summary, verified.ok, out, problems)

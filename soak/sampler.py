@@ -104,9 +104,9 @@ def parse_metrics(text: str) -> dict[str, Any]:
                     out["ack_sum"] = sample.value
         else:
             for sample in family.samples:
-                key = GAUGES.get(sample.name)
-                if key is not None and not sample.labels:
-                    out[key] = sample.value
+                gauge = GAUGES.get(sample.name)
+                if gauge is not None and not sample.labels:
+                    out[gauge] = sample.value
     if buckets:
         buckets.sort()
         out["ack_buckets"] = [[_le_json(le), count] for le, count in buckets]
@@ -160,22 +160,26 @@ class Sampler:
         self._clock = clock
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # The thread and a caller's sample_once (the harness takes one before SIGTERM)
+        # append to one file and bump the counters: one scrape at a time.
+        self._lock = threading.Lock()
         self.samples = 0
         self.down = 0
 
     def sample_once(self) -> dict[str, Any]:
         """One scrape, appended to the file; returns the sample."""
-        t = self._clock()
-        row: dict[str, Any]
-        try:
-            row = {"t": round(t, 3), "up": True, **parse_metrics(self._fetch(self.url))}
-        except (OSError, http.client.HTTPException, ValueError) as exc:
-            row = {"t": round(t, 3), "up": False, "error": repr(exc)[:200]}
-            self.down += 1
-        self.samples += 1
-        with self.path.open("a", encoding="utf-8") as out:
-            out.write(json.dumps(row, separators=(",", ":")) + "\n")
-        return row
+        with self._lock:
+            t = self._clock()
+            row: dict[str, Any]
+            try:
+                row = {"t": round(t, 3), "up": True, **parse_metrics(self._fetch(self.url))}
+            except (OSError, http.client.HTTPException, ValueError) as exc:
+                row = {"t": round(t, 3), "up": False, "error": repr(exc)[:200]}
+                self.down += 1
+            self.samples += 1
+            with self.path.open("a", encoding="utf-8") as out:
+                out.write(json.dumps(row, separators=(",", ":")) + "\n")
+            return row
 
     def start(self) -> Sampler:
         if self._thread is not None:

@@ -15,11 +15,16 @@ its ``tenant``, and reads every ``*.ledger`` file under the ledger directory
 - rows without an id (another client wrote to the store), ledger anomalies and torn
   lines.
 
-Exit status: 0 when nothing is lost, never sent or under the wrong tenant; 1 otherwise.
+Exit status: 0 when nothing is lost, never sent or under the wrong tenant; 1 otherwise
+(2 when the ledgers were not closed in time, see below).
 ``--settle-timeout S`` re-reads the store (new objects only: objects are immutable)
 until the verdict is clean or S seconds passed, for a node that keeps running (in
 Kubernetes the verifier cannot SIGTERM it; what was acknowledged last is published by
-the next barrier or age sweep).
+the next barrier or age sweep). ``--wait-ledger-end S`` first waits up to S seconds
+for every ledger to carry its end line (the verifier Job starts beside the soak Job).
+Every option has an environment default (``SOAK_STORE_URL``,
+``SOAK_STORE_ENDPOINT_URL``, ``SOAK_LEDGER_DIR``, ``SOAK_VERIFY_OUT``), which is how
+the Kubernetes Job sets them.
 
 The set work runs in Arrow (``value_counts``, ``is_in``) on id arrays built without a
 Python loop per record, so an hour-long soak of a few million records verifies in
@@ -31,6 +36,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
 import sys
 import threading
 import time
@@ -218,6 +224,7 @@ class VerifyReport:
     wrong_tenant_sample: list[str]
     duplicates: int  # extra copies beyond the first
     duplicated_ids: int
+    duplicated_sample: list[str]
     maybe_published: int  # ids of refused/error/in-flight requests found in the store
     seconds: float = 0.0
 
@@ -255,6 +262,8 @@ class VerifyReport:
             out.append(f"  never sent, first: {self.never_sent_sample}")
         if self.wrong_tenant_sample:
             out.append(f"  wrong tenant, first: {self.wrong_tenant_sample}")
+        if self.duplicated_sample:
+            out.append(f"  duplicated, first: {self.duplicated_sample}")
         if self.ledger_anomalies:
             out.append(f"  ledger anomalies ({len(self.ledger_anomalies)}):")
             out.extend(f"    {a}" for a in self.ledger_anomalies[:SAMPLE])
@@ -355,6 +364,7 @@ def verify(ledger: LedgerIndex, published: PublishedIds, store: str = "") -> Ver
         wrong_tenant_sample=wrong_sample,
         duplicates=int((pc.sum(copies).as_py() or 0) - len(unique)),
         duplicated_ids=int(pc.sum(duplicated).as_py() or 0),
+        duplicated_sample=_sample(unique.filter(duplicated)),
         maybe_published=int(maybe),
     )
     report.seconds = time.monotonic() - began
@@ -384,18 +394,64 @@ def run_verify(
         pause.wait(settle_interval_s)
 
 
+def wait_ledger_end(ledger_dir: Path, timeout_s: float, interval_s: float = 5.0) -> bool:
+    """Poll until every ledger under ``ledger_dir`` is closed by its worker, or time out;
+    returns whether they were."""
+    deadline = time.monotonic() + timeout_s
+    pause = threading.Event()
+    while not read_ledgers(ledger_dir).ended:
+        if time.monotonic() + interval_s > deadline:
+            return read_ledgers(ledger_dir).ended
+        pause.wait(interval_s)
+    return True
+
+
+def _env(name: str) -> str | None:
+    return os.environ.get(name) or None
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    store = _env("SOAK_STORE_URL")
+    ledger = _env("SOAK_LEDGER_DIR")
+    out = _env("SOAK_VERIFY_OUT")
     parser.add_argument(
-        "--store", required=True, help="file:///abs/path, a directory, or s3://bucket[/prefix]"
+        "--store",
+        default=store,
+        required=store is None,
+        help="file:///abs/path, a directory, or s3://bucket[/prefix] ($SOAK_STORE_URL)",
     )
-    parser.add_argument("--endpoint-url", default=None, help="S3-compatible endpoint")
-    parser.add_argument("--ledger", required=True, type=Path, help="ledger directory")
-    parser.add_argument("--out", type=Path, default=None, help="write the report JSON here")
+    parser.add_argument(
+        "--endpoint-url",
+        default=_env("SOAK_STORE_ENDPOINT_URL"),
+        help="S3-compatible endpoint ($SOAK_STORE_ENDPOINT_URL)",
+    )
+    parser.add_argument(
+        "--ledger",
+        type=Path,
+        default=Path(ledger) if ledger else None,
+        required=ledger is None,
+        help="ledger directory ($SOAK_LEDGER_DIR)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path(out) if out else None,
+        help="write the report JSON here ($SOAK_VERIFY_OUT)",
+    )
     parser.add_argument("--settle-timeout", type=float, default=0.0, metavar="SECONDS")
     parser.add_argument("--settle-interval", type=float, default=10.0, metavar="SECONDS")
+    parser.add_argument("--wait-ledger-end", type=float, default=0.0, metavar="SECONDS")
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.wait_ledger_end > 0 and not wait_ledger_end(args.ledger, args.wait_ledger_end):
+        index = read_ledgers(args.ledger)
+        print(
+            f"ledgers under {args.ledger} not closed within {args.wait_ledger_end:g} s"
+            f" ({index.files_ended} of {index.files} closed)",
+            file=sys.stderr,
+        )
+        return 2
     source = object_source(args.store, args.endpoint_url)
     report = run_verify(
         source,

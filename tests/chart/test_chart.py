@@ -870,6 +870,43 @@ def test_a_chart_value_changes_what_the_app_runs_with(
     assert others == {k: v for k, v in baseline.items() if k not in touched}
 
 
+#: The sections whose every tunable the running node must be shown to use.
+TUNED_SECTIONS = ("wal", "sink", "disk")
+
+
+@pytest.mark.slow
+def test_every_wal_sink_and_disk_value_reaches_the_running_node(tmp_path: Path) -> None:
+    """All WAL, sink and disk values changed at once; the pod's command and environment
+    start a real ``ourios serve``, whose start-up line (``config.effective``) and
+    ``/metrics`` must show every changed value."""
+    keys = [k for k in CHANGES if k.split(".")[0] in TUNED_SECTIONS]
+    expected_rows = [r for r in gen_chart_schema.value_rows() if r.section in TUNED_SECTIONS]
+    assert len(keys) == len(expected_rows) >= 17
+    flat = {k: CHANGES[k][0] for k in keys}
+    pod = PodEmulator(render(nest(flat)), tmp_path)
+    assert pod.argv == ["ourios", "serve"], "ServeProcess runs the same entry point"
+    env = pod.env()
+    # The only substitutions: loopback and free ports, since this machine is shared.
+    env.update(
+        {"OURIOS_SERVER_HOST": "127.0.0.1", "OURIOS_SERVER_HTTP_PORT": "0"}
+        | {"OURIOS_SERVER_GRPC_PORT": "0"}
+    )
+    node = ServeProcess(Path(env["OURIOS_SERVER_DATA_DIR"]), env)
+    with node:
+        (line,) = node.event("config.effective")
+        effective = {k: pod.podify(v) for k, v in line["config"].items()}
+        status, metrics = node.get("/metrics")
+        assert node.terminate() == 0
+    for key, value in flat.items():
+        row = _ROWS[key]
+        assert value != row.default, key
+        assert effective[row.env_var] == value, (
+            f"{key}: the node runs with {effective[row.env_var]}"
+        )
+    assert status == 200
+    assert f"ourios_wal_tenants_limit {float(flat['wal.maxTenants'])}" in metrics.decode()
+
+
 def test_the_app_accepts_the_schema_minima_and_maxima(tmp_path: Path) -> None:
     """The schema's bounds are the app's: at each bound the app starts (the refusal one
     step beyond is test_helm_template_refuses_values_outside_the_schema_range)."""
@@ -1022,3 +1059,42 @@ def test_a_node_installed_with_store_url_and_credentials_works(
     assert keys, f"nothing published; node log:\n{node.tail()}"
     assert all(k.rsplit("/", 1)[1].startswith(f"{FULLNAME}-0-") for k in keys), keys
     assert (data_dir / "wal").is_dir(), "the WAL is not in the data volume"
+
+
+# --- NOTES.txt -----------------------------------------------------------------------------
+
+
+def notes(values: Values) -> str:
+    """NOTES.txt as ``helm install`` prints it (a client-side dry run: no cluster)."""
+    proc = subprocess.run(
+        [helm(), "install", RELEASE, str(CHART), "--dry-run=client", "--namespace", NAMESPACE]
+        + ["-f", "-"],
+        input=yaml.safe_dump(dict(values)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "KUBECONFIG": os.devnull},
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "NOTES:" in proc.stdout, proc.stdout[-2000:]
+    return proc.stdout.split("NOTES:", 1)[1]
+
+
+@pytest.mark.parametrize("name", ["defaults", "auth_tokens", "s3_existing_secret"])
+def test_notes_say_how_to_send_logs_and_where_they_land(name: str) -> None:
+    values = VALUE_SETS[name]
+    text = notes(values)
+    rendered = render(values)
+    service = rendered.one("Service", FULLNAME)
+    ports = {p["name"]: p["port"] for p in service["spec"]["ports"]}
+    host = f"{FULLNAME}.{NAMESPACE}.svc"
+    assert f"http://{host}:{ports['http']}/v1/logs" in text
+    assert f"{host}:{ports['grpc']}" in text
+    assert "X-Ourios-Tenant" in text
+    if "auth" in values:
+        assert "Authentication is ON" in text and "Authorization: Bearer" in text
+    else:
+        assert "Authentication is OFF" in text
+    url = values.get("store", {}).get("url") or f"{DATA_DIR}/objects"
+    assert f"{url.rstrip('/')}/records/tenant=<tenant>/date=YYYY-MM-DD/" in text
+    assert f"{url.rstrip('/')}/audit/tenant=<tenant>/date=YYYY-MM-DD/" in text
