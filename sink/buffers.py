@@ -36,14 +36,28 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Final
 
-from sink.parquet import Attributes, AuditColumns, RecordColumns
+from sink.parquet import Attributes, AuditColumns, EncodeError, FrozenRows, RecordColumns
 
 NANOS_PER_DAY: Final = 86_400 * 1_000_000_000
+#: Rows a records partition holds as Python lists before the turn freezes them into a
+#: piece that the sealer thread converts into one Arrow chunk. It bounds the buffered
+#: Python objects a full garbage collection walks per partition, and the length of one
+#: conversion call, which holds the GIL throughout (at 2,048 rows a piece's conversions
+#: stalled every request by tens of milliseconds; converting per request instead cost
+#: 1.8x per row in per-call overhead). soak/bench/ingest.py measures the effect.
+SEAL_ROWS: Final = 512
+#: The sealer thread ends after this long without a piece to convert.
+SEALER_IDLE_SECS: Final = 0.5
+
+
+def _yield_interpreter() -> None:
+    time.sleep(0)
 
 
 class Kind(Enum):
@@ -201,8 +215,14 @@ class Buffers:
         flush_bytes: int,
         clock: Callable[[], float],
         epoch: Callable[[], int],
+        background_sealing: bool = True,
     ) -> None:
+        """``background_sealing=False`` leaves frozen pieces for ``seal_pending`` (tests
+        that step it themselves); an encode converts whatever is left either way."""
         self.flush_bytes = flush_bytes
+        self._background_sealing = background_sealing
+        #: called by the sealer thread after each round with the pieces it converted
+        self.on_sealed: Callable[[int], None] | None = None
         self._clock = clock
         self._epoch = epoch
         self.lock = threading.Lock()  # the sink lock
@@ -222,6 +242,10 @@ class Buffers:
         self._lost_from: dict[str, int] = {}
         #: rows discarded because a settlement superseded them (dropped or fenced)
         self.superseded_rows = 0
+        #: pieces frozen by ``add_records`` and not yet taken by ``seal_pending``
+        self._unsealed: list[FrozenRows] = []
+        self._seal_wanted = threading.Event()
+        self._sealer: threading.Thread | None = None
 
     # -- appends (the ingest turn) -------------------------------------------------------
 
@@ -248,7 +272,13 @@ class Buffers:
     ) -> Detached | None:
         """Append one batch's rows of one day; returns the partition, detached, when it
         reached ``flush_bytes`` (the size trigger). ``nbytes`` is the caller's estimate of
-        the rows' size (the pipeline passes the frame's payload bytes)."""
+        the rows' size (the pipeline passes the frame's payload bytes).
+
+        The rows go into the partition's list columns (C-level extends); every
+        ``SEAL_ROWS`` rows the lists are frozen into a piece (O(1)) that ``seal_pending``
+        converts into an Arrow chunk outside the lock, so a partition holds about that
+        many rows as Python objects whatever its size, and its publish encodes without
+        converting."""
         n = len(record_index)
         if n == 0:
             return None
@@ -261,21 +291,26 @@ class Buffers:
                 self._records[key] = part
             cols = part.records
             assert cols is not None
-            cols.tenant.extend(itertools.repeat(tenant, n))
-            cols.time_unix_nano.extend(time_unix_nano)
-            cols.observed_time_unix_nano.extend(observed_time_unix_nano)
-            cols.severity_number.extend(severity_number)
-            cols.severity_text.extend(severity_text)
-            cols.body.extend(body)
-            cols.attributes.extend(attributes)
-            cols.resource_attributes.extend(resource_attributes)
-            cols.scope_name.extend(scope_name)
-            cols.trace_id.extend(trace_id)
-            cols.span_id.extend(span_id)
-            cols.template_id.extend(template_id)
-            cols.template_params.extend(template_params)
-            cols.wal_lsn.extend(itertools.repeat(wal_lsn, n))
-            cols.record_index.extend(record_index)
+            cols.extend_columns(
+                tenant,
+                time_unix_nano,
+                observed_time_unix_nano,
+                severity_number,
+                severity_text,
+                body,
+                attributes,
+                resource_attributes,
+                scope_name,
+                trace_id,
+                span_id,
+                template_id,
+                template_params,
+                wal_lsn,
+                record_index,
+            )
+            if cols.list_rows >= SEAL_ROWS:
+                self._unsealed.append(cols.freeze())
+                self._wake_sealer_locked()
             part.max_lsn = max(part.max_lsn, wal_lsn)
             part.audit_watermark = self._audit_seq.get(tenant, 0)
             part.est_bytes += nbytes
@@ -284,6 +319,55 @@ class Buffers:
                 del self._records[key]
                 return self._detach_locked(part, "size")
             return None
+
+    def _wake_sealer_locked(self) -> None:
+        if not self._background_sealing:
+            return
+        if self._sealer is None:
+            self._sealer = threading.Thread(
+                target=self._seal_forever, name="ourios-sealer", daemon=True
+            )
+            self._sealer.start()
+        self._seal_wanted.set()
+
+    def _seal_forever(self) -> None:
+        # Started on a freeze, it ends once idle for SEALER_IDLE_SECS (the next freeze
+        # starts another): converting has no effect beyond the piece it replaces, so
+        # there is nothing to stop or flush, and an idle node or a finished test keeps
+        # no thread. A piece left unconverted is converted by its encode.
+        while True:
+            if not self._seal_wanted.wait(SEALER_IDLE_SECS):
+                with self.lock:
+                    if not self._seal_wanted.is_set():
+                        self._sealer = None
+                        return
+            self._seal_wanted.clear()
+            done = self.seal_pending()
+            hook = self.on_sealed
+            if hook is not None:
+                hook(done)
+
+    def seal_pending(self) -> int:
+        """Convert the pieces ``add_records`` froze into Arrow chunks, outside the sink
+        lock, on the sealer thread: a conversion holds the GIL for milliseconds and, in a
+        request's own thread, measured tens of milliseconds of wall time under load, so
+        neither the serial section every turn waits for nor any one request carries it.
+        A piece already detached converts all the same: its rows are the same either
+        way, and an encode converts whatever is left. A piece that does not convert stays
+        lists for the encode to report. Returns the pieces converted."""
+        with self.lock:
+            pieces, self._unsealed = self._unsealed, []
+        done = 0
+        for piece in pieces:
+            try:
+                # Between columns, let the threads waiting for the interpreter have it:
+                # each conversion holds it for its whole call, and a piece's fifteen
+                # back to back measured tens of milliseconds of stall for every request.
+                piece.convert(_yield_interpreter)
+            except EncodeError:
+                continue  # the publish's encode names the column and requeues
+            done += 1
+        return done
 
     def add_audit(
         self,

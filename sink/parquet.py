@@ -36,18 +36,24 @@ with the UINT_64 logical type; DuckDB reads them as ``UBIGINT`` (for a timestamp
 ``make_timestamp_ns(time_unix_nano::BIGINT)``), pyarrow as ``uint64``. Body and
 attribute values that were not strings in OTLP are JSON-encoded by the caller. The
 schema metadata carries ``ourios.schema`` = ``records/1`` or ``audit/1``; a change to a
-column's name or type bumps it. One object is one row group.
+column's name or type bumps it. A records object's row groups hold ``ROW_GROUP_ROWS``
+rows.
 
 Invariant: an object is encoded whole in memory and handed to the store as one
 ``bytes``, so a reader never sees a Parquet file without its footer; the store's atomic
 put is the only publication step.
 
-``RecordColumns`` and ``AuditColumns`` are the buffers the ingest turn appends to: one
-Python list per column, so an append is the column appends and nothing else — no
-per-row dict, no Arrow call. Attributes stay the caller's sequence of ``(key, value)``
-tuples and become a ``MapArray`` in one ``pyarrow.array`` call at encode time, which
-measured faster than building the array from flattened keys, values and offsets.
-Encoding runs on the publisher thread (DESIGN.md §5), appending in the ingest turn.
+``RecordColumns`` and ``AuditColumns`` are the buffers the ingest turn appends to. The
+turn extends one Python list per column (no per-row dict, no Arrow call); a records
+buffer converts its list rows into an Arrow chunk every ``sink.buffers.SEAL_ROWS``
+rows, in the turn, so the publisher's encode converts nothing and writes with the
+GIL released. Converting a whole partition on the publisher thread instead held the
+interpreter for tens of milliseconds per call, and every turn waiting on an fsync or a
+lock queued behind it (p99 ack latency at half load: 130-400 ms before, soak/bench/
+ingest.py). Attributes stay the caller's sequence of ``(key, value)`` tuples and
+become a ``MapArray`` in one ``pyarrow.array`` call, which measured faster than
+building the array from flattened keys, values and offsets. Audit buffers are small
+and converted at encode time.
 """
 
 from __future__ import annotations
@@ -58,6 +64,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final, NamedTuple
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 __all__ = [
@@ -211,94 +218,217 @@ def _attributes_nbytes(attributes: Attributes) -> int:
 
 
 class RecordColumns:
-    """A columnar buffer of record rows: one list per column of ``RECORDS_SCHEMA``.
+    """A columnar buffer of record rows in ``RECORDS_SCHEMA``: Arrow chunks, then rows
+    held as one Python list per column, in that order.
 
-    The lists are public for reading (the publisher derives LSN ranges from
-    ``wal_lsn``); rows are added only through ``append_row``, ``extend`` and ``merge``.
-    ``append_row`` is nothing but the fifteen list appends; ``nbytes`` is kept
-    incrementally by sizing, when it is read, only the rows appended since the last
-    read (a turn reads it once for its size trigger), in a few C-level passes over the
-    batch; that measured cheaper than sizing each row inside ``append_row``. Not
-    thread-safe, reads of ``nbytes`` included: the owner's lock (the sink lock) guards
-    it.
+    Rows arrive as lists (``extend_columns``, the ingest turn's path, a C-level extend
+    per column; ``append_row`` and ``extend`` for tests and tools) and ``seal`` converts
+    the list rows into a chunk; the owner seals every so many rows
+    (``sink.buffers.SEAL_ROWS``), so a large buffer is Arrow memory, which the cyclic
+    collector never walks and an encode does not convert. Each column also reads as a
+    property giving its values over every row (``column``; tests and diagnostics).
+
+    ``nbytes`` is exact for chunks; for list rows it is kept incrementally by sizing,
+    when it is read, only the rows appended since the last read, in a few C-level
+    passes. Not thread-safe, reads of ``nbytes`` included: the owner's lock (the sink
+    lock) guards it.
 
     ``trace_id``/``span_id`` take the raw OTLP bytes or an already-hex string; bytes
     are hex-encoded at encode time, off the ingest path, and an empty id becomes null.
     """
 
     __slots__ = (
-        "tenant",
-        "time_unix_nano",
-        "observed_time_unix_nano",
-        "severity_number",
-        "severity_text",
-        "body",
-        "attributes",
-        "resource_attributes",
-        "scope_name",
-        "trace_id",
-        "span_id",
-        "template_id",
-        "template_params",
-        "wal_lsn",
-        "record_index",
+        "_tenant",
+        "_time_unix_nano",
+        "_observed_time_unix_nano",
+        "_severity_number",
+        "_severity_text",
+        "_body",
+        "_attributes",
+        "_resource_attributes",
+        "_scope_name",
+        "_trace_id",
+        "_span_id",
+        "_template_id",
+        "_template_params",
+        "_wal_lsn",
+        "_record_index",
         "_nbytes",
         "_sized",
         "_last_resource",
         "_last_resource_nbytes",
+        "_pieces",
+        "_piece_rows",
     )
 
     def __init__(self) -> None:
-        self.tenant: list[str] = []
-        self.time_unix_nano: list[int] = []
-        self.observed_time_unix_nano: list[int] = []
-        self.severity_number: list[int] = []
-        self.severity_text: list[str] = []
-        self.body: list[str | None] = []
-        self.attributes: list[Attributes] = []
-        self.resource_attributes: list[Attributes] = []
-        self.scope_name: list[str] = []
-        self.trace_id: list[bytes | str | None] = []
-        self.span_id: list[bytes | str | None] = []
-        self.template_id: list[int] = []
-        self.template_params: list[Sequence[str]] = []
-        self.wal_lsn: list[int] = []
-        self.record_index: list[int] = []
+        self._tenant: list[str] = []
+        self._time_unix_nano: list[int] = []
+        self._observed_time_unix_nano: list[int] = []
+        self._severity_number: list[int] = []
+        self._severity_text: list[str] = []
+        self._body: list[str | None] = []
+        self._attributes: list[Attributes] = []
+        self._resource_attributes: list[Attributes] = []
+        self._scope_name: list[str] = []
+        self._trace_id: list[bytes | str | None] = []
+        self._span_id: list[bytes | str | None] = []
+        self._template_id: list[int] = []
+        self._template_params: list[Sequence[str]] = []
+        self._wal_lsn: list[int] = []
+        self._record_index: list[int] = []
         self._nbytes = 0  # the size of rows [0, _sized)
         self._sized = 0
         # Records of one OTLP resource share its attribute sequence, so its size is
         # computed once per run of rows rather than once per row.
         self._last_resource: Attributes | None = None
         self._last_resource_nbytes = 0
+        #: rows frozen out of the lists (``freeze``), in order, before the list rows
+        self._pieces: list[FrozenRows] = []
+        self._piece_rows = 0
 
     def __len__(self) -> int:
-        return len(self.wal_lsn)
+        return self._piece_rows + len(self._wal_lsn)
 
     def __repr__(self) -> str:
         return f"RecordColumns(rows={len(self)}, nbytes={self.nbytes})"
 
     @property
     def nbytes(self) -> int:
-        """Approximate uncompressed Arrow size of the rows (see the module docstring)."""
-        rows = len(self.wal_lsn)
+        """Uncompressed Arrow size of the rows: exact for chunks, approximate for the
+        list rows (see the module docstring)."""
+        rows = len(self._wal_lsn)
         if self._sized < rows:
             for lo in range(self._sized, rows, _MEASURE_CHUNK):
                 self._nbytes += self._measure(lo, min(rows, lo + _MEASURE_CHUNK))
             self._sized = rows
-        return self._nbytes
+        return sum(piece.nbytes for piece in self._pieces) + self._nbytes
+
+    @property
+    def list_rows(self) -> int:
+        """Rows held in the buffer's own lists (not yet frozen)."""
+        return len(self._wal_lsn)
+
+    @property
+    def arrow_rows(self) -> int:
+        """Rows held as Arrow chunks (frozen and converted)."""
+        return sum(
+            piece.data.num_rows
+            for piece in list(self._pieces)
+            if isinstance(piece.data, pa.RecordBatch)
+        )
+
+    def extend_columns(
+        self,
+        tenant: str,
+        time_unix_nano: Sequence[int],
+        observed_time_unix_nano: Sequence[int],
+        severity_number: Sequence[int],
+        severity_text: Sequence[str],
+        body: Sequence[str | None],
+        attributes: Sequence[Attributes],
+        resource_attributes: Sequence[Attributes],
+        scope_name: Sequence[str],
+        trace_id: Sequence[bytes | str | None],
+        span_id: Sequence[bytes | str | None],
+        template_id: Sequence[int],
+        template_params: Sequence[Sequence[str]],
+        wal_lsn: int,
+        record_index: Sequence[int],
+    ) -> None:
+        """Append one batch's rows given column-wise, all of ``len(record_index)``, with
+        one tenant and one LSN: the ingest turn's path, a C-level extend per column."""
+        n = len(record_index)
+        self._tenant.extend(itertools.repeat(tenant, n))
+        self._time_unix_nano.extend(time_unix_nano)
+        self._observed_time_unix_nano.extend(observed_time_unix_nano)
+        self._severity_number.extend(severity_number)
+        self._severity_text.extend(severity_text)
+        self._body.extend(body)
+        self._attributes.extend(attributes)
+        self._resource_attributes.extend(resource_attributes)
+        self._scope_name.extend(scope_name)
+        self._trace_id.extend(trace_id)
+        self._span_id.extend(span_id)
+        self._template_id.extend(template_id)
+        self._template_params.extend(template_params)
+        self._wal_lsn.extend(itertools.repeat(wal_lsn, n))
+        self._record_index.extend(record_index)
+
+    def freeze(self) -> FrozenRows:
+        """Move the list rows, as they are, into a piece after the pieces before them
+        (O(1): the lists change hands) and return it; ``FrozenRows.convert`` turns it into
+        an Arrow chunk later, outside the owner's lock. Until then it reads as lists."""
+        piece_cols = RecordColumns()
+        for name in _LIST_SLOTS:
+            setattr(piece_cols, name, getattr(self, name))
+            setattr(self, name, [])
+        piece_cols._nbytes, piece_cols._sized = self._nbytes, self._sized
+        piece_cols._last_resource = self._last_resource
+        piece_cols._last_resource_nbytes = self._last_resource_nbytes
+        self._nbytes = self._sized = 0
+        self._last_resource, self._last_resource_nbytes = None, 0
+        piece = FrozenRows(piece_cols)
+        self._pieces.append(piece)
+        self._piece_rows += len(piece_cols)
+        return piece
+
+    def seal(self) -> None:
+        """Freeze the list rows and convert them now (EncodeError naming the column if
+        a value does not fit; the rows then stay as lists, in place)."""
+        if self._wal_lsn:
+            self.freeze().convert()
+
+    def table(self) -> pa.Table:
+        """Every row as one Arrow table in ``RECORDS_SCHEMA`` (EncodeError naming the
+        column when a list row's value does not fit it); the buffer is unchanged."""
+        batches = [piece.batch() for piece in list(self._pieces)]
+        if self._wal_lsn:
+            batches.append(_rows_batch(self))
+        return pa.Table.from_batches(batches, schema=RECORDS_SCHEMA)
+
+    def column(self, name: str) -> list[Any]:
+        """One column's values over every row, in order, as pyarrow reads them back
+        (maps as lists of pairs; for tests and diagnostics, not the hot path)."""
+        if name not in _RECORD_COLUMNS:
+            raise KeyError(f"no record column {name!r}")
+        out: list[Any] = []
+        for piece in list(self._pieces):
+            out.extend(piece.column(name))
+        out.extend(getattr(self, "_" + name))
+        return out
+
+    def lsn_bounds(self) -> tuple[int, int, int, int] | None:
+        """``(first_lsn, last_lsn, first_index, last_index)``: the lowest and highest
+        ``wal_lsn`` among the rows, the lowest ``record_index`` among the rows at the
+        first and the highest among those at the last; None when empty."""
+        if not len(self):
+            return None
+        if self._pieces:
+            table = self.table()
+            lsn_column, index_column = table.column("wal_lsn"), table.column("record_index")
+            first, last = pc.min(lsn_column).as_py(), pc.max(lsn_column).as_py()
+            at_first = pc.filter(index_column, pc.equal(lsn_column, first))
+            at_last = pc.filter(index_column, pc.equal(lsn_column, last))
+            return first, last, pc.min(at_first).as_py(), pc.max(at_last).as_py()
+        lsns, indexes = self._wal_lsn, self._record_index
+        first, last = min(lsns), max(lsns)
+        first_index = min(i for lsn, i in zip(lsns, indexes, strict=True) if lsn == first)
+        last_index = max(i for lsn, i in zip(lsns, indexes, strict=True) if lsn == last)
+        return first, last, first_index, last_index
 
     def _measure(self, lo: int, hi: int) -> int:
-        attributes = self.attributes[lo:hi]
-        params = self.template_params[lo:hi]
+        attributes = self._attributes[lo:hi]
+        params = self._template_params[lo:hi]
         total = (hi - lo) * (_RECORD_FIXED_BYTES + _ID_BYTES)
-        total += len(_join(self.tenant[lo:hi])) + len(_join(self.severity_text[lo:hi]))
-        total += len(_join(self.scope_name[lo:hi]))
-        total += len(_join([body for body in self.body[lo:hi] if body]))
+        total += len(_join(self._tenant[lo:hi])) + len(_join(self._severity_text[lo:hi]))
+        total += len(_join(self._scope_name[lo:hi]))
+        total += len(_join([body for body in self._body[lo:hi] if body]))
         total += len(_join(_chain(_chain(attributes))))
         total += _ATTR_ENTRY_BYTES * sum(map(len, attributes))
         total += len(_join(_chain(params))) + _OFFSET * sum(map(len, params))
         last, size = self._last_resource, self._last_resource_nbytes
-        for resource in self.resource_attributes[lo:hi]:
+        for resource in self._resource_attributes[lo:hi]:
             if resource is not last:
                 last, size = resource, _attributes_nbytes(resource)
             total += size
@@ -324,21 +454,21 @@ class RecordColumns:
         record_index: int,
     ) -> None:
         """Append one row. The sequences are kept by reference and must not be mutated."""
-        self.tenant.append(tenant)
-        self.time_unix_nano.append(time_unix_nano)
-        self.observed_time_unix_nano.append(observed_time_unix_nano)
-        self.severity_number.append(severity_number)
-        self.severity_text.append(severity_text)
-        self.body.append(body)
-        self.attributes.append(attributes)
-        self.resource_attributes.append(resource_attributes)
-        self.scope_name.append(scope_name)
-        self.trace_id.append(trace_id)
-        self.span_id.append(span_id)
-        self.template_id.append(template_id)
-        self.template_params.append(template_params)
-        self.wal_lsn.append(wal_lsn)
-        self.record_index.append(record_index)
+        self._tenant.append(tenant)
+        self._time_unix_nano.append(time_unix_nano)
+        self._observed_time_unix_nano.append(observed_time_unix_nano)
+        self._severity_number.append(severity_number)
+        self._severity_text.append(severity_text)
+        self._body.append(body)
+        self._attributes.append(attributes)
+        self._resource_attributes.append(resource_attributes)
+        self._scope_name.append(scope_name)
+        self._trace_id.append(trace_id)
+        self._span_id.append(span_id)
+        self._template_id.append(template_id)
+        self._template_params.append(template_params)
+        self._wal_lsn.append(wal_lsn)
+        self._record_index.append(record_index)
 
     def extend(self, rows: Iterable[RecordRow]) -> None:
         """Append rows given as ``RecordRow`` tuples, in order."""
@@ -348,16 +478,81 @@ class RecordColumns:
 
     def merge(self, other: RecordColumns) -> None:
         """Append every row of ``other`` after this buffer's rows; ``other`` is unchanged."""
-        total = self.nbytes + other.nbytes
+        if other._pieces:
+            if self._wal_lsn:
+                self.freeze()
+            self._pieces.extend(other._pieces)  # shared: a piece's rows never change
+            self._piece_rows += other._piece_rows
+        total = self._nbytes_of_lists() + other._nbytes_of_lists()
         for name in _RECORD_COLUMNS:
-            column: list[Any] = getattr(self, name)
-            column.extend(getattr(other, name))
-        self._nbytes, self._sized = total, len(self.wal_lsn)
+            column: list[Any] = getattr(self, "_" + name)
+            column.extend(getattr(other, "_" + name))
+        self._nbytes, self._sized = total, len(self._wal_lsn)
+
+    def _nbytes_of_lists(self) -> int:
+        return self.nbytes - sum(piece.nbytes for piece in self._pieces)
 
     def rows(self) -> list[RecordRow]:
-        """The rows as tuples, in order (for tests and diagnostics, not the hot path)."""
-        columns = [getattr(self, n) for n in _RECORD_COLUMNS]
-        return [RecordRow(*r) for r in zip(*columns, strict=True)]
+        """The rows as tuples, in order (for tests and diagnostics, not the hot path);
+        rows held as chunks come back as pyarrow reads them (maps as lists of pairs)."""
+        out: list[RecordRow] = []
+        for piece in list(self._pieces):
+            out.extend(piece.rows())
+        columns = [getattr(self, "_" + n) for n in _RECORD_COLUMNS]
+        out.extend(RecordRow(*r) for r in zip(*columns, strict=True))
+        return out
+
+
+def _column_property(name: str) -> property:
+    return property(lambda self: self.column(name), doc=f"every row's ``{name}``")
+
+
+class FrozenRows:
+    """Rows frozen out of a ``RecordColumns``: a list-only ``RecordColumns`` until
+    ``convert`` replaces it with its Arrow chunk. Both live in the one ``data``
+    attribute, so a reader on another thread sees either, never neither; both hold the
+    same rows, and a piece's rows never change, so buffers may share it (``merge``)."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: RecordColumns) -> None:
+        self.data: RecordColumns | pa.RecordBatch = data
+
+    def convert(self, pause: Callable[[], object] | None = None) -> None:
+        """Replace the lists with the Arrow chunk (EncodeError: left as lists);
+        ``pause`` runs between the columns' conversions."""
+        data = self.data
+        if not isinstance(data, pa.RecordBatch):
+            self.data = _rows_batch(data, pause)
+
+    def batch(self) -> pa.RecordBatch:
+        data = self.data
+        return data if isinstance(data, pa.RecordBatch) else _rows_batch(data)
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.nbytes
+
+    def column(self, name: str) -> list[Any]:
+        data = self.data
+        if isinstance(data, pa.RecordBatch):
+            values: list[Any] = data.column(name).to_pylist()
+            return values
+        return data.column(name)
+
+    def rows(self) -> list[RecordRow]:
+        data = self.data
+        if isinstance(data, pa.RecordBatch):
+            return [RecordRow(**row) for row in data.to_pylist()]
+        return data.rows()
+
+
+_LIST_SLOTS: Final = tuple("_" + name for name in RECORDS_SCHEMA.names)
+
+
+for _name in RECORDS_SCHEMA.names:
+    setattr(RecordColumns, _name, _column_property(_name))
+del _name
 
 
 class AuditColumns:
@@ -537,13 +732,44 @@ def _encode(
     return bytes(out.getvalue().to_pybytes())
 
 
+def _convert(label: str, converters: dict[str, _Converter], name: str, values: Any) -> pa.Array:
+    try:
+        return converters[name](values)
+    except (pa.ArrowException, OverflowError, TypeError, ValueError) as exc:
+        raise EncodeError(label, name, str(exc)) from exc
+
+
+def _rows_batch(cols: RecordColumns, pause: Callable[[], object] | None = None) -> pa.RecordBatch:
+    """The list rows of ``cols`` as one chunk (EncodeError naming the column);
+    ``pause`` runs between the columns' conversions."""
+    arrays = []
+    for name in _RECORD_COLUMNS:
+        arrays.append(_convert("records", _RECORD_CONVERTERS, name, getattr(cols, "_" + name)))
+        if pause is not None:
+            pause()
+    return pa.RecordBatch.from_arrays(arrays, schema=RECORDS_SCHEMA)
+
+
 def encode_records(cols: RecordColumns, compression: str = "zstd") -> bytes:
     """One Parquet file (``RECORDS_SCHEMA``) holding every row of ``cols``, in order.
 
     ``compression`` is ``zstd``, ``snappy``, ``gzip`` or ``none`` (ValueError otherwise);
     a value that does not fit its column raises ``EncodeError`` naming the column.
+
+    Rows the ingest turn buffered are Arrow chunks already: nothing is converted here,
+    and the Parquet writer runs without the GIL, so a large partition's encode does not
+    stall the ingest threads (a long conversion call would hold the interpreter for its
+    whole length, and every turn waiting on a lock or an fsync would wait behind it).
     """
-    return _encode("records", RECORDS_SCHEMA, _RECORD_CONVERTERS, cols, compression)
+    codec = _codec(compression)
+    table = cols.table()
+    out = pa.BufferOutputStream()
+    try:
+        with pq.ParquetWriter(out, RECORDS_SCHEMA, compression=codec) as writer:
+            writer.write_table(table, row_group_size=ROW_GROUP_ROWS)
+    except pa.ArrowException as exc:
+        raise EncodeError("records", "*", str(exc)) from exc
+    return bytes(out.getvalue().to_pybytes())
 
 
 def encode_audit(cols: AuditColumns, compression: str = "zstd") -> bytes:

@@ -196,12 +196,10 @@ class Publisher:
     def _retry_name(self, d: Detached) -> str | None:
         """The deterministic name of a records partition's rows (None when it has none)."""
         cols = d.partition.records
-        if cols is None or not len(cols):
+        bounds = None if cols is None else cols.lsn_bounds()
+        if bounds is None:
             return None
-        lsns, indexes = cols.wal_lsn, cols.record_index
-        first, last = min(lsns), max(lsns)
-        first_index = min(i for lsn, i in zip(lsns, indexes, strict=True) if lsn == first)
-        last_index = max(i for lsn, i in zip(lsns, indexes, strict=True) if lsn == last)
+        first, last, first_index, last_index = bounds
         day = dt.date(1970, 1, 1) + dt.timedelta(days=d.partition.day)
         return retry_object_name(
             self._node, d.partition.tenant, day, first, last, first_index, last_index

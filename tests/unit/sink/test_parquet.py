@@ -387,3 +387,87 @@ def test_audit_merge_and_nbytes() -> None:
 def test_audit_compression_options(compression: str) -> None:
     data = encode_audit(audit_buffer(audit_rows()), compression=compression)
     assert read(data).num_rows == 3
+
+
+# --- frozen pieces (the ingest path: lists frozen, converted by the sealer) ------------
+
+
+def many_rows(n: int, seed_value: int = 11) -> list[RecordRow]:
+    rng = random.Random(seed_value)
+    rows = sample_rows()
+    return [
+        rows[rng.randrange(3)]._replace(wal_lsn=4096 + i // 7, record_index=i % 7) for i in range(n)
+    ]
+
+
+def pieces_of(rows: list[RecordRow], cuts: list[int], convert: set[int]) -> RecordColumns:
+    """``rows`` appended, frozen at each cut; the pieces numbered in ``convert`` converted."""
+    cols = RecordColumns()
+    pieces = []
+    last = 0
+    for cut in [*cuts, len(rows)]:
+        cols.extend(rows[last:cut])
+        last = cut
+        if cut < len(rows):
+            pieces.append(cols.freeze())
+    for i in convert:
+        pieces[i].convert()
+    return cols
+
+
+@seed(20261202)
+@settings(max_examples=40, deadline=None)
+@given(
+    n=st.integers(1, 60),
+    data=st.data(),
+)
+def test_frozen_and_converted_pieces_encode_the_rows_in_order(n: int, data: Any) -> None:
+    rows = many_rows(n)
+    cuts = sorted(set(data.draw(st.lists(st.integers(0, n - 1), max_size=5))))
+    convert = set(data.draw(st.lists(st.integers(0, max(len(cuts) - 1, 0)), max_size=5)))
+    convert = {i for i in convert if i < len(cuts)}
+    cols = pieces_of(rows, cuts, convert)
+    assert len(cols) == n
+    assert read(encode_records(cols)).to_pylist() == expected_pylist(rows)
+    assert cols.lsn_bounds() == buffer(rows).lsn_bounds()
+    assert cols.wal_lsn == [r.wal_lsn for r in rows]  # a column reads over every piece
+    assert cols.arrow_rows == sum(
+        b - a for i, (a, b) in enumerate(zip([0, *cuts], cuts, strict=False)) if i in convert
+    )
+
+
+def test_freeze_moves_the_lists_and_convert_makes_an_arrow_chunk() -> None:
+    rows = many_rows(20)
+    cols = buffer(rows)
+    before = cols.nbytes
+    piece = cols.freeze()
+    assert cols.list_rows == 0 and len(cols) == 20 and cols.arrow_rows == 0
+    assert cols.nbytes == before  # the lists' estimate until converted
+    piece.convert()
+    assert isinstance(piece.data, pa.RecordBatch) and cols.arrow_rows == 20
+    assert cols.nbytes == piece.data.nbytes  # exact once converted
+    cols.extend(rows[:3])
+    assert cols.list_rows == 3 and len(cols) == 23
+    assert read(encode_records(cols)).to_pylist() == expected_pylist([*rows, *rows[:3]])
+
+
+def test_merge_keeps_pieces_before_later_list_rows() -> None:
+    rows = many_rows(30)
+    a = buffer(rows[:5])  # list rows only
+    b = pieces_of(rows[5:25], [10], {0})  # a converted piece, a list piece... then lists
+    b.extend(rows[25:])
+    a.merge(b)
+    assert len(a) == 30 and len(b) == 25
+    assert read(encode_records(a)).to_pylist() == expected_pylist(rows)
+    assert read(encode_records(b)).to_pylist() == expected_pylist(rows[5:])
+
+
+def test_a_piece_that_does_not_convert_stays_lists_and_its_encode_names_the_column() -> None:
+    rows = [sample_rows()[0]._replace(severity_number=2**40)]
+    cols = buffer(rows)
+    piece = cols.freeze()
+    with pytest.raises(EncodeError, match="severity_number"):
+        piece.convert()
+    assert isinstance(piece.data, RecordColumns) and cols.rows() == rows
+    with pytest.raises(EncodeError, match="severity_number"):
+        encode_records(cols)
