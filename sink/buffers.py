@@ -359,14 +359,16 @@ class Buffers:
             pieces, self._unsealed = self._unsealed, []
         done = 0
         for piece in pieces:
+            # A piece's conversion holds the interpreter for a few milliseconds (its
+            # columns back to back); between pieces the threads waiting for it go first.
+            # Yielding between columns too left the sealer starved at full load, and
+            # the unconverted lists it left made each full collection walk them.
             try:
-                # Between columns, let the threads waiting for the interpreter have it:
-                # each conversion holds it for its whole call, and a piece's fifteen
-                # back to back measured tens of milliseconds of stall for every request.
-                piece.convert(_yield_interpreter)
+                piece.convert()
             except EncodeError:
                 continue  # the publish's encode names the column and requeues
             done += 1
+            _yield_interpreter()
         return done
 
     def add_audit(
