@@ -291,6 +291,10 @@ class Barrier:
                 self._rotate_if_idle()
             cut = p.capture_cut_locked("timer")
         p.record_cut_stall(time.perf_counter() - started)
+        # The turns the hold queued were just woken: let them have the interpreter
+        # before this thread goes on (the flush, the deferred collection), or each would
+        # wait up to a switch interval more (soak/bench/barrier.py, turns that met a cut).
+        time.sleep(0)
         return cut
 
     def _rotate_if_idle(self) -> None:
