@@ -14,9 +14,10 @@ ingest path (soak/bench/barrier.py measures both):
   it would have triggered runs at the next allocation after it, outside the
   exclusion. Only the capture uses it, and captures never overlap (the exclusion).
 
-Buffered rows hold their nested values as tuples (``app.otlp.Attributes``, the
-miner's template params), which the collector untracks, so a large buffer does not
-grow the scan either.
+A large buffer does not grow the scan either: a records partition holds at most
+``sink.buffers.SEAL_ROWS`` rows as Python objects (their nested values tuples, which
+the collector untracks), and the sealer thread turns the rest into Arrow memory, which
+the collector never sees.
 """
 
 from __future__ import annotations

@@ -442,6 +442,37 @@ SABOTAGES: tuple[Sabotage, ...] = (
             "tests/unit/wal/test_published.py::test_an_id_the_two_files_name_differently_fails_open_naming_both_files_and_the_id",
         ),
     ),
+    # -- the ingest path's buffers (issue 4) -----------------------------------------------
+    Sabotage(
+        "freeze_drops_the_lists",
+        "every buffered record reaches the store: frozen rows stay in their partition",
+        "sink/parquet.py",
+        "        piece = FrozenRows(piece_cols)\n        self._pieces.append(piece)\n",
+        "        piece = FrozenRows(piece_cols)\n",
+        (
+            "tests/unit/sink/test_buffers_sealing.py::test_a_large_buffer_keeps_at_most_seal_rows_as_lists_and_encodes_every_row",
+            "tests/unit/sink/test_parquet.py::test_frozen_and_converted_pieces_encode_the_rows_in_order",
+        ),
+    ),
+    Sabotage(
+        "merge_drops_the_pieces",
+        "a requeue puts every row back: merging keeps the other buffer's pieces, in order",
+        "sink/parquet.py",
+        "            self._pieces.extend(other._pieces)",
+        "            pass",
+        ("tests/unit/sink/test_parquet.py::test_merge_keeps_pieces_before_later_list_rows",),
+    ),
+    Sabotage(
+        "convert_reorders_rows",
+        "the sealer's chunk holds the piece's rows in their order",
+        "sink/parquet.py",
+        "            self.data = _rows_batch(data, pause)",
+        "            self.data = _rows_batch(data, pause).take(pa.array(list(range(len(data)))[::-1]))",
+        (
+            "tests/unit/sink/test_buffers_sealing.py::test_a_large_buffer_keeps_at_most_seal_rows_as_lists_and_encodes_every_row",
+            "tests/unit/sink/test_parquet.py::test_frozen_and_converted_pieces_encode_the_rows_in_order",
+        ),
+    ),
 )
 
 
