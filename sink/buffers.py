@@ -341,11 +341,29 @@ class Buffers:
                     if not self._seal_wanted.is_set():
                         self._sealer = None
                         return
+            if not self._background_sealing:  # stop_sealing
+                with self.lock:
+                    self._sealer = None
+                return
             self._seal_wanted.clear()
             done = self.seal_pending()
             hook = self.on_sealed
             if hook is not None:
                 hook(done)
+
+    def stop_sealing(self, timeout: float) -> bool:
+        """No sealer from now on; join the running one (after the piece it is
+        converting). For shutdown: a daemon thread inside pyarrow when the interpreter
+        finalises may abort the process instead of exiting it. False if it did not
+        end within ``timeout``. What stays unconverted is converted by its encode."""
+        with self.lock:
+            self._background_sealing = False
+            sealer = self._sealer
+            self._seal_wanted.set()
+        if sealer is None:
+            return True
+        sealer.join(timeout)
+        return not sealer.is_alive()
 
     def seal_pending(self) -> int:
         """Convert the pieces ``add_records`` froze into Arrow chunks, outside the sink

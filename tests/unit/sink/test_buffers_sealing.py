@@ -106,3 +106,24 @@ def test_the_sealer_thread_converts_what_the_turns_froze_and_ends_when_idle() ->
         add(buffers, "a", lsn, 64)
     assert buffers._sealer is not None and buffers._sealer is not sealer
     buffers._sealer.join(SEALER_IDLE_SECS + 30)
+
+
+def test_stop_sealing_joins_the_sealer_and_none_starts_after() -> None:
+    buffers = Buffers(flush_bytes=1 << 40, clock=time.monotonic, epoch=lambda: 1)
+    for lsn in range(1, SEAL_ROWS // 64 + 1):
+        add(buffers, "a", lsn, 64)
+    sealer = buffers._sealer
+    assert sealer is not None
+    assert buffers.stop_sealing(30)
+    assert not sealer.is_alive() and buffers._sealer is None
+    for lsn in range(100, 100 + 2 * SEAL_ROWS // 64):
+        add(buffers, "a", lsn, 64)
+    assert buffers._sealer is None  # frozen pieces wait for their encode
+    assert bodies(buffers) == {
+        "a": [
+            f"a {lsn}/{k}"
+            for lsn in [*range(1, SEAL_ROWS // 64 + 1), *range(100, 100 + 2 * SEAL_ROWS // 64)]
+            for k in range(64)
+        ]
+    }
+    assert Buffers(flush_bytes=1, clock=time.monotonic, epoch=lambda: 1).stop_sealing(0)
