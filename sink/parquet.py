@@ -44,16 +44,16 @@ Invariant: an object is encoded whole in memory and handed to the store as one
 put is the only publication step.
 
 ``RecordColumns`` and ``AuditColumns`` are the buffers the ingest turn appends to. The
-turn extends one Python list per column (no per-row dict, no Arrow call); a records
-buffer converts its list rows into an Arrow chunk every ``sink.buffers.SEAL_ROWS``
-rows, in the turn, so the publisher's encode converts nothing and writes with the
-GIL released. Converting a whole partition on the publisher thread instead held the
-interpreter for tens of milliseconds per call, and every turn waiting on an fsync or a
-lock queued behind it (p99 ack latency at half load: 130-400 ms before, soak/bench/
-ingest.py). Attributes stay the caller's sequence of ``(key, value)`` tuples and
-become a ``MapArray`` in one ``pyarrow.array`` call, which measured faster than
-building the array from flattened keys, values and offsets. Audit buffers are small
-and converted at encode time.
+turn extends one Python list per column (no per-row dict, no Arrow call); every
+``sink.buffers.SEAL_ROWS`` rows it freezes a records buffer's lists into a piece, which
+the sealer thread converts into an Arrow chunk, so the publisher's encode converts
+nothing and writes with the GIL released. Converting a whole partition on the
+publisher thread instead held the interpreter for tens of milliseconds per call, and
+every turn waiting on an fsync or a lock queued behind it (p99 ack latency at half
+load: 130-400 ms before, soak/bench/ingest.py). Attributes stay the caller's sequence
+of ``(key, value)`` tuples and become a ``MapArray`` in one ``pyarrow.array`` call,
+which measured faster than building the array from flattened keys, values and
+offsets. Audit buffers are small and converted at encode time.
 """
 
 from __future__ import annotations
@@ -218,14 +218,16 @@ def _attributes_nbytes(attributes: Attributes) -> int:
 
 
 class RecordColumns:
-    """A columnar buffer of record rows in ``RECORDS_SCHEMA``: Arrow chunks, then rows
-    held as one Python list per column, in that order.
+    """A columnar buffer of record rows in ``RECORDS_SCHEMA``: frozen pieces (each an
+    Arrow chunk once converted), then rows held as one Python list per column, in that
+    order.
 
     Rows arrive as lists (``extend_columns``, the ingest turn's path, a C-level extend
-    per column; ``append_row`` and ``extend`` for tests and tools) and ``seal`` converts
-    the list rows into a chunk; the owner seals every so many rows
-    (``sink.buffers.SEAL_ROWS``), so a large buffer is Arrow memory, which the cyclic
-    collector never walks and an encode does not convert. Each column also reads as a
+    per column; ``append_row`` and ``extend`` for tests and tools); ``freeze`` moves the
+    list rows into a ``FrozenRows`` piece, which ``FrozenRows.convert`` turns into an
+    Arrow chunk. The owner freezes every ``sink.buffers.SEAL_ROWS`` rows and converts
+    off its lock, so a large buffer is Arrow memory, which the cyclic collector never
+    walks and an encode does not convert. Each column also reads as a
     property giving its values over every row (``column``; tests and diagnostics).
 
     ``nbytes`` is exact for chunks; for list rows it is kept incrementally by sizing,
@@ -373,12 +375,6 @@ class RecordColumns:
         self._piece_rows += len(piece_cols)
         return piece
 
-    def seal(self) -> None:
-        """Freeze the list rows and convert them now (EncodeError naming the column if
-        a value does not fit; the rows then stay as lists, in place)."""
-        if self._wal_lsn:
-            self.freeze().convert()
-
     def table(self) -> pa.Table:
         """Every row as one Arrow table in ``RECORDS_SCHEMA`` (EncodeError naming the
         column when a list row's value does not fit it); the buffer is unchanged."""
@@ -518,12 +514,11 @@ class FrozenRows:
     def __init__(self, data: RecordColumns) -> None:
         self.data: RecordColumns | pa.RecordBatch = data
 
-    def convert(self, pause: Callable[[], object] | None = None) -> None:
-        """Replace the lists with the Arrow chunk (EncodeError: left as lists);
-        ``pause`` runs between the columns' conversions."""
+    def convert(self) -> None:
+        """Replace the lists with the Arrow chunk (EncodeError: left as lists)."""
         data = self.data
         if not isinstance(data, pa.RecordBatch):
-            self.data = _rows_batch(data, pause)
+            self.data = _rows_batch(data)
 
     def batch(self) -> pa.RecordBatch:
         data = self.data
@@ -713,9 +708,9 @@ def _encode(
     columns = [getattr(source, name) for name in schema.names]
     rows = len(source)
     out = pa.BufferOutputStream()
-    # Converting Python objects to Arrow holds the GIL for the whole call, so a large
-    # partition is converted and written one row group at a time: the ingest threads get
-    # the interpreter back between chunks instead of stalling for the whole partition.
+    # Converting Python objects to Arrow holds the GIL for the whole call, so an audit
+    # buffer is converted and written one row group at a time: the ingest threads get
+    # the interpreter back between groups instead of stalling for the whole buffer.
     try:
         with pq.ParquetWriter(out, schema, compression=codec) as writer:
             for start in range(0, max(rows, 1), ROW_GROUP_ROWS):
@@ -739,14 +734,12 @@ def _convert(label: str, converters: dict[str, _Converter], name: str, values: A
         raise EncodeError(label, name, str(exc)) from exc
 
 
-def _rows_batch(cols: RecordColumns, pause: Callable[[], object] | None = None) -> pa.RecordBatch:
-    """The list rows of ``cols`` as one chunk (EncodeError naming the column);
-    ``pause`` runs between the columns' conversions."""
-    arrays = []
-    for name in _RECORD_COLUMNS:
-        arrays.append(_convert("records", _RECORD_CONVERTERS, name, getattr(cols, "_" + name)))
-        if pause is not None:
-            pause()
+def _rows_batch(cols: RecordColumns) -> pa.RecordBatch:
+    """The list rows of ``cols`` as one chunk (EncodeError naming the column)."""
+    arrays = [
+        _convert("records", _RECORD_CONVERTERS, name, getattr(cols, "_" + name))
+        for name in _RECORD_COLUMNS
+    ]
     return pa.RecordBatch.from_arrays(arrays, schema=RECORDS_SCHEMA)
 
 

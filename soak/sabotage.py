@@ -466,8 +466,8 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "convert_reorders_rows",
         "the sealer's chunk holds the piece's rows in their order",
         "sink/parquet.py",
-        "            self.data = _rows_batch(data, pause)",
-        "            self.data = _rows_batch(data, pause).take(pa.array(list(range(len(data)))[::-1]))",
+        "            self.data = _rows_batch(data)",
+        "            self.data = _rows_batch(data).take(pa.array(list(range(len(data)))[::-1]))",
         (
             "tests/unit/sink/test_buffers_sealing.py::test_a_large_buffer_keeps_at_most_seal_rows_as_lists_and_encodes_every_row",
             "tests/unit/sink/test_parquet.py::test_frozen_and_converted_pieces_encode_the_rows_in_order",
