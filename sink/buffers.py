@@ -56,10 +56,6 @@ SEAL_ROWS: Final = 512
 SEALER_IDLE_SECS: Final = 0.5
 
 
-def _yield_interpreter() -> None:
-    time.sleep(0)
-
-
 class Kind(Enum):
     RECORDS = "records"
     AUDIT = "audit"
@@ -332,9 +328,9 @@ class Buffers:
 
     def _seal_forever(self) -> None:
         # Started on a freeze, it ends once idle for SEALER_IDLE_SECS (the next freeze
-        # starts another): converting has no effect beyond the piece it replaces, so
-        # there is nothing to stop or flush, and an idle node or a finished test keeps
-        # no thread. A piece left unconverted is converted by its encode.
+        # starts another) or on stop_sealing: converting has no effect beyond the piece
+        # it replaces, so there is nothing to flush, and an idle node or a finished test
+        # keeps no thread. A piece left unconverted is converted by its encode.
         while True:
             if not self._seal_wanted.wait(SEALER_IDLE_SECS):
                 with self.lock:
@@ -386,7 +382,7 @@ class Buffers:
             except EncodeError:
                 continue  # the publish's encode names the column and requeues
             done += 1
-            _yield_interpreter()
+            time.sleep(0)  # the waiting threads go first
         return done
 
     def add_audit(
