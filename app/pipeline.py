@@ -33,6 +33,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from app import points
 from app.admission import Admission
 from app.heap import collection_deferred
@@ -43,6 +46,7 @@ from app.settlement import Settler, UnminedEntry, UnminedSet
 from app.snapshots import SnapshotLedger, SnapshotState
 from app.tenants import Reservation, TenantTable, TenantUnrecoverable, TurnResult
 from sink.buffers import NANOS_PER_DAY, Buffers, Detached
+from sink.parquet import assemble_records
 from sink.publisher import Publisher
 from wal import (
     AppendError,
@@ -330,7 +334,7 @@ class Pipeline:
                 if tenant in self._frozen:
                     self._serialize_locked(tenant)
                 try:
-                    result = self.miners.mine(tenant, batch.body)
+                    result = self.miners.mine(tenant, batch.bodies)
                 except Exception as exc:  # noqa: BLE001 - the frame is durable; settled
                     self._record_unmined(tenant, span, offset, f"{type(exc).__name__}: {exc}")
                     return TurnResult.UNMINED
@@ -409,8 +413,8 @@ class Pipeline:
     ) -> list[Detached]:
         if not result.events:
             return []
-        times = batch.time_unix_nano
-        observed = batch.observed_time_unix_nano
+        times = batch.column("time_unix_nano")
+        observed = batch.column("observed_time_unix_nano")
         fallback = int(uuid7_time(offset.segment) * 1e9)  # as records: deterministic
         events = [
             (
@@ -427,51 +431,20 @@ class Pipeline:
     def buffer_records(
         self, tenant: str, batch: FlatBatch, result: MineResult, offset: WalOffset, nbytes: int
     ) -> list[Detached]:
+        """The frame's rows with the template columns added, one Arrow batch per UTC day
+        (the usual frame is one day and is buffered as it is)."""
         out: list[Detached] = []
         lsn = offset.lsn
+        records = assemble_records(
+            tenant, batch.columns, result.template_ids, result.template_params, lsn
+        )
         rows = len(batch) or 1
         for day, index in _days(batch, offset):
             if index is None:
-                cols = batch
-                d = self.buffers.add_records(
-                    tenant,
-                    day,
-                    time_unix_nano=cols.time_unix_nano,
-                    observed_time_unix_nano=cols.observed_time_unix_nano,
-                    severity_number=cols.severity_number,
-                    severity_text=cols.severity_text,
-                    body=cols.body,
-                    attributes=cols.attributes,
-                    resource_attributes=cols.resource_attributes,
-                    scope_name=cols.scope_name,
-                    trace_id=cols.trace_id,
-                    span_id=cols.span_id,
-                    template_id=result.template_ids,
-                    template_params=result.template_params,
-                    wal_lsn=lsn,
-                    record_index=cols.record_index,
-                    nbytes=nbytes,
-                )
+                part, share = records, nbytes
             else:
-                d = self.buffers.add_records(
-                    tenant,
-                    day,
-                    time_unix_nano=[batch.time_unix_nano[i] for i in index],
-                    observed_time_unix_nano=[batch.observed_time_unix_nano[i] for i in index],
-                    severity_number=[batch.severity_number[i] for i in index],
-                    severity_text=[batch.severity_text[i] for i in index],
-                    body=[batch.body[i] for i in index],
-                    attributes=[batch.attributes[i] for i in index],
-                    resource_attributes=[batch.resource_attributes[i] for i in index],
-                    scope_name=[batch.scope_name[i] for i in index],
-                    trace_id=[batch.trace_id[i] for i in index],
-                    span_id=[batch.span_id[i] for i in index],
-                    template_id=[result.template_ids[i] for i in index],
-                    template_params=[result.template_params[i] for i in index],
-                    wal_lsn=lsn,
-                    record_index=[batch.record_index[i] for i in index],
-                    nbytes=nbytes * len(index) // rows,
-                )
+                part, share = records.take(pa.array(index, pa.int32())), nbytes * len(index) // rows
+            d = self.buffers.add_records(tenant, day, part, wal_lsn=lsn, nbytes=share)
             if d is not None:
                 out.append(d)
         return out
@@ -611,7 +584,7 @@ class Pipeline:
         start): no published event binds that id, so it is forwarded once whatever the
         gate (RFC0052.10's 2026-10-06 amendment). Returns (records, events) suppressed."""
         with self.miner_lock:
-            result = self.miners.mine(tenant, batch.body)
+            result = self.miners.mine(tenant, batch.bodies)
         self.folded[tenant] = offset
         detached: list[Detached] = []
         events_suppressed = 0
@@ -647,29 +620,21 @@ def _days(batch: FlatBatch, offset: WalOffset) -> list[tuple[int, list[int] | No
     """Partition a batch by UTC day of each record's time (its observed time when unset,
     the segment's creation time when both are — deterministic on replay). The usual
     batch is one day: returned as ``[(day, None)]`` without building index lists."""
-    times = batch.time_unix_nano
-    if not times:
+    if not len(batch):
         return []
-    lo = min(times)
-    if lo and lo // NANOS_PER_DAY == max(times) // NANOS_PER_DAY:
+    bounds = pc.min_max(batch.columns.column("time_unix_nano")).as_py()
+    lo, hi = bounds["min"], bounds["max"]
+    if lo and lo // NANOS_PER_DAY == hi // NANOS_PER_DAY:
         return [(lo // NANOS_PER_DAY, None)]  # the usual batch: one day, every time set
+    times = batch.column("time_unix_nano")
     fallback = int(uuid7_time(offset.segment) * 1e9)
-    observed = batch.observed_time_unix_nano
+    observed = batch.column("observed_time_unix_nano")
     days: dict[int, list[int]] = {}
-    first: int | None = None
-    same = True
     for i, t in enumerate(times):
         ns = t or observed[i] or fallback
-        day = ns // NANOS_PER_DAY
-        if first is None:
-            first = day
-        elif day != first:
-            same = False
-        days.setdefault(day, []).append(i)
-    if first is None:
-        return []
-    if same:
-        return [(first, None)]
+        days.setdefault(ns // NANOS_PER_DAY, []).append(i)
+    if len(days) == 1:
+        return [(next(iter(days)), None)]
     return sorted(days.items())
 
 

@@ -359,7 +359,6 @@ def shutdown(node: Node, join_timeout: float = 60.0) -> None:
         final = node.barrier.run_cut(node.barrier.capture(rotate_idle=False))
     left = 0 if node.pipeline.buffers.empty() else _buffered_rows(node)
     joined = node.pipeline.publisher.close(join_timeout)
-    sealer_joined = node.pipeline.buffers.stop_sealing(join_timeout)
     if hk_joined:
         node.journal.close()
     clean = final is not None and final.ok and left == 0 and joined and hk_joined
@@ -368,7 +367,6 @@ def shutdown(node: Node, join_timeout: float = 60.0) -> None:
         {
             "rows_left_in_wal": left,
             "publisher_joined": joined,
-            "sealer_joined": sealer_joined,
             "final_cut_ok": final is not None and final.ok,
             "checkpoint": None if final is None or final.mark is None else str(final.mark),
             "timers_joined": hk_joined and barrier_joined,

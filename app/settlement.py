@@ -353,7 +353,7 @@ class Settler:
             points.hit("settlement.read")  # the journal mutex is free here
             for frame in frames:
                 batch = flatten(decode_request(frame.payload, "application/x-protobuf"), tenant)
-                mined = tree.mine(batch.body)
+                mined = tree.mine(batch.bodies)
                 lsn = frame.offset.lsn
                 events = [e for e in mined.events if lsn > w_audit or e.change == "created"]
                 replayed.append(

@@ -701,7 +701,7 @@ def _ingest(rig: NodeRig, tenant: str, tag: str, bodies: Sequence[str]) -> Frame
     rig.pipeline.ingest(tenant, data, batch, "test")
     mark = rig.pipeline.last_durable
     assert mark is not None
-    return Frame(tenant, mark.lsn, rids, tuple(batch.body))
+    return Frame(tenant, mark.lsn, rids, tuple(batch.bodies))
 
 
 #: Bodies per phase: each phase creates templates of its own and widens earlier ones,

@@ -144,7 +144,7 @@ def test_export_success_stores_the_message_bytes(client: Client) -> None:
     assert only.tenant == "team-a"
     assert only.payload == req.SerializeToString()
     assert only.transport == "grpc"
-    assert only.batch.body == [f"hello {i}" for i in range(5)]
+    assert only.batch.bodies == [f"hello {i}" for i in range(5)]
 
 
 def test_open_mode_default_tenant(client: Client) -> None:

@@ -294,7 +294,7 @@ def test_protobuf_success_stores_the_body_as_received(app: FastAPI, pipeline: St
     assert only.payload == body
     assert only.transport == "http"
     assert len(only.batch) == 5
-    assert only.batch.body == [f"hello {i}" for i in range(5)]
+    assert only.batch.bodies == [f"hello {i}" for i in range(5)]
 
 
 def test_json_success_stores_the_protobuf_it_parsed_to(

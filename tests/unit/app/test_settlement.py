@@ -601,11 +601,11 @@ def test_rfc0055_9_5_a_failure_after_mining_returned_is_settled_the_same_way(
     real = rig.buffers.add_records
     failures = [1]
 
-    def add_records(tenant: str, day: int, **cols: object) -> object:
+    def add_records(tenant: str, day: int, batch: object, **kw: object) -> object:
         if tenant == "T" and failures:
             failures.pop()
             raise RuntimeError("injected failure inside the emit")
-        return real(tenant, day, **cols)  # type: ignore[arg-type]
+        return real(tenant, day, batch, **kw)  # type: ignore[arg-type]
 
     monkeypatch.setattr(rig.buffers, "add_records", add_records)
     rig.ingest("T", "t1")  # its template events were buffered before the failure
