@@ -54,11 +54,12 @@ def main(argv: list[str] | None = None) -> int:
     return handler(args)
 
 
-def run_serve(settings: Settings) -> int:
-    """The body of ``ourios serve`` once the settings are valid."""
+def run_serve(settings: Settings, config_file: Path | None = None) -> int:
+    """The body of ``ourios serve`` once the settings are valid (``config_file`` is
+    handed to the worker processes, which load the same settings)."""
     from app.server import run_serve as serve
 
-    return serve(settings)
+    return serve(settings, config_file)
 
 
 def settings_help() -> str:
@@ -179,7 +180,7 @@ def _serve(args: argparse.Namespace) -> int:
     if settings is None:
         return EXIT_USAGE
     print(settings.effective_json(), file=sys.stderr, flush=True)
-    return run_serve(settings)
+    return run_serve(settings, args.config)
 
 
 def _config(args: argparse.Namespace) -> int:

@@ -22,6 +22,7 @@ from app.archive import Archiver
 from app.config import Settings
 from app.housekeeping import Housekeeper
 from app.pipeline import LATCH_CLEAR, Pipeline
+from app.workers import Workers
 from wal import (
     FloorMin,
     FloorNone,
@@ -309,6 +310,8 @@ class Metrics:
         self.housekeeper: Housekeeper | None = None
         self.admission: Admission | None = None
         self.archiver: Archiver | None = None
+        #: the worker processes (their restarts), when server.workers > 0
+        self.workers: Workers | None = None
         self.extra: list[Callable[[], Iterator[GaugeMetricFamily]]] = []
 
     def disk_and_archive(

@@ -55,6 +55,7 @@ from wal import (
     FrameSpan,
     FrameTooLarge,
     Journal,
+    Pending,
     Terminal,
     WalOffset,
 )
@@ -157,6 +158,19 @@ class PipelineState:
     folded: dict[str, WalOffset] | None = None
 
 
+@dataclass(slots=True)
+class Ticket:
+    """One request between its stages: appended, then durable (or failed), then turned."""
+
+    tenant: str
+    batch: FlatBatch
+    nbytes: int  # the frame's payload bytes (the buffers' size estimate)
+    reservation: Reservation | None
+    pending: Pending
+    offset: WalOffset | None = None
+    error: AppendError | None = None
+
+
 class Pipeline:
     """Implements ``app.ingest_api.Pipeline`` for the receivers."""
 
@@ -232,7 +246,15 @@ class Pipeline:
         self, tenant: str, payload: bytes, batch: FlatBatch, transport: str
     ) -> IngestOutcome:
         """Append, wait for the covering fsync, run the turn; raises an ``IngestRejection``
-        when nothing was acknowledged.
+        when nothing was acknowledged. The three stages on the caller's thread (the
+        in-process receivers); the core's ``app.stages`` runs them on its own threads."""
+        ticket = self.admit_and_append(tenant, payload, batch)
+        self.await_durable(ticket)
+        return self.turn_and_finish(ticket)
+
+    def admit_and_append(self, tenant: str, payload: bytes, batch: FlatBatch) -> Ticket:
+        """Stage 1: admission, then the WAL append; raises an ``IngestRejection`` when
+        refused (nothing written).
 
         Order of the checks (RFC 0055 §9.5): an oversize batch is TooLarge and a terminal
         WAL reports the WAL's state before any tenant state; then the tenant's admission
@@ -248,7 +270,6 @@ class Pipeline:
             except Unavailable as refusal:
                 refusal.records = len(batch)
                 raise
-        result = TurnResult.NO_FRAME
         try:
             try:
                 self.admission.check(tenant)  # the bounds: a refusal writes nothing
@@ -263,32 +284,45 @@ class Pipeline:
                 raise BadRequest(str(exc)) from exc
             except AppendError as exc:
                 raise _unavailable(exc, len(batch)) from exc
-            result = TurnResult.FRAME_LEFT
-            seq = pending.seq
-            points.hit("ingest.appended")
-            error: AppendError | None = None
-            offset: WalOffset | None = None
-            try:
-                offset = pending.wait().offset
-            except AppendError as exc:
-                error = exc
-            # Every sequence passes the gate, a failed one with nothing to ingest, so the
-            # turns behind it never stall.
+        except BaseException:
+            if reservation is not None:
+                self.tenants.finish(reservation, TurnResult.NO_FRAME)
+            raise
+        points.hit("ingest.appended")
+        return Ticket(tenant, batch, len(payload), reservation, pending)
+
+    def await_durable(self, ticket: Ticket) -> None:
+        """Stage 2: wait for the fsync covering the ticket's frame (group commit)."""
+        try:
+            ticket.offset = ticket.pending.wait().offset
+        except AppendError as exc:
+            ticket.error = exc
+
+    def turn_and_finish(self, ticket: Ticket) -> IngestOutcome:
+        """Stage 3, in commit order: the turn (a failed sync passes its turn with nothing
+        to ingest, so the turns behind it never stall), then the slot's transition;
+        raises the refusal when nothing was acknowledged."""
+        tenant, batch = ticket.tenant, ticket.batch
+        result = TurnResult.FRAME_LEFT
+        try:
+            seq = ticket.pending.seq
             self.gate.enter(seq)
             try:
-                if offset is not None:
-                    result = self._turn(tenant, batch, offset, len(payload), pending.span)
+                if ticket.offset is not None:
+                    result = self._turn(
+                        tenant, batch, ticket.offset, ticket.nbytes, ticket.pending.span
+                    )
             finally:
                 self.gate.leave(seq)
         finally:
             # The slot's transition, with nothing else held (RFC 0055 §9.1).
-            if reservation is not None:
-                self.tenants.finish(reservation, result)
+            if ticket.reservation is not None:
+                self.tenants.finish(ticket.reservation, result)
             if result is TurnResult.UNMINED:
                 # refused until settled — unless a settler got there first
                 self.tenants.set_settling(tenant, True, still=lambda: self.unmined.has(tenant))
-        if error is not None:
-            raise _unavailable(error, len(batch)) from error
+        if ticket.error is not None:
+            raise _unavailable(ticket.error, len(batch)) from ticket.error
         return IngestOutcome(records=len(batch))
 
     # -- the turn ------------------------------------------------------------------------

@@ -38,8 +38,10 @@ from app.http_receiver import create_http_app
 from app.metrics import Metrics
 from app.miner import FileTemplateIdAllocator, MinerCluster
 from app.pipeline import Pipeline
-from app.recovery import recover
+from app.recovery import RecoveryReport, recover
 from app.snapshots import SnapshotLedger, SnapshotStore, SnapshotStoreError
+from app.stages import Stages
+from app.workers import Listeners, NodeState, Workers
 from sink.buffers import Buffers
 from sink.keys import node_identity
 from sink.publisher import Publisher
@@ -239,7 +241,7 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def run_serve(settings: Settings) -> int:
+def run_serve(settings: Settings, config_file: Path | None = None) -> int:
     configure_logging(settings.server.log_level)
     events = EventLog()
     # uvicorn restores the handler it found and re-raises the signal once it has
@@ -261,19 +263,13 @@ def run_serve(settings: Settings) -> int:
         node = build_node(settings, events)
     except (WalError, ArchiveLocationError, OSError) as exc:
         return _start_failed(events, exc)
+    if settings.server.workers > 0:
+        return _serve_with_workers(node, stop, config_file)
     pipeline = node.pipeline
     pipeline.publisher.start()
-    try:
-        report = recover(node.journal, pipeline, node.snapshots, node.ledger)
-    except (WalError, SnapshotStoreError) as exc:
-        pipeline.publisher.close()
-        node.journal.close()
-        return _start_failed(events, exc)
-    events.emit("recovery.done", report.fields())
-    node.metrics.recovery_seconds = report.seconds
-    node.metrics.records_suppressed = report.records_suppressed
-    node.metrics.audit_suppressed = report.audit_events_suppressed
-    freeze_long_lived_heap()
+    report = _recover(node)
+    if report is None:
+        return 1
     node.sweep.start()
     node.barrier.start()
     node.housekeeper.start()
@@ -311,16 +307,7 @@ def run_serve(settings: Settings) -> int:
     if stop.is_set():
         http.should_exit = True  # asked to stop while recovering: start nothing new
     pipeline.set_ready(True)
-    events.emit(
-        "server.listening",
-        {
-            "http_port": http_port,
-            "grpc_port": grpc_port,
-            "node": node_identity(settings.server.node_id),
-            "wal": str(settings.server.wal_dir),
-            "store": node.store.describe(),
-        },
-    )
+    _listening(node, http_port, grpc_port, workers=[])
     try:
         http.run(sockets=[sock])  # returns on SIGTERM/SIGINT once requests in flight finish
     finally:
@@ -328,6 +315,100 @@ def run_serve(settings: Settings) -> int:
         grpc_server.stop(grace=max(1, settings.server.shutdown_grace_secs // 2)).wait()
         shutdown(node)
     return 0
+
+
+def _serve_with_workers(node: Node, stop: threading.Event, config_file: Path | None) -> int:
+    """``server.workers`` > 0 (DESIGN.md §5): the listeners are bound here and served by
+    worker processes, which hand each decoded request to the stages on this process's
+    threads; recovery runs with the workers up (they refuse ingest until it is done)."""
+    settings = node.settings
+    pipeline = node.pipeline
+    try:
+        listeners = Listeners(
+            settings.server.host, settings.server.http_port, settings.server.grpc_port
+        )
+    except OSError as exc:
+        node.journal.close()
+        return _start_failed(node.events, exc)
+    stages = Stages(pipeline)
+    workers = Workers(
+        settings.server.workers,
+        listeners,
+        stages,
+        NodeState(lambda: pipeline.ready, lambda: pipeline.alive),
+        observe=node.metrics.observe,
+        exposition=node.metrics.exposition,
+        events=node.events,
+        config_file=config_file,
+    )
+    node.metrics.workers = workers
+    grace = max(1, settings.server.shutdown_grace_secs // 2)
+    pipeline.publisher.start()
+    try:
+        workers.start()
+    except RuntimeError as exc:
+        workers.stop(grace)
+        listeners.close()
+        pipeline.publisher.close()
+        node.journal.close()
+        return _start_failed(node.events, exc)
+    report = _recover(node)
+    if report is None:
+        workers.stop(grace)
+        listeners.close()
+        return 1
+    stages.start()
+    node.sweep.start()
+    node.barrier.start()
+    node.housekeeper.start()
+    workers.accepting = True
+    pipeline.set_ready(True)
+    _listening(node, listeners.http_port, listeners.grpc_port, workers=workers.pids())
+    try:
+        stop.wait()
+    finally:
+        pipeline.set_ready(False)
+        workers_clean = workers.stop(grace)
+        stages_joined = stages.close(grace + 30)
+        listeners.close()
+        node.events.emit(
+            "workers.stopped", {"clean": workers_clean, "stages_joined": stages_joined}
+        )
+        shutdown(node)
+    return 0
+
+
+def _recover(node: Node) -> RecoveryReport | None:
+    """Recovery, its start-up line and its figures; None when it refused the start."""
+    pipeline = node.pipeline
+    try:
+        report = recover(node.journal, pipeline, node.snapshots, node.ledger)
+    except (WalError, SnapshotStoreError) as exc:
+        pipeline.publisher.close()
+        node.journal.close()
+        _start_failed(node.events, exc)
+        return None
+    node.events.emit("recovery.done", report.fields())
+    node.metrics.recovery_seconds = report.seconds
+    node.metrics.records_suppressed = report.records_suppressed
+    node.metrics.audit_suppressed = report.audit_events_suppressed
+    freeze_long_lived_heap()
+    return report
+
+
+def _listening(node: Node, http_port: int, grpc_port: int, *, workers: list[int]) -> None:
+    settings = node.settings
+    node.events.emit(
+        "server.listening",
+        {
+            "http_port": http_port,
+            "grpc_port": grpc_port,
+            "node": node_identity(settings.server.node_id),
+            "wal": str(settings.server.wal_dir),
+            "store": node.store.describe(),
+            "workers": workers,
+        },
+    )
 
 
 def _start_failed(events: EventLog, exc: BaseException) -> int:
