@@ -189,7 +189,17 @@ class Connection:
 
     def receive(self) -> tuple[Kind, int, memoryview]:
         """The next frame; ``ChannelClosed`` at the end of the stream or on a broken
-        frame."""
+        frame — which also fails every call still waiting for an answer."""
+        try:
+            return self._receive()
+        except ChannelClosed as exc:
+            self._fail_calls(str(exc))
+            raise
+        except (OSError, ValueError) as exc:  # read on a closed file or socket
+            self._fail_calls(f"the channel closed: {exc}")
+            raise ChannelClosed(f"the channel closed: {exc}") from exc
+
+    def _receive(self) -> tuple[Kind, int, memoryview]:
         head = self._reader.read(_HEAD.size)
         if len(head) < _HEAD.size:
             raise ChannelClosed("the peer closed the channel")
@@ -216,7 +226,17 @@ class Connection:
         return True
 
     def close(self, why: str = "the channel closed") -> None:
-        """Close the socket and fail every waiting call."""
+        """Close the channel and fail every waiting call. The shutdown wakes a reader
+        blocked on the socket first, so closing its buffered file does not wait long."""
+        self._fail_calls(why)
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._reader.close()
+        self._sock.close()
+
+    def _fail_calls(self, why: str) -> None:
         with self._calls_lock:
             if self._closed is None:
                 self._closed = ChannelClosed(why)
@@ -224,11 +244,6 @@ class Connection:
             self._calls.clear()
         for slot in waiting:
             slot.done.set()
-        try:
-            self._sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self._sock.close()
 
     @property
     def closed(self) -> bool:

@@ -309,6 +309,7 @@ class Workers:
                     ).start()
                 elif kind is Kind.HELLO:
                     link.hello.set()
+                    self._events("worker.ready", {"index": link.index, "pid": link.proc.pid})
                 elif kind in (Kind.FLUSHED, Kind.DECODED, Kind.REFUSAL, Kind.STOPPING):
                     conn.deliver(kind, ident, body)
                 else:

@@ -474,6 +474,34 @@ SABOTAGES: tuple[Sabotage, ...] = (
             "tests/unit/sink/test_parquet.py::test_assembled_records_equal_the_rows_built_from_python_values",
         ),
     ),
+    # -- worker processes (issue 14) ---------------------------------------------------
+    Sabotage(
+        "worker_acks_before_the_core",
+        "a worker answers its client with the core's answer, never before it",
+        "app/worker.py",
+        """            answer = self._conn.call(
+                Kind.INGEST,
+                channel.encode_ingest(transport, tenant, payload, batch),
+                ANSWER_TIMEOUT_S,
+            )""",
+        """            self._conn.start(
+                Kind.INGEST, channel.encode_ingest(transport, tenant, payload, batch)
+            )
+            return IngestOutcome(len(batch))""",
+        (
+            "tests/unit/app/test_channel.py::test_the_worker_answers_only_once_the_core_has",
+            "tests/unit/app/test_channel.py::test_the_worker_relays_the_cores_refusal_as_is",
+        ),
+    ),
+    Sabotage(
+        "core_answers_before_the_fsync",
+        "the core acknowledges a worker's request only after the fsync covering its frame",
+        "app/stages.py",
+        "            self._durable.put((ticket, answer))",
+        "            answer(IngestOutcome(len(batch)), None)\n"
+        "            self._durable.put((ticket, lambda outcome, refusal: None))",
+        ("tests/unit/app/test_stages.py::test_stages_answer_only_after_the_covering_fsync",),
+    ),
 )
 
 
