@@ -248,8 +248,14 @@ def run_serve(settings: Settings, config_file: Path | None = None) -> int:
     # stopped; with this one in place the re-raise records a request instead of killing
     # the process before the final flush. A signal during recovery is kept too.
     stop = threading.Event()
+    received: list[int] = []
+
+    def on_signal(signum: int, frame: object) -> None:
+        received.append(signum)  # reported by the thread that stops (no I/O in here)
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda signum, frame: stop.set())
+        signal.signal(sig, on_signal)
     if settings.auth.open_mode:
         events.emit(
             "auth.open_mode",
@@ -264,7 +270,7 @@ def run_serve(settings: Settings, config_file: Path | None = None) -> int:
     except (WalError, ArchiveLocationError, OSError) as exc:
         return _start_failed(events, exc)
     if settings.server.workers > 0:
-        return _serve_with_workers(node, stop, config_file)
+        return _serve_with_workers(node, stop, received, config_file)
     pipeline = node.pipeline
     pipeline.publisher.start()
     report = _recover(node)
@@ -317,7 +323,9 @@ def run_serve(settings: Settings, config_file: Path | None = None) -> int:
     return 0
 
 
-def _serve_with_workers(node: Node, stop: threading.Event, config_file: Path | None) -> int:
+def _serve_with_workers(
+    node: Node, stop: threading.Event, received: list[int], config_file: Path | None
+) -> int:
     """``server.workers`` > 0 (DESIGN.md §5): the listeners are bound here and served by
     worker processes, which hand each decoded request to the stages on this process's
     threads; recovery runs with the workers up (they refuse ingest until it is done)."""
@@ -366,6 +374,7 @@ def _serve_with_workers(node: Node, stop: threading.Event, config_file: Path | N
     _listening(node, listeners.http_port, listeners.grpc_port, workers=workers.pids())
     try:
         stop.wait()
+        node.events.emit("server.stopping", {"signals": [signal.Signals(n).name for n in received]})
     finally:
         pipeline.set_ready(False)
         workers_clean = workers.stop(grace)

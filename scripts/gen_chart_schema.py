@@ -115,6 +115,9 @@ def setting_schema(row: Setting) -> Schema:
     schema.update(NARROWED.get(row.yaml_key, {}))
     if row.default is not None:
         schema["default"] = row.default
+    elif row.optional and row.kind is Kind.INT:
+        # An optional number the app derives when unset (server.workers): null.
+        schema["type"] = ["integer", "null"]
     elif row.optional:
         schema["default"] = ""
     unit = f" ({row.unit})" if row.unit else ""

@@ -432,7 +432,9 @@ def test_values_yaml_holds_the_app_defaults() -> None:
         section = values[row.section]
         key = gen_chart_schema.camel(row.name)
         assert key in section, f"values.yaml has no {row.section}.{key} ({row.env_var})"
-        expected = "" if row.default is None else row.default
+        expected = row.default
+        if expected is None:  # unset: null for a derived number, "" for a string
+            expected = None if row.kind is Kind.INT else ""
         assert section[key] == expected, f"{row.section}.{key}: values.yaml differs from the app"
         assert type(section[key]) is type(expected), f"{row.section}.{key}"
 
@@ -443,7 +445,7 @@ def test_the_schema_carries_the_app_ranges_and_choices() -> None:
         prop = schema["properties"][row.section]["properties"][gen_chart_schema.camel(row.name)]
         narrowed = gen_chart_schema.NARROWED.get(row.yaml_key, {})
         if row.kind is Kind.INT:
-            assert prop["type"] == "integer"
+            assert prop["type"] == ("integer" if row.default is not None else ["integer", "null"])
             assert prop.get("minimum") == narrowed.get("minimum", row.minimum), row.yaml_key
             assert prop.get("maximum") == narrowed.get("maximum", row.maximum), row.yaml_key
         elif row.kind is Kind.CHOICE:
@@ -822,6 +824,7 @@ CHANGES: dict[str, tuple[object, dict[str, object]]] = {
     "server.grpcPort": (9090, {}),
     "server.logLevel": ("debug", {}),
     "server.shutdownGraceSecs": (40, {}),
+    "server.workers": (3, {}),
     "wal.segmentMaxBytes": (32 * 2**20, {}),
     "wal.segmentAgeSecs": (120, {}),
     "wal.barrierSecs": (30, {}),

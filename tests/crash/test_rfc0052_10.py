@@ -535,7 +535,8 @@ class Campaign:
                 got = load.wait_acked(r.kill_after, timeout=30)
                 assert got >= r.kill_after, (
                     f"seed {self.seed} round {r.number}: the load stopped after {got} acks"
-                    f" of {r.kill_after}: {self.ledger.summary()}\n{serve.tail()}"
+                    f" of {r.kill_after}: {self.ledger.summary()} {self.ledger.details()}"
+                    f"\n{serve.tail()}"
                 )
             r.segments_at_signal = _metric(serve, "ourios_wal_segments")
             r.acked_at_signal = load.acked

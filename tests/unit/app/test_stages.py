@@ -67,12 +67,14 @@ def test_stages_answer_only_after_the_covering_fsync(rig: NodeRig, stages: Stage
     answers = Answers()
     hold = rig.fs.hold_at("fsync", "*.wal")
     data, batch = batch_of("a")
-    stages.submit("t", data, batch, answers.for_("a"))
-    assert hold.reached.wait(10)
-    # The frame is written and its fsync is running: no answer may exist yet.
-    assert answers.got == []
-    assert rig.pipeline.latest is None
-    hold.release()
+    try:
+        stages.submit("t", data, batch, answers.for_("a"))
+        assert hold.reached.wait(10)
+        # The frame is written and its fsync is running: no answer may exist yet.
+        assert answers.got == []
+        assert rig.pipeline.latest is None
+    finally:
+        hold.release()  # even when an assertion failed: the teardown joins the committer
     answers.wait(1)
     ((tag, outcome, refusal),) = answers.got
     assert tag == "a" and refusal is None and outcome == IngestOutcome(3)
@@ -82,13 +84,15 @@ def test_stages_answer_only_after_the_covering_fsync(rig: NodeRig, stages: Stage
 def test_stages_answer_after_the_turn_in_commit_order(rig: NodeRig, stages: Stages) -> None:
     answers = Answers()
     with points.hold("turn.before_mine") as held:
-        for tag in ("a", "b", "c"):
-            data, batch = batch_of(tag)
-            stages.submit("t", data, batch, answers.for_(tag))
-        assert held.reached.wait(10)
-        # durable, but the first turn is held: nothing is acknowledged before its turn
-        assert answers.got == []
-        held.release()
+        try:
+            for tag in ("a", "b", "c"):
+                data, batch = batch_of(tag)
+                stages.submit("t", data, batch, answers.for_(tag))
+            assert held.reached.wait(10)
+            # durable, but the first turn is held: nothing is acknowledged before its turn
+            assert answers.got == []
+        finally:
+            held.release()
     answers.wait(3)
     assert [tag for tag, _, _ in answers.got] == ["a", "b", "c"]
     assert sorted(rig.published_rids()) == []  # buffered, not yet published
