@@ -502,6 +502,34 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "            self._durable.put((ticket, lambda outcome, refusal: None))",
         ("tests/unit/app/test_stages.py::test_stages_answer_only_after_the_covering_fsync",),
     ),
+    Sabotage(
+        "worker_outlives_the_core",
+        "no worker outlives the core (the kernel kills it, and it exits when its channel closes)",
+        "app/worker.py",
+        "    _arm_parent_death(args.parent)\n",
+        "",
+        (
+            "tests/integration/test_workers.py::test_workers_sigkill_of_the_core_leaves_no_orphan_and_loses_nothing",
+        ),
+        # and the second guard: a worker also exits when its channel closes
+        more=(
+            (
+                '        log.info("worker %d: channel closed (%s); exiting", args.index, exc)\n'
+                "        return 0",
+                "        threading.Event().wait()\n        return 0",
+            ),
+        ),
+    ),
+    Sabotage(
+        "scrape_without_flush",
+        "a scrape counts every request a client has had its answer to, whichever worker serves it",
+        "app/workers.py",
+        "                link.conn.call(Kind.FLUSH, [], 5.0)",
+        "                pass",
+        (
+            "tests/integration/test_workers.py::test_workers_metrics_have_each_series_once_and_count_every_request",
+        ),
+    ),
 )
 
 
