@@ -13,11 +13,20 @@ from __future__ import annotations
 import enum
 import struct
 import uuid
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
 _OFFSET = struct.Struct("<16sQ")
 OFFSET_SIZE: Final = _OFFSET.size  # 24
+
+#: Where the journal reports what it did (``wal.segment.sealed``, ``wal.rotation.*``…):
+#: an event name and its fields. The owner logs them; the WAL never logs by itself.
+EventSink = Callable[[str, Mapping[str, object]], None]
+#: Wall-clock seconds (``time.time``), injected so tests control segment ages and ids.
+Clock = Callable[[], float]
+#: An observer of one operation's duration in seconds (a frame write, an fsync).
+Timing = Callable[[float], None]
 
 
 @dataclass(frozen=True, slots=True)

@@ -50,19 +50,9 @@ from hypothesis.stateful import (
 )
 
 from tests.support.walkit import payload
-from wal import (
-    FaultyFs,
-    Frame,
-    FrameKind,
-    Journal,
-    Known,
-    OsFs,
-    ReclaimError,
-    SimulatedCrash,
-    WalConfig,
-    WalOffset,
-)
+from wal import Frame, FrameKind, Journal, Known, OsFs, ReclaimError, WalConfig, WalOffset
 from wal.reclaim import ReclaimFile
+from wal.testing import FaultyFs, SimulatedCrash
 
 KiB = 1024
 CAP = 3

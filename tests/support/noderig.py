@@ -33,7 +33,8 @@ from app.snapshots import SnapshotLedger, SnapshotStore
 from sink.buffers import Buffers
 from sink.publisher import Publisher
 from sink.store import FailingStore, MemoryStore
-from wal import FaultyFs, Journal, OsFs, WalConfig, WalOffset
+from wal import Journal, OsFs, WalConfig, WalOffset
+from wal.testing import FaultyFs
 
 
 class SteppedClock:

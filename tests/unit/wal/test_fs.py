@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from wal import FaultyFs, SimulatedCrash
+from wal.testing import FaultyFs, SimulatedCrash
 
 
 def _write(fs: FaultyFs, path: Path, data: bytes, *, sync: bool) -> None:
