@@ -87,9 +87,9 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "unlink_before_record",
         "the RECLAIM record is durable before the first unlink it accounts for",
-        "wal/housekeeping.py",
+        "wal/reclamation.py",
         # the record is written after the unlinks and the directory fsync, not before
-        "        if plan.write_record:\n            try:\n                self._write_record()\n            except OSError as exc:\n                outcome.record_error = exc\n                segments = []  # nothing the record accounts for may be unlinked\n",
+        "        if plan.write_record:\n            try:\n                self.write_record()\n            except OSError as exc:\n                outcome.record_error = exc\n                segments = []  # nothing the record accounts for may be unlinked\n",
         "",
         (
             "tests/unit/wal/test_rfc0052_17.py::test_rfc0052_17_crash_inside_a_pass",
@@ -98,7 +98,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         more=(
             (
                 "                outcome.fsync_failed = True\n        return outcome\n",
-                "                outcome.fsync_failed = True\n        if plan.write_record:\n            try:\n                self._write_record()\n            except OSError as exc:\n                outcome.record_error = exc\n        return outcome\n",
+                "                outcome.fsync_failed = True\n        if plan.write_record:\n            try:\n                self.write_record()\n            except OSError as exc:\n                outcome.record_error = exc\n        return outcome\n",
             ),
         ),
     ),
@@ -181,17 +181,17 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "rename_before_header_fsync",
         "a segment's header is fsynced before the rename",
-        "wal/journal.py",
-        '            step = "fsync the header of"\n            fs.fsync(fd)',
-        '            step = "fsync the header of"',
+        "wal/rotation.py",
+        '        step = "fsync the header of"\n        fs.fsync(fd)',
+        '        step = "fsync the header of"',
         ("tests/crash/test_crash_matrix.py",),
     ),
     Sabotage(
         "ack_before_directory_entry",
         "no ack while the segment's directory entry is not durable",
-        "wal/journal.py",
-        "            if dir_pending is not None:\n                try:\n                    fs.fsync_dir(self.root)",
-        "            if dir_pending is not None and False:\n                try:\n                    fs.fsync_dir(self.root)",
+        "wal/commit.py",
+        "            if dir_pending is not None:\n                try:\n                    fs.fsync_dir(log.root)",
+        "            if dir_pending is not None and False:\n                try:\n                    fs.fsync_dir(log.root)",
         (
             "tests/unit/wal/test_rotation.py::test_rfc0052_4_no_ack_while_the_rotation_obligation_is_pending",
             "tests/crash/test_crash_matrix.py",
@@ -200,9 +200,9 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "append_behind_torn_tail",
         "open never appends behind a torn tail: it seals the segment",
-        "wal/journal.py",
-        "            if scan.stop.damaged:\n                seg.sealed = True",
-        "            if False:\n                seg.sealed = True",
+        "wal/opening.py",
+        "        if scan.stop.damaged:\n            seg.sealed = True",
+        "        if False:\n            seg.sealed = True",
         (
             "tests/unit/wal/test_open.py::test_torn_tail_is_sealed_and_kept_and_a_second_restart_works",
         ),
@@ -210,7 +210,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "mark_is_the_eof",
         "the outcome's mark is the frame's own end, never the fsync's EOF",
-        "wal/journal.py",
+        "wal/commit.py",
         "_finish(w, CommitOutcome(w.seq, w.offset, eof), None)",
         "_finish(w, CommitOutcome(w.seq, eof, eof), None)",
         ("tests/unit/wal/test_group_commit.py::test_the_mark_is_the_frames_own_end_not_the_eof",),
@@ -218,7 +218,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "retry_forever",
         "consecutive rotation failures reach the terminal state",
-        "wal/journal.py",
+        "wal/rotation.py",
         "        if attempts >= budget:",
         "        if False:",
         ("tests/unit/wal/test_rotation.py",),
@@ -247,9 +247,9 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "ack_after_enospc",
         "a failed fsync acknowledges nothing it was to cover",
-        "wal/journal.py",
-        '            if data_err is not None:\n                self._seal_locked(cur, "fsync", data_err)',
-        '            if data_err is not None and False:\n                self._seal_locked(cur, "fsync", data_err)',
+        "wal/commit.py",
+        '            if data_err is not None:\n                self.seal_locked(cur, "fsync", data_err)',
+        '            if data_err is not None and False:\n                self.seal_locked(cur, "fsync", data_err)',
         (
             "tests/unit/wal/test_no_space.py::test_seg14_enospc_at_fsync_acknowledges_nothing_after_the_failure",
         ),
@@ -257,8 +257,8 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "append_while_full",
         "after ENOSPC nothing is attempted on disk until free space is reported",
-        "wal/journal.py",
-        "        latch = self._no_space\n        if latch is not None:\n            # Nothing",
+        "wal/commit.py",
+        "        latch = self._log.latch.current\n        if latch is not None:\n            # Nothing",
         "        latch = None\n        if latch is not None:\n            # Nothing",
         (
             "tests/unit/wal/test_no_space.py::test_seg14_enospc_at_fsync_acknowledges_nothing_after_the_failure",
@@ -275,7 +275,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "unlink_after_archive_failure",
         "a segment whose archive failed is kept, not unlinked",
-        "wal/housekeeping.py",
+        "wal/reclamation.py",
         "                    outcome.archive_failed.append((p.path, exc))\n                    continue",
         "                    outcome.archive_failed.append((p.path, exc))",
         (
@@ -285,7 +285,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "unlink_before_archive",
         "a segment is archived before it is unlinked",
-        "wal/housekeeping.py",
+        "wal/reclamation.py",
         "                try:\n                    archive(ArchiveRequest(",
         "                try:\n                    fs.unlink(p.path)\n                    archive(ArchiveRequest(",
         (
@@ -313,9 +313,9 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "quarantine_reuses_lsns",
         "after a quarantine the log never reuses the quarantined segment's LSNs",
-        "wal/journal.py",
-        "            if quarantined_end > self._end_lsn:",
-        "            if False:",
+        "wal/opening.py",
+        "        if quarantined_end > log.end_lsn:",
+        "        if False:",
         (
             "tests/unit/app/test_quarantine.py::test_quarantining_the_newest_segment_never_reuses_its_lsns",
         ),
@@ -323,8 +323,8 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "stale_gap_always_explained",
         "only a quarantine record explains a missing segment under a horizon",
-        "wal/housekeeping.py",
-        "                if any(q.explains(h.segment, h.lsn) for q in self._quarantined):",
+        "wal/reclamation.py",
+        "                if any(q.explains(h.segment, h.lsn) for q in log.quarantined):",
         "                if True:",
         (
             "tests/unit/app/test_quarantine.py::test_seg12_a_segment_deleted_by_hand_is_caught_at_start_up_naming_tenant_and_offsets",
@@ -425,9 +425,9 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "published_before_checkpoint",
         "PUBLISHED is written after CHECKPOINT in the checkpoint call",
-        "wal/journal.py",
-        "        advanced = self._checkpoint_mark(mark)\n        if published:\n            self._write_published(published, checkpointed=advanced)",
-        "        if published:\n            self._write_published(published)\n        advanced = self._checkpoint_mark(mark)",
+        "wal/checkpointing.py",
+        "        advanced = self._checkpoint_mark(mark)\n        if published:\n            self._frontiers.write(published, checkpointed=advanced)",
+        "        if published:\n            self._frontiers.write(published)\n        advanced = self._checkpoint_mark(mark)",
         (
             "tests/unit/wal/test_published.py::test_published_is_written_after_checkpoint_in_the_same_call",
         ),
