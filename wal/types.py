@@ -1,4 +1,5 @@
-"""Value types shared by the WAL's modules: offsets, states and outcomes.
+"""Value types shared by the WAL's modules: offsets, states and outcomes, and the
+callback types a journal is given (``EventSink``, ``Clock``, ``Timing``).
 
 A ``WalOffset`` is (segment UUIDv7, LSN). The LSN is a global byte position in the
 logical stream of frames (segment headers and torn bytes excluded), so offsets order
