@@ -3,26 +3,21 @@ group-commits, rotates, checkpoints, reclaims and replays; *when* to checkpoint,
 on a timer or run a housekeeping pass is the caller's business (``app/barrier.py``,
 ``app/housekeeping.py``).
 
-Each concern is one part that owns its state, all of them given the one ``log.Log``
-(the segment set, the positions and the journal mutex):
+Each concern is one part that owns its state; all of them are given the one ``Log``:
 
-=====================  =================  =============================================
-module                 part               owns
-=====================  =================  =============================================
-``wal/log.py``         ``Log``            segments, current segment, end/synced LSN,
-                                          disk bytes, partials, the no-space latch, the
-                                          journal mutex
-``wal/opening.py``     ``Opener``         one open: directory, listing, the RECLAIM ×
-                                          CHECKPOINT × segments matrix, newest segment
-``wal/commit.py``      ``Commit``         appends, waiters, the leader's sync round,
-                                          sealing, closed/broken
-``wal/rotation.py``    ``Rotation``       the retry budget, segment creation, the
-                                          directory-fsync obligation
-``wal/reading.py``     ``Reader``         replay and the bounded per-tenant reads
-``wal/reclamation.py`` ``Reclamation``    the housekeeping pass and the RECLAIM record
-``wal/frontiers.py``   ``Frontiers``      PUBLISHED
-``wal/checkpointing``  ``Checkpointer``   the CHECKPOINT mark and its write order
-=====================  =================  =============================================
+* ``wal/log.py`` ``Log`` — the segment set (ledger, current segment), end/synced LSN,
+  disk bytes, stale partials, retired descriptors, quarantine records in force, the
+  no-space latch and the journal mutex: what more than one part must see;
+* ``wal/opening.py`` ``Opener`` — one open: directory, listing, the RECLAIM ×
+  CHECKPOINT × segments matrix, the newest segment's scan and seal, quarantine;
+* ``wal/commit.py`` ``Commit`` — appends, waiters, the leader's sync round, sealing,
+  closed/broken;
+* ``wal/rotation.py`` ``Rotation`` — when to rotate, segment creation, the
+  directory-fsync obligation, the retry budget;
+* ``wal/reading.py`` ``Reader`` — replay and the bounded per-tenant reads;
+* ``wal/reclamation.py`` ``Reclamation`` — the housekeeping pass and the RECLAIM record;
+* ``wal/frontiers.py`` ``Frontiers`` — PUBLISHED;
+* ``wal/checkpointing.py`` ``Checkpointer`` — the CHECKPOINT mark and its write order.
 
 The guarantees are stated in each part's module docstring: WAL before ack and own-frame
 marks (``commit``), bounded rotation retry (``rotation``), nothing appended behind a
