@@ -1,4 +1,5 @@
-"""The fault seam itself: faults fire where asked, and a crash reverts to what is durable."""
+"""The test doubles (`wal/testing.py`): faults fire where asked, and a crash reverts to what is
+durable."""
 
 from __future__ import annotations
 
