@@ -88,7 +88,7 @@ def check_archive_location(store: ObjectStore, node: str, wal_dir: Path) -> None
 
 
 class Archiver:
-    """The ``wal.ArchiveHook`` housekeeping calls before each unlink."""
+    """The ``wal.reclamation.ArchiveHook`` housekeeping calls before each unlink."""
 
     def __init__(
         self,
