@@ -16,7 +16,7 @@ from app.config import load_settings
 from app.events import EventLog
 from app.otlp import decode_request, flatten
 from app.recovery import recover
-from app.server import Node, build_node, shutdown
+from app.server import EXIT_ROWS_LEFT, Node, build_node, shutdown
 from tests.support.noderig import request
 
 WAIT_S = 30
@@ -79,14 +79,17 @@ def test_a_barrier_that_does_not_join_is_read_as_a_failed_cut(
         n.barrier.start()
         n.barrier.request_cut()  # the tick, now instead of in an hour
         assert held.reached.wait(WAIT_S)
-        shutdown(n, join_timeout=0.2)  # the barrier is inside a cut and cannot join
+        code = shutdown(n, join_timeout=0.2)  # the barrier is inside a cut and cannot join
         line = stopped(stream)
         held.release()
     n.barrier.close(WAIT_S)  # the held cut finishes; joins the thread for the test
 
-    assert line["level"] == "warning"
+    # the held cut's rows are in its unsettled publishes, not in the buffers: counted
+    assert line["level"] == "error" and code == EXIT_ROWS_LEFT == line["exit_code"]
+    assert line["rows_left_in_wal"] == 3 and line["template_events_left_in_wal"] >= 1
     assert line["barrier_joined"] is False and line["timers_joined"] is False
     assert line["final_cut_ok"] is False  # no second cut ran beside the held one
+    assert line["final_cut_error"] == "barrier_not_joined"
     assert line["checkpoint"] is None
 
 

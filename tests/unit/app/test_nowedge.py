@@ -1,0 +1,137 @@
+"""Issue 18 item 0: the barrier never hangs on a failed audit publish.
+
+The wedge seen in a store outage under load: an audit partition's publish failed and
+its events went back into the buffers; a rotation-fired cut captured inside an ingest
+turn drained them again, under a new in-flight id, into the barrier's pending slot. The
+cut the barrier thread was running — captured before the requeue, so its records
+partitions depend on those events — then waited in ``Publisher._events_durable`` for
+that new id, which only the barrier thread itself would publish, after the running cut:
+it waited for good, and every age sweep whose records depended on the same events
+joined it. The publisher thread sat idle; no cut completed again.
+
+The rule now (``sink/publisher.py``): a publish waits only for a publish another thread
+is executing; an audit partition registered in flight that nobody is writing yet (in a
+pending cut, in the publisher's queue) is claimed and written by whoever needs it, and
+its owner later finds it settled. A failed dependency refuses (requeues) its dependants
+and releases every waiter.
+
+Each test drives a ``NodeRig`` (real journal, pipeline, buffers, publisher, barrier, age
+sweep) with named sync points and store holds; every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from app import points
+from app.server import AgeSweep
+from sink.buffers import Kind
+from tests.support.noderig import NodeRig, rids
+from tests.unit.app.test_barrier import BIG, Worker, fill_to_rotation
+
+#: every bounded wait in this file
+WAIT_S = 10.0
+#: how long a step that should return at once may take before it is called a hang
+HANG_S = 5.0
+
+
+@pytest.fixture
+def make_rig(tmp_path: Path) -> Iterator[Callable[..., NodeRig]]:
+    rigs: list[NodeRig] = []
+
+    def make(**kwargs: object) -> NodeRig:
+        rig = NodeRig(tmp_path / f"node{len(rigs)}", **kwargs)  # type: ignore[arg-type]
+        rigs.append(rig)
+        return rig
+
+    yield make
+    for rig in rigs:
+        unstick(rig)
+        rig.close()
+
+
+def unstick(rig: NodeRig) -> None:
+    """Put back whatever is still registered in flight (a test that failed left a waiter
+    behind): the waiters wake and the threads end, so the failure is the assertion, not a
+    leaked thread."""
+    rig.store.clear()
+    pending = rig.barrier.pending
+    if pending is not None:
+        rig.pipeline.abandon_cut(pending, "test_unstick")
+    for item in rig.buffers.in_flight.pending_upto(sys.maxsize):
+        rig.buffers.requeue(item.detached, "test_unstick")
+
+
+def published(rig: NodeRig) -> list[str]:
+    return sorted(rig.published_rids())
+
+
+@pytest.mark.parametrize("store", ["back", "still_down"])
+def test_nowedge_0_a_failed_audit_publish_redrained_by_a_pending_cut_releases_every_waiter(
+    make_rig: Callable[..., NodeRig], store: str
+) -> None:
+    rig = make_rig()
+    sweep = AgeSweep(rig.pipeline, 0.0, 1.0)  # every buffered partition is "aged"
+    rig.ingest("t", "a")  # template events (created) and records of tenant t
+
+    # 1. The age sweep writes t's audit partition; the store holds that put, then fails it.
+    held = rig.store.hold(ops=("put",), nth=1)
+    rig.store.fail(ops=("put",), nth=1)
+    first_sweep = Worker("sweep-1", sweep.sweep_once)
+    assert held.reached.wait(WAIT_S)
+
+    # 2. More of t's records (they reference those events), then a cut captured while
+    #    the audit publish is still in the store: the records are in the cut, the
+    #    events are not (they are in flight, registered before the capture).
+    rig.ingest("t", "b")
+    with points.hold("barrier.before_flush") as before_flush:
+        barrier = Worker("barrier", rig.barrier.step)
+        assert before_flush.reached.wait(WAIT_S)
+
+        # 3. The audit put fails: its events go back into the buffers, and the sweep's
+        #    records that depend on them are refused (requeued) with it.
+        held.release()
+        assert first_sweep.join() == 2
+        assert rig.publisher.stats.failures[("audit", "injected")] == 1
+        assert rig.publisher.stats.failures[("records", "audit_not_durable")] == 1
+
+        # 4. A rotation: the turn that observes it captures a cut, which drains the
+        #    requeued events again, under a new id, into the barrier's pending slot.
+        fill = fill_to_rotation(rig, "t", "f")
+        pending = rig.barrier.pending
+        assert pending is not None and pending.reason == "rotation"
+        redrained = [d for d in pending.batches if d.partition.kind is Kind.AUDIT]
+        assert redrained and min(d.partition.first_seq for d in redrained) == 1
+
+        if store == "still_down":
+            rig.store.fail(ops=("put",), always=True)
+        # 5. An age sweep whose records (the rotating turn's) depend on those events...
+        second_sweep = Worker("sweep-2", sweep.sweep_once)
+        # 6. ...and the running cut's flush, whose records depend on them too.
+        before_flush.release()
+        swept = second_sweep.finished(HANG_S)
+        cut_done = barrier.finished(HANG_S)
+
+    assert swept, "the age sweep waited for good on the pending cut's audit partition"
+    assert cut_done, "the barrier waited for good on its own pending cut's audit partition"
+    out = barrier.join()
+    assert out is not None and not out.ok  # the failed events were not in its drain
+    second_sweep.join()
+    assert len(rig.buffers.in_flight) == 0  # nothing is left registered: no waiter remains
+    if store == "still_down":
+        # the events failed again: every dependant was refused and requeued, nothing lost
+        assert published(rig) == []
+        assert rig.publisher.stats.failures[("records", "audit_not_durable")] >= 3
+        rig.store.clear()
+
+    # The barrier completes cuts again: the next one publishes everything and stamps.
+    again = rig.barrier.step()
+    assert again is not None and again.ok and again.checkpointed
+    assert rig.buffers.empty() and len(rig.buffers.in_flight) == 0
+    tags = [*fill.closed, fill.rotating]
+    expected = sorted([*rids("a"), *rids("b"), *(r for t in tags for r in rids(t, BIG))])
+    assert published(rig) == expected
