@@ -28,9 +28,10 @@ from pathlib import Path
 import pytest
 
 from app import points
+from app.otlp import decode_request, flatten
 from app.server import AgeSweep
 from sink.buffers import Kind
-from tests.support.noderig import NodeRig, rids
+from tests.support.noderig import NodeRig, request, rids
 from tests.unit.app.test_barrier import BIG, Worker, fill_to_rotation
 
 #: every bounded wait in this file
@@ -70,6 +71,18 @@ def published(rig: NodeRig) -> list[str]:
     return sorted(rig.published_rids())
 
 
+def ingest_as(rig: NodeRig, tenant: str, *, bodies_of: str, tag: str) -> None:
+    """Records whose bodies are ``request(bodies_of)``'s (so they mine to the templates
+    that one made, with no new template events) and whose ``rid``s carry ``tag``."""
+    req = request(bodies_of)
+    for i, rec in enumerate(req.resource_logs[0].scope_logs[0].log_records):
+        rec.attributes[0].value.string_value = f"{tag}/{i}"
+    data = req.SerializeToString()
+    rig.pipeline.ingest(
+        tenant, data, flatten(decode_request(data, "application/x-protobuf"), tenant), "test"
+    )
+
+
 @pytest.mark.parametrize("store", ["back", "still_down"])
 def test_nowedge_0_a_failed_audit_publish_redrained_by_a_pending_cut_releases_every_waiter(
     make_rig: Callable[..., NodeRig], store: str
@@ -84,13 +97,14 @@ def test_nowedge_0_a_failed_audit_publish_redrained_by_a_pending_cut_releases_ev
     first_sweep = Worker("sweep-1", sweep.sweep_once)
     assert held.reached.wait(WAIT_S)
 
-    # 2. More of t's records (they reference those events), then a cut captured while
-    #    the audit publish is still in the store: the records are in the cut, the
-    #    events are not (they are in flight, registered before the capture).
-    rig.ingest("t", "b")
+    # 2. More of t's records (the same bodies: they reference those events and make no
+    #    new ones), then a cut captured while the audit publish is still in the store:
+    #    the records are in the cut, the events are not (in flight, registered before).
+    ingest_as(rig, "t", bodies_of="a", tag="b")
     with points.hold("barrier.before_flush") as before_flush:
         barrier = Worker("barrier", rig.barrier.step)
         assert before_flush.reached.wait(WAIT_S)
+        assert rig.buffers.in_flight.audit_upto("t", sys.maxsize)  # the sweep's, held
 
         # 3. The audit put fails: its events go back into the buffers, and the sweep's
         #    records that depend on them are refused (requeued) with it.
@@ -106,6 +120,9 @@ def test_nowedge_0_a_failed_audit_publish_redrained_by_a_pending_cut_releases_ev
         assert pending is not None and pending.reason == "rotation"
         redrained = [d for d in pending.batches if d.partition.kind is Kind.AUDIT]
         assert redrained and min(d.partition.first_seq for d in redrained) == 1
+        # t's only template events in flight: the running cut holds records alone
+        flying = rig.buffers.in_flight.audit_upto("t", sys.maxsize)
+        assert {i.detached.id for i in flying} == {d.id for d in redrained}
 
         if store == "still_down":
             rig.store.fail(ops=("put",), always=True)
@@ -116,8 +133,10 @@ def test_nowedge_0_a_failed_audit_publish_redrained_by_a_pending_cut_releases_ev
         swept = second_sweep.finished(HANG_S)
         cut_done = barrier.finished(HANG_S)
 
-    assert swept, "the age sweep waited for good on the pending cut's audit partition"
-    assert cut_done, "the barrier waited for good on its own pending cut's audit partition"
+    assert (swept, cut_done) == (True, True), (
+        "waited for good on the pending cut's audit partition: "
+        f"age sweep returned {swept}, barrier returned {cut_done}"
+    )
     out = barrier.join()
     assert out is not None and not out.ok  # the failed events were not in its drain
     second_sweep.join()
@@ -135,3 +154,55 @@ def test_nowedge_0_a_failed_audit_publish_redrained_by_a_pending_cut_releases_ev
     tags = [*fill.closed, fill.rotating]
     expected = sorted([*rids("a"), *rids("b"), *(r for t in tags for r in rids(t, BIG))])
     assert published(rig) == expected
+    events = [(r["template_id"], r["template_version"]) for r in rig.audit_rows()]
+    assert len(events) == len(set(events)), "a template event was published twice"
+
+
+def test_nowedge_0_a_cut_writes_the_prior_publishes_nobody_is_writing(
+    make_rig: Callable[..., NodeRig],
+) -> None:
+    """Publishes registered before the capture that no thread is writing (queued for a
+    publisher thread that is not running) used to be waited for without a bound: the
+    cut writes them itself, and the publisher thread later skips them."""
+    rig = make_rig(flush_bytes=1)  # every partition a turn makes is detached and queued
+    a = rig.ingest("t", "a")
+    assert rig.publisher.queue_depth >= 2 and len(rig.buffers.in_flight) >= 2
+
+    barrier = Worker("barrier", rig.barrier.step)
+    assert barrier.finished(HANG_S), "the cut waited for a publish nobody was writing"
+    out = barrier.join()
+
+    assert out is not None and out.complete and rig.journal.last_checkpoint == a
+    assert published(rig) == sorted(rids("a")) and len(rig.buffers.in_flight) == 0
+    objects = len(rig.memory.snapshot())
+    rig.publisher.start()
+    assert rig.publisher.close(WAIT_S)  # the queue drains: each entry already settled
+    assert len(rig.memory.snapshot()) == objects  # nothing written twice
+
+
+def test_nowedge_0_a_wait_for_another_threads_write_is_bounded(
+    make_rig: Callable[..., NodeRig],
+) -> None:
+    """A store call that hangs beyond its own bounds holds only the thread making it: a
+    cut whose records need those template events waits ``wait_secs``, refuses the cut
+    (the records requeued), and the next cut stamps once the call returns."""
+    rig = make_rig(publish_wait_secs=0.3)
+    sweep = AgeSweep(rig.pipeline, 0.0, 1.0)
+    rig.ingest("t", "a")
+    held = rig.store.hold(ops=("put",), nth=1, timeout=4 * WAIT_S)
+    sweeper = Worker("sweep", sweep.sweep_once)
+    assert held.reached.wait(WAIT_S)  # the sweep's audit put hangs in the store
+    b = rig.ingest("t", "b")
+
+    barrier = Worker("barrier", rig.barrier.step)
+    assert barrier.finished(HANG_S), "the cut waited without a bound"
+    out = barrier.join()
+    assert out is not None and not out.ok and not out.checkpointed
+    assert rig.publisher.stats.failures[("records", "audit_not_durable")] >= 1
+    assert published(rig) == []
+
+    held.release()
+    assert sweeper.join() == 2
+    again = rig.barrier.step()
+    assert again is not None and again.complete and rig.journal.last_checkpoint == b
+    assert published(rig) == sorted([*rids("a"), *rids("b")])
