@@ -28,6 +28,8 @@ from pathlib import Path
 import pytest
 
 from app import points
+from app.config import load_settings
+from app.metrics import Metrics
 from app.otlp import decode_request, flatten
 from app.server import AgeSweep
 from sink.buffers import Kind
@@ -206,3 +208,81 @@ def test_nowedge_0_a_wait_for_another_threads_write_is_bounded(
     again = rig.barrier.step()
     assert again is not None and again.complete and rig.journal.last_checkpoint == b
     assert published(rig) == sorted([*rids("a"), *rids("b")])
+
+
+# -- issue 18 item 2: a failed cut is never counted with outcome ok -------------------
+
+
+def cadence_counts(metrics: Metrics, cadence: str) -> dict[tuple[str, str], float]:
+    """``ourios_cadence_runs_total`` for ``cadence``, by (outcome, error_type)."""
+    out: dict[tuple[str, str], float] = {}
+    for family in metrics.registry.collect():
+        for sample in family.samples:
+            labels = sample.labels
+            if sample.name == "ourios_cadence_runs_total" and labels["cadence"] == cadence:
+                out[(labels["outcome"], labels["error_type"])] = sample.value
+    return out
+
+
+@pytest.fixture
+def metrics(tmp_path: Path) -> Metrics:
+    return Metrics(load_settings({"OURIOS_SERVER_DATA_DIR": str(tmp_path / "m")}))
+
+
+@pytest.mark.parametrize(
+    ("op", "name", "error_type"),
+    [
+        ("rename", "CHECKPOINT", "checkpoint_write"),
+        ("fsync", "CHECKPOINT.tmp", "checkpoint_write"),
+        ("fsync", "PUBLISHED", "published_write"),
+    ],
+)
+def test_nowedge_2_a_cut_whose_stamp_failed_is_counted_as_an_error_never_ok(
+    make_rig: Callable[..., NodeRig], metrics: Metrics, op: str, name: str, error_type: str
+) -> None:
+    rig = make_rig()
+    rig.barrier.on_run = metrics.cadence_observer("barrier")
+    rig.ingest("t", "a")
+    first = rig.barrier.step()
+    assert first is not None and first.checkpointed
+    assert cadence_counts(metrics, "barrier") == {("ok", ""): 1}
+    ok_at = rig.barrier.last_ok_at
+
+    b = rig.ingest("t", "b")
+    rig.fs.fail(op, name)
+    out = rig.barrier.step()
+
+    assert cadence_counts(metrics, "barrier") == {("ok", ""): 1, ("error", error_type): 1}
+    # RFC0052.1: the barrier reports success (its flush did) — but the cut is not complete
+    assert out is not None and out.ok and not out.complete
+    assert out.checkpoint_error_type == error_type
+    assert rig.barrier.last_ok_at == ok_at  # not a good cut
+
+    again = rig.barrier.step()  # the fault was one-shot: the next cut stamps
+    assert again is not None and again.complete and rig.journal.last_checkpoint == b
+    assert cadence_counts(metrics, "barrier")[("ok", "")] == 2
+
+
+def test_nowedge_2_no_cadence_counts_a_failed_run_ok(
+    make_rig: Callable[..., NodeRig], metrics: Metrics
+) -> None:
+    """The barrier's refused flush, the age sweep's failed publish and a housekeeping
+    pass whose RECLAIM write failed each count as what they were; none as ok."""
+    rig = make_rig()
+    rig.barrier.on_run = metrics.cadence_observer("barrier")
+    rig.housekeeper.on_run = metrics.cadence_observer("housekeeping")
+    sweep = AgeSweep(rig.pipeline, 0.0, 1.0, metrics.cadence_observer("age_sweep"))
+
+    rig.ingest("t", "a")
+    rig.store.fail(ops=("put",), nth=1)
+    assert sweep.sweep_once() == 2
+    rig.store.fail(ops=("put",), nth=1)
+    out = rig.barrier.step()
+    assert out is not None and not out.ok
+    rig.fs.fail("fsync", "RECLAIM")
+    rig.housekeeper.step()
+
+    assert cadence_counts(metrics, "age_sweep") == {("refused", "publish_failed"): 1}
+    assert cadence_counts(metrics, "barrier") == {("refused", "flush_failed"): 1}
+    housekeeping = cadence_counts(metrics, "housekeeping")
+    assert ("ok", "") not in housekeeping and sum(housekeeping.values()) == 1
