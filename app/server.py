@@ -87,6 +87,8 @@ class AgeSweep:
         failed = done = 0
         try:
             for d in detached:
+                if self._stop.is_set():
+                    break  # shutting down: the final cut takes the rest from the buffers
                 if not p.publisher.publish(d).ok:
                     failed += 1
                 done += 1
@@ -95,7 +97,9 @@ class AgeSweep:
             # another thread claimed), so nothing drained here stays registered for good.
             for d in detached[done:]:
                 p.buffers.requeue(d, "sweep_failed")
-        if detached:
+        if done < len(detached):
+            self._on_run("refused", "stopped")
+        elif detached:
             self._on_run("ok" if not failed else "refused", "" if not failed else "publish_failed")
         return len(detached)
 
