@@ -239,3 +239,34 @@ def test_close_leaves_nothing_registered(
 
     assert len(buffers.in_flight) == 0 and buffers.empty()
     assert kinds_in_put_order(memory) == ["audit", "records"]
+
+
+def test_nowedge_0_a_failed_audit_publish_releases_its_waiter_and_requeues_the_records(
+    make: Callable[[int], tuple[Buffers, Publisher]],
+    failing: FailingStore,
+    memory: MemoryStore,
+) -> None:
+    """The audit publish another caller is writing is held in the store, then fails: the
+    records publish waiting for it is released at once, refused and requeued with it."""
+    buffers, publisher = make(1 << 20)
+    add_events(buffers, "t", 2, lsn=1)
+    add_rows(buffers, "t", 3, lsn=1)
+    audit, records = buffers.drain_all("age")
+    held = failing.hold(ops=("put",))
+    failing.fail(ops=("put",))
+    writer = threading.Thread(target=publisher.publish, args=(audit,))
+    writer.start()
+    assert held.reached.wait(WAIT_S)
+
+    result: list[str] = []
+    waiter = threading.Thread(target=lambda: result.append(publisher.publish(records).error_type))
+    waiter.start()
+    waiter.join(0.2)
+    assert waiter.is_alive()  # waiting for the write another thread is executing
+    held.release()  # ...which now fails
+    writer.join(WAIT_S)
+    waiter.join(WAIT_S)
+
+    assert not waiter.is_alive() and result == ["audit_not_durable"]
+    assert memory.snapshot() == {} and len(buffers.in_flight) == 0
+    assert buffers.partitions == 2 and buffers.parked_partitions == 2  # both back, parked
