@@ -254,12 +254,14 @@ def test_nowedge_0_a_failed_audit_publish_releases_its_waiter_and_requeues_the_r
     audit, records = buffers.drain_all("age")
     held = failing.hold(ops=("put",))
     failing.fail(ops=("put",))
-    writer = threading.Thread(target=publisher.publish, args=(audit,))
+    writer = threading.Thread(target=publisher.publish, args=(audit,), daemon=True)
     writer.start()
     assert held.reached.wait(WAIT_S)
 
     result: list[str] = []
-    waiter = threading.Thread(target=lambda: result.append(publisher.publish(records).error_type))
+    waiter = threading.Thread(
+        target=lambda: result.append(publisher.publish(records).error_type), daemon=True
+    )
     waiter.start()
     waiter.join(0.2)
     assert waiter.is_alive()  # waiting for the write another thread is executing
