@@ -558,14 +558,23 @@ class Pipeline:
         cut.batches = []
 
     def prior_publishes_ok(self, cut: Cut) -> bool:
-        """Wait for every publish registered before the capture (not the cut's own) and
+        """Settle every publish registered before the capture (not the cut's own) and
         refuse the cut when one requeued at an epoch above the cut's: its rows were not in
-        the cut's drain. A failure requeued before the capture is in the cut."""
+        the cut's drain. A failure requeued before the capture is in the cut.
+
+        ``Publisher.publish`` writes one that no thread is writing yet (queued for the
+        publisher thread, detached by a turn and not yet offered) on this thread, and
+        waits, bounded, for one another thread is writing; one still unsettled after
+        that refuses the cut (the next cut settles it)."""
         own = cut.own_ids
+        unsettled = False
         for item in self.buffers.in_flight.pending_upto(cut.prior_upto):
             if item.detached.id in own:
                 continue
-            item.wait()
+            self.publisher.publish(item.detached)
+            unsettled = unsettled or item.outcome is None
+        if unsettled:
+            return False
         for failure in self.buffers.in_flight.failures_upto(cut.prior_upto):
             if failure.id in own:
                 continue
@@ -585,7 +594,7 @@ class Pipeline:
         for d in detached:
             ok = self.publisher.publish(d).ok and ok
         for item in self.buffers.in_flight.pending_upto(upto):
-            item.wait()
+            ok = self.publisher.publish(item.detached).ok and ok  # written here, or awaited
         return ok and self.buffers.empty()
 
     def forget_failures_before(self, epoch: int) -> None:

@@ -473,6 +473,101 @@ SABOTAGES: tuple[Sabotage, ...] = (
             "tests/unit/sink/test_parquet.py::test_frozen_and_converted_pieces_encode_the_rows_in_order",
         ),
     ),
+    # -- no wedge on a failed audit publish; truthful cadences and shutdown (issue 18) --
+    Sabotage(
+        "settle_wakes_no_waiter",
+        "a settled publish (written or requeued) wakes everyone waiting for it",
+        "sink/buffers.py",
+        "                item.outcome = outcome\n                self._settled.notify_all()",
+        "                item.outcome = outcome",
+        (
+            "tests/unit/sink/test_publisher.py::test_nowedge_0_a_failed_audit_publish_releases_its_waiter_and_requeues_the_records",
+            "tests/unit/sink/test_publisher.py::test_a_synchronous_publish_waits_for_events_another_caller_is_writing",
+        ),
+    ),
+    Sabotage(
+        "requeue_forgets_the_registration",
+        "a requeue settles the publish it puts back: nothing stays registered in flight",
+        "sink/buffers.py",
+        "            outcome = PublishOutcome(d.id, False, epoch, error_type)\n        self.in_flight.settle(outcome)",
+        "            outcome = PublishOutcome(d.id, False, epoch, error_type)",
+        (
+            "tests/unit/sink/test_publisher.py::test_nowedge_0_a_failed_audit_publish_releases_its_waiter_and_requeues_the_records",
+            "tests/unit/app/test_nowedge.py::test_nowedge_0_a_failed_audit_publish_redrained_by_a_pending_cut_releases_every_waiter[back]",
+        ),
+    ),
+    Sabotage(
+        "waiter_waits_for_the_owner",
+        "a publish never waits for a dependency no thread is writing: it writes it itself",
+        "sink/publisher.py",
+        "            outcome = self.publish(item.detached)\n",
+        "            item.wait(self._wait_secs)\n"
+        "            outcome = item.outcome or PublishOutcome(item.detached.id, False)\n",
+        (
+            "tests/unit/app/test_nowedge.py::test_nowedge_0_a_failed_audit_publish_redrained_by_a_pending_cut_releases_every_waiter[back]",
+        ),
+    ),
+    Sabotage(
+        "requeue_ignores_the_claim",
+        "a partition another thread wrote (or is writing) is never put back by its owner",
+        "sink/buffers.py",
+        "        if not claimed and not self.in_flight.claim(d):\n            return None",
+        "        if not claimed:\n            self.in_flight.claim(d)",
+        (
+            "tests/unit/app/test_nowedge.py::test_nowedge_0_a_failed_audit_publish_redrained_by_a_pending_cut_releases_every_waiter[back]",
+            "tests/unit/sink/test_publisher.py::test_a_park_of_events_another_thread_already_wrote_puts_nothing_back",
+        ),
+    ),
+    Sabotage(
+        "cut_waits_for_queued_publishes",
+        "a cut settles the publishes registered before it, writing those nobody is writing",
+        "app/pipeline.py",
+        "            self.publisher.publish(item.detached)\n            unsettled = unsettled or item.outcome is None",
+        "            item.wait(self.publisher._wait_secs)\n            unsettled = unsettled or item.outcome is None",
+        (
+            "tests/unit/app/test_nowedge.py::test_nowedge_0_a_cut_writes_the_prior_publishes_nobody_is_writing",
+        ),
+    ),
+    Sabotage(
+        "failed_stamp_counted_ok",
+        "a cut whose checkpoint or frontier write failed is never counted with outcome ok",
+        "app/barrier.py",
+        '        if outcome.complete:\n            self._count("ok", "")',
+        '        if outcome.ok:\n            self._count("ok", "")',
+        (
+            "tests/unit/app/test_nowedge.py::test_nowedge_2_a_cut_whose_stamp_failed_is_counted_as_an_error_never_ok",
+        ),
+    ),
+    Sabotage(
+        "shutdown_counts_the_buffers_only",
+        "a shutdown counts every unpublished row, in-flight publishes included",
+        "sink/buffers.py",
+        "        flying = self.in_flight.unsettled_rows()",
+        "        flying = (0, 0)",
+        (
+            "tests/unit/app/test_server_shutdown.py::test_a_barrier_that_does_not_join_is_read_as_a_failed_cut",
+        ),
+    ),
+    Sabotage(
+        "shutdown_exits_zero_with_rows_left",
+        "a shutdown that leaves acknowledged rows unpublished exits non-zero",
+        "app/server.py",
+        "    code = EXIT_ROWS_LEFT if left else 0",
+        "    code = 0",
+        (
+            "tests/unit/app/test_server_shutdown.py::test_nowedge_0_a_shutdown_with_the_store_down_counts_the_rows_left_and_exits_non_zero",
+        ),
+    ),
+    Sabotage(
+        "reclaim_cap_unclamped",
+        "a pass never plans more unlinks than RECLAIM's geometry holds (issue 18 item 7)",
+        "wal/housekeeping.py",
+        "        cap = max(0, min(cap, self._reclaim_file.geometry.max_unlinks))",
+        "        cap = max(0, cap)",
+        (
+            "tests/crash/test_reclaim_model.py::test_nowedge_7_rfc0052_12_a_cap_above_the_record_geometry_is_clamped_to_it",
+        ),
+    ),
 )
 
 

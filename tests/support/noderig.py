@@ -73,6 +73,8 @@ class NodeRig:
     config: WalConfig = field(default_factory=lambda: WalConfig(segment_max_bytes=64 * 1024))
     flush_bytes: int = 1 << 30
     queue_depth: int = 64
+    #: how long a publish waits for another thread's write (``Publisher.wait_secs``)
+    publish_wait_secs: float = 300.0
     ceiling_bytes: int = 256 << 20
     barrier_secs: float = 300
     housekeeping_secs: float = 60
@@ -112,7 +114,11 @@ class NodeRig:
             epoch=lambda: holder["p"].epoch if "p" in holder else 1,
         )
         self.publisher = Publisher(
-            self.store, self.buffers, node="rig-0", queue_depth=self.queue_depth
+            self.store,
+            self.buffers,
+            node="rig-0",
+            queue_depth=self.queue_depth,
+            wait_secs=self.publish_wait_secs,
         )
         self.allocator = FileTemplateIdAllocator(data / "template-ids", 0)
         factory = self.miners_factory
