@@ -30,6 +30,7 @@ from app.archive import ArchiveLocationError, Archiver, check_archive_location
 from app.auth import Authenticator
 from app.barrier import Barrier
 from app.config import Settings
+from app.datalock import DataDirLock, DataDirLocked, DataDirLockError
 from app.events import EventLog, configure_logging
 from app.grpc_receiver import create_grpc_server
 from app.heap import freeze_long_lived_heap
@@ -113,13 +114,30 @@ class Node:
     housekeeper: Housekeeper
     admission: Admission | None = None
     archiver: Archiver | None = None
+    #: the data directory's lock, held from before the first read until the WAL closes
+    lock: DataDirLock | None = None
 
 
 def build_node(
     settings: Settings, events: EventLog, clock: Callable[[], float] = time.time
 ) -> Node:
+    """Take the data directory's lock, then build everything in start-up order. The lock
+    comes first: a second node on a live directory refuses before it reads or writes
+    anything there (``DataDirLocked``, naming the directory and the holder)."""
     server = settings.server
     server.data_dir.mkdir(parents=True, exist_ok=True)
+    lock = DataDirLock.acquire(server.data_dir)
+    try:
+        return _build_node(settings, events, clock, lock)
+    except BaseException:
+        lock.release()
+        raise
+
+
+def _build_node(
+    settings: Settings, events: EventLog, clock: Callable[[], float], lock: DataDirLock
+) -> Node:
+    server = settings.server
     metrics = Metrics(settings)
     store = _store(settings)
     node = node_identity(server.node_id)
@@ -221,6 +239,7 @@ def build_node(
         housekeeper,
         admission,
         archiver,
+        lock,
     )
 
 
@@ -259,7 +278,7 @@ def run_serve(settings: Settings) -> int:
         )
     try:
         node = build_node(settings, events)
-    except (WalError, ArchiveLocationError, OSError) as exc:
+    except (WalError, ArchiveLocationError, DataDirLocked, DataDirLockError, OSError) as exc:
         return _start_failed(events, exc)
     pipeline = node.pipeline
     pipeline.publisher.start()
@@ -268,6 +287,7 @@ def run_serve(settings: Settings) -> int:
     except (WalError, SnapshotStoreError) as exc:
         pipeline.publisher.close()
         node.journal.close()
+        _release(node)
         return _start_failed(events, exc)
     events.emit("recovery.done", report.fields())
     node.metrics.recovery_seconds = report.seconds
@@ -362,6 +382,7 @@ def shutdown(node: Node, join_timeout: float = 60.0) -> None:
     sealer_joined = node.pipeline.buffers.stop_sealing(join_timeout)
     if hk_joined:
         node.journal.close()
+        _release(node)  # a WAL still open keeps its lock until the process exits
     clean = final is not None and final.ok and left == 0 and joined and hk_joined
     events.emit(
         "server.stopped",
@@ -378,6 +399,11 @@ def shutdown(node: Node, join_timeout: float = 60.0) -> None:
         },
         "info" if clean else "warning",
     )
+
+
+def _release(node: Node) -> None:
+    if node.lock is not None:
+        node.lock.release()
 
 
 def _buffered_rows(node: Node) -> int:
