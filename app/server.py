@@ -187,6 +187,7 @@ def _build_node(
         events=events,
         ledger=ledger,
         admission=admission,
+        mining_attempts=settings.wal.frame_mining_attempts,
     )
     holder["p"] = pipeline
     snapshots = SnapshotStore(server.snapshots_dir)
