@@ -619,6 +619,9 @@ class Settler:
                 "error": attempts.error,
                 "records": len(r.batch),
                 "published": r.publish_records,
+                "action": f"its records are published without templates (template_id "
+                f"{NO_TEMPLATE}, no parameters, no template events); the tenant goes on and "
+                f"the checkpoint no longer waits on the frame",
             },
         )
         log.error(
