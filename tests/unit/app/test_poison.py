@@ -320,3 +320,36 @@ def test_a_settlement_failing_for_no_frame_isolates_the_tenant_at_the_bound(
     assert out.mark == u1 and rig.pipeline.refused == {"T"}
     (event,) = [f for n, f in rig.events if n == "tenant.unrecoverable"]
     assert event["reason"] == "settlement_failed"
+
+
+def test_nowedge_4_a_replayed_entry_re_emits_above_the_gates_its_replay_applied(
+    make: Make,
+) -> None:
+    """A tenant refused as unrecoverable keeps its frontier R behind the checkpoint X
+    (its frame above R never published). After a restart whose replay fails on that
+    frame again, the settlement must publish above R — the replay's gate — not above X,
+    or the frame's records (below X) would never reach the store."""
+    rig, plan = make(mining_attempts=2)
+    rig.ingest("T", "a0")
+    u0 = rig.ingest("U", "u0")
+    step(rig)
+    poison(plan, "tx")
+    plan.replace_failures = EVERY_TIME  # the swap fails too: the tenant is refused
+    rig.ingest("T", "tx")
+    step(rig)
+    step(rig)
+    assert rig.pipeline.refused == {"T"}
+    u1 = rig.ingest("U", "u1")
+    assert step(rig).mark == u1  # X moves past tx; T's frontier stays at u0
+    marks = rig.journal.published_marks()["T"]
+    assert marks.terminal and marks.records == u0
+    plan.replace_failures = 0
+
+    report = rig.restart(crash=True)  # the replay meets tx again (above T's frontier)
+
+    assert list(report.unmined) == ["T"]
+    rig.ingest("U", "u2")
+    step(rig)  # attempt 2 of this process: isolated, settled
+    assert [o.result for o in rig.barrier.settlements] == [Result.SETTLED]
+    assert copies(rig, "T") == Counter([*rids("a0"), *rids("tx")])
+    assert templates(rig, "T")["tx/0"] == [NO_TEMPLATE]
