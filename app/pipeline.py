@@ -58,6 +58,7 @@ from wal import (
     FrameSpan,
     FrameTooLarge,
     Journal,
+    PublishedMarks,
     Terminal,
     WalOffset,
 )
@@ -644,6 +645,15 @@ class Pipeline:
             if not self.publisher.offer(d):
                 self.publisher.park(d)
         return (0 if publish_records else len(batch)), events_suppressed
+
+    def cut_frontiers(self, mark: WalOffset) -> dict[str, PublishedMarks]:
+        """The frontiers a cut stamping ``mark`` writes to PUBLISHED: the mark for every
+        tenant but an unrecoverable one, and but one whose start-up replay failed and
+        which is not settled yet — its rows above the replay's gates were dropped with
+        its tree and are re-emitted only by its settlement, so its frontier stays where
+        the replay found it (the mark may be above: the clamp is the checkpoint)."""
+        skip = self.refused | self.unmined.replayed()
+        return {t: PublishedMarks(mark, mark) for t in self.miners.tenants() if t not in skip}
 
     def replay_failed(
         self,

@@ -194,6 +194,11 @@ class UnminedSet:
         with self._lock:
             return {e.tenant for e in self._entries if e.state is not EntryState.REFUSED}
 
+    def replayed(self) -> set[str]:
+        """Tenants with an entry a start-up replay recorded (gates set), until settled."""
+        with self._lock:
+            return {e.tenant for e in self._entries if e.gates is not None}
+
     def clamp(self) -> tuple[bool, WalOffset | None]:
         """(whether any entry clamps, the minimum effective clamp — None stays None)."""
         with self._lock:

@@ -560,6 +560,16 @@ SABOTAGES: tuple[Sabotage, ...] = (
             "tests/unit/app/test_poison.py::test_nowedge_4_a_replayed_entry_re_emits_above_the_gates_its_replay_applied",
         ),
     ),
+    Sabotage(
+        "cut_raises_a_replayed_tenants_frontier",
+        "a cut leaves the frontier of a tenant whose replay failed where the replay found it",
+        "app/pipeline.py",
+        "        skip = self.refused | self.unmined.replayed()\n",
+        "        skip = self.refused\n",
+        (
+            "tests/unit/app/test_poison.py::test_nowedge_4_a_replayed_entry_re_emits_above_the_gates_its_replay_applied",
+        ),
+    ),
 )
 
 

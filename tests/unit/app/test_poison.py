@@ -349,6 +349,15 @@ def test_nowedge_4_a_replayed_entry_re_emits_above_the_gates_its_replay_applied(
 
     assert list(report.unmined) == ["T"]
     rig.ingest("U", "u2")
+    cut = rig.barrier.run_cut(rig.barrier.capture())  # a cut before any settlement
+    assert cut.ok and cut.checkpointed is False  # clamped at X
+    # T's rows above its frontier were dropped with its tree: the cut must not claim them
+    assert rig.journal.published_marks()["T"].records == u0
+
+    report = rig.restart(crash=True)  # and the replay meets tx once more
+
+    assert list(report.unmined) == ["T"]
+    rig.ingest("U", "u3")
     step(rig)  # attempt 2 of this process: isolated, settled
     assert [o.result for o in rig.barrier.settlements] == [Result.SETTLED]
     assert copies(rig, "T") == Counter([*rids("a0"), *rids("tx")])
