@@ -47,10 +47,19 @@ of the batch. From then on:
   gets a fresh id.
 
 * **failure inside settlement** — the entries return to Unresolved, the signal is set;
-  the tenant stays refused and the next tick retries.
+  the tenant stays refused and the next tick retries. The retries are bounded
+  (``max_attempts``, ``wal.frame_mining_attempts``): a failure raised while mining or
+  emitting one frame counts against that frame (so do the ingest turn's and a start-up
+  replay's), and a frame at the bound is *isolated* — the rebuild, run again at once,
+  does not mine it and buffers its records as they are, with ``NO_TEMPLATE`` and no
+  template events — so the entry resolves and the mark moves on. Where that cannot
+  help (the isolated frame's template-less rows cannot be buffered either, or the
+  settlement fails ``max_attempts`` times for a reason no frame explains) the tenant is
+  refused as unrecoverable (below). A start-up replay's entries carry the gates that
+  replay applied (``ReplayGates``): the settlement re-emits above them.
 
 * **unrecoverable** — PUBLISHED records a terminal entry for the tenant (its frontier
-  stays at W, so a restart replays its frames in full), the entries leave the clamp set
+  stays at W — never above a replay's gates — so a restart replays its frames in full), the entries leave the clamp set
   (the checkpoint advances for everyone else), the tenant is dropped from the horizons
   housekeeping uses (its frames stay pinned), its appends are refused
   (``TenantUnrecoverable``, server-terminal, naming it), ``tenant.unrecoverable`` is
