@@ -59,8 +59,9 @@ of the batch. From then on:
   replay applied (``ReplayGates``): the settlement re-emits above them.
 
 * **unrecoverable** — PUBLISHED records a terminal entry for the tenant (its frontier
-  stays at W — never above a replay's gates — so a restart replays its frames in full), the entries leave the clamp set
-  (the checkpoint advances for everyone else), the tenant is dropped from the horizons
+  stays at W — never above a replay's gates — so a restart replays its frames in
+  full), the entries leave the clamp set (the checkpoint advances for everyone else),
+  the tenant is dropped from the horizons
   housekeeping uses (its frames stay pinned), its appends are refused
   (``TenantUnrecoverable``, server-terminal, naming it), ``tenant.unrecoverable`` is
   emitted once. Every other tenant continues.
