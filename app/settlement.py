@@ -61,10 +61,9 @@ of the batch. From then on:
 * **unrecoverable** — PUBLISHED records a terminal entry for the tenant (its frontier
   stays at W — never above a replay's gates — so a restart replays its frames in
   full), the entries leave the clamp set (the checkpoint advances for everyone else),
-  the tenant is dropped from the horizons
-  housekeeping uses (its frames stay pinned), its appends are refused
-  (``TenantUnrecoverable``, server-terminal, naming it), ``tenant.unrecoverable`` is
-  emitted once. Every other tenant continues.
+  the tenant is dropped from the horizons housekeeping uses (its frames stay pinned),
+  its appends are refused (``TenantUnrecoverable``, server-terminal, naming it),
+  ``tenant.unrecoverable`` is emitted once. Every other tenant continues.
 
 Settlement never takes the ingest gate: the barrier exclusion, then the miner lock.
 """
