@@ -21,7 +21,9 @@ The cut then *runs* outside the exclusion:
 5. ``Journal.checkpoint(mark, published)`` (a failure leaves the previous mark in
    force), which writes every other tenant's publication frontier (the mark: all its
    records and events at or below it are durable) to PUBLISHED after CHECKPOINT; an
-   unrecoverable tenant's frontier is left where it was, so a restart replays it.
+   unrecoverable tenant's frontier is left where it was, so a restart replays it, and
+   so is that of a tenant whose start-up replay failed, until it is settled
+   (``Pipeline.cut_frontiers``).
 
 Each tick first runs the pending cut, if any, then settles every tenant with an unmined
 entry (RFC 0055 §9.4, before a fresh capture), then captures on the timer.
@@ -49,7 +51,6 @@ from sink.buffers import Detached
 from wal import (
     AppendError,
     CheckpointError,
-    PublishedMarks,
     PublishedWriteError,
     RotationKind,
     WalOffset,
@@ -398,8 +399,7 @@ class Barrier:
                 log.warning("snapshot of tenant %r not installed: %s", tenant, result.reason)
         assert cut.mark is not None
         mark = cut.mark
-        refused = p.refused
-        published = {t: PublishedMarks(mark, mark) for t in p.miners.tenants() if t not in refused}
+        published = p.cut_frontiers(mark)
         checkpointed = False
         error = error_type = ""
         try:

@@ -32,6 +32,7 @@ from app.archive import ArchiveLocationError, Archiver, check_archive_location
 from app.auth import Authenticator
 from app.barrier import Barrier, CutOutcome
 from app.config import Settings
+from app.datalock import DataDirLock, DataDirLocked, DataDirLockError
 from app.events import EventLog, configure_logging
 from app.grpc_receiver import create_grpc_server
 from app.heap import freeze_long_lived_heap
@@ -129,13 +130,30 @@ class Node:
     housekeeper: Housekeeper
     admission: Admission | None = None
     archiver: Archiver | None = None
+    #: the data directory's lock, held from before the first read until the WAL closes
+    lock: DataDirLock | None = None
 
 
 def build_node(
     settings: Settings, events: EventLog, clock: Callable[[], float] = time.time
 ) -> Node:
+    """Take the data directory's lock, then build everything in start-up order. The lock
+    comes first: a second node on a live directory refuses before it reads or writes
+    anything there (``DataDirLocked``, naming the directory and the holder)."""
     server = settings.server
     server.data_dir.mkdir(parents=True, exist_ok=True)
+    lock = DataDirLock.acquire(server.data_dir)
+    try:
+        return _build_node(settings, events, clock, lock)
+    except BaseException:
+        lock.release()
+        raise
+
+
+def _build_node(
+    settings: Settings, events: EventLog, clock: Callable[[], float], lock: DataDirLock
+) -> Node:
+    server = settings.server
     metrics = Metrics(settings)
     store = _store(settings)
     node = node_identity(server.node_id)
@@ -185,6 +203,7 @@ def build_node(
         events=events,
         ledger=ledger,
         admission=admission,
+        mining_attempts=settings.wal.frame_mining_attempts,
     )
     holder["p"] = pipeline
     snapshots = SnapshotStore(server.snapshots_dir)
@@ -237,6 +256,7 @@ def build_node(
         housekeeper,
         admission,
         archiver,
+        lock,
     )
 
 
@@ -275,7 +295,7 @@ def run_serve(settings: Settings) -> int:
         )
     try:
         node = build_node(settings, events)
-    except (WalError, ArchiveLocationError, OSError) as exc:
+    except (WalError, ArchiveLocationError, DataDirLocked, DataDirLockError, OSError) as exc:
         return _start_failed(events, exc)
     pipeline = node.pipeline
     pipeline.publisher.start()
@@ -284,6 +304,7 @@ def run_serve(settings: Settings) -> int:
     except (WalError, SnapshotStoreError) as exc:
         pipeline.publisher.close()
         node.journal.close()
+        _release(node)
         return _start_failed(events, exc)
     events.emit("recovery.done", report.fields())
     node.metrics.recovery_seconds = report.seconds
@@ -391,6 +412,7 @@ def shutdown(node: Node, join_timeout: float = 60.0) -> int:
     sealer_joined = node.pipeline.buffers.stop_sealing(join_timeout)
     if hk_joined:
         node.journal.close()
+        _release(node)  # a WAL still open keeps its lock until the process exits
     final_ok = final is not None and final.complete
     left = rows_left + events_left
     clean = final_ok and left == 0 and joined and hk_joined
@@ -427,6 +449,11 @@ def _final_error(final: CutOutcome | None, barrier_joined: bool) -> str:
     if final.latched:
         return "latched"
     return "flush_failed" if final.flush_failures else "prior_publish_failed"
+
+
+def _release(node: Node) -> None:
+    if node.lock is not None:
+        node.lock.release()
 
 
 def data_paths(settings: Settings) -> dict[str, Path]:

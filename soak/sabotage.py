@@ -561,11 +561,108 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "reclaim_cap_unclamped",
         "a pass never plans more unlinks than RECLAIM's geometry holds (issue 18 item 7)",
-        "wal/housekeeping.py",
-        "        cap = max(0, min(cap, self._reclaim_file.geometry.max_unlinks))",
+        "wal/reclamation.py",
+        "        cap = max(0, min(cap, self.file.geometry.max_unlinks))",
         "        cap = max(0, cap)",
         (
             "tests/crash/test_reclaim_model.py::test_nowedge_7_rfc0052_12_a_cap_above_the_record_geometry_is_clamped_to_it",
+        ),
+    ),
+    # -- one writer per WAL; a poison batch isolated (issue 18 items 3 and 4) -------------
+    Sabotage(
+        "data_dir_lock_not_taken",
+        "one writer per WAL: a node locks its data directory before anything else",
+        "app/server.py",
+        "    lock = DataDirLock.acquire(server.data_dir)\n",
+        '    lock = DataDirLock.acquire(Path(__import__("tempfile").mkdtemp()))\n',
+        (
+            "tests/unit/app/test_datalock.py::test_nowedge_3_build_node_takes_the_lock_before_it_reads_or_writes_anything",
+            "tests/integration/test_one_writer_per_wal.py::test_nowedge_3_a_second_serve_on_a_live_data_directory_refuses_and_the_first_serves_on",
+        ),
+    ),
+    Sabotage(
+        "data_dir_lock_after_the_wal_open",
+        "the lock comes before the WAL is opened (a refused node reads and writes nothing)",
+        "app/server.py",
+        "    lock = DataDirLock.acquire(server.data_dir)\n",
+        "    Journal.open(server.wal_dir, settings.wal).close()\n"
+        "    lock = DataDirLock.acquire(server.data_dir)\n",
+        (
+            "tests/unit/app/test_datalock.py::test_nowedge_3_build_node_takes_the_lock_before_it_reads_or_writes_anything",
+            "tests/integration/test_one_writer_per_wal.py::test_nowedge_3_a_second_serve_on_a_live_data_directory_refuses_and_the_first_serves_on",
+        ),
+    ),
+    Sabotage(
+        "quarantine_ignores_the_lock",
+        "ourios wal quarantine refuses while a node holds the data directory",
+        "app/walcli.py",
+        '        lock = DataDirLock.acquire_existing(root.parent, command="ourios wal quarantine")\n',
+        "        lock = None\n",
+        (
+            "tests/unit/app/test_datalock.py::test_nowedge_3_quarantine_refuses_while_a_node_holds_the_data_directory",
+        ),
+    ),
+    Sabotage(
+        "mining_attempts_unbounded",
+        "a frame failing every time is isolated after wal.frame_mining_attempts attempts",
+        "app/settlement.py",
+        "            return {lsn: a for lsn, a in frames.items() if a.failures >= self.max_attempts}",
+        "            return {}",
+        (
+            "tests/unit/app/test_poison.py::test_nowedge_4_a_frame_failing_every_time_is_isolated_at_the_bound_and_the_mark_moves_on",
+            "tests/crash/test_poison_frame_serve.py::test_nowedge_4_a_poison_frame_is_isolated_and_the_others_publish_and_reclaim_across_a_restart",
+        ),
+        more=(("                if failures >= self.max_attempts:", "                if False:"),),
+    ),
+    Sabotage(
+        "turn_failure_not_counted",
+        "the ingest turn's failure is the frame's first attempt",
+        "app/pipeline.py",
+        "        if failed:\n            self.settler.note_failure(tenant, offset, why)\n",
+        "",
+        (
+            "tests/unit/app/test_poison.py::test_nowedge_4_a_frame_failing_every_time_is_isolated_at_the_bound_and_the_mark_moves_on",
+        ),
+    ),
+    Sabotage(
+        "replay_unguarded",
+        "a replayed frame whose mining raises does not fail the start",
+        "app/recovery.py",
+        "        except Exception as exc:  # noqa: BLE001 - the guard: settled after the start",
+        "        except NotImplementedError as exc:  # noqa: BLE001 - the guard, removed",
+        (
+            "tests/unit/app/test_poison.py::test_nowedge_4_replay_turns_a_failing_frame_into_an_entry_and_the_node_starts",
+            "tests/crash/test_poison_frame_serve.py::test_nowedge_4_a_poison_frame_is_isolated_and_the_others_publish_and_reclaim_across_a_restart",
+        ),
+    ),
+    Sabotage(
+        "replay_mines_into_the_unknown_tree",
+        "after a replay failure, the tenant's later frames are left to its settlement",
+        "app/recovery.py",
+        "        if tenant in unmined:\n",
+        "        if False:\n",
+        (
+            "tests/unit/app/test_poison.py::test_nowedge_4_replay_turns_a_failing_frame_into_an_entry_and_the_node_starts",
+        ),
+    ),
+    Sabotage(
+        "replayed_entry_ignores_its_gates",
+        "a replayed entry's settlement re-emits above the gates the replay applied",
+        "app/settlement.py",
+        "            if e.gates is not None:  # a start-up replay's entry: never above its gates",
+        "            if False:",
+        (
+            "tests/unit/app/test_poison.py::test_nowedge_4_a_replayed_entry_re_emits_above_the_gates_its_replay_applied",
+        ),
+    ),
+    Sabotage(
+        "cut_raises_a_replayed_tenants_frontier",
+        "a cut leaves the frontier of a tenant whose replay failed where the replay found it",
+        "app/pipeline.py",
+        "        skip = self.refused | self.unmined.replayed()\n",
+        "        skip = self.refused\n",
+        (
+            "tests/unit/app/test_poison.py::test_nowedge_4_a_replayed_entry_re_emits_above_the_gates_its_replay_applied",
         ),
     ),
 )

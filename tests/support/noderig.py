@@ -29,6 +29,7 @@ from app.miner import FileTemplateIdAllocator, MinerCluster, TemplateIdAllocator
 from app.otlp import decode_request, flatten
 from app.pipeline import Pipeline
 from app.recovery import RecoveryReport, recover
+from app.settlement import DEFAULT_MINING_ATTEMPTS
 from app.snapshots import SnapshotLedger, SnapshotStore
 from sink.buffers import Buffers
 from sink.publisher import Publisher
@@ -85,6 +86,8 @@ class NodeRig:
     #: builds the miners each start (``tests.support.minerfaults.FaultyMiners`` injects
     #: mining failures); None: the production ``MinerCluster``
     miners_factory: Callable[[TemplateIdAllocator], MinerCluster] | None = None
+    #: ``wal.frame_mining_attempts``
+    mining_attempts: int = DEFAULT_MINING_ATTEMPTS
 
     def __post_init__(self) -> None:
         self.fs: FaultyFs = (
@@ -134,6 +137,7 @@ class NodeRig:
             clock=self.clock,
             events=self._event,
             ledger=self.ledger,
+            mining_attempts=self.mining_attempts,
         )
         holder["p"] = self.pipeline
         self.snapshots = SnapshotStore(data / "snapshots", fs=self.fs)
