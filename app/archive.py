@@ -17,7 +17,7 @@ object under the final key, and an existing object is never replaced. The copy i
   reset, a node id reused): never overwritten, the hook raises and the segment stays
   until an operator moves that object away.
 
-Every failure keeps the segment on disk (``wal.housekeeping``: it stays reclaiming and
+Every failure keeps the segment on disk (``wal.reclamation``: it stays reclaiming and
 the next pass archives it again), is counted (``ourios_wal_archive_failures_total``
 by ``error_type``) and is visible: one ``wal.archive.failed`` event when a segment's
 archive first fails, one ``wal.archive.recovered`` when that segment is archived.
@@ -88,7 +88,7 @@ def check_archive_location(store: ObjectStore, node: str, wal_dir: Path) -> None
 
 
 class Archiver:
-    """The ``wal.ArchiveHook`` housekeeping calls before each unlink."""
+    """The ``wal.reclamation.ArchiveHook`` housekeeping calls before each unlink."""
 
     def __init__(
         self,

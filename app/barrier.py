@@ -21,7 +21,9 @@ The cut then *runs* outside the exclusion:
 5. ``Journal.checkpoint(mark, published)`` (a failure leaves the previous mark in
    force), which writes every other tenant's publication frontier (the mark: all its
    records and events at or below it are durable) to PUBLISHED after CHECKPOINT; an
-   unrecoverable tenant's frontier is left where it was, so a restart replays it.
+   unrecoverable tenant's frontier is left where it was, so a restart replays it, and
+   so is that of a tenant whose start-up replay failed, until it is settled
+   (``Pipeline.cut_frontiers``).
 
 Each tick first runs the pending cut, if any, then settles every tenant with an unmined
 entry (RFC 0055 §9.4, before a fresh capture), then captures on the timer.
@@ -49,7 +51,6 @@ from sink.buffers import Detached
 from wal import (
     AppendError,
     CheckpointError,
-    PublishedMarks,
     PublishedWriteError,
     RotationKind,
     WalOffset,
@@ -101,10 +102,22 @@ class CutOutcome:
     checkpoint_error: str = ""
     snapshots_installed: int = 0
     snapshot_failures: int = 0
+    #: the failed write's error type: ``checkpoint_write`` (the mark stays where it was)
+    #: or ``published_write`` (CHECKPOINT advanced, PUBLISHED did not); "" when none
+    checkpoint_error_type: str = ""
 
     @property
     def ok(self) -> bool:
+        """The cut's flush and checks passed, so it went on to stamp (RFC0052.1: the
+        barrier reports success even when the checkpoint write then fails)."""
         return self.flush_failures == 0 and self.prior_ok and not self.latched
+
+    @property
+    def complete(self) -> bool:
+        """Everything the cut set out to do was done: ``ok`` and its checkpoint and
+        publication frontiers written (or nothing to stamp). Only such a cut counts as
+        outcome ``ok`` in ``ourios_cadence_runs_total``."""
+        return self.ok and not self.checkpoint_error
 
 
 class Barrier:
@@ -349,7 +362,7 @@ class Barrier:
         elif cut.mark is not None:
             outcome = self._stamp(cut, outcome)
         self.last = outcome
-        if outcome.ok:
+        if outcome.complete:
             self.last_ok_at = self._clock()
             self._retry_delay = 0.0
             self._retry_not_before = 0.0
@@ -358,8 +371,12 @@ class Barrier:
             self._retry_not_before = self._clock() + self._retry_delay
         p.forget_failures_before(cut.epoch + 1)
         self._on_cut(outcome)
-        if outcome.ok:
-            self._count("ok", "" if outcome.checkpoint_error == "" else "checkpoint_write")
+        # One count per cut, and outcome "ok" only for a complete one: a cut whose
+        # checkpoint or frontier write failed advanced nothing an operator relies on.
+        if outcome.complete:
+            self._count("ok", "")
+        elif outcome.ok:
+            self._count("error", outcome.checkpoint_error_type)
         elif outcome.latched:
             self._count("refused", "latched")
         elif outcome.flush_failures:
@@ -382,18 +399,17 @@ class Barrier:
                 log.warning("snapshot of tenant %r not installed: %s", tenant, result.reason)
         assert cut.mark is not None
         mark = cut.mark
-        refused = p.refused
-        published = {t: PublishedMarks(mark, mark) for t in p.miners.tenants() if t not in refused}
+        published = p.cut_frontiers(mark)
         checkpointed = False
-        error = ""
+        error = error_type = ""
         try:
             checkpointed = p.journal.checkpoint(mark, published)
         except CheckpointError as exc:
-            error = str(exc)
+            error, error_type = str(exc), "checkpoint_write"
             log.warning("checkpoint not advanced: %s", exc)
         except PublishedWriteError as exc:
             checkpointed = exc.checkpointed
-            error = str(exc)
+            error, error_type = str(exc), "published_write"
             log.warning("publication frontiers not written: %s", exc)
         return CutOutcome(
             outcome.epoch,
@@ -407,6 +423,7 @@ class Barrier:
             error,
             installed,
             failed,
+            error_type,
         )
 
     def _invalidate_pending(self, outcome: CutOutcome) -> None:

@@ -12,7 +12,10 @@
 
 Exit codes: 0 success; 2 a usage or configuration error (the ``ConfigError`` message
 on stderr, no traceback); 70 a subcommand whose implementation could not be loaded;
-otherwise what the subcommand returns. ``serve`` writes the effective configuration as
+otherwise what the subcommand returns — for ``serve``: 1 a start refused (one
+``server.start_failed`` event names why), 75 stopped with acknowledged rows that only the
+WAL holds (``server.stopped`` counts them; the next start publishes them), else 0.
+``serve`` writes the effective configuration as
 one ``{"event": "config.effective", "config": {...}}`` JSON line to stderr before it
 calls ``run_serve``, so tests and operators can read back what the node runs with.
 """

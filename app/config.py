@@ -1,8 +1,9 @@
 """Settings of ``ourios serve``: one table, three sources, validated once at start-up.
 
 Every setting is a row of ``SETTINGS`` (section, name, kind, default, range or
-choices, unit, meaning). The ``wal`` rows are derived from ``wal.WalConfig``'s
-field metadata, so the WAL's ranges and defaults are declared exactly once, there.
+choices, unit, meaning). The ``wal`` rows are derived from the field metadata of
+``WalSettings`` (``wal.WalConfig``'s knobs plus the application's one, settlement's
+bound), so their ranges and defaults are declared exactly once, there.
 ``ourios serve --help``, ``docs/CONFIG.md`` (``scripts/gen_config_doc.py``) and the
 validation below all read this table; nothing else declares a default or a range.
 
@@ -63,6 +64,7 @@ __all__ = [
     "Settings",
     "SinkSettings",
     "StoreSettings",
+    "WalSettings",
     "available_cpus",
     "default_workers",
     "human_bytes",
@@ -335,10 +337,32 @@ def _check_region(value: str) -> str | None:
 # --- the table ---------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class WalSettings(WalConfig):
+    """The ``wal`` section: ``WalConfig``'s knobs (the journal's own) and the knobs of
+    the ``wal`` section the application reads — settlement's bound, which the WAL never
+    sees. Declared with the same field metadata, so one table carries them all and
+    ``WalConfig.validate`` checks their ranges too."""
+
+    frame_mining_attempts: int = field(
+        default=3,
+        metadata={
+            "doc": "Failed attempts at mining (or emitting) one frame - the ingest turn, "
+            "each settlement rebuild, a restart's replay - after which the frame is "
+            "isolated: its records are published without templates (template_id 0) and "
+            "its tenant goes on, so the checkpoint no longer waits on it (RUNBOOK: "
+            "OuriosFrameIsolated).",
+            "minimum": 1,
+            "maximum": 100,
+            "unit": "",
+        },
+    )
+
+
 def _wal_rows() -> tuple[Setting, ...]:
-    """The ``wal`` rows, read from ``WalConfig``'s field metadata (never re-declared)."""
+    """The ``wal`` rows, read from ``WalSettings``' field metadata (never re-declared)."""
     rows = []
-    for f in dataclasses.fields(WalConfig):
+    for f in dataclasses.fields(WalSettings):
         rows.append(
             Setting(
                 section="wal",
@@ -581,7 +605,7 @@ _DISK_ROWS = (
 )
 
 #: Every setting, in section order. The only place defaults and ranges are declared
-#: (the ``wal`` rows point at ``WalConfig``).
+#: (the ``wal`` rows point at ``WalSettings``, which is ``WalConfig`` and one app knob).
 SETTINGS: tuple[Setting, ...] = (
     _SERVER_ROWS + _wal_rows() + _SINK_ROWS + _STORE_ROWS + _AUTH_ROWS + _DISK_ROWS
 )
@@ -679,7 +703,7 @@ class DiskSettings:
 
 _SECTION_TYPES: dict[str, type[Any]] = {
     "server": ServerSettings,
-    "wal": WalConfig,
+    "wal": WalSettings,
     "sink": SinkSettings,
     "store": StoreSettings,
     "auth": AuthSettings,
@@ -744,7 +768,7 @@ class Settings:
     """Everything ``ourios serve`` is configured with; build it with ``load_settings``."""
 
     server: ServerSettings
-    wal: WalConfig
+    wal: WalSettings
     sink: SinkSettings
     store: StoreSettings
     auth: AuthSettings

@@ -52,6 +52,7 @@ _LEVELS = {
     "server.start_failed": "error",
     "tenant.unrecoverable": "error",
     "tenant.settling": "warning",
+    "tenant.frame_isolated": "error",
     "wal.floor.pinned": "warning",
 }
 

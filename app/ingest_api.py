@@ -16,7 +16,7 @@ WAL frame.
 Readiness and liveness (DESIGN.md §13) are properties of the pipeline, read by
 `GET /readyz` and `GET /healthz`.
 
-`StubPipeline` is a `Pipeline` double shipped with the package (as `wal.fs.FaultyFs`
+`StubPipeline` is a `Pipeline` double shipped with the package (as `wal.testing.FaultyFs`
 is): it records every call and answers with a fixed outcome or raises a given error, so
 receiver tests need no patching.
 """

@@ -165,6 +165,13 @@ class _StateCollector(Collector):
             "hint meanwhile).",
             len(p.unmined.tenants()),
         )
+        isolated = CounterMetricFamily(
+            "ourios_wal_isolated_frames",
+            "Frames isolated after wal.frame_mining_attempts failed minings: their records "
+            "were published without templates (template_id 0).",
+        )
+        isolated.add_metric([], p.settler.isolated_frames)
+        yield isolated
         if self._m.housekeeper is not None and self._m.housekeeper.disk_free_bytes is not None:
             yield gauge(
                 "ourios_disk_free_bytes",

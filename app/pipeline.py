@@ -42,7 +42,13 @@ from app.heap import collection_deferred
 from app.ingest_api import IngestOutcome
 from app.miner import MinerCluster, MineResult, TenantMiner
 from app.otlp import BadRequest, FlatBatch, IngestRejection, PayloadTooLarge, Unavailable
-from app.settlement import Settler, UnminedEntry, UnminedSet
+from app.settlement import (
+    DEFAULT_MINING_ATTEMPTS,
+    ReplayGates,
+    Settler,
+    UnminedEntry,
+    UnminedSet,
+)
 from app.snapshots import SnapshotLedger, SnapshotState
 from app.tenants import Reservation, TenantTable, TenantUnrecoverable, TurnResult
 from sink.buffers import NANOS_PER_DAY, Buffers, Detached
@@ -51,11 +57,13 @@ from sink.publisher import Publisher
 from wal import (
     AppendError,
     ErrorClass,
+    Frame,
     FrameRejected,
     FrameSpan,
     FrameTooLarge,
     Journal,
     Pending,
+    PublishedMarks,
     Terminal,
     WalOffset,
 )
@@ -185,6 +193,7 @@ class Pipeline:
         events: Callable[[str, Mapping[str, object]], None] | None = None,
         ledger: SnapshotLedger | None = None,
         admission: Admission | None = None,
+        mining_attempts: int = DEFAULT_MINING_ATTEMPTS,
     ) -> None:
         self.journal = journal
         self.admission = admission or Admission()
@@ -227,7 +236,7 @@ class Pipeline:
         #: observer the metrics install
         self.cut_stall_seconds: deque[float] = deque(maxlen=4096)
         self.on_cut_stall: Callable[[float], None] | None = None
-        self.settler = Settler(self, events=self._events)
+        self.settler = Settler(self, events=self._events, max_attempts=mining_attempts)
 
     # -- the receivers' interface --------------------------------------------------------
 
@@ -363,7 +372,9 @@ class Pipeline:
                     raise self._refused(tenant)
                 if self.unmined.has(tenant):
                     # settlement failed just now: the tree is still the discarded one
-                    self._record_unmined(tenant, span, offset, "an earlier frame is unmined")
+                    self._record_unmined(
+                        tenant, span, offset, "an earlier frame is unmined", failed=False
+                    )
                     return TurnResult.UNMINED
                 if tenant in self._frozen:
                     self._serialize_locked(tenant)
@@ -389,10 +400,15 @@ class Pipeline:
                 self.publisher.park(d)
         return TurnResult.MINED
 
-    def _record_unmined(self, tenant: str, span: FrameSpan, offset: WalOffset, why: str) -> None:
+    def _record_unmined(
+        self, tenant: str, span: FrameSpan, offset: WalOffset, why: str, *, failed: bool = True
+    ) -> None:
         """The turn's mining (or its emit) raised, under the shared exclusion (a settler's
         claim takes it exclusively): the frame is durable, so record an unmined entry
-        clamped at the previous acknowledged offset (RFC 0055 §9.4)."""
+        clamped at the previous acknowledged offset (RFC 0055 §9.4). ``failed``: the
+        failure was this frame's own (its first attempt), not an earlier frame's."""
+        if failed:
+            self.settler.note_failure(tenant, offset, why)
         with self._durable_lock:
             entry = UnminedEntry(span, tenant, self._latest)
             self.unmined.add(entry)
@@ -565,14 +581,23 @@ class Pipeline:
         cut.batches = []
 
     def prior_publishes_ok(self, cut: Cut) -> bool:
-        """Wait for every publish registered before the capture (not the cut's own) and
+        """Settle every publish registered before the capture (not the cut's own) and
         refuse the cut when one requeued at an epoch above the cut's: its rows were not in
-        the cut's drain. A failure requeued before the capture is in the cut."""
+        the cut's drain. A failure requeued before the capture is in the cut.
+
+        ``Publisher.publish`` writes one that no thread is writing yet (queued for the
+        publisher thread, detached by a turn and not yet offered) on this thread, and
+        waits, bounded, for one another thread is writing; one still unsettled after
+        that refuses the cut (the next cut settles it)."""
         own = cut.own_ids
+        unsettled = False
         for item in self.buffers.in_flight.pending_upto(cut.prior_upto):
             if item.detached.id in own:
                 continue
-            item.wait()
+            self.publisher.publish(item.detached)
+            unsettled = unsettled or item.outcome is None
+        if unsettled:
+            return False
         for failure in self.buffers.in_flight.failures_upto(cut.prior_upto):
             if failure.id in own:
                 continue
@@ -592,7 +617,7 @@ class Pipeline:
         for d in detached:
             ok = self.publisher.publish(d).ok and ok
         for item in self.buffers.in_flight.pending_upto(upto):
-            item.wait()
+            ok = self.publisher.publish(item.detached).ok and ok  # written here, or awaited
         return ok and self.buffers.empty()
 
     def forget_failures_before(self, epoch: int) -> None:
@@ -636,6 +661,69 @@ class Pipeline:
             if not self.publisher.offer(d):
                 self.publisher.park(d)
         return (0 if publish_records else len(batch)), events_suppressed
+
+    def cut_frontiers(self, mark: WalOffset) -> dict[str, PublishedMarks]:
+        """The frontiers a cut stamping ``mark`` writes to PUBLISHED: the mark for every
+        tenant but an unrecoverable one, and but one whose start-up replay failed and
+        which is not settled yet — its rows above the replay's gates were dropped with
+        its tree and are re-emitted only by its settlement, so its frontier stays where
+        the replay found it (the mark may be above: the clamp is the checkpoint)."""
+        skip = self.refused | self.unmined.replayed()
+        return {t: PublishedMarks(mark, mark) for t in self.miners.tenants() if t not in skip}
+
+    def replay_failed(
+        self,
+        frame: Frame,
+        exc: BaseException,
+        gates: ReplayGates,
+        clamp: WalOffset | None,
+    ) -> None:
+        """Recovery's guard: mining (or emitting) a replayed frame raised. As in a turn,
+        the frame becomes an unmined entry (clamped at ``clamp``, the checkpoint) and the
+        tenant is settled after the start, its attempts bounded, so a frame that fails
+        every time is isolated instead of failing every start. The tenant's tree is
+        unknown now: its buffered rows are dropped (the settlement re-emits them above
+        ``gates``, which is what this replay publishes above) and nothing more of it is
+        mined here (``replay_deferred``)."""
+        tenant = frame.tenant
+        why = f"{type(exc).__name__}: {exc}"
+        self.settler.note_failure(tenant, frame.offset, why)
+        with self.exclusion.exclusive():
+            with self.miner_lock:
+                self.buffers.drop_tenant(tenant)
+        self._add_replayed_entry(frame, gates, clamp)
+        self._events(
+            "tenant.settling",
+            {
+                "tenant": tenant,
+                "frame": str(frame.offset),
+                "clamp": None if clamp is None else str(clamp),
+                "error": why,
+                "during": "recovery",
+            },
+        )
+        log.error(
+            "replay: mining failed for tenant %r at %s (%s): the tenant is settled after the "
+            "start (its later frames with it) and the mark is held at %s meanwhile",
+            tenant,
+            frame.offset,
+            why,
+            clamp,
+            exc_info=exc,
+        )
+
+    def replay_deferred(self, frame: Frame, gates: ReplayGates, clamp: WalOffset | None) -> None:
+        """A replayed frame of a tenant whose replay failed earlier: not mined into the
+        unknown tree, but left to the settlement as an entry of its own."""
+        self._add_replayed_entry(frame, gates, clamp)
+
+    def _add_replayed_entry(
+        self, frame: Frame, gates: ReplayGates, clamp: WalOffset | None
+    ) -> None:
+        entry = UnminedEntry(FrameSpan.of(frame), frame.tenant, clamp, gates=gates)
+        with self._durable_lock:
+            self.unmined.add(entry)
+            self._recompute_durable_locked()
 
     @property
     def last_durable(self) -> WalOffset | None:

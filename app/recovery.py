@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from app.miner import FileTemplateIdAllocator, MinerCluster, TenantMiner
 from app.otlp import IngestRejection, decode_request, flatten
 from app.pipeline import Pipeline
+from app.settlement import ReplayGates
 from app.snapshots import SnapshotLedger, SnapshotState, SnapshotStore
 from wal import CorruptionError, FrameKind, Journal, PublishedMarks, WalOffset
 
@@ -63,6 +64,10 @@ class RecoveryReport:
     snapshots_undecodable: dict[str, str] = field(default_factory=dict)
     snapshots_written: int = 0
     snapshot_failures: int = 0
+    #: frames left to settlement: the one whose mining failed and the tenant's later ones
+    frames_unmined: int = 0
+    #: tenant -> the frame whose mining failed during the replay
+    unmined: dict[str, str] = field(default_factory=dict)
     stale_snapshot_temps: int = 0
     tenants: set[str] = field(default_factory=set)
     torn_segments: list[str] = field(default_factory=list)
@@ -83,6 +88,8 @@ class RecoveryReport:
             "snapshots_undecodable": sorted(self.snapshots_undecodable),
             "snapshots_written": self.snapshots_written,
             "snapshot_failures": self.snapshot_failures,
+            "frames_unmined": self.frames_unmined,
+            "unmined": dict(sorted(self.unmined.items())),
             "tenants": len(self.tenants),
             "torn_segments": self.torn_segments,
             "checkpoint": None if self.checkpoint is None else str(self.checkpoint),
@@ -118,6 +125,8 @@ def recover(
     x = -1 if mark is None else mark.lsn
     frontiers = journal.published_marks()
     report.frontiers = len(frontiers)
+    #: tenants whose replay failed (the guard), with the gates it applied to them
+    unmined: dict[str, ReplayGates] = {}
     replay = journal.replay()
     for frame in replay:
         if frame.kind is not FrameKind.TENANT_BATCH:
@@ -142,17 +151,29 @@ def recover(
                 f"frame at LSN {frame.start_lsn} no longer decodes: {exc}",
             ) from exc
         batch = flatten(request, tenant)
+        if tenant in unmined:
+            # An earlier frame of it failed: the tree is unknown; its settlement mines it.
+            pipeline.replay_deferred(frame, unmined[tenant], mark)
+            report.frames_unmined += 1
+            continue
         records_gate, audit_gate = gates(frontiers.get(tenant), x)
         gate = max(records_gate, -1 if s is None else s.lsn)
-        records, events = pipeline.replay_frame(
-            tenant,
-            batch,
-            frame.offset,
-            publish_records=lsn > gate,
-            publish_audit=lsn > audit_gate,
-            nbytes=len(frame.payload),
-            is_fresh=fresh_above,
-        )
+        try:
+            records, events = pipeline.replay_frame(
+                tenant,
+                batch,
+                frame.offset,
+                publish_records=lsn > gate,
+                publish_audit=lsn > audit_gate,
+                nbytes=len(frame.payload),
+                is_fresh=fresh_above,
+            )
+        except Exception as exc:  # noqa: BLE001 - the guard: settled after the start
+            unmined[tenant] = gate_offsets(frontiers.get(tenant), mark, s)
+            pipeline.replay_failed(frame, exc, unmined[tenant], mark)
+            report.frames_unmined += 1
+            report.unmined[tenant] = str(frame.offset)
+            continue
         report.records_suppressed += records
         report.records_replayed += len(batch) - records
         report.audit_events_suppressed += events
@@ -169,9 +190,35 @@ def recover(
             _post_recovery_snapshots(pipeline, store, ledger, restored, report)
         else:
             report.snapshot_failures += 1
-    pipeline.tenants.seed(miners.tenants())
+    pipeline.tenants.seed([*miners.tenants(), *unmined])
+    for tenant in unmined:
+        # refused at admission until its settlement (the barrier's first tick) has run
+        pipeline.tenants.set_settling(tenant, True, still=_has_entry(pipeline, tenant))
     report.seconds = time.monotonic() - start
     return report
+
+
+def _has_entry(pipeline: Pipeline, tenant: str) -> Callable[[], bool]:
+    return lambda: pipeline.unmined.has(tenant)
+
+
+def gate_offsets(
+    marks: PublishedMarks | None, x: WalOffset | None, s: WalOffset | None
+) -> ReplayGates:
+    """``gates`` as offsets, the records side maxed with the snapshot horizon S: what a
+    replay published the tenant's rows and events above (None: everything)."""
+
+    def side(offset: WalOffset | None) -> WalOffset | None:
+        if marks is None:
+            return x
+        if offset is not None:
+            return offset
+        return None if marks.terminal else x
+
+    records = side(None if marks is None else marks.records)
+    if s is not None and (records is None or s.lsn > records.lsn):
+        records = s
+    return ReplayGates(records, side(None if marks is None else marks.audit))
 
 
 def gates(marks: PublishedMarks | None, x: int) -> tuple[int, int]:
@@ -218,10 +265,13 @@ def _post_recovery_snapshots(
     """Each tenant replay advanced gets a snapshot at its own folded horizon, so the next
     restart skips what this one replayed; an untouched tenant keeps its restored one."""
     states: dict[str, SnapshotState] = {}
+    unsettled = pipeline.unmined.tenants()  # their trees are unknown until settled
     with pipeline.miner_lock:
         for tenant, horizon in pipeline.folded.items():
             before = restored.get(tenant)
             if before is not None and before.lsn >= horizon.lsn:
+                continue
+            if tenant in unsettled:
                 continue
             miner = pipeline.miners.get(tenant)
             if miner is None:

@@ -9,7 +9,9 @@ timers → start the gRPC and HTTP listeners → ready. One start-up line
 SIGTERM/SIGINT: stop the listeners (requests in flight finish) → stop the age sweep →
 join the housekeeping and barrier timers → the final cut (flush every buffered
 partition, install snapshots, checkpoint) → stop the publisher → close the WAL; one
-``server.stopped`` line says what was left and whether every thread joined.
+``server.stopped`` line says what was left and whether every thread joined. The exit
+status is 0 only when every acknowledged row reached the store (``EXIT_ROWS_LEFT``
+otherwise: the rows are in the WAL, and the next start replays them).
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ import uvicorn
 from app.admission import Admission
 from app.archive import ArchiveLocationError, Archiver, check_archive_location
 from app.auth import Authenticator
-from app.barrier import Barrier
+from app.barrier import Barrier, CutOutcome
 from app.config import Settings
+from app.datalock import DataDirLock, DataDirLocked, DataDirLockError
 from app.events import EventLog, configure_logging
 from app.grpc_receiver import create_grpc_server
 from app.heap import freeze_long_lived_heap
@@ -79,13 +82,27 @@ class AgeSweep:
             self._thread.join(30)
 
     def sweep_once(self) -> int:
-        with self._pipeline.exclusion.shared():
-            detached = self._pipeline.buffers.drain_aged(self._max_age)
-        failed = 0
-        for d in detached:
-            if not self._pipeline.publisher.publish(d).ok:
-                failed += 1
-        if detached:
+        """One sweep; returns the partitions it drained. Counted ``ok`` only when every
+        one of them reached the store."""
+        p = self._pipeline
+        with p.exclusion.shared():
+            detached = p.buffers.drain_aged(self._max_age)
+        failed = done = 0
+        try:
+            for d in detached:
+                if self._stop.is_set():
+                    break  # shutting down: the final cut takes the rest from the buffers
+                if not p.publisher.publish(d).ok:
+                    failed += 1
+                done += 1
+        finally:
+            # Whatever an exception left unwritten goes back (a no-op for a partition
+            # another thread claimed), so nothing drained here stays registered for good.
+            for d in detached[done:]:
+                p.buffers.requeue(d, "sweep_failed")
+        if done < len(detached):
+            self._on_run("refused", "stopped")
+        elif detached:
             self._on_run("ok" if not failed else "refused", "" if not failed else "publish_failed")
         return len(detached)
 
@@ -115,13 +132,30 @@ class Node:
     housekeeper: Housekeeper
     admission: Admission | None = None
     archiver: Archiver | None = None
+    #: the data directory's lock, held from before the first read until the WAL closes
+    lock: DataDirLock | None = None
 
 
 def build_node(
     settings: Settings, events: EventLog, clock: Callable[[], float] = time.time
 ) -> Node:
+    """Take the data directory's lock, then build everything in start-up order. The lock
+    comes first: a second node on a live directory refuses before it reads or writes
+    anything there (``DataDirLocked``, naming the directory and the holder)."""
     server = settings.server
     server.data_dir.mkdir(parents=True, exist_ok=True)
+    lock = DataDirLock.acquire(server.data_dir)
+    try:
+        return _build_node(settings, events, clock, lock)
+    except BaseException:
+        lock.release()
+        raise
+
+
+def _build_node(
+    settings: Settings, events: EventLog, clock: Callable[[], float], lock: DataDirLock
+) -> Node:
+    server = settings.server
     metrics = Metrics(settings)
     store = _store(settings)
     node = node_identity(server.node_id)
@@ -171,6 +205,7 @@ def build_node(
         events=events,
         ledger=ledger,
         admission=admission,
+        mining_attempts=settings.wal.frame_mining_attempts,
     )
     holder["p"] = pipeline
     snapshots = SnapshotStore(server.snapshots_dir)
@@ -223,6 +258,7 @@ def build_node(
         housekeeper,
         admission,
         archiver,
+        lock,
     )
 
 
@@ -267,7 +303,7 @@ def run_serve(settings: Settings, config_file: Path | None = None) -> int:
         )
     try:
         node = build_node(settings, events)
-    except (WalError, ArchiveLocationError, OSError) as exc:
+    except (WalError, ArchiveLocationError, DataDirLocked, DataDirLockError, OSError) as exc:
         return _start_failed(events, exc)
     if settings.server.workers > 0:
         return _serve_with_workers(node, stop, received, config_file)
@@ -319,8 +355,8 @@ def run_serve(settings: Settings, config_file: Path | None = None) -> int:
     finally:
         pipeline.set_ready(False)
         grpc_server.stop(grace=max(1, settings.server.shutdown_grace_secs // 2)).wait()
-        shutdown(node)
-    return 0
+        code = shutdown(node)
+    return code
 
 
 def _serve_with_workers(
@@ -337,6 +373,7 @@ def _serve_with_workers(
         )
     except OSError as exc:
         node.journal.close()
+        _release(node)
         return _start_failed(node.events, exc)
     stages = Stages(pipeline)
     workers = Workers(
@@ -359,6 +396,7 @@ def _serve_with_workers(
         listeners.close()
         pipeline.publisher.close()
         node.journal.close()
+        _release(node)
         return _start_failed(node.events, exc)
     report = _recover(node)
     if report is None:
@@ -383,8 +421,8 @@ def _serve_with_workers(
         node.events.emit(
             "workers.stopped", {"clean": workers_clean, "stages_joined": stages_joined}
         )
-        shutdown(node)
-    return 0
+        code = shutdown(node)
+    return code
 
 
 def _recover(node: Node) -> RecoveryReport | None:
@@ -395,6 +433,7 @@ def _recover(node: Node) -> RecoveryReport | None:
     except (WalError, SnapshotStoreError) as exc:
         pipeline.publisher.close()
         node.journal.close()
+        _release(node)
         _start_failed(node.events, exc)
         return None
     node.events.emit("recovery.done", report.fields())
@@ -431,14 +470,24 @@ def _start_failed(events: EventLog, exc: BaseException) -> int:
     return 1
 
 
-def shutdown(node: Node, join_timeout: float = 60.0) -> None:
+#: ``ourios serve``'s exit status when it stopped with acknowledged rows (or template
+#: events) not in the store: only the WAL holds them, and the next start replays them.
+#: EX_TEMPFAIL from sysexits.h: the condition is temporary and a restart resolves it.
+EXIT_ROWS_LEFT = 75
+
+
+def shutdown(node: Node, join_timeout: float = 60.0) -> int:
     """Listeners are stopped: join the timers, run the final cut (flush, snapshots,
     checkpoint), close. A timer that does not join within ``join_timeout`` is read as a
     failed cut: a barrier still running a cut gets no final cut after it (two cuts at
     once would break their ordering), and a housekeeping pass still in its file half
     keeps the WAL open — closing descriptors under it could let its RECLAIM write land
     on a reused descriptor — so the process exit releases them instead. Nothing is lost
-    either way: what the final cut did not stamp, the next start replays."""
+    either way: what the final cut did not stamp, the next start replays.
+
+    Returns the exit status: 0, or ``EXIT_ROWS_LEFT`` when acknowledged rows are not in
+    the store — buffered, or in a publish that never settled (a thread that did not
+    join may hold them) — which ``server.stopped`` counts in ``rows_left_in_wal``."""
     events = node.events
     node.sweep.close()
     hk_joined = node.housekeeper.close(join_timeout)
@@ -447,34 +496,54 @@ def shutdown(node: Node, join_timeout: float = 60.0) -> None:
     if barrier_joined:
         node.barrier.settle()  # an unmined entry would hold the final mark below its frame
         final = node.barrier.run_cut(node.barrier.capture(rotate_idle=False))
-    left = 0 if node.pipeline.buffers.empty() else _buffered_rows(node)
     joined = node.pipeline.publisher.close(join_timeout)
+    # Counted after the publisher stopped: what is neither buffered nor in an unsettled
+    # publish reached the store. Not the buffers alone — a publish whose thread never
+    # returned holds its rows outside them.
+    rows_left, events_left = node.pipeline.buffers.unpublished_rows()
     if hk_joined:
         node.journal.close()
-    clean = final is not None and final.ok and left == 0 and joined and hk_joined
+        _release(node)  # a WAL still open keeps its lock until the process exits
+    final_ok = final is not None and final.complete
+    left = rows_left + events_left
+    clean = final_ok and left == 0 and joined and hk_joined
+    code = EXIT_ROWS_LEFT if left else 0
     events.emit(
         "server.stopped",
         {
-            "rows_left_in_wal": left,
+            "rows_left_in_wal": rows_left,
+            "template_events_left_in_wal": events_left,
+            "exit_code": code,
             "publisher_joined": joined,
-            "final_cut_ok": final is not None and final.ok,
+            "final_cut_ok": final_ok,
+            "final_cut_error": _final_error(final, barrier_joined),
             "checkpoint": None if final is None or final.mark is None else str(final.mark),
             "timers_joined": hk_joined and barrier_joined,
             "housekeeping_joined": hk_joined,
             "barrier_joined": barrier_joined,
             "wal_closed": hk_joined,
         },
-        "info" if clean else "warning",
+        "info" if clean else ("error" if left else "warning"),
     )
+    return code
 
 
-def _buffered_rows(node: Node) -> int:
-    with node.pipeline.exclusion.exclusive():
-        detached = node.pipeline.buffers.drain_all("count")
-    rows = sum(d.partition.rows for d in detached)
-    for d in detached:
-        node.pipeline.buffers.requeue(d, "shutdown")
-    return rows
+def _final_error(final: CutOutcome | None, barrier_joined: bool) -> str:
+    """Why the final cut did not complete, in the cadence counter's words ("" if it did)."""
+    if final is None:
+        return "barrier_not_joined" if not barrier_joined else "not_run"
+    if final.complete:
+        return ""
+    if final.ok:
+        return final.checkpoint_error_type
+    if final.latched:
+        return "latched"
+    return "flush_failed" if final.flush_failures else "prior_publish_failed"
+
+
+def _release(node: Node) -> None:
+    if node.lock is not None:
+        node.lock.release()
 
 
 def data_paths(settings: Settings) -> dict[str, Path]:

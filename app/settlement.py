@@ -47,14 +47,23 @@ of the batch. From then on:
   gets a fresh id.
 
 * **failure inside settlement** — the entries return to Unresolved, the signal is set;
-  the tenant stays refused and the next tick retries.
+  the tenant stays refused and the next tick retries. The retries are bounded
+  (``max_attempts``, ``wal.frame_mining_attempts``): a failure raised while mining or
+  emitting one frame counts against that frame (so do the ingest turn's and a start-up
+  replay's), and a frame at the bound is *isolated* — the rebuild, run again at once,
+  does not mine it and buffers its records as they are, with ``NO_TEMPLATE`` and no
+  template events — so the entry resolves and the mark moves on. Where that cannot
+  help (the isolated frame's template-less rows cannot be buffered either, or the
+  settlement fails ``max_attempts`` times for a reason no frame explains) the tenant is
+  refused as unrecoverable (below). A start-up replay's entries carry the gates that
+  replay applied (``ReplayGates``): the settlement re-emits above them.
 
 * **unrecoverable** — PUBLISHED records a terminal entry for the tenant (its frontier
-  stays at W, so a restart replays its frames in full), the entries leave the clamp set
-  (the checkpoint advances for everyone else), the tenant is dropped from the horizons
-  housekeeping uses (its frames stay pinned), its appends are refused
-  (``TenantUnrecoverable``, server-terminal, naming it), ``tenant.unrecoverable`` is
-  emitted once. Every other tenant continues.
+  stays at W — never above a replay's gates — so a restart replays its frames in
+  full), the entries leave the clamp set (the checkpoint advances for everyone else),
+  the tenant is dropped from the horizons housekeeping uses (its frames stay pinned),
+  its appends are refused (``TenantUnrecoverable``, server-terminal, naming it),
+  ``tenant.unrecoverable`` is emitted once. Every other tenant continues.
 
 Settlement never takes the ingest gate: the barrier exclusion, then the miner lock.
 """
@@ -70,6 +79,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from app import points
+from app.config import WalSettings
 from app.miner import MineResult, TenantMiner
 from app.otlp import FlatBatch, decode_request, flatten
 from app.snapshots import SnapshotState
@@ -115,6 +125,46 @@ class UnminedEntry:
     emit_from: int = 0
     failures: int = 0
     error: str = ""
+    #: settlements of the entry that failed for a reason no frame explains (a journal
+    #: read, ``replace_tenant``): at the bound the tenant is refused as unrecoverable
+    unexplained: int = 0
+    #: set when a start-up replay recorded the entry: the gates it applied to the tenant
+    gates: ReplayGates | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayGates:
+    """The frontiers a start-up replay published a tenant's rows above (None: nothing of
+    that side is known published). Its rows between these and a higher frontier were
+    buffered by that replay and are dropped with the tenant's buffers, so a settlement of
+    its entry re-emits above these, and a terminal entry written for it never claims
+    more (``PUBLISHED`` only moves forward)."""
+
+    records: WalOffset | None
+    audit: WalOffset | None
+
+
+class FrameFailed(Exception):
+    """Mining (or emitting) one frame raised inside a rebuild: the failure is that
+    frame's, counted against it (``isolated``: the frame was already isolated and the
+    emit of its template-less rows raised)."""
+
+    def __init__(self, offset: WalOffset, cause: BaseException, *, isolated: bool) -> None:
+        super().__init__(f"frame {offset}: {type(cause).__name__}: {cause}")
+        self.offset = offset
+        self.cause = cause
+        self.isolated = isolated
+
+
+@dataclass
+class FrameAttempts:
+    """One frame's failed attempts at mining or emitting in this process: the ingest
+    turn, each rebuild that failed on it, the start-up replay."""
+
+    failures: int = 0
+    error: str = ""
+    #: announced as isolated (the event emitted once, the counter moved once)
+    announced: bool = False
 
 
 def _lower(a: WalOffset | None, b: WalOffset | None) -> WalOffset | None:
@@ -152,6 +202,11 @@ class UnminedSet:
         """Tenants with an entry that holds them (Unresolved or Settling)."""
         with self._lock:
             return {e.tenant for e in self._entries if e.state is not EntryState.REFUSED}
+
+    def replayed(self) -> set[str]:
+        """Tenants with an entry a start-up replay recorded (gates set), until settled."""
+        with self._lock:
+            return {e.tenant for e in self._entries if e.gates is not None}
 
     def clamp(self) -> tuple[bool, WalOffset | None]:
         """(whether any entry clamps, the minimum effective clamp — None stays None)."""
@@ -195,6 +250,20 @@ class _Replayed:
     batch: FlatBatch
     result: MineResult
     publish_records: bool
+    isolated: bool = False
+
+
+#: The ``template_id`` of a record published without a template: its frame was isolated
+#: after repeated mining failures. Never allocated (a node's counter starts at 1).
+NO_TEMPLATE = 0
+
+#: Default of ``wal.frame_mining_attempts`` (declared once, in the settings table).
+DEFAULT_MINING_ATTEMPTS: int = WalSettings.frame_mining_attempts
+
+
+def untemplated(records: int) -> MineResult:
+    """An isolated frame's rows: no template, no parameters, no template events."""
+    return MineResult([NO_TEMPLATE] * records, [()] * records, [])
 
 
 class Settler:
@@ -206,13 +275,57 @@ class Settler:
         *,
         events: Callable[[str, Mapping[str, object]], None] | None = None,
         read_limit: int = READ_LIMIT,
+        max_attempts: int = DEFAULT_MINING_ATTEMPTS,
     ) -> None:
+        if max_attempts < 1:
+            raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
         self.pipeline = pipeline
         self._events = events or (lambda name, fields: None)
         self.read_limit = read_limit
+        #: failed attempts at one frame after which it is isolated (its rows published
+        #: without templates), and failed settlements no frame explains after which the
+        #: tenant is refused as unrecoverable (``wal.frame_mining_attempts``)
+        self.max_attempts = max_attempts
         #: rebuilds swapped in (the claim makes it one per entry set)
         self.rebuilds = 0
         self.last: SettleOutcome | None = None
+        #: frames isolated in this process (``ourios_wal_isolated_frames_total``)
+        self.isolated_frames = 0
+        self._attempts_lock = threading.Lock()
+        #: tenant -> frame end LSN -> its failed attempts in this process; pruned once the
+        #: tenant's restorable snapshot is past the frame (no rebuild reads it again)
+        self._attempts: dict[str, dict[int, FrameAttempts]] = {}
+
+    # -- attempts ------------------------------------------------------------------------
+
+    def note_failure(self, tenant: str, offset: WalOffset, error: str) -> int:
+        """Count a failed attempt at mining (or emitting) the frame ending at ``offset``;
+        returns its failures so far."""
+        with self._attempts_lock:
+            attempts = self._attempts.setdefault(tenant, {}).setdefault(offset.lsn, FrameAttempts())
+            attempts.failures += 1
+            attempts.error = error
+            return attempts.failures
+
+    def attempts(self, tenant: str, offset: WalOffset) -> int:
+        with self._attempts_lock:
+            found = self._attempts.get(tenant, {}).get(offset.lsn)
+            return 0 if found is None else found.failures
+
+    def _isolated(self, tenant: str, horizon: WalOffset | None) -> dict[int, FrameAttempts]:
+        """The tenant's frames at the bound (a rebuild does not mine them), forgetting
+        those at or below ``horizon``: the restorable snapshot has folded them."""
+        with self._attempts_lock:
+            frames = self._attempts.get(tenant)
+            if frames is None:
+                return {}
+            if horizon is not None:
+                for lsn in [lsn for lsn in frames if lsn <= horizon.lsn]:
+                    del frames[lsn]
+                if not frames:
+                    del self._attempts[tenant]
+                    return {}
+            return {lsn: a for lsn, a in frames.items() if a.failures >= self.max_attempts}
 
     # -- the two triggers ----------------------------------------------------------------
 
@@ -275,8 +388,41 @@ class Settler:
         points.hit("settlement.claimed")
         try:
             outcome = self._rebuild(tenant, entries, state, claim_x, done, force_publish)
+        except FrameFailed as exc:
+            if exc.isolated:
+                # Even its template-less rows cannot be buffered: isolate the tenant.
+                outcome = self._refuse(
+                    tenant,
+                    entries,
+                    done,
+                    claim_x,
+                    f"the rows of its frame at {exc.offset} cannot be buffered even without "
+                    f"templates ({type(exc.cause).__name__}: {exc.cause}); its frames stay in "
+                    f"the WAL and a restart replays them",
+                    {"reason": "isolated_frame_emit_failed", "failed_frame": str(exc.offset)},
+                )
+            else:
+                error = f"{type(exc.cause).__name__}: {exc.cause}"
+                failures = self.note_failure(tenant, exc.offset, error)
+                outcome = self._failed(tenant, entries, done, exc.cause, exc.offset)
+                if failures >= self.max_attempts:
+                    # At the bound: rebuild again at once, the frame isolated, rather than
+                    # holding every tenant's mark for another barrier period.
+                    return self.settle(tenant, force_publish=force_publish, wait=wait)
         except Exception as exc:  # noqa: BLE001 - the entry goes back; the next tick retries
-            outcome = self._failed(tenant, entries, done, exc)
+            if max(e.unexplained for e in entries) + 1 >= self.max_attempts:
+                outcome = self._refuse(
+                    tenant,
+                    entries,
+                    done,
+                    claim_x,
+                    f"its settlement failed {self.max_attempts} times for a reason no frame "
+                    f"explains (last: {type(exc).__name__}: {exc}); its frames stay in the WAL "
+                    f"and a restart replays them",
+                    {"reason": "settlement_failed", "error": f"{type(exc).__name__}: {exc}"},
+                )
+            else:
+                outcome = self._failed(tenant, entries, done, exc, None)
         self.last = outcome
         return outcome
 
@@ -286,7 +432,10 @@ class Settler:
         entries: list[UnminedEntry],
         done: threading.Event,
         exc: BaseException,
+        frame: WalOffset | None,
     ) -> SettleOutcome:
+        """Entries back to Unresolved; ``frame`` is the frame whose mining or emit raised
+        (its attempts are counted by the caller), None when no frame explains it."""
         p = self.pipeline
         with p.exclusion.exclusive():
             with p.miner_lock:
@@ -294,13 +443,22 @@ class Settler:
                     if e.state is EntryState.SETTLING:
                         e.state = EntryState.UNRESOLVED
                     e.failures += 1
+                    if frame is None:
+                        e.unexplained += 1
                     e.error = f"{type(exc).__name__}: {exc}"
         done.set()
+        at = (
+            f"at its frame {frame} (failure {self.attempts(tenant, frame)} of "
+            f"{self.max_attempts} before the frame is isolated)"
+            if frame is not None
+            else f"(unexplained failure {entries[0].unexplained} of {self.max_attempts})"
+        )
         log.error(
-            "settlement of tenant %r failed (attempt %d): %s; it stays refused and the next "
+            "settlement of tenant %r failed (attempt %d) %s: %s; it stays refused and the next "
             "barrier tick retries",
             tenant,
             entries[0].failures,
+            at,
             exc,
             exc_info=exc,
         )
@@ -337,13 +495,32 @@ class Settler:
             and reclaimed[0] is ConsumerMode.KNOWN
             and (horizon is None or horizon.lsn < reclaimed[1].lsn)
         ):
-            return self._refuse(tenant, entries, done, horizon, reclaimed[1], claim_x)
+            have = "no restorable snapshot" if horizon is None else f"a snapshot at {horizon}"
+            return self._refuse(
+                tenant,
+                entries,
+                done,
+                claim_x,
+                f"it has {have}, but RECLAIM records its frames reclaimed through "
+                f"{reclaimed[1]}; its template state cannot be rebuilt from the WAL (a restart "
+                f"halts naming it)",
+                {
+                    "reason": "reclaimed",
+                    "horizon": None if horizon is None else str(horizon),
+                    "reclaimed_through": str(reclaimed[1]),
+                },
+            )
         if tree is None:
             tree = p.miners.build(tenant, None)
         marks = p.journal.published_marks().get(tenant, PublishedMarks())
         x = -1 if claim_x is None else claim_x.lsn
         w_records = max(x, -1 if marks.records is None else marks.records.lsn)
         w_audit = max(x, -1 if marks.audit is None else marks.audit.lsn)
+        for e in entries:
+            if e.gates is not None:  # a start-up replay's entry: never above its gates
+                w_records = min(w_records, _lsn(e.gates.records))
+                w_audit = min(w_audit, _lsn(e.gates.audit))
+        isolated = self._isolated(tenant, horizon)
         cursor = (
             FrameCursor.after(horizon) if horizon is not None else p.journal.oldest_frame(tenant)
         )
@@ -353,8 +530,17 @@ class Settler:
             points.hit("settlement.read")  # the journal mutex is free here
             for frame in frames:
                 batch = flatten(decode_request(frame.payload, "application/x-protobuf"), tenant)
-                mined = tree.mine(batch.bodies)
                 lsn = frame.offset.lsn
+                if lsn in isolated:
+                    # Not mined (it fails every time): its rows go out without templates.
+                    replayed.append(
+                        _Replayed(frame, batch, untemplated(len(batch)), lsn > w_records, True)
+                    )
+                    continue
+                try:
+                    mined = tree.mine(batch.bodies)
+                except Exception as exc:  # noqa: BLE001 - counted against this frame
+                    raise FrameFailed(frame.offset, exc, isolated=False) from exc
                 events = [e for e in mined.events if lsn > w_audit or e.change == "created"]
                 replayed.append(
                     _Replayed(
@@ -372,14 +558,18 @@ class Settler:
                 p.replace_tenant(tenant, tree)  # first: a failure here has dropped nothing
                 dropped = p.buffers.drop_tenant(tenant)
                 for r in replayed:
-                    detached.extend(p.buffer_audit(tenant, r.batch, r.result, r.frame.offset))
+                    try:
+                        detached.extend(p.buffer_audit(tenant, r.batch, r.result, r.frame.offset))
+                        if r.publish_records:
+                            detached.extend(
+                                p.buffer_records(
+                                    tenant, r.batch, r.result, r.frame.offset, len(r.frame.payload)
+                                )
+                            )
+                    except Exception as exc:  # noqa: BLE001 - counted against this frame
+                        raise FrameFailed(r.frame.offset, exc, isolated=r.isolated) from exc
                     events_out += len(r.result.events)
                     if r.publish_records:
-                        detached.extend(
-                            p.buffer_records(
-                                tenant, r.batch, r.result, r.frame.offset, len(r.frame.payload)
-                            )
-                        )
                         records += len(r.batch)
                 p.folded[tenant] = to.offset
                 p.unmined.remove(entries)
@@ -388,6 +578,9 @@ class Settler:
         done.set()
         p.tenants.set_settling(tenant, False)
         p.tenants.settled(tenant, installed=True)
+        for r in replayed:
+            if r.isolated:
+                self._announce(tenant, r, isolated[r.frame.offset.lsn])
         if not force_publish:
             for d in detached:
                 if not p.publisher.offer(d):
@@ -423,6 +616,40 @@ class Settler:
             tenant, Result.SETTLED, len(replayed), records, events_out, dropped, written
         )
 
+    def _announce(self, tenant: str, r: _Replayed, attempts: FrameAttempts) -> None:
+        """Once per isolated frame and process: the event naming tenant and frame, the
+        counter, an error line."""
+        with self._attempts_lock:
+            if attempts.announced:
+                return
+            attempts.announced = True
+            self.isolated_frames += 1
+        self._events(
+            "tenant.frame_isolated",
+            {
+                "tenant": tenant,
+                "frame": str(r.frame.offset),
+                "attempts": attempts.failures,
+                "error": attempts.error,
+                "records": len(r.batch),
+                "published": r.publish_records,
+                "action": f"its records are published without templates (template_id "
+                f"{NO_TEMPLATE}, no parameters, no template events); the tenant goes on and "
+                f"the checkpoint no longer waits on the frame",
+            },
+        )
+        log.error(
+            "tenant %r: the frame at %s failed mining %d times (last: %s); it is isolated: "
+            "its %d records are published without templates (template_id %d) and the tenant "
+            "goes on",
+            tenant,
+            r.frame.offset,
+            attempts.failures,
+            attempts.error,
+            len(r.batch),
+            NO_TEMPLATE,
+        )
+
     def _force_frontier(self, tenant: str, through: WalOffset, detached: list[Detached]) -> bool:
         """Publish the tenant's rows now and record the raised frontier (RFC 0055 §9.4):
         a crash after it replays nothing of the span. A failure leaves the previous
@@ -452,19 +679,20 @@ class Settler:
         tenant: str,
         entries: list[UnminedEntry],
         done: threading.Event,
-        horizon: WalOffset | None,
-        reclaimed: WalOffset,
         claim_x: WalOffset | None,
+        detail: str,
+        fields: Mapping[str, object],
     ) -> SettleOutcome:
-        """The tenant cannot be rebuilt from what survives: isolate it (module docstring).
-        Its terminal PUBLISHED entry is durable before its entries leave the clamp set."""
+        """The tenant cannot be rebuilt (module docstring): isolate it. Its terminal
+        PUBLISHED entry is durable before its entries leave the clamp set; it claims no
+        more than a start-up replay's gates (the rows above them are not all durable)."""
         p = self.pipeline
-        have = "no restorable snapshot" if horizon is None else f"a snapshot at {horizon}"
-        detail = (
-            f"it has {have}, but RECLAIM records its frames reclaimed through {reclaimed}; "
-            f"its template state cannot be rebuilt from the WAL (a restart halts naming it)"
-        )
-        p.journal.publish_marks({tenant: PublishedMarks(claim_x, claim_x, terminal=True)})
+        records, audit = claim_x, claim_x
+        for e in entries:
+            if e.gates is not None:
+                records = _lower(records, e.gates.records)
+                audit = _lower(audit, e.gates.audit)
+        p.journal.publish_marks({tenant: PublishedMarks(records, audit, terminal=True)})
         with p.exclusion.exclusive():
             with p.miner_lock:
                 for e in entries:
@@ -479,12 +707,11 @@ class Settler:
         if first:
             self._events(
                 "tenant.unrecoverable",
-                {
-                    "tenant": tenant,
-                    "horizon": None if horizon is None else str(horizon),
-                    "reclaimed_through": str(reclaimed),
-                    "frame": str(entries[0].span.offset),
-                },
+                {"tenant": tenant, **fields, "frame": str(entries[0].span.offset)},
             )
         log.error("tenant %r is unrecoverable: %s", tenant, detail)
         return SettleOutcome(tenant, Result.UNRECOVERABLE, error=detail)
+
+
+def _lsn(offset: WalOffset | None) -> int:
+    return -1 if offset is None else offset.lsn

@@ -15,10 +15,13 @@
   with a record of what it held and what its loss is (``wal.quarantine``), so the node
   can start. Only on this explicit command; it refuses a segment that verifies clean
   (``--force`` overrides, for a segment whose frames verify but whose payloads do not
-  decode) and a WAL a running process holds open.
+  decode) and a WAL a running node holds: it takes the data directory's lock
+  (``app.datalock``) for the move, so it refuses while a node holds it and no node
+  starts half-way through it.
 
-``inspect`` and ``verify`` only read, so they are safe against a stopped node's volume
-(or a copy of it) and a running node's. ``quarantine`` is the one verb that writes, and
+``inspect`` and ``verify`` only read and take no lock, so they are safe against a
+stopped node's volume (or a copy of it) and a running node's; ``inspect`` says when a
+node holds the directory. ``quarantine`` is the one verb that writes, and
 only to move that segment and write its record.
 
 Exit codes: 0 clean / done; 1 a problem found (verify) or the command refused
@@ -33,6 +36,7 @@ import time
 from pathlib import Path
 from typing import TextIO
 
+from app.datalock import LOCK_NAME, DataDirLock, DataDirLocked, DataDirLockError, read_holder
 from app.otlp import IngestRejection, count_records, decode_request
 from app.snapshots import SUFFIX as SNAP_SUFFIX
 from app.snapshots import SnapshotError, decode_snapshot
@@ -90,6 +94,13 @@ def inspect(directory: Path, out: TextIO) -> int:
     horizons, bad_snapshots = read_horizons(root)
     report = inspect_root(root, horizons=horizons)
     print(f"WAL {root}", file=out)
+    holder = read_holder(root.parent)
+    if holder is not None:
+        print(
+            f"in use by {holder.describe()}: a live node (this is one moment of a log that "
+            f"is moving)",
+            file=out,
+        )
     mark = "none (never checkpointed)" if report.checkpoint is None else str(report.checkpoint)
     print(f"checkpoint: {mark}", file=out)
     if report.reclaim is not None:
@@ -301,6 +312,31 @@ def quarantine(
     if not segment.is_file():
         print(f"ourios wal quarantine: {segment} does not exist; nothing was moved", file=out)
         return EXIT_MISSING
+    # The data directory's lock, held for the move: a node cannot start half-way through
+    # it, and a running node (the lock's holder) refuses the command.
+    try:
+        lock = DataDirLock.acquire_existing(root.parent, command="ourios wal quarantine")
+    except DataDirLocked as exc:
+        print(
+            f"ourios wal quarantine: refused, nothing was moved: the data directory "
+            f"{exc.directory} is in use by {exc.holder.describe()} (it holds "
+            f"{exc.directory / LOCK_NAME}); stop the node first",
+            file=out,
+        )
+        return EXIT_PROBLEM
+    except DataDirLockError as exc:
+        print(f"ourios wal quarantine: refused, nothing was moved: {exc}", file=out)
+        return EXIT_PROBLEM
+    try:
+        return _quarantine_locked(root, segment, name, out, force=force, now=now)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _quarantine_locked(
+    root: Path, segment: Path, name: str, out: TextIO, *, force: bool, now: float | None
+) -> int:
     busy = holders(root)
     if busy:
         print(

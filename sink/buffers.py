@@ -28,8 +28,20 @@ discards it instead of putting it back (a failed publish: a cut whose batch held
 does not stamp; the re-emitted rows are the tenant's copy). Nothing waits for those
 publishes, so a settlement never depends on another thread's progress.
 
+Settling a registered publish is a *claim*: the one thread that takes it (``claim``)
+writes the partition or puts its rows back, and settles it; every other thread that
+needs it waits for that one. A publisher claims what it is about to write; a caller that
+needs an unclaimed partition written (a records publish needing its template events
+durable, a cut needing every publish registered before it settled) claims and writes it
+itself instead of waiting for the thread that detached it — which may be waiting for it
+in turn (a pending cut only the barrier thread runs, the publisher's queue); a requeue by
+anyone but the claimant (``park``, an abandoned cut, a count) claims first and leaves a
+partition someone else holds alone. So a waiter only ever waits for a write another
+thread is executing, and every claimed partition is settled by its claimant.
+
 Everything here runs under the sink lock, which this class owns; the lock order of
-DESIGN.md §5.3 puts it after the barrier exclusion and the miner lock.
+DESIGN.md §5.3 puts it after the barrier exclusion and the miner lock (the in-flight
+registry's own lock is innermost).
 """
 
 from __future__ import annotations
@@ -37,7 +49,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Final
 
@@ -101,6 +113,8 @@ class Detached:
     partition: Partition
     epoch: int  # the barrier epoch current when it was detached
     reason: str  # "size", "age", "barrier", "shutdown"
+    #: its registration in flight (``InFlight.register`` sets it, in the detaching section)
+    flight: _InFlight | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass
@@ -116,12 +130,14 @@ class _InFlight:
     registers every buffered partition under the barrier's exclusion, and an event per
     partition cost more than the rest of the registration (soak/bench/barrier.py)."""
 
-    __slots__ = ("_registry", "detached", "outcome")
+    __slots__ = ("_registry", "claimed", "detached", "outcome")
 
     def __init__(self, registry: InFlight, detached: Detached) -> None:
         self._registry = registry
         self.detached = detached
         self.outcome: PublishOutcome | None = None
+        #: a thread holds the right to settle it (``InFlight.claim``)
+        self.claimed = False
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the publish settles; False when ``timeout`` passed first."""
@@ -130,7 +146,7 @@ class _InFlight:
 
 class InFlight:
     """Registered publishes: created under the sink lock before a partition leaves the
-    buffers; settled exactly once with an outcome."""
+    buffers; claimed by one thread, which settles it exactly once with an outcome."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -141,7 +157,20 @@ class InFlight:
 
     def register(self, d: Detached) -> None:
         with self._lock:
-            self._items[d.id] = _InFlight(self, d)
+            item = _InFlight(self, d)
+            d.flight = item
+            self._items[d.id] = item
+
+    def claim(self, d: Detached) -> bool:
+        """Take the one right to settle ``d`` (write it, or put its rows back): True for
+        exactly one caller while it is registered and unsettled; that caller must settle
+        it. False: another thread holds it (wait for it) or it has settled."""
+        with self._lock:
+            item = d.flight
+            if item is None or item.claimed or item.outcome is not None:
+                return False
+            item.claimed = True
+            return True
 
     def settle(self, outcome: PublishOutcome) -> None:
         with self._lock:
@@ -189,9 +218,20 @@ class InFlight:
         with self._lock:
             return [i for k, i in self._items.items() if k <= upto_id]
 
+    def unsettled_rows(self) -> tuple[int, int]:
+        """(records rows, template events) in publishes not settled yet."""
+        with self._lock:
+            parts = [i.detached.partition for i in self._items.values()]
+        return _rows_by_kind(parts)
+
     def __len__(self) -> int:
         with self._lock:
             return len(self._items)
+
+
+def _rows_by_kind(parts: Sequence[Partition]) -> tuple[int, int]:
+    records = sum(p.rows for p in parts if p.kind is Kind.RECORDS)
+    return records, sum(p.rows for p in parts if p.kind is Kind.AUDIT)
 
 
 class Buffers:
@@ -338,13 +378,25 @@ class Buffers:
     # -- failures -----------------------------------------------------------------------
 
     def requeue(
-        self, d: Detached, error_type: str, *, identity: str | None = None
-    ) -> PublishOutcome:
+        self,
+        d: Detached,
+        error_type: str,
+        *,
+        identity: str | None = None,
+        claimed: bool = False,
+    ) -> PublishOutcome | None:
         """Put a failed (or parked) publish's rows back, older rows first; settle it.
+
+        ``claimed``: the caller holds ``d``'s claim (the publisher whose write failed).
+        Anyone else (a park, an abandoned cut, a count) claims it here first; when another
+        thread holds it or it has settled, nothing is put back (that thread settles it, or
+        its rows are in the store or the buffers already) and None is returned.
 
         ``identity`` (an ambiguous records failure: the store may hold the object) keeps
         the rows as their own unit under that name; a partition that already has one
         keeps it whatever the failure, since an earlier attempt may have landed."""
+        if not claimed and not self.in_flight.claim(d):
+            return None
         with self.lock:
             epoch = self._epoch()
             part = d.partition
@@ -486,6 +538,16 @@ class Buffers:
     @property
     def buffered_bytes(self) -> int:
         return self._bytes
+
+    def unpublished_rows(self) -> tuple[int, int]:
+        """(records rows, template events) not known durable in the store: buffered, or
+        in a publish that has not settled (a thread still writing it, or one that never
+        will — what a shutdown must report, since only the WAL holds them)."""
+        with self.lock:
+            parts = [*self._records.values(), *self._audit.values(), *self._units]
+            buffered = _rows_by_kind(parts)
+        flying = self.in_flight.unsettled_rows()
+        return buffered[0] + flying[0], buffered[1] + flying[1]
 
     @property
     def parked_partitions(self) -> int:

@@ -14,7 +14,7 @@ that DuckDB, pyarrow and operators' queries depend on). Records::
     scope_name               string              required
     trace_id                 string              nullable  lowercase hex; empty id → null
     span_id                  string              nullable  lowercase hex; empty id → null
-    template_id              int64               required
+    template_id              int64               required  0: not mined (an isolated frame)
     template_params          list<string>        required  (possibly empty)
     wal_lsn                  uint64              required  the frame's end offset (a mark)
     record_index             int32               required  the record's place in its frame

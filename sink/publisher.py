@@ -2,23 +2,35 @@
 
 Two ways in. ``offer`` hands a partition the size trigger detached to the publisher
 thread through a bounded queue and never blocks: when the queue is full the caller
-parks the rows back into the buffers (``Buffers.requeue``), where the next trigger or
-cut finds them. ``publish`` writes synchronously on the calling thread (the barrier's
-flush, the age sweep, the shutdown flush), outside any exclusion.
+parks the rows back into the buffers (``park``), where the next trigger or cut finds
+them. ``publish`` writes synchronously on the calling thread (the barrier's flush, the
+age sweep, the shutdown flush), outside any exclusion.
 
-Every outcome settles the partition's in-flight registration exactly once: success,
-or a requeue that puts every row back into the buffers under the sink lock. An
-exception of any kind requeues too (DESIGN.md §5: Python can always put a batch back).
+Every publish is *claimed* first (``sink.buffers.InFlight.claim``): the one thread that
+claims a partition writes it and settles it — success, or a requeue that puts every
+row back into the buffers under the sink lock. An exception of any kind requeues too
+(DESIGN.md §5: Python can always put a batch back). ``publish`` of a partition another
+thread has claimed waits for that thread's write (bounded by ``wait_secs``) and
+returns its outcome; the publisher thread skips a queued partition someone else claimed.
 
 Records never reach the store ahead of the template events they reference (RFC 0052
 §3.1, the ``write_ordered`` rule). A records partition carries the tenant's audit
 watermark from its last append; before writing it the publisher makes every event up to
-it durable: it writes the ones still buffered itself, first; it waits for the ones in
-another caller's unsettled publish; and it refuses (requeues) the records when such an
-event was refused — so a failed audit half takes its records back with it. The
-publisher thread never waits for a partition the size trigger detached: that one is in
-its own queue (or about to be: a turn offers what it detached after the turn), so it
-defers the records instead and takes them up again after each partition it writes.
+it durable: it writes the ones still buffered itself, first; for the ones registered in
+flight it *publishes them too* — claiming and writing any that no thread is writing yet
+(in a pending cut only the barrier thread runs, in the publisher's own queue, detached
+by a turn and not yet offered), waiting only for one another thread is already writing;
+and it refuses (requeues) the records when such an event was refused. So a failed audit
+half takes its records back with it, and releases everyone who waited for it.
+
+Why it helps instead of waiting for the partition's owner (issue 18): the owner can be
+the very thread that waits. A cut's records waited for template events that a failed
+publish had put back and a rotation-fired cut had drained again into the barrier's
+pending slot — which the barrier thread runs only after the cut it was waiting in. It
+waited for good, and so did every age sweep that needed the same events. A waiter now
+waits only for a write another thread is executing, and an audit write waits for
+nothing, so no wait can close a cycle; each is bounded besides (``wait_secs``) and a
+timeout refuses the waiting records (requeued: nothing is lost, the next cut retries).
 
 A records publish that fails *ambiguously* (the store may have accepted the object) is
 requeued as its own unit under a deterministic name (``sink.keys.retry_object_name``,
@@ -45,15 +57,15 @@ from sink.store import ObjectStore, StoreError
 
 log = logging.getLogger("ourios.sink")
 
-#: ``_events_durable``'s answer when a queued partition holds the events
-_DEFER: Final = "defer"
+#: How long ``publish`` waits for a write another thread is executing before it gives
+#: up (the outcome is ``publish_wait_timeout``; a waiting records publish is refused).
+#: Longer than one store operation may take under ``sink.store.RetryPolicy`` and the S3
+#: client's timeouts (five attempts of 5 s connect + 30 s read, plus backoff), so it
+#: fires only for a store call that hangs beyond its own bounds.
+WAIT_SECS: Final = 300.0
 
-
-class _Wake:
-    """Queued by ``park``: the publisher thread re-examines the records it deferred."""
-
-
-_WAKE: Final = _Wake()
+#: the outcome's error type when a wait for another thread's write timed out
+WAIT_TIMEOUT: Final = "publish_wait_timeout"
 
 
 @dataclass
@@ -76,16 +88,17 @@ class Publisher:
         node: str,
         compression: str = "zstd",
         queue_depth: int = 64,
+        wait_secs: float = WAIT_SECS,
     ) -> None:
         self._store = store
         self._buffers = buffers
         self._node = node
         self._compression = compression
-        self._queue: queue.Queue[Detached | _Wake | None] = queue.Queue(maxsize=queue_depth)
+        self._wait_secs = wait_secs
+        self._queue: queue.Queue[Detached | None] = queue.Queue(maxsize=queue_depth)
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self.stats = PublishStats(Counter(), Counter(), Counter())
-        self._deferred = 0
         self._stats_lock = threading.Lock()
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -124,27 +137,43 @@ class Publisher:
         return True
 
     def park(self, d: Detached) -> None:
-        """Put a partition the queue refused back into the buffers, then wake the
-        publisher thread: records it deferred on this partition are refused now."""
+        """Put a partition the queue refused back into the buffers — unless another
+        thread has claimed it meanwhile (a records publish that needed its events), which
+        then settles it."""
         self._buffers.requeue(d, "parked")
-        try:
-            self._queue.put_nowait(_WAKE)
-        except queue.Full:
-            pass  # a full queue wakes it anyway: each write retries the deferred
 
     def publish(self, d: Detached) -> PublishOutcome:
-        """Encode and write ``d`` now; on failure its rows go back into the buffers."""
-        outcome = self._publish(d, queue_thread=False)
-        assert outcome is not None
-        return outcome
+        """Write ``d`` now on this thread and return the outcome (on failure its rows are
+        back in the buffers); when another thread is already writing it, wait for that
+        write instead (at most ``wait_secs``: then ``WAIT_TIMEOUT``, ``d`` unsettled)."""
+        if self._buffers.in_flight.claim(d):
+            return self._publish_claimed(d)
+        return self._awaited(d)
 
-    def _publish(self, d: Detached, *, queue_thread: bool) -> PublishOutcome | None:
-        """None: deferred (only on the publisher thread, see the module docstring)."""
+    def _awaited(self, d: Detached) -> PublishOutcome:
+        item = d.flight
+        assert item is not None, f"publish {d.id} was never registered in flight"
+        if not item.wait(self._wait_secs):
+            log.warning(
+                "publish of %s partition %d for tenant %r still running on another thread "
+                "after %.0f s; not waiting longer",
+                d.partition.kind.value,
+                d.id,
+                d.partition.tenant,
+                self._wait_secs,
+            )
+            return PublishOutcome(d.id, False, None, WAIT_TIMEOUT)
+        assert item.outcome is not None
+        return item.outcome
+
+    def _publish_claimed(self, d: Detached) -> PublishOutcome:
+        """Write ``d``, whose claim this thread holds, and settle it."""
         kind = d.partition.kind.value
         if d.partition.kind is Kind.RECORDS:
-            refusal = self._events_durable(d, queue_thread)
-            if refusal == _DEFER:
-                return None
+            try:
+                refusal = self._events_durable(d)
+            except Exception as exc:  # noqa: BLE001 - requeued and counted, never lost
+                return self._failed(d, kind, "unexpected", exc)
             if refusal:
                 return self._failed(d, kind, "audit_not_durable", RuntimeError(refusal))
         created = True
@@ -172,10 +201,9 @@ class Publisher:
         self._buffers.in_flight.settle(outcome)
         return outcome
 
-    def _events_durable(self, d: Detached, queue_thread: bool) -> str:
+    def _events_durable(self, d: Detached) -> str:
         """Make the template events ``d``'s rows reference durable; "" when they are,
-        ``_DEFER`` when a queued partition holds some (publisher thread only), else why
-        the rows are refused."""
+        else why the rows are refused (module docstring)."""
         part = d.partition
         taken, refused = self._buffers.audit_dependencies(d)
         failed = 0
@@ -184,11 +212,15 @@ class Publisher:
                 failed += 1
         if refused or failed:
             return f"template events of tenant {part.tenant!r} were refused by the store"
-        others = self._buffers.in_flight.audit_upto(part.tenant, part.audit_watermark)
-        if queue_thread and any(o.detached.reason == "size" for o in others):
-            return _DEFER
-        for item in others:  # a synchronous caller's publish: it never waits on this one
-            item.wait()
+        # Registered elsewhere: written here when nobody is writing them yet, else waited
+        # for (bounded); the first failure refuses the records — they requeue with it.
+        for item in self._buffers.in_flight.audit_upto(part.tenant, part.audit_watermark):
+            outcome = self.publish(item.detached)
+            if not outcome.ok:
+                return (
+                    f"template events of tenant {part.tenant!r} failed to publish "
+                    f"({outcome.error_type or 'refused'})"
+                )
         if self._buffers.audit_pending(part.tenant, part.audit_watermark, part.gen):
             return f"template events of tenant {part.tenant!r} failed to publish"
         return ""
@@ -223,7 +255,9 @@ class Publisher:
             error_type,
             exc,
         )
-        return self._buffers.requeue(d, error_type, identity=identity)
+        outcome = self._buffers.requeue(d, error_type, identity=identity, claimed=True)
+        assert outcome is not None  # this thread holds the claim
+        return outcome
 
     def _encode(self, d: Detached) -> tuple[str, bytes]:
         part = d.partition
@@ -241,30 +275,16 @@ class Publisher:
     # -- the thread ----------------------------------------------------------------------
 
     def _run(self) -> None:
-        deferred: list[Detached] = []
         while True:
             d = self._queue.get()
             if d is None:
                 break
-            if isinstance(d, _Wake):
-                pass
-            elif self._publish(d, queue_thread=True) is None:
-                deferred.append(d)
-                self._deferred = len(deferred)
-                continue
-            if deferred:
-                # a partition was written: the records waiting on it may go now
-                deferred = [r for r in deferred if self._publish(r, queue_thread=True) is None]
-            self._deferred = len(deferred)
-        # Everything offered before close() was queued ahead of the stop, so what the
-        # deferred records wait for has been written; any still waiting go back into
-        # the buffers (the final cut's drain takes them) rather than being dropped.
-        for r in deferred:
-            if self._publish(r, queue_thread=True) is None:
-                self._buffers.requeue(r, "deferred_at_close")
-        self._deferred = 0
+            # A partition another thread claimed (its records' publish needed it, a cut
+            # wrote it) is theirs to settle: skipped, never written twice.
+            if self._buffers.in_flight.claim(d):
+                self._publish_claimed(d)
 
     @property
     def queue_depth(self) -> int:
-        """Partitions queued for the publisher thread, and records it deferred."""
-        return self._queue.qsize() + self._deferred
+        """Partitions queued for the publisher thread."""
+        return self._queue.qsize()

@@ -87,9 +87,9 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "unlink_before_record",
         "the RECLAIM record is durable before the first unlink it accounts for",
-        "wal/housekeeping.py",
+        "wal/reclamation.py",
         # the record is written after the unlinks and the directory fsync, not before
-        "        if plan.write_record:\n            try:\n                self._write_record()\n            except OSError as exc:\n                outcome.record_error = exc\n                segments = []  # nothing the record accounts for may be unlinked\n",
+        "        if plan.write_record:\n            try:\n                self.write_record()\n            except OSError as exc:\n                outcome.record_error = exc\n                segments = []  # nothing the record accounts for may be unlinked\n",
         "",
         (
             "tests/unit/wal/test_rfc0052_17.py::test_rfc0052_17_crash_inside_a_pass",
@@ -98,7 +98,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         more=(
             (
                 "                outcome.fsync_failed = True\n        return outcome\n",
-                "                outcome.fsync_failed = True\n        if plan.write_record:\n            try:\n                self._write_record()\n            except OSError as exc:\n                outcome.record_error = exc\n        return outcome\n",
+                "                outcome.fsync_failed = True\n        if plan.write_record:\n            try:\n                self.write_record()\n            except OSError as exc:\n                outcome.record_error = exc\n        return outcome\n",
             ),
         ),
     ),
@@ -181,17 +181,17 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "rename_before_header_fsync",
         "a segment's header is fsynced before the rename",
-        "wal/journal.py",
-        '            step = "fsync the header of"\n            fs.fsync(fd)',
-        '            step = "fsync the header of"',
+        "wal/rotation.py",
+        '        step = "fsync the header of"\n        fs.fsync(fd)',
+        '        step = "fsync the header of"',
         ("tests/crash/test_crash_matrix.py",),
     ),
     Sabotage(
         "ack_before_directory_entry",
         "no ack while the segment's directory entry is not durable",
-        "wal/journal.py",
-        "            if dir_pending is not None:\n                try:\n                    fs.fsync_dir(self.root)",
-        "            if dir_pending is not None and False:\n                try:\n                    fs.fsync_dir(self.root)",
+        "wal/commit.py",
+        "            if dir_pending is not None:\n                try:\n                    fs.fsync_dir(log.root)",
+        "            if dir_pending is not None and False:\n                try:\n                    fs.fsync_dir(log.root)",
         (
             "tests/unit/wal/test_rotation.py::test_rfc0052_4_no_ack_while_the_rotation_obligation_is_pending",
             "tests/crash/test_crash_matrix.py",
@@ -200,9 +200,9 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "append_behind_torn_tail",
         "open never appends behind a torn tail: it seals the segment",
-        "wal/journal.py",
-        "            if scan.stop.damaged:\n                seg.sealed = True",
-        "            if False:\n                seg.sealed = True",
+        "wal/opening.py",
+        "        if scan.stop.damaged:\n            seg.sealed = True",
+        "        if False:\n            seg.sealed = True",
         (
             "tests/unit/wal/test_open.py::test_torn_tail_is_sealed_and_kept_and_a_second_restart_works",
         ),
@@ -210,7 +210,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "mark_is_the_eof",
         "the outcome's mark is the frame's own end, never the fsync's EOF",
-        "wal/journal.py",
+        "wal/commit.py",
         "_finish(w, CommitOutcome(w.seq, w.offset, eof), None)",
         "_finish(w, CommitOutcome(w.seq, eof, eof), None)",
         ("tests/unit/wal/test_group_commit.py::test_the_mark_is_the_frames_own_end_not_the_eof",),
@@ -218,7 +218,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "retry_forever",
         "consecutive rotation failures reach the terminal state",
-        "wal/journal.py",
+        "wal/rotation.py",
         "        if attempts >= budget:",
         "        if False:",
         ("tests/unit/wal/test_rotation.py",),
@@ -247,9 +247,9 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "ack_after_enospc",
         "a failed fsync acknowledges nothing it was to cover",
-        "wal/journal.py",
-        '            if data_err is not None:\n                self._seal_locked(cur, "fsync", data_err)',
-        '            if data_err is not None and False:\n                self._seal_locked(cur, "fsync", data_err)',
+        "wal/commit.py",
+        '            if data_err is not None:\n                self.seal_locked(cur, "fsync", data_err)',
+        '            if data_err is not None and False:\n                self.seal_locked(cur, "fsync", data_err)',
         (
             "tests/unit/wal/test_no_space.py::test_seg14_enospc_at_fsync_acknowledges_nothing_after_the_failure",
         ),
@@ -257,8 +257,8 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "append_while_full",
         "after ENOSPC nothing is attempted on disk until free space is reported",
-        "wal/journal.py",
-        "        latch = self._no_space\n        if latch is not None:\n            # Nothing",
+        "wal/commit.py",
+        "        latch = self._log.latch.current\n        if latch is not None:\n            # Nothing",
         "        latch = None\n        if latch is not None:\n            # Nothing",
         (
             "tests/unit/wal/test_no_space.py::test_seg14_enospc_at_fsync_acknowledges_nothing_after_the_failure",
@@ -275,7 +275,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "unlink_after_archive_failure",
         "a segment whose archive failed is kept, not unlinked",
-        "wal/housekeeping.py",
+        "wal/reclamation.py",
         "                    outcome.archive_failed.append((p.path, exc))\n                    continue",
         "                    outcome.archive_failed.append((p.path, exc))",
         (
@@ -285,7 +285,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "unlink_before_archive",
         "a segment is archived before it is unlinked",
-        "wal/housekeeping.py",
+        "wal/reclamation.py",
         "                try:\n                    archive(ArchiveRequest(",
         "                try:\n                    fs.unlink(p.path)\n                    archive(ArchiveRequest(",
         (
@@ -313,9 +313,9 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "quarantine_reuses_lsns",
         "after a quarantine the log never reuses the quarantined segment's LSNs",
-        "wal/journal.py",
-        "            if quarantined_end > self._end_lsn:",
-        "            if False:",
+        "wal/opening.py",
+        "        if quarantined_end > log.end_lsn:",
+        "        if False:",
         (
             "tests/unit/app/test_quarantine.py::test_quarantining_the_newest_segment_never_reuses_its_lsns",
         ),
@@ -323,8 +323,8 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "stale_gap_always_explained",
         "only a quarantine record explains a missing segment under a horizon",
-        "wal/housekeeping.py",
-        "                if any(q.explains(h.segment, h.lsn) for q in self._quarantined):",
+        "wal/reclamation.py",
+        "                if any(q.explains(h.segment, h.lsn) for q in log.quarantined):",
         "                if True:",
         (
             "tests/unit/app/test_quarantine.py::test_seg12_a_segment_deleted_by_hand_is_caught_at_start_up_naming_tenant_and_offsets",
@@ -425,9 +425,9 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "published_before_checkpoint",
         "PUBLISHED is written after CHECKPOINT in the checkpoint call",
-        "wal/journal.py",
-        "        advanced = self._checkpoint_mark(mark)\n        if published:\n            self._write_published(published, checkpointed=advanced)",
-        "        if published:\n            self._write_published(published)\n        advanced = self._checkpoint_mark(mark)",
+        "wal/checkpointing.py",
+        "        advanced = self._checkpoint_mark(mark)\n        if published:\n            self._frontiers.write(published, checkpointed=advanced)",
+        "        if published:\n            self._frontiers.write(published)\n        advanced = self._checkpoint_mark(mark)",
         (
             "tests/unit/wal/test_published.py::test_published_is_written_after_checkpoint_in_the_same_call",
         ),
@@ -528,6 +528,198 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "                pass",
         (
             "tests/integration/test_workers.py::test_workers_metrics_have_each_series_once_and_count_every_request",
+        ),
+    ),
+    # -- no wedge on a failed audit publish; truthful cadences and shutdown (issue 18) --
+    Sabotage(
+        "settle_wakes_no_waiter",
+        "a settled publish (written or requeued) wakes everyone waiting for it",
+        "sink/buffers.py",
+        "                item.outcome = outcome\n                self._settled.notify_all()",
+        "                item.outcome = outcome",
+        (
+            "tests/unit/sink/test_publisher.py::test_nowedge_0_a_failed_audit_publish_releases_its_waiter_and_requeues_the_records",
+            "tests/unit/sink/test_publisher.py::test_a_synchronous_publish_waits_for_events_another_caller_is_writing",
+        ),
+    ),
+    Sabotage(
+        "requeue_forgets_the_registration",
+        "a requeue settles the publish it puts back: nothing stays registered in flight",
+        "sink/buffers.py",
+        "            outcome = PublishOutcome(d.id, False, epoch, error_type)\n        self.in_flight.settle(outcome)",
+        "            outcome = PublishOutcome(d.id, False, epoch, error_type)",
+        (
+            "tests/unit/sink/test_publisher.py::test_nowedge_0_a_failed_audit_publish_releases_its_waiter_and_requeues_the_records",
+            "tests/unit/app/test_nowedge.py::test_nowedge_0_a_failed_audit_publish_redrained_by_a_pending_cut_releases_every_waiter[back]",
+        ),
+    ),
+    Sabotage(
+        "waiter_waits_for_the_owner",
+        "a publish never waits for a dependency no thread is writing: it writes it itself",
+        "sink/publisher.py",
+        "            outcome = self.publish(item.detached)\n",
+        "            item.wait(self._wait_secs)\n"
+        "            outcome = item.outcome or PublishOutcome(item.detached.id, False)\n",
+        (
+            "tests/unit/app/test_nowedge.py::test_nowedge_0_a_failed_audit_publish_redrained_by_a_pending_cut_releases_every_waiter[back]",
+        ),
+    ),
+    Sabotage(
+        "requeue_ignores_the_claim",
+        "a partition another thread wrote (or is writing) is never put back by its owner",
+        "sink/buffers.py",
+        "        if not claimed and not self.in_flight.claim(d):\n            return None",
+        "        if not claimed:\n            self.in_flight.claim(d)",
+        (
+            "tests/unit/app/test_nowedge.py::test_nowedge_0_a_failed_audit_publish_redrained_by_a_pending_cut_releases_every_waiter[back]",
+            "tests/unit/sink/test_publisher.py::test_a_park_of_events_another_thread_already_wrote_puts_nothing_back",
+        ),
+    ),
+    Sabotage(
+        "cut_waits_for_queued_publishes",
+        "a cut settles the publishes registered before it, writing those nobody is writing",
+        "app/pipeline.py",
+        "            self.publisher.publish(item.detached)\n            unsettled = unsettled or item.outcome is None",
+        "            item.wait(self.publisher._wait_secs)\n            unsettled = unsettled or item.outcome is None",
+        (
+            "tests/unit/app/test_nowedge.py::test_nowedge_0_a_cut_writes_the_prior_publishes_nobody_is_writing",
+        ),
+    ),
+    Sabotage(
+        "failed_stamp_counted_ok",
+        "a cut whose checkpoint or frontier write failed is never counted with outcome ok",
+        "app/barrier.py",
+        '        if outcome.complete:\n            self._count("ok", "")',
+        '        if outcome.ok:\n            self._count("ok", "")',
+        (
+            "tests/unit/app/test_nowedge.py::test_nowedge_2_a_cut_whose_stamp_failed_is_counted_as_an_error_never_ok",
+        ),
+    ),
+    Sabotage(
+        "shutdown_counts_the_buffers_only",
+        "a shutdown counts every unpublished row, in-flight publishes included",
+        "sink/buffers.py",
+        "        flying = self.in_flight.unsettled_rows()",
+        "        flying = (0, 0)",
+        (
+            "tests/unit/app/test_server_shutdown.py::test_a_barrier_that_does_not_join_is_read_as_a_failed_cut",
+        ),
+    ),
+    Sabotage(
+        "shutdown_exits_zero_with_rows_left",
+        "a shutdown that leaves acknowledged rows unpublished exits non-zero",
+        "app/server.py",
+        "    code = EXIT_ROWS_LEFT if left else 0",
+        "    code = 0",
+        (
+            "tests/unit/app/test_server_shutdown.py::test_nowedge_0_a_shutdown_with_the_store_down_counts_the_rows_left_and_exits_non_zero",
+        ),
+    ),
+    Sabotage(
+        "reclaim_cap_unclamped",
+        "a pass never plans more unlinks than RECLAIM's geometry holds (issue 18 item 7)",
+        "wal/reclamation.py",
+        "        cap = max(0, min(cap, self.file.geometry.max_unlinks))",
+        "        cap = max(0, cap)",
+        (
+            "tests/crash/test_reclaim_model.py::test_nowedge_7_rfc0052_12_a_cap_above_the_record_geometry_is_clamped_to_it",
+        ),
+    ),
+    # -- one writer per WAL; a poison batch isolated (issue 18 items 3 and 4) -------------
+    Sabotage(
+        "data_dir_lock_not_taken",
+        "one writer per WAL: a node locks its data directory before anything else",
+        "app/server.py",
+        "    lock = DataDirLock.acquire(server.data_dir)\n",
+        '    lock = DataDirLock.acquire(Path(__import__("tempfile").mkdtemp()))\n',
+        (
+            "tests/unit/app/test_datalock.py::test_nowedge_3_build_node_takes_the_lock_before_it_reads_or_writes_anything",
+            "tests/integration/test_one_writer_per_wal.py::test_nowedge_3_a_second_serve_on_a_live_data_directory_refuses_and_the_first_serves_on",
+        ),
+    ),
+    Sabotage(
+        "data_dir_lock_after_the_wal_open",
+        "the lock comes before the WAL is opened (a refused node reads and writes nothing)",
+        "app/server.py",
+        "    lock = DataDirLock.acquire(server.data_dir)\n",
+        "    Journal.open(server.wal_dir, settings.wal).close()\n"
+        "    lock = DataDirLock.acquire(server.data_dir)\n",
+        (
+            "tests/unit/app/test_datalock.py::test_nowedge_3_build_node_takes_the_lock_before_it_reads_or_writes_anything",
+            "tests/integration/test_one_writer_per_wal.py::test_nowedge_3_a_second_serve_on_a_live_data_directory_refuses_and_the_first_serves_on",
+        ),
+    ),
+    Sabotage(
+        "quarantine_ignores_the_lock",
+        "ourios wal quarantine refuses while a node holds the data directory",
+        "app/walcli.py",
+        '        lock = DataDirLock.acquire_existing(root.parent, command="ourios wal quarantine")\n',
+        "        lock = None\n",
+        (
+            "tests/unit/app/test_datalock.py::test_nowedge_3_quarantine_refuses_while_a_node_holds_the_data_directory",
+        ),
+    ),
+    Sabotage(
+        "mining_attempts_unbounded",
+        "a frame failing every time is isolated after wal.frame_mining_attempts attempts",
+        "app/settlement.py",
+        "            return {lsn: a for lsn, a in frames.items() if a.failures >= self.max_attempts}",
+        "            return {}",
+        (
+            "tests/unit/app/test_poison.py::test_nowedge_4_a_frame_failing_every_time_is_isolated_at_the_bound_and_the_mark_moves_on",
+            "tests/crash/test_poison_frame_serve.py::test_nowedge_4_a_poison_frame_is_isolated_and_the_others_publish_and_reclaim_across_a_restart",
+        ),
+        more=(("                if failures >= self.max_attempts:", "                if False:"),),
+    ),
+    Sabotage(
+        "turn_failure_not_counted",
+        "the ingest turn's failure is the frame's first attempt",
+        "app/pipeline.py",
+        "        if failed:\n            self.settler.note_failure(tenant, offset, why)\n",
+        "",
+        (
+            "tests/unit/app/test_poison.py::test_nowedge_4_a_frame_failing_every_time_is_isolated_at_the_bound_and_the_mark_moves_on",
+        ),
+    ),
+    Sabotage(
+        "replay_unguarded",
+        "a replayed frame whose mining raises does not fail the start",
+        "app/recovery.py",
+        "        except Exception as exc:  # noqa: BLE001 - the guard: settled after the start",
+        "        except NotImplementedError as exc:  # noqa: BLE001 - the guard, removed",
+        (
+            "tests/unit/app/test_poison.py::test_nowedge_4_replay_turns_a_failing_frame_into_an_entry_and_the_node_starts",
+            "tests/crash/test_poison_frame_serve.py::test_nowedge_4_a_poison_frame_is_isolated_and_the_others_publish_and_reclaim_across_a_restart",
+        ),
+    ),
+    Sabotage(
+        "replay_mines_into_the_unknown_tree",
+        "after a replay failure, the tenant's later frames are left to its settlement",
+        "app/recovery.py",
+        "        if tenant in unmined:\n",
+        "        if False:\n",
+        (
+            "tests/unit/app/test_poison.py::test_nowedge_4_replay_turns_a_failing_frame_into_an_entry_and_the_node_starts",
+        ),
+    ),
+    Sabotage(
+        "replayed_entry_ignores_its_gates",
+        "a replayed entry's settlement re-emits above the gates the replay applied",
+        "app/settlement.py",
+        "            if e.gates is not None:  # a start-up replay's entry: never above its gates",
+        "            if False:",
+        (
+            "tests/unit/app/test_poison.py::test_nowedge_4_a_replayed_entry_re_emits_above_the_gates_its_replay_applied",
+        ),
+    ),
+    Sabotage(
+        "cut_raises_a_replayed_tenants_frontier",
+        "a cut leaves the frontier of a tenant whose replay failed where the replay found it",
+        "app/pipeline.py",
+        "        skip = self.refused | self.unmined.replayed()\n",
+        "        skip = self.refused\n",
+        (
+            "tests/unit/app/test_poison.py::test_nowedge_4_a_replayed_entry_re_emits_above_the_gates_its_replay_applied",
         ),
     ),
 )

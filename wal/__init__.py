@@ -1,6 +1,7 @@
 """The durable log: frames, segments, CHECKPOINT, group commit, rotation, replay.
 
-``app`` and ``sink`` import only what this module exports.
+This is what ``app`` imports (``sink`` imports nothing of ours), and nothing else:
+tests import the test doubles from ``wal.testing`` and internals from their modules.
 """
 
 from .config import MAX_TENANT_BYTES, WalConfig
@@ -12,32 +13,12 @@ from .errors import (
     FrameRejected,
     FrameTooLarge,
     InvalidConfig,
-    InvalidTenant,
-    JournalClosed,
-    OpenError,
-    OpenIoError,
-    RotationRetrying,
-    RotationTerminal,
     WalError,
-    WalIoError,
-    WalNoSpace,
-    is_no_space,
 )
 from .frontiers import PublishedWriteError
-from .fs import FaultyFs, Fs, Hold, OsFs, SimulatedCrash
-from .housekeeping import (
-    ArchiveError,
-    ArchiveHook,
-    ArchiveRequest,
-    ModeMismatch,
-    ReclaimError,
-    ReclaimOutcome,
-    ReclaimPlan,
-    ReclaimState,
-    StaleGap,
-    UnrecoverableTenant,
-)
-from .journal import Journal, OpenReport, Pending, Replay, ReplayReport, SegmentReport
+from .fs import Fs, OsFs
+from .commit import Pending
+from .journal import Journal
 from .ledger import (
     FloorMin,
     FloorNone,
@@ -45,25 +26,19 @@ from .ledger import (
     FloorUnknown,
     HousekeepingProgress,
     Known,
-    NoConsumer,
-    RetainFloor,
-    SnapshotHorizons,
 )
 from .quarantine import QuarantineError, QuarantineRecord
-from .reclaim import ConsumerMode, TenantCapacityExceeded
+from .reclaim import ConsumerMode
+from .reclamation import ArchiveRequest, ReclaimError
 from .types import (
-    CommitOutcome,
-    DirFsyncOrigin,
     Frame,
     FrameCursor,
     FrameKind,
     FrameSpan,
-    Healthy,
     NoSpace,
     PublishedMarks,
     Retrying,
     RotationKind,
-    RotationState,
     Terminal,
     WalOffset,
 )
@@ -71,16 +46,11 @@ from .types import (
 __all__ = [
     "MAX_TENANT_BYTES",
     "AppendError",
-    "ArchiveError",
-    "ArchiveHook",
     "ArchiveRequest",
     "CheckpointError",
-    "CommitOutcome",
     "ConsumerMode",
     "CorruptionError",
-    "DirFsyncOrigin",
     "ErrorClass",
-    "FaultyFs",
     "FloorMin",
     "FloorNone",
     "FloorPinned",
@@ -92,49 +62,22 @@ __all__ = [
     "FrameSpan",
     "FrameTooLarge",
     "Fs",
-    "Healthy",
-    "Hold",
     "HousekeepingProgress",
     "InvalidConfig",
-    "InvalidTenant",
     "Journal",
-    "JournalClosed",
     "Known",
-    "ModeMismatch",
-    "NoConsumer",
     "NoSpace",
-    "OpenError",
-    "OpenIoError",
-    "OpenReport",
     "OsFs",
     "Pending",
-    "QuarantineError",
-    "QuarantineRecord",
     "PublishedMarks",
     "PublishedWriteError",
+    "QuarantineError",
+    "QuarantineRecord",
     "ReclaimError",
-    "ReclaimOutcome",
-    "ReclaimPlan",
-    "ReclaimState",
-    "Replay",
-    "ReplayReport",
-    "RetainFloor",
     "Retrying",
     "RotationKind",
-    "RotationRetrying",
-    "RotationState",
-    "RotationTerminal",
-    "SegmentReport",
-    "SimulatedCrash",
-    "SnapshotHorizons",
-    "StaleGap",
-    "TenantCapacityExceeded",
     "Terminal",
-    "UnrecoverableTenant",
     "WalConfig",
     "WalError",
-    "WalIoError",
-    "WalNoSpace",
     "WalOffset",
-    "is_no_space",
 ]

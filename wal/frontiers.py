@@ -1,5 +1,6 @@
-"""The journal's PUBLISHED side: open-time matrix, the shared tenant-id table, and the
-two write paths (after CHECKPOINT in ``checkpoint``, alone in ``publish_marks``).
+"""The journal's PUBLISHED side (``Frontiers``): open-time matrix, the shared tenant-id
+table, and the two write paths (after CHECKPOINT in ``checkpoint``, alone in
+``publish_marks``).
 
 One id space, owned by RECLAIM (RFC 0055 §9.4, DESIGN.md §4): the journal keeps one
 in-memory dictionary — the RECLAIM record's — seeded at open from the union of both
@@ -35,10 +36,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from .errors import CorruptionError, OpenError, OpenIoError, WalError
-from .fs import Fs
+from .log import Log
 from .published import (
     PublishedEntry,
     PublishedFile,
@@ -51,14 +51,11 @@ from .reclaim import (
     DictRecord,
     Geometry,
     ReclaimFile,
-    ReclaimRecord,
     TenantCapacityExceeded,
 )
+from .reclamation import Reclamation
 from .slots import SlotDefect
 from .types import PublishedMarks, WalOffset
-
-if TYPE_CHECKING:
-    from .config import WalConfig
 
 SEEDED: int = FLAG_PUBLISHED_SEEDED_ARMED | FLAG_PUBLISHED_SEEDED_CONFIRMED
 
@@ -84,62 +81,62 @@ def _later(old: WalOffset | None, new: WalOffset | None) -> WalOffset | None:
     return new
 
 
-class FrontiersMixin:
-    """PUBLISHED methods of ``Journal`` (kept apart to keep each file readable)."""
+class Frontiers:
+    """PUBLISHED for one journal (module docstring).
 
-    # Provided by Journal.
-    root: Path
-    config: WalConfig
-    _fs: Fs
-    _lock: threading.Lock
-    _record: ReclaimRecord
-    _reclaim_file: ReclaimFile
-    _published_file: PublishedFile | None
-    _published: dict[int, PublishedEntry]
-    _published_lock: threading.Lock
-    _published_durable: dict[str, PublishedMarks]
+    State: the PUBLISHED file, the entries by slot id as last merged, the frontiers as
+    PUBLISHED last durably recorded them (by tenant), and the lock that serialises the
+    writes (each runs its file I/O without the journal mutex). The tenant-id table is
+    the RECLAIM record's, reached through ``Reclamation``.
+    """
 
-    def _tenant_capacity(self) -> int:
-        raise NotImplementedError
+    def __init__(self, log: Log, reclamation: Reclamation) -> None:
+        self._log = log
+        self._reclamation = reclamation
+        self._file: PublishedFile | None = None
+        self._entries: dict[int, PublishedEntry] = {}
+        self._write_lock = threading.Lock()
+        self._durable: dict[str, PublishedMarks] = {}
 
-    def _touch_record_locked(self) -> None:
-        raise NotImplementedError
-
-    def _write_record(self) -> None:
-        raise NotImplementedError
+    def release(self) -> None:
+        """Close the file (a refused open, or ``close``)."""
+        if self._file is not None and not self._file.closed:
+            self._file.close()
 
     # -- open --------------------------------------------------------------------------
 
-    def _create_published_fresh(self, max_tenants: int) -> PublishedFile:
+    def create_fresh(self, max_tenants: int) -> None:
         """A fresh root: PUBLISHED (empty) before RECLAIM, which is then created with the
         seeding confirmed. A PUBLISHED left by a crash before RECLAIM existed belongs to
         no frame of this root and is replaced."""
-        path = self.root / PublishedFile.NAME
+        fs, root = self._log.fs, self._log.root
+        path = root / PublishedFile.NAME
         try:
-            self._fs.stat(path)
+            fs.stat(path)
         except FileNotFoundError:
             pass
         else:
             try:
-                self._fs.unlink(path)
+                fs.unlink(path)
             except OSError as exc:
                 raise OpenIoError(path, "remove the PUBLISHED of an empty root", exc) from exc
         try:
-            made = PublishedFile.create(self._fs, self.root, max_tenants, PublishedRecord())
+            made = PublishedFile.create(fs, root, max_tenants, PublishedRecord())
         except OSError as exc:
             raise OpenIoError(
                 path, f"allocate {published_file_bytes(max_tenants)} bytes for", exc
             ) from exc
-        self._record.flags |= SEEDED
-        return made
+        self._reclamation.record.flags |= SEEDED
+        self._file = made
 
-    def _open_published(self, has_segments: bool) -> bool:
+    def open(self, has_segments: bool, *, reclaim_rebuilt: bool) -> bool:
         """The PUBLISHED rows of the module docstring, after RECLAIM's own matrix; True
-        when the RECLAIM record changed (the caller writes it once, durably)."""
-        fs, root = self._fs, self.root
+        when the RECLAIM record changed (the caller writes it once, durably).
+        ``reclaim_rebuilt``: that matrix rebuilt RECLAIM at a larger geometry."""
+        fs, root = self._log.fs, self._log.root
         ppath = root / PublishedFile.NAME
         rpath = root / ReclaimFile.NAME
-        record = self._record
+        record = self._reclamation.record
         changed = False
         loaded = PublishedFile.load(fs, root)
         if loaded is None:
@@ -152,9 +149,9 @@ class FrontiersMixin:
                     f"falling back to the checkpoint would suppress frames of a tenant whose "
                     f"frontier lagged it; refusing (restore PUBLISHED from a backup)",
                 )
-            t = self._reclaim_file.geometry.max_tenants
+            t = self._reclamation.file.geometry.max_tenants
             try:
-                file = PublishedFile.create(fs, root, t, self._published_record_locked())
+                file = PublishedFile.create(fs, root, t, self._record_locked())
             except OSError as exc:
                 raise OpenIoError(
                     ppath, f"allocate {published_file_bytes(t)} bytes for", exc
@@ -185,33 +182,34 @@ class FrontiersMixin:
                 for slot, entry in prec.entries.items():
                     owner = record.dictionary.get(slot)
                     if owner is not None and not owner.tombstoned:
-                        self._published[slot] = entry
+                        self._entries[slot] = entry
             if record.flags & SEEDED != SEEDED:
                 record.flags |= SEEDED  # promoted durably below, never read as a fault
                 changed = True
-        self._published_file = file
-        wanted = self.config.max_tenants
+        self._file = file
+        wanted = self._log.config.max_tenants
         if wanted < record.next_slot_id:
             raise OpenError(
                 f"max_tenants={wanted} is below the {record.next_slot_id} tenant ids "
                 f"{rpath} and {ppath} have recorded; raise max_tenants to at least "
                 f"{record.next_slot_id}"
             )
-        self._rebuild_geometry(file)
-        for slot in [s for s in self._published if s not in record.dictionary]:
-            del self._published[slot]
-        self._published_durable = self._marks_by_tenant_locked()
+        self._rebuild_geometry(file, reclaim_rebuilt)
+        for slot in [s for s in self._entries if s not in record.dictionary]:
+            del self._entries[slot]
+        self._durable = self._marks_by_tenant_locked()
         if loaded is not None and not has_segments and loaded[1].entries:
             # Entries of a root with no frame: their LSNs name nothing here.
+            assert self._file is not None
             try:
-                self._published_file.write(self._published_record_locked())
+                self._file.write(self._record_locked())
             except OSError as exc:
                 raise OpenIoError(ppath, "clear the entries of an empty root", exc) from exc
         return changed
 
     def _union_dictionaries(self, prec: PublishedRecord, ppath: Path, rpath: Path) -> bool:
         """Fold PUBLISHED's dictionary into the shared table; True when it grew."""
-        record = self._record
+        record = self._reclamation.record
         grew = False
         live = record.tenant_ids()
         for slot, rec in sorted(prec.dictionary.items()):
@@ -246,50 +244,49 @@ class FrontiersMixin:
             record._index = None
         return grew
 
-    def _rebuild_geometry(self, published: PublishedFile) -> None:
+    def _rebuild_geometry(self, published: PublishedFile, reclaim_rebuilt: bool) -> None:
         """Bring both files to the larger ``max_tenants`` (RFC0055.2): a crash between the
         two renames of an earlier rebuild leaves one file wider; ids are unchanged."""
-        reclaim_t = self._reclaim_file.geometry.max_tenants
-        target = max(reclaim_t, published.max_tenants, self.config.max_tenants)
+        reclamation = self._reclamation
+        root = self._log.root
+        reclaim_t = reclamation.file.geometry.max_tenants
+        target = max(reclaim_t, published.max_tenants, self._log.config.max_tenants)
         if reclaim_t < target:
-            g = self._reclaim_file.geometry
+            g = reclamation.file.geometry
             try:
-                self._reclaim_file = self._reclaim_file.rebuild(
-                    Geometry(target, g.max_unlinks), self._record
-                )
+                reclamation.regrow(Geometry(target, g.max_unlinks))
             except OSError as exc:
                 raise OpenIoError(
-                    self.root / ReclaimFile.NAME, "rebuild at a larger geometry", exc
+                    root / ReclaimFile.NAME, "rebuild at a larger geometry", exc
                 ) from exc
-        if published.max_tenants < target or self._reclaim_rebuilt:
+        if published.max_tenants < target or reclaim_rebuilt:
             try:
-                self._published_file = published.rebuild(target, self._published_record_locked())
+                self._file = published.rebuild(target, self._record_locked())
             except OSError as exc:
                 raise OpenIoError(
-                    self.root / PublishedFile.NAME, "rebuild at a larger geometry", exc
+                    root / PublishedFile.NAME, "rebuild at a larger geometry", exc
                 ) from exc
-
-    _reclaim_rebuilt: bool = False
 
     # -- the table -----------------------------------------------------------------------
 
-    def _published_record_locked(self) -> PublishedRecord:
+    def _record_locked(self) -> PublishedRecord:
         """What PUBLISHED holds now: the shared dictionary and the entries by id."""
-        record = self._record
+        record = self._reclamation.record
         return PublishedRecord(
             0,
             record.next_slot_id,
             {i: DictRecord(r.tenant, r.tombstoned) for i, r in record.dictionary.items()},
             {
                 i: PublishedEntry(e.records, e.audit, e.publishing, e.terminal, e.generation)
-                for i, e in self._published.items()
+                for i, e in self._entries.items()
             },
         )
 
     def _marks_by_tenant_locked(self) -> dict[str, PublishedMarks]:
+        dictionary = self._reclamation.record.dictionary
         out: dict[str, PublishedMarks] = {}
-        for slot, entry in self._published.items():
-            owner = self._record.dictionary.get(slot)
+        for slot, entry in self._entries.items():
+            owner = dictionary.get(slot)
             if owner is not None and not owner.tombstoned:
                 out[owner.tenant] = entry.marks
         return out
@@ -297,8 +294,8 @@ class FrontiersMixin:
     def published_marks(self) -> dict[str, PublishedMarks]:
         """Each tenant's frontiers as PUBLISHED last durably recorded them (read at open,
         updated by every successful write): recovery's per-tenant gates."""
-        with self._lock:
-            return dict(self._published_durable)
+        with self._log.lock:
+            return dict(self._durable)
 
     # -- writing -------------------------------------------------------------------------
 
@@ -307,9 +304,9 @@ class FrontiersMixin:
         terminal entry): raises ``PublishedWriteError``, the previous slot staying live.
         Monotonic per tenant; a tenant new to the shared table takes its next slot id
         there (RECLAIM records it at its next write)."""
-        self._write_published(marks)
+        self.write(marks)
 
-    def _write_published(
+    def write(
         self, marks: Mapping[str, PublishedMarks], *, checkpointed: bool | None = None
     ) -> bool:
         """Merge ``marks`` into the entries and write them if anything changed.
@@ -317,26 +314,29 @@ class FrontiersMixin:
         ``checkpointed`` is None for ``publish_marks``, where a tenant that cannot take a
         slot id refuses the write; in the checkpoint's write such a tenant is left
         without an entry (it falls back to the checkpoint, which is what its mark is)."""
-        file = self._published_file
+        file = self._file
         assert file is not None
-        with self._published_lock:
-            with self._lock:
-                capacity = self._tenant_capacity()
+        lock = self._log.lock
+        reclamation = self._reclamation
+        with self._write_lock:
+            with lock:
+                record = reclamation.record
+                capacity = reclamation.tenant_capacity()
                 generation = file.generation + 1
                 dirty = False
                 for tenant, m in marks.items():
-                    before = self._record.next_slot_id
+                    before = record.next_slot_id
                     try:
-                        slot = self._record.assign_slot(tenant, capacity)
+                        slot = record.assign_slot(tenant, capacity)
                     except TenantCapacityExceeded as exc:
                         if checkpointed is None:
                             raise PublishedWriteError(
                                 f"no slot id for tenant {tenant!r} in {file.path}: {exc}"
                             ) from exc
                         continue
-                    if self._record.next_slot_id != before:
-                        self._touch_record_locked()
-                    old = self._published.get(slot)
+                    if record.next_slot_id != before:
+                        reclamation.touch_locked()
+                    old = self._entries.get(slot)
                     if old is None:
                         new = PublishedEntry.of(m, generation)
                     else:
@@ -349,11 +349,11 @@ class FrontiersMixin:
                         )
                     if old is None or not new.same_marks(old):
                         new.generation = generation
-                        self._published[slot] = new
+                        self._entries[slot] = new
                         dirty = True
                 if not dirty:
                     return False
-                snapshot = self._published_record_locked()
+                snapshot = self._record_locked()
             try:
                 file.write(snapshot)
             except OSError as exc:
@@ -361,8 +361,8 @@ class FrontiersMixin:
                     f"writing {file.path} failed: {exc}; the previous frontiers stay in force",
                     checkpointed=bool(checkpointed),
                 ) from exc
-            with self._lock:
-                self._published_durable = {
+            with lock:
+                self._durable = {
                     r.tenant: e.marks
                     for i, e in snapshot.entries.items()
                     if (r := snapshot.dictionary[i]) and not r.tombstoned

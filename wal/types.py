@@ -1,4 +1,5 @@
-"""Value types shared by the WAL's modules: offsets, states and outcomes.
+"""Value types shared by the WAL's modules: offsets, states and outcomes, and the
+callback types a journal is given (``EventSink``, ``Clock``, ``Timing``).
 
 A ``WalOffset`` is (segment UUIDv7, LSN). The LSN is a global byte position in the
 logical stream of frames (segment headers and torn bytes excluded), so offsets order
@@ -13,11 +14,20 @@ from __future__ import annotations
 import enum
 import struct
 import uuid
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
 _OFFSET = struct.Struct("<16sQ")
 OFFSET_SIZE: Final = _OFFSET.size  # 24
+
+#: Where the journal reports what it did (``wal.segment.sealed``, ``wal.rotation.*``…):
+#: an event name and its fields. The owner logs them; the WAL never logs by itself.
+EventSink = Callable[[str, Mapping[str, object]], None]
+#: Wall-clock seconds (``time.time``), injected so tests control segment ages and ids.
+Clock = Callable[[], float]
+#: An observer of one operation's duration in seconds (a frame write, an fsync).
+Timing = Callable[[float], None]
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from wal import Journal, Known, WalConfig  # noqa: E402
-from wal.housekeeping import APPLY_STEPS_PER_UNLINK  # noqa: E402
+from wal.reclamation import APPLY_STEPS_PER_UNLINK  # noqa: E402
 
 CAP = 128
 CFG = WalConfig(segment_max_bytes=64 * 1024, max_frame_bytes=64 * 1024, max_unlinks_per_pass=CAP)

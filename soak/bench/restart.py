@@ -199,6 +199,8 @@ class Churn:
     def close(self) -> None:
         self.node.pipeline.publisher.close()
         self.node.journal.close()
+        if self.node.lock is not None:
+            self.node.lock.release()
         self._events.close()
 
 

@@ -835,6 +835,7 @@ CHANGES: dict[str, tuple[object, dict[str, object]]] = {
     "wal.maxFrameBytes": (4 * 2**20, {}),
     "wal.unreclaimedBytesLimit": (10 * 2**30, {}),
     "wal.archive": (True, {}),
+    "wal.frameMiningAttempts": (5, {}),
     "sink.flushBytes": (8 * 2**20, {}),
     "sink.flushAgeSecs": (60, {}),
     "sink.ceilingBytes": (512 * 2**20, {}),

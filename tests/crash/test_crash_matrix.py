@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from tests.support.walkit import SMALL, Ledger, assert_recovers, faulty, payload
-from wal import AppendError, CheckpointError, Journal, SimulatedCrash, WalOffset
+from wal import AppendError, CheckpointError, Journal, WalOffset
+from wal.testing import SimulatedCrash
 
 FRAME = 9000
 PER_SEGMENT = 7

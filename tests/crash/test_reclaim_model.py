@@ -50,19 +50,9 @@ from hypothesis.stateful import (
 )
 
 from tests.support.walkit import payload
-from wal import (
-    FaultyFs,
-    Frame,
-    FrameKind,
-    Journal,
-    Known,
-    OsFs,
-    ReclaimError,
-    SimulatedCrash,
-    WalConfig,
-    WalOffset,
-)
+from wal import Frame, FrameKind, Journal, Known, OsFs, ReclaimError, WalConfig, WalOffset
 from wal.reclaim import ReclaimFile
+from wal.testing import FaultyFs, SimulatedCrash
 
 KiB = 1024
 CAP = 3
@@ -722,17 +712,28 @@ def _oversize_rig(tmp_path: Path) -> tuple[Rig, Known]:
     return r, Known({"a": frames[-1].offset})
 
 
-def test_rfc0052_12_a_cap_above_the_record_geometry_fails_as_a_reclaim_error(
+def test_nowedge_7_rfc0052_12_a_cap_above_the_record_geometry_is_clamped_to_it(
     tmp_path: Path,
 ) -> None:
     """At 66135d1 ``housekeeping_prepare`` popped up to ``cap`` segments whatever the
     planned records RECLAIM holds (its ``max_unlinks``); the record write then raised
-    ``UnencodableRecord``, a ``ValueError``, out of ``maintain``."""
+    ``UnencodableRecord``, a ``ValueError``, out of ``maintain``. Since c9ffcef the pass
+    clamps the cap to the geometry (``wal/housekeeping.py``): it neither raises nor
+    pops more than the record can plan, and the next pass takes the rest.
+
+    (Issue 18 item 7: this test used to be named "...fails_as_a_reclaim_error" and
+    passed whether or not ``maintain`` raised; it now asserts the one outcome built.)"""
     r, horizons = _oversize_rig(tmp_path)
-    try:
-        r.journal.maintain(horizons, CAP + 2)
-    except ReclaimError:
-        pass  # refusing the pass is fine; clamping it to the geometry is too
+    closed = r.journal.segment_names()[:-1]
+    assert len(closed) == CAP + 2  # five closed segments, all eligible
+
+    progress = r.journal.maintain(horizons, CAP + 2)  # raises nothing
+
+    assert progress.removed_segments == CAP and progress.capped
+    assert disk_segments(r.root) == set(r.journal.segment_names())
+    assert r.journal.segment_names()[:-1] == closed[CAP:]  # oldest first, the rest next
+    assert r.journal.maintain(horizons, CAP + 2).removed_segments == 2
+    assert disk_segments(r.root) == {r.journal.segment_names()[-1]}
 
 
 def test_rfc0052_12_a_cap_above_the_record_geometry_does_not_wedge_housekeeping(

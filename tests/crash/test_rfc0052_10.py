@@ -114,7 +114,7 @@ def _install(address):
     from app import barrier, points
     from sink import store
     from wal import fs as walfs
-    from wal import housekeeping
+    from wal import reclamation
 
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.settimeout(10)
@@ -205,7 +205,7 @@ def _install(address):
 
     walfs.OsFs.unlink = probe_unlink
 
-    execute = housekeeping.HousekeepingMixin.housekeeping_execute
+    execute = reclamation.Reclamation.execute
 
     def probe_execute(self, plan):
         busy = bool(plan.segments or plan.partials or plan.write_record)
@@ -216,7 +216,7 @@ def _install(address):
             send("file_half.exit", removed=len(outcome.removed))
         return outcome
 
-    housekeeping.HousekeepingMixin.housekeeping_execute = probe_execute
+    reclamation.Reclamation.execute = probe_execute
     send("probe.ready", pid=os.getpid())
 
 

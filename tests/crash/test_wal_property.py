@@ -14,16 +14,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from tests.support.walkit import Ledger, assert_recovers, payload
-from wal import (
-    AppendError,
-    FaultyFs,
-    Journal,
-    Pending,
-    RotationKind,
-    SimulatedCrash,
-    Terminal,
-    WalConfig,
-)
+from wal import AppendError, Journal, RotationKind, Terminal, WalConfig
+from wal.commit import Pending
+from wal.testing import FaultyFs, SimulatedCrash
 
 CONFIG = WalConfig(
     segment_max_bytes=64 * 1024, max_frame_bytes=32 * 1024, rotation_retry_attempts=3

@@ -26,7 +26,8 @@ from app.grpc_receiver import create_grpc_server
 from app.http_receiver import create_http_app
 from tests.support.noderig import NodeRig, request
 from tests.unit.app.test_http_receiver import call
-from wal import Healthy, Retrying, Terminal, WalConfig
+from wal import Retrying, Terminal, WalConfig
+from wal.types import Healthy
 
 ATTEMPTS = 3
 STATUS_DETAILS = "grpc-status-details-bin"

@@ -255,7 +255,7 @@ def journal_events_to(rig: NodeRig, monkeypatch: pytest.MonkeyPatch) -> None:
     # NodeRig's journal reports into rig._event like the pipeline, barrier and
     # housekeeper: one ordered stream holds every transition, as `ourios serve`'s one
     # EventLog does. Checked, not assumed.
-    assert rig.journal._events == rig._event
+    assert rig.journal.events == rig._event
 
 
 def cut_ok(rig: NodeRig) -> bool:

@@ -244,7 +244,11 @@ class AckLoad:
         records_per_request: tuple[int, int] = (1, 8),
         host: str = "127.0.0.1",
         timeout: float = 30.0,
+        fresh_templates: float = 0.0,
     ) -> None:
+        """``fresh_templates``: the share of records whose body is a message no earlier
+        one resembles (random words), so the miner keeps creating templates and the
+        node keeps publishing template events under load."""
         if senders < 1 or not tenants:
             raise ValueError("need at least one sender and one tenant")
         self.ledger = ledger
@@ -255,6 +259,7 @@ class AckLoad:
         self._tenants = tuple(tenants)
         self._seed = seed
         self._records = records_per_request
+        self._fresh = fresh_templates
         self._timeout = timeout
         self._stop = threading.Event()
         self._cond = threading.Condition()
@@ -386,6 +391,8 @@ class AckLoad:
                 ms=rng.randrange(1, 5000),
                 hex=f"{rng.getrandbits(48):012x}",
             )
+            if self._fresh and rng.random() < self._fresh:
+                text = " ".join(_word(rng) for _ in range(4))
             lr = sl.log_records.add()
             lr.time_unix_nano = now
             lr.observed_time_unix_nano = now
@@ -406,6 +413,11 @@ class AckLoad:
             f"\r\n"
         )
         return head.encode("ascii") + body
+
+
+def _word(rng: random.Random) -> str:
+    """A random lower-case word: letters only, so the miner never reads it as a number."""
+    return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(7))
 
 
 def _kv(key: str, value: str) -> KeyValue:

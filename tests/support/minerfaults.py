@@ -8,7 +8,7 @@ that record too (so a template it widens is widened while its event is lost) —
 "unknown tree" a settlement exists to repair. The plan can also fail the next snapshot
 restores (``restore_failures``) and the next ``replace_tenant`` calls.
 
-The hook is ``MinerCluster(miner_type=...)``, the production seam (as ``wal.fs.FaultyFs``
+The hook is ``MinerCluster(miner_type=...)``, the production seam (as ``wal.testing.FaultyFs``
 is for I/O): no production type carries a test field, and a real ``ourios serve`` gets
 the same plan through a ``sitecustomize`` probe that only the test's process loads
 (``tests/crash/test_rfc0055_sigkill.py``).

@@ -29,11 +29,13 @@ from app.miner import FileTemplateIdAllocator, MinerCluster, TemplateIdAllocator
 from app.otlp import decode_request, flatten
 from app.pipeline import Pipeline
 from app.recovery import RecoveryReport, recover
+from app.settlement import DEFAULT_MINING_ATTEMPTS
 from app.snapshots import SnapshotLedger, SnapshotStore
 from sink.buffers import Buffers
 from sink.publisher import Publisher
 from sink.store import FailingStore, MemoryStore
-from wal import FaultyFs, Journal, OsFs, WalConfig, WalOffset
+from wal import Journal, OsFs, WalConfig, WalOffset
+from wal.testing import FaultyFs
 
 
 class SteppedClock:
@@ -72,6 +74,8 @@ class NodeRig:
     config: WalConfig = field(default_factory=lambda: WalConfig(segment_max_bytes=64 * 1024))
     flush_bytes: int = 1 << 30
     queue_depth: int = 64
+    #: how long a publish waits for another thread's write (``Publisher.wait_secs``)
+    publish_wait_secs: float = 300.0
     ceiling_bytes: int = 256 << 20
     barrier_secs: float = 300
     housekeeping_secs: float = 60
@@ -82,6 +86,8 @@ class NodeRig:
     #: builds the miners each start (``tests.support.minerfaults.FaultyMiners`` injects
     #: mining failures); None: the production ``MinerCluster``
     miners_factory: Callable[[TemplateIdAllocator], MinerCluster] | None = None
+    #: ``wal.frame_mining_attempts``
+    mining_attempts: int = DEFAULT_MINING_ATTEMPTS
 
     def __post_init__(self) -> None:
         self.fs: FaultyFs = (
@@ -111,7 +117,11 @@ class NodeRig:
             epoch=lambda: holder["p"].epoch if "p" in holder else 1,
         )
         self.publisher = Publisher(
-            self.store, self.buffers, node="rig-0", queue_depth=self.queue_depth
+            self.store,
+            self.buffers,
+            node="rig-0",
+            queue_depth=self.queue_depth,
+            wait_secs=self.publish_wait_secs,
         )
         self.allocator = FileTemplateIdAllocator(data / "template-ids", 0)
         factory = self.miners_factory
@@ -127,6 +137,7 @@ class NodeRig:
             clock=self.clock,
             events=self._event,
             ledger=self.ledger,
+            mining_attempts=self.mining_attempts,
         )
         holder["p"] = self.pipeline
         self.snapshots = SnapshotStore(data / "snapshots", fs=self.fs)

@@ -194,6 +194,25 @@ class SeaweedS3:
             return self
         raise AssertionError("unreachable")
 
+    def kill(self) -> None:
+        """SIGKILL the server's process group, keeping its ports and data directory, so
+        ``restart`` brings the same endpoint back: a store outage and its end."""
+        self._kill()
+
+    def restart(self) -> SeaweedS3:
+        """Start the server again after ``kill``, on the same ports and data, and wait
+        until it serves (bounded by ``start_timeout_s``)."""
+        if self._proc is not None:
+            raise RuntimeError("SeaweedS3 is still running")
+        started = time.monotonic()
+        proc = self._spawn(self.ports, self.root / "s3.json", 0)
+        try:
+            self._wait_ready(proc, started + self.start_timeout_s)
+        except BaseException:
+            self._kill()
+            raise
+        return self
+
     def close(self) -> None:
         with self._client_lock:
             if self._client is not None:

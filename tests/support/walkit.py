@@ -6,7 +6,8 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from wal import AppendError, FaultyFs, Fs, Journal, OsFs, WalConfig
+from wal import AppendError, Fs, Journal, OsFs, WalConfig
+from wal.testing import FaultyFs
 
 KiB = 1024
 

@@ -20,7 +20,8 @@ from app.housekeeping import Housekeeper
 from app.otlp import Unavailable
 from app.snapshots import SnapshotLedger
 from tests.support.walkit import SMALL, faulty, payload
-from wal import Journal, Known, WalNoSpace
+from wal import Journal, Known
+from wal.errors import WalNoSpace
 
 MiB = 1 << 20
 LOW, STOP = 8 * MiB, 2 * MiB

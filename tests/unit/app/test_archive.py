@@ -13,8 +13,10 @@ from app import walcli
 from app.archive import ArchiveFailed, ArchiveLocationError, Archiver, check_archive_location
 from sink.store import FailingStore, LocalStore, MemoryStore
 from tests.support.walkit import SMALL, faulty, payload
-from wal import ArchiveError, FaultyFs, Journal, Known, WalOffset
+from wal import Journal, Known, WalOffset
+from wal.reclamation import ArchiveError
 from wal.segment import HEADER_SIZE
+from wal.testing import FaultyFs
 
 NODE = "ourios-0"
 

@@ -109,7 +109,8 @@ from app.snapshots import decode_snapshot
 from sink.buffers import NANOS_PER_DAY, Detached
 from sink.store import StoreError
 from tests.support.noderig import NodeRig, request, rids
-from wal import AppendError, CommitOutcome, FrameSpan, WalConfig, WalOffset
+from wal import AppendError, FrameSpan, WalConfig, WalOffset
+from wal.types import CommitOutcome
 
 T = TypeVar("T")
 

@@ -19,15 +19,8 @@ from pathlib import Path
 
 from app.barrier import CutOutcome
 from tests.support.noderig import NodeRig
-from wal import (
-    FloorMin,
-    FloorPinned,
-    HousekeepingProgress,
-    Journal,
-    ReclaimState,
-    WalConfig,
-    WalOffset,
-)
+from wal import FloorMin, FloorPinned, HousekeepingProgress, Journal, WalConfig, WalOffset
+from wal.reclamation import ReclaimState
 from wal.segment import HEADER_SIZE
 
 BARRIER_SECS = 10

@@ -21,6 +21,7 @@ from app.config import (
     Kind,
     Setting,
     Settings,
+    WalSettings,
     is_valid_tenant,
     load_settings,
     load_tokens,
@@ -90,6 +91,7 @@ def samples(tmp_path: Path) -> dict[str, Sample]:
         "wal.max_tenants": Sample("16", 16),
         "wal.max_frame_bytes": Sample("4MiB", 4 * MiB),
         "wal.unreclaimed_bytes_limit": Sample("1GiB", GiB),
+        "wal.frame_mining_attempts": Sample("7", 7),
         "wal.archive": Sample("true", True),
         "sink.flush_bytes": Sample("1MiB", MiB),
         "sink.flush_age_secs": Sample("60", 60),
@@ -134,8 +136,13 @@ def test_env_var_is_prefix_section_name_upper() -> None:
 
 
 def test_wal_rows_are_read_from_walconfig_metadata() -> None:
+    """WalConfig's knobs, then the application's (settlement's bound), one table."""
     wal_rows = [row for row in SETTINGS if row.section == "wal"]
-    fields = dataclasses.fields(WalConfig)
+    fields = dataclasses.fields(WalSettings)
+    assert [f.name for f in fields[: len(dataclasses.fields(WalConfig))]] == [
+        f.name for f in dataclasses.fields(WalConfig)
+    ]
+    assert isinstance(load_settings({}).wal, WalConfig)  # what Journal.open takes
     assert [row.name for row in wal_rows] == [f.name for f in fields]
     for row, f in zip(wal_rows, fields, strict=True):
         assert row.default == f.default
@@ -174,6 +181,7 @@ def test_defaults_match_design_section_8() -> None:
         "OURIOS_WAL_MAX_FRAME_BYTES": 8 * MiB,
         "OURIOS_WAL_UNRECLAIMED_BYTES_LIMIT": 0,
         "OURIOS_WAL_ARCHIVE": False,
+        "OURIOS_WAL_FRAME_MINING_ATTEMPTS": 3,
         "OURIOS_SINK_FLUSH_BYTES": 16 * MiB,
         "OURIOS_SINK_FLUSH_AGE_SECS": 300,
         "OURIOS_SINK_CEILING_BYTES": 256 * MiB,

@@ -729,9 +729,9 @@ def test_file_allocator_survives_sigkill_mid_block(tmp_path: Path) -> None:
 
 
 def _faulty_fs(tmp_path: Path) -> Any:
-    fs_module = pytest.importorskip("wal.fs")
+    fs_module = pytest.importorskip("wal.testing")
     if not hasattr(fs_module, "FaultyFs"):
-        pytest.skip("wal.fs has no FaultyFs")
+        pytest.skip("wal.testing has no FaultyFs")
     return fs_module.FaultyFs(tmp_path / "shadow")
 
 
@@ -741,7 +741,7 @@ def test_file_allocator_power_loss_at_every_reservation_step(
     tmp_path: Path, op: str, nth: int
 ) -> None:
     fs = _faulty_fs(tmp_path)
-    fs_module: Any = sys.modules["wal.fs"]
+    fs_module: Any = sys.modules["wal.testing"]
     data = tmp_path / "data"
     data.mkdir()
     path = data / "ids"

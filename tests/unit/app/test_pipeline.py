@@ -22,7 +22,8 @@ from sink.buffers import Buffers
 from sink.publisher import Publisher
 from sink.store import FailingStore, MemoryStore
 from tests.support.walkit import faulty
-from wal import FaultyFs, Journal, WalConfig
+from wal import Journal, WalConfig
+from wal.testing import FaultyFs
 
 CFG = WalConfig(segment_max_bytes=64 * 1024, max_frame_bytes=32 * 1024)
 

@@ -21,15 +21,10 @@ from app import walcli
 from app.snapshots import SnapshotState, SnapshotStore
 from tests.support.noderig import request
 from tests.support.walkit import SMALL, faulty, payload
-from wal import (
-    CorruptionError,
-    Journal,
-    Known,
-    SimulatedCrash,
-    StaleGap,
-    WalOffset,
-)
+from wal import CorruptionError, Journal, Known, WalOffset
+from wal.reclamation import StaleGap
 from wal.segment import HEADER_SIZE
+from wal.testing import SimulatedCrash
 from wal.tools import verify_root
 
 FRAME_PAYLOAD = 9000

@@ -16,8 +16,10 @@ from app.config import load_settings
 from app.events import EventLog
 from app.otlp import decode_request, flatten
 from app.recovery import recover
-from app.server import Node, build_node, shutdown
+from app.server import EXIT_ROWS_LEFT, Node, build_node, shutdown
+from sink.store import FailingStore, LocalStore
 from tests.support.noderig import request
+from wal import CheckpointError
 
 WAIT_S = 30
 
@@ -61,11 +63,12 @@ def test_a_clean_shutdown_runs_the_final_cut_and_closes_the_wal(
     n.housekeeper.start()
     ingest(n, "a")
 
-    shutdown(n)
+    code = shutdown(n)
 
     line = stopped(stream)
-    assert line["level"] == "info"
+    assert line["level"] == "info" and code == 0 == line["exit_code"]
     assert line["final_cut_ok"] is True and line["rows_left_in_wal"] == 0
+    assert line["template_events_left_in_wal"] == 0 and line["final_cut_error"] == ""
     assert line["timers_joined"] is True and line["wal_closed"] is True
     assert n.journal.last_checkpoint is not None
 
@@ -79,14 +82,17 @@ def test_a_barrier_that_does_not_join_is_read_as_a_failed_cut(
         n.barrier.start()
         n.barrier.request_cut()  # the tick, now instead of in an hour
         assert held.reached.wait(WAIT_S)
-        shutdown(n, join_timeout=0.2)  # the barrier is inside a cut and cannot join
+        code = shutdown(n, join_timeout=0.2)  # the barrier is inside a cut and cannot join
         line = stopped(stream)
         held.release()
     n.barrier.close(WAIT_S)  # the held cut finishes; joins the thread for the test
 
-    assert line["level"] == "warning"
+    # the held cut's rows are in its unsettled publishes, not in the buffers: counted
+    assert line["level"] == "error" and code == EXIT_ROWS_LEFT == line["exit_code"]
+    assert line["rows_left_in_wal"] == 3 and line["template_events_left_in_wal"] >= 1
     assert line["barrier_joined"] is False and line["timers_joined"] is False
     assert line["final_cut_ok"] is False  # no second cut ran beside the held one
+    assert line["final_cut_error"] == "barrier_not_joined"
     assert line["checkpoint"] is None
 
 
@@ -108,3 +114,63 @@ def test_a_housekeeping_pass_that_does_not_join_keeps_the_wal_open(
     assert line["level"] == "warning"
     assert line["housekeeping_joined"] is False and line["wal_closed"] is False
     assert line["final_cut_ok"] is True  # the barrier joined: the final cut still ran
+
+
+def test_nowedge_0_a_shutdown_with_the_store_down_counts_the_rows_left_and_exits_non_zero(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The final cut cannot publish: the acknowledged rows are only in the WAL, so
+    ``server.stopped`` says how many and the exit status is not 0."""
+    failing = FailingStore(LocalStore(tmp_path / "objects"))
+    monkeypatch.setattr("app.server._store", lambda settings: failing)
+    settings = load_settings(
+        {
+            "OURIOS_SERVER_DATA_DIR": str(tmp_path / "data"),
+            "OURIOS_WAL_BARRIER_SECS": "3600",
+            "OURIOS_WAL_HOUSEKEEPING_SECS": "3600",
+        }
+    )
+    stream = io.StringIO()
+    n = build_node(settings, EventLog(stream))
+    n.pipeline.publisher.start()
+    recover(n.journal, n.pipeline, n.snapshots, n.ledger)
+    n.pipeline.set_ready(True)
+    n.barrier.start()
+    n.housekeeper.start()
+    ingest(n, "a")
+    ingest(n, "b")
+    failing.fail(ops=("put", "put_if_absent"), always=True)  # the store is down
+
+    code = shutdown(n)
+
+    line = stopped(stream)
+    assert code == EXIT_ROWS_LEFT == line["exit_code"] != 0
+    assert line["rows_left_in_wal"] == 6  # both requests' records, and only those
+    assert line["template_events_left_in_wal"] >= 1
+    assert line["final_cut_ok"] is False and line["final_cut_error"] == "flush_failed"
+    assert line["level"] == "error" and line["timers_joined"] is True
+    assert n.journal.last_checkpoint is None
+    n.journal.close()
+
+
+def test_nowedge_2_a_final_cut_whose_checkpoint_failed_is_not_reported_ok(
+    node: tuple[Node, io.StringIO],
+) -> None:
+    n, stream = node
+    ingest(n, "a")
+    real = n.journal.checkpoint
+
+    def refuse(*args: object, **kwargs: object) -> bool:
+        raise CheckpointError("injected: the CHECKPOINT write failed")
+
+    n.journal.checkpoint = refuse  # type: ignore[method-assign]
+    try:
+        code = shutdown(n)
+    finally:
+        n.journal.checkpoint = real  # type: ignore[method-assign]
+
+    line = stopped(stream)
+    assert line["final_cut_ok"] is False and line["final_cut_error"] == "checkpoint_write"
+    assert line["level"] == "warning"
+    # every row reached the store (only the mark stayed behind): nothing is left
+    assert line["rows_left_in_wal"] == 0 and code == 0 == line["exit_code"]

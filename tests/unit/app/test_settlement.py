@@ -28,7 +28,9 @@ from app.snapshots import decode_snapshot
 from app.tenants import SettlementInProgress, TenantCapacity, TenantUnrecoverable
 from tests.support.minerfaults import FaultPlan, FaultyMiners
 from tests.support.noderig import NodeRig, rids
-from wal import ConsumerMode, FloorPinned, NoConsumer, UnrecoverableTenant, WalConfig, WalOffset
+from wal import ConsumerMode, FloorPinned, WalConfig, WalOffset
+from wal.ledger import NoConsumer
+from wal.reclamation import UnrecoverableTenant
 
 T = TypeVar("T")
 WAIT_S = 10.0

@@ -31,16 +31,9 @@ from app.snapshots import (
     encode_snapshot,
 )
 from tests.support.noderig import NodeRig, rids
-from wal import (
-    FaultyFs,
-    FloorMin,
-    FloorNone,
-    FloorPinned,
-    HousekeepingProgress,
-    UnrecoverableTenant,
-    WalConfig,
-    WalOffset,
-)
+from wal import FloorMin, FloorNone, FloorPinned, HousekeepingProgress, WalConfig, WalOffset
+from wal.reclamation import UnrecoverableTenant
+from wal.testing import FaultyFs
 
 RECORDS = 3
 SEG = uuid.UUID("01900000-0000-7000-8000-000000000001")

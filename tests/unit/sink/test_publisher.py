@@ -175,9 +175,12 @@ def test_a_synchronous_publish_waits_for_events_another_caller_is_writing(
     assert kinds_in_put_order(memory) == ["audit", "records"]
 
 
-def test_the_publisher_thread_defers_records_whose_events_are_queued_behind_them(
+def test_the_publisher_thread_writes_events_queued_behind_their_records_first(
     make: Callable[[int], tuple[Buffers, Publisher]], memory: MemoryStore
 ) -> None:
+    """The records reach the queue before their events (a turn offers what it detached
+    after the turn): the publisher thread writes the events itself, first, and skips them
+    when they come up in the queue — never waiting for them, never writing them twice."""
     buffers, publisher = make(1)  # every partition detaches at once
     (audit,) = add_events(buffers, "t", 1, lsn=1)  # detached by a turn, not yet offered
     records = add_rows(buffers, "t", 3, lsn=1)
@@ -185,50 +188,95 @@ def test_the_publisher_thread_defers_records_whose_events_are_queued_behind_them
     publisher.start()
 
     assert publisher.offer(records)  # the records reach the queue first
-    wait_for(lambda: publisher.queue_depth == 1 and publisher._deferred == 1, "the deferral")
-    assert memory.snapshot() == {}
-    assert publisher.offer(audit)
     wait_for(lambda: len(buffers.in_flight) == 0, "both to settle")
-
     assert kinds_in_put_order(memory) == ["audit", "records"]
+    assert publisher.offer(audit)  # the turn offers its events after all
+    assert publisher.close(WAIT_S)
+
+    assert kinds_in_put_order(memory) == ["audit", "records"]  # written once
     assert publisher.queue_depth == 0 and not publisher.stats.failures
+    assert buffers.empty()
 
 
-def test_a_park_of_the_events_refuses_the_deferred_records(
+def test_a_park_of_events_another_thread_already_wrote_puts_nothing_back(
     make: Callable[[int], tuple[Buffers, Publisher]], memory: MemoryStore
 ) -> None:
     buffers, publisher = make(1)
     (audit,) = add_events(buffers, "t", 1, lsn=1)
     records = add_rows(buffers, "t", 3, lsn=1)
     assert records is not None
-    publisher.start()
-    assert publisher.offer(records)
-    wait_for(lambda: publisher._deferred == 1, "the deferral")
+    assert publisher.publish(records).ok  # wrote the events on the way
 
-    publisher.park(audit)  # the turn found the queue full: the events go back
-    wait_for(lambda: len(buffers.in_flight) == 0, "the deferred records to settle")
+    publisher.park(audit)  # the turn found the queue full: its events were written already
 
+    assert buffers.empty() and buffers.parked_partitions == 0
+    assert kinds_in_put_order(memory) == ["audit", "records"]
+
+
+def test_a_park_of_the_events_refuses_their_records_and_both_requeue(
+    make: Callable[[int], tuple[Buffers, Publisher]], memory: MemoryStore
+) -> None:
+    buffers, publisher = make(1)
+    (audit,) = add_events(buffers, "t", 1, lsn=1)
+    records = add_rows(buffers, "t", 3, lsn=1)
+    assert records is not None
+
+    publisher.park(audit)  # the turn found the queue full: the events go back, parked
+    outcome = publisher.publish(records)
+
+    assert not outcome.ok and outcome.error_type == "audit_not_durable"  # refused with them
     assert memory.snapshot() == {}
-    assert publisher.stats.failures[("records", "audit_not_durable")] == 1
     assert buffers.partitions == 2 and buffers.parked_partitions == 2
-
-
-def test_close_never_strands_deferred_records(
-    make: Callable[[int], tuple[Buffers, Publisher]], memory: MemoryStore
-) -> None:
-    buffers, publisher = make(1)
-    (audit,) = add_events(buffers, "t", 1, lsn=1)
-    records = add_rows(buffers, "t", 3, lsn=1)
-    assert records is not None
-    publisher.start()
-    assert publisher.offer(records)
-    wait_for(lambda: publisher._deferred == 1, "the deferral")
-
-    assert publisher.close(WAIT_S)  # the audit partition was never offered
-
-    assert len(buffers.in_flight) == 1  # only the never-offered audit partition
-    assert buffers.partitions == 1 and memory.snapshot() == {}  # the records came back
-    buffers.requeue(audit, "test")
-    for d in buffers.drain_all("shutdown"):
+    assert len(buffers.in_flight) == 0
+    for d in buffers.drain_all("barrier"):  # the next drain writes both, in order
         assert publisher.publish(d).ok
     assert kinds_in_put_order(memory) == ["audit", "records"]
+
+
+def test_close_leaves_nothing_registered(
+    make: Callable[[int], tuple[Buffers, Publisher]], memory: MemoryStore
+) -> None:
+    buffers, publisher = make(1)
+    (audit,) = add_events(buffers, "t", 1, lsn=1)
+    records = add_rows(buffers, "t", 3, lsn=1)
+    assert records is not None
+    publisher.start()
+    assert publisher.offer(records)
+
+    assert publisher.close(WAIT_S)  # the audit partition was never offered: written anyway
+
+    assert len(buffers.in_flight) == 0 and buffers.empty()
+    assert kinds_in_put_order(memory) == ["audit", "records"]
+
+
+def test_nowedge_0_a_failed_audit_publish_releases_its_waiter_and_requeues_the_records(
+    make: Callable[[int], tuple[Buffers, Publisher]],
+    failing: FailingStore,
+    memory: MemoryStore,
+) -> None:
+    """The audit publish another caller is writing is held in the store, then fails: the
+    records publish waiting for it is released at once, refused and requeued with it."""
+    buffers, publisher = make(1 << 20)
+    add_events(buffers, "t", 2, lsn=1)
+    add_rows(buffers, "t", 3, lsn=1)
+    audit, records = buffers.drain_all("age")
+    held = failing.hold(ops=("put",))
+    failing.fail(ops=("put",))
+    writer = threading.Thread(target=publisher.publish, args=(audit,), daemon=True)
+    writer.start()
+    assert held.reached.wait(WAIT_S)
+
+    result: list[str] = []
+    waiter = threading.Thread(
+        target=lambda: result.append(publisher.publish(records).error_type), daemon=True
+    )
+    waiter.start()
+    waiter.join(0.2)
+    assert waiter.is_alive()  # waiting for the write another thread is executing
+    held.release()  # ...which now fails
+    writer.join(WAIT_S)
+    waiter.join(WAIT_S)
+
+    assert not waiter.is_alive() and result == ["audit_not_durable"]
+    assert memory.snapshot() == {} and len(buffers.in_flight) == 0
+    assert buffers.partitions == 2 and buffers.parked_partitions == 2  # both back, parked

@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.unit.wal.golden import DATA, golden_frame
-from wal import CorruptionError, FrameTooLarge, InvalidTenant
+from wal import CorruptionError, FrameTooLarge
+from wal.errors import InvalidTenant
 from wal.frame import PREFIX_SIZE, encode_frame, scan_frames, validate_tenant
 from wal.types import FrameKind
 

@@ -11,18 +11,10 @@ from pathlib import Path
 import pytest
 
 from tests.support.walkit import SMALL, Ledger, assert_recovers, faulty, payload
-from wal import (
-    AppendError,
-    ErrorClass,
-    Healthy,
-    Journal,
-    RotationRetrying,
-    RotationTerminal,
-    WalConfig,
-    WalIoError,
-    WalNoSpace,
-)
+from wal import AppendError, ErrorClass, Journal, WalConfig
+from wal.errors import RotationRetrying, RotationTerminal, WalIoError, WalNoSpace
 from wal.segment import SegmentHeader
+from wal.types import Healthy
 
 
 def test_concurrent_appenders_are_all_durable_in_order(tmp_path: Path) -> None:

@@ -22,18 +22,10 @@ import pytest
 
 from tests.support.tmpfs import TmpfsMounts
 from tests.support.walkit import SMALL, Ledger, assert_recovers, faulty, payload, seeded
-from wal import (
-    AppendError,
-    Healthy,
-    Journal,
-    Known,
-    OpenIoError,
-    Retrying,
-    WalConfig,
-    WalNoSpace,
-    WalOffset,
-)
+from wal import AppendError, Journal, Known, Retrying, WalConfig, WalOffset
 from wal.checkpoint import SPARE_NAME
+from wal.errors import OpenIoError, WalNoSpace
+from wal.types import Healthy
 
 FRAME = 9000
 

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from tests.support.walkit import SMALL, Ledger, assert_recovers, payload, replay_all
-from wal import CorruptionError, Journal, OpenError, WalConfig
+from wal import CorruptionError, Journal, WalConfig
+from wal.errors import OpenError
 from wal.segment import HEADER_SIZE, SegmentHeader, segment_name, uuid7
 
 

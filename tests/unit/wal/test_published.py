@@ -30,7 +30,6 @@ from wal import (
     FrameSpan,
     Journal,
     Known,
-    OpenError,
     OsFs,
     PublishedMarks,
     PublishedWriteError,
@@ -38,6 +37,7 @@ from wal import (
     WalError,
     WalOffset,
 )
+from wal.errors import OpenError
 from wal.published import (
     ENTRY_RECORDS_VALID,
     PublishedFile,

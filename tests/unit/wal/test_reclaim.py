@@ -25,8 +25,9 @@ from tests.unit.wal.golden_reclaim import (
     golden_older_record,
     golden_reclaim_file,
 )
-from wal import CorruptionError, FaultyFs, InvalidTenant, OsFs, SimulatedCrash, WalOffset
+from wal import CorruptionError, OsFs, WalOffset
 from wal.config import reclaim_file_bytes
+from wal.errors import InvalidTenant
 from wal.reclaim import (
     FLAG_CHECKPOINT_ARMED,
     FLAG_CHECKPOINT_SEEN,
@@ -46,6 +47,7 @@ from wal.reclaim import (
     encode_slot,
 )
 from wal.slots import InvalidSlot, SlotDefect
+from wal.testing import FaultyFs, SimulatedCrash
 
 GOLDEN = "reclaim_v1_t4_u2.bin"
 # Offsets of the T = 4, U = 2 slot, computed by hand from the pinned table.

@@ -13,20 +13,11 @@ from pathlib import Path
 import pytest
 
 from tests.support.walkit import faulty, payload
-from wal import (
-    FaultyFs,
-    FloorMin,
-    FloorNone,
-    FloorPinned,
-    FrameKind,
-    Journal,
-    Known,
-    NoConsumer,
-    WalConfig,
-    WalOffset,
-)
-from wal.housekeeping import APPLY_STEPS_PER_UNLINK
+from wal import FloorMin, FloorNone, FloorPinned, FrameKind, Journal, Known, WalConfig, WalOffset
+from wal.ledger import NoConsumer
+from wal.reclamation import APPLY_STEPS_PER_UNLINK
 from wal.segment import HEADER_SIZE, partial_name, uuid7
+from wal.testing import FaultyFs
 
 FRAME = 9000  # seven frames per 64 KiB segment
 

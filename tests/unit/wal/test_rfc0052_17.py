@@ -47,24 +47,17 @@ from tests.support.walkit import faulty, payload
 from wal import (
     CheckpointError,
     CorruptionError,
-    FaultyFs,
     FloorPinned,
     FrameKind,
     Journal,
     Known,
-    ModeMismatch,
-    NoConsumer,
-    OpenError,
-    OpenIoError,
     OsFs,
     ReclaimError,
-    SimulatedCrash,
-    SnapshotHorizons,
-    TenantCapacityExceeded,
-    UnrecoverableTenant,
     WalConfig,
     WalOffset,
 )
+from wal.errors import OpenError, OpenIoError
+from wal.ledger import NoConsumer, SnapshotHorizons
 from wal.reclaim import (
     FLAG_CHECKPOINT_ARMED,
     FLAG_CHECKPOINT_SEEN,
@@ -75,7 +68,9 @@ from wal.reclaim import (
     ReclaimEntry,
     ReclaimFile,
     ReclaimRecord,
+    TenantCapacityExceeded,
 )
+from wal.reclamation import ModeMismatch, UnrecoverableTenant
 from wal.segment import (
     FLAG_HAS_PREDECESSOR,
     FLAG_PREDECESSOR_SEALED,
@@ -85,6 +80,7 @@ from wal.segment import (
     uuid7,
 )
 from wal.slots import FILE_HEADER_SIZE
+from wal.testing import FaultyFs, SimulatedCrash
 
 KiB = 1024
 TENANTS = 8

@@ -15,20 +15,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.support.walkit import SMALL, Ledger, assert_recovers, faulty, payload
-from wal import (
-    AppendError,
-    DirFsyncOrigin,
-    ErrorClass,
-    FaultyFs,
-    Healthy,
-    Journal,
-    Retrying,
-    RotationKind,
-    RotationRetrying,
-    RotationTerminal,
-    Terminal,
-    WalConfig,
-)
+from wal import AppendError, ErrorClass, Journal, Retrying, RotationKind, Terminal, WalConfig
+from wal.errors import RotationRetrying, RotationTerminal
+from wal.testing import FaultyFs
+from wal.types import DirFsyncOrigin, Healthy
 
 #: The five rotation steps and where the fault seam sees them.
 STEPS: dict[str, tuple[str, str | None]] = {

@@ -1,4 +1,5 @@
-"""The fault seam itself: faults fire where asked, and a crash reverts to what is durable."""
+"""The test doubles (`wal/testing.py`): faults fire where asked, and a crash reverts to what is
+durable."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from wal import FaultyFs, SimulatedCrash
+from wal.testing import FaultyFs, SimulatedCrash
 
 
 def _write(fs: FaultyFs, path: Path, data: bytes, *, sync: bool) -> None:

@@ -1,4 +1,5 @@
-"""Housekeeping: the capped reclamation pass, as two ledger halves around a file half.
+"""Reclamation: the capped housekeeping pass, as two ledger halves around a file half,
+and the RECLAIM record it keeps durable.
 
 ``housekeeping_prepare`` (under the journal mutex) applies horizons within the cap,
 derives the retain floor, pops stale partials first and then eligible segments, marks
@@ -18,6 +19,12 @@ in place and fsyncs it, only then unlinks, then fsyncs the parent directory.
 The RECLAIM record is durable before the first unlink it accounts for. The consumer
 mode is recorded by the first pass and persisted before that pass unlinks anything; a
 pass whose mode differs is refused before anything is planned. A pass never allocates.
+
+``Reclamation`` owns the in-memory RECLAIM record and its file (adopted at open by
+``opening``, which applies the RECLAIM × CHECKPOINT × segments matrix). The record's
+dictionary is the one tenant-id table both sidecars use (RFC 0055 §9.4): ``frontiers``
+assigns PUBLISHED's ids in it, and ``checkpointing`` arms it before the first
+CHECKPOINT; both go through the methods here.
 """
 
 from __future__ import annotations
@@ -27,25 +34,22 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from .errors import WalError
-from .fs import Fs
 from .ledger import (
     HousekeepingProgress,
     Known,
-    Ledger,
     LedgerSegment,
     NoConsumer,
     RetainFloor,
-    SegState,
     SnapshotHorizons,
 )
-from .quarantine import QuarantineRecord
+from .log import Log
 from .reclaim import (
     FLAG_CHECKPOINT_ARMED,
     FLAG_CHECKPOINT_SEEN,
     ConsumerMode,
+    Geometry,
     PlannedUnlink,
     ReclaimEntry,
     ReclaimFile,
@@ -54,10 +58,6 @@ from .reclaim import (
 )
 from .segment import uuid7_time
 from .types import RotationState, WalOffset
-
-if TYPE_CHECKING:
-    from .journal import EventSink
-
 
 #: Horizon application is capped in (tenant, segment) steps, a constant multiple of the
 #: unlink cap: each step is a few dictionary operations, so the pass stays O(cap) under
@@ -197,61 +197,109 @@ class ReclaimState:
     last_progress: HousekeepingProgress | None
 
 
-class HousekeepingMixin:
-    """Reclamation methods of ``Journal`` (kept apart to keep each file readable)."""
+class Reclamation:
+    """The housekeeping pass and the RECLAIM record of one journal (module docstring).
 
-    # Provided by Journal.
-    root: Path
-    _fs: Fs
-    _lock: threading.Lock
-    _ledger: Ledger
-    _partials: list[Path]
-    _record: ReclaimRecord
-    _record_version: int
-    _record_durable_version: int
-    _record_lock: threading.Lock
-    _reclaim_file: ReclaimFile
-    _ledger_rebuilt: bool
-    _last_progress: HousekeepingProgress | None
-    _events: EventSink
-    _checkpoint: WalOffset | None
-    _config_max_tenants: int
-    _armed_durable: bool
-    _planned_index: dict[uuid.UUID, PlannedUnlink]
-    _quarantined: list[QuarantineRecord]
-    _archive: ArchiveHook | None
+    State: the record (``record``: the shared tenant-id table, reclaimed-through entries,
+    planned unlinks, flags), its file, a version counter and the version last made
+    durable (a record write is owed while they differ), whether the ``checkpoint_armed``
+    flag is durable, the planned-entry index of the pass in progress, and the last
+    pass's progress. The record is read and changed under the journal mutex; writes of
+    it are serialised by their own lock and run without the journal mutex.
+    """
 
-    def _segment_path(self, seg: LedgerSegment) -> Path:
-        raise NotImplementedError
+    def __init__(self, log: Log, archive: ArchiveHook | None) -> None:
+        self._log = log
+        #: copies a segment before housekeeping unlinks it (``wal.archive``); None: off
+        self._archive = archive
+        self.record = ReclaimRecord()
+        self._file: ReclaimFile | None = None
+        self._record_lock = threading.Lock()
+        self._version = 0
+        self._durable_version = 0
+        self._armed_durable = False
+        self._planned_index: dict[uuid.UUID, PlannedUnlink] = {}
+        self._last_progress: HousekeepingProgress | None = None
 
-    def _on_removed_locked(self, segs: list[LedgerSegment]) -> None:
-        raise NotImplementedError
+    # -- the record and its file ---------------------------------------------------------
 
-    def _touch_record_locked(self) -> None:
-        self._record_version += 1
+    def adopt(self, file: ReclaimFile, record: ReclaimRecord, *, armed_durable: bool) -> None:
+        """At open: the RECLAIM file and the record the matrix settled on."""
+        self._file = file
+        self.record = record
+        self._armed_durable = armed_durable
 
-    def _write_record(self) -> None:
+    @property
+    def file(self) -> ReclaimFile:
+        assert self._file is not None
+        return self._file
+
+    def regrow(self, geometry: Geometry) -> None:
+        """At open: rebuild the file at a larger geometry through ``RECLAIM.new``
+        (raises OSError; the old file stays in force)."""
+        self._file = self.file.rebuild(geometry, self.record)
+
+    def write_at_open(self) -> None:
+        """At open: write the reconciled record at once (raises OSError)."""
+        self.file.write(self.record)
+
+    def release(self) -> None:
+        """Close the file (a refused open, or ``close``)."""
+        if self._file is not None and not self._file.closed:
+            self._file.close()
+
+    def tenant_capacity(self) -> int:
+        # The configured bound, never the file's larger stored geometry: a root opened
+        # with a lowered max_tenants must still reopen under that same configuration.
+        return min(self.file.geometry.max_tenants, self._log.config.max_tenants)
+
+    def touch_locked(self) -> None:
+        """The in-memory record changed: a write is owed."""
+        self._version += 1
+
+    def write_record(self) -> None:
         """Write the in-memory record to the inactive slot (raises OSError)."""
+        lock = self._log.lock
         with self._record_lock:
-            with self._lock:
-                snapshot = self._record.copy()
-                version = self._record_version
-            self._reclaim_file.write(snapshot)
-            with self._lock:
-                self._record.generation = snapshot.generation
-                self._record_durable_version = max(self._record_durable_version, version)
+            with lock:
+                snapshot = self.record.copy()
+                version = self._version
+            self.file.write(snapshot)
+            with lock:
+                self.record.generation = snapshot.generation
+                self._durable_version = max(self._durable_version, version)
                 if snapshot.flags & FLAG_CHECKPOINT_ARMED:
                     self._armed_durable = True
 
+    def arm_locked(self) -> bool:
+        """Before a CHECKPOINT: True when ``checkpoint_armed`` is not yet durable (the
+        flag is set; the caller writes the record before any CHECKPOINT can exist).
+        Decided on what is durable, not on the in-memory flag: a failed arming write
+        must be retried before any CHECKPOINT exists."""
+        if self._armed_durable:
+            return False
+        self.record.flags |= FLAG_CHECKPOINT_ARMED
+        self.touch_locked()
+        return True
+
+    def see_locked(self) -> bool:
+        """After a CHECKPOINT: True when ``checkpoint_seen`` was just set (a write is owed)."""
+        if self.record.flags & FLAG_CHECKPOINT_SEEN:
+            return False
+        self.record.flags |= FLAG_CHECKPOINT_SEEN
+        self.touch_locked()
+        return True
+
     # -- the ledger half ---------------------------------------------------------------
 
-    def housekeeping_prepare(self, horizons: SnapshotHorizons, cap: int) -> ReclaimPlan:
+    def prepare(self, horizons: SnapshotHorizons, cap: int) -> ReclaimPlan:
         mode = ConsumerMode.NO_CONSUMER if isinstance(horizons, NoConsumer) else ConsumerMode.KNOWN
         # The planned array holds at most the geometry's max_unlinks records.
-        cap = max(0, min(cap, self._reclaim_file.geometry.max_unlinks))
-        with self._lock:
-            record = self._record
-            ledger = self._ledger
+        cap = max(0, min(cap, self.file.geometry.max_unlinks))
+        log = self._log
+        with log.lock:
+            record = self.record
+            ledger = log.ledger
             if record.consumer_mode not in (ConsumerMode.UNRECORDED, mode):
                 raise ModeMismatch(
                     f"housekeeping pass with mode {mode.name} refused: RECLAIM records mode "
@@ -259,21 +307,21 @@ class HousekeepingMixin:
                     ledger.progress(skipped="mode_mismatch"),
                 )
             self._planned_index = {p.segment: p for p in record.planned}
-            partials = self._partials[:cap]
+            partials = log.partials[:cap]
             budget = cap - len(partials)
             skipped = ""
             planned: list[LedgerSegment] = []
             capped = False
             applied = 0
             replanned_ids: set[uuid.UUID] = set()
-            if not self._ledger_rebuilt:
+            if not log.rebuilt:
                 skipped = "ledger_not_rebuilt"
             else:
                 if isinstance(horizons, Known):
                     self._refuse_unrecoverable_locked(horizons.horizons, horizons.unrecoverable)
                 if record.consumer_mode is ConsumerMode.UNRECORDED:
                     record.consumer_mode = mode
-                    self._touch_record_locked()
+                    self.touch_locked()
                 ledger.mode_known = mode is ConsumerMode.KNOWN
                 replanned = ledger.in_flight(max(budget, 0))
                 planned.extend(replanned)
@@ -289,7 +337,7 @@ class HousekeepingMixin:
                     planned.extend(ledger.pop_eligible(room))
                 capped = apply_capped or (
                     len(partials) + len(planned) >= cap
-                    and (ledger.heap_live > 0 or len(self._partials) > len(partials))
+                    and (ledger.heap_live > 0 or len(log.partials) > len(partials))
                 )
             plan_segments: list[PlannedSegment] = []
             refused: list[TenantCapacityExceeded] = []
@@ -304,24 +352,17 @@ class HousekeepingMixin:
                     refused.append(exc)
                     continue
                 plan_segments.append(
-                    PlannedSegment(seg, self._segment_path(seg), pairs, seg.uuid in replanned_ids)
+                    PlannedSegment(seg, Log.seg(seg).path, pairs, seg.uuid in replanned_ids)
                 )
             if refused:
                 skipped = skipped or "tenant_capacity"
-            write_record = (
-                bool(plan_segments) or self._record_version > self._record_durable_version
-            )
+            write_record = bool(plan_segments) or self._version > self._durable_version
             progress = ledger.progress(horizon_applied=applied, capped=capped, skipped=skipped)
             return ReclaimPlan(plan_segments, partials, write_record, progress, refused)
 
-    def _tenant_capacity(self) -> int:
-        # The configured bound, never the file's larger stored geometry: a root opened
-        # with a lowered max_tenants must still reopen under that same configuration.
-        return min(self._reclaim_file.geometry.max_tenants, self._config_max_tenants)
-
     def _plan_into_record_locked(self, seg: LedgerSegment, pairs: Mapping[str, WalOffset]) -> None:
-        record = self._record
-        capacity = self._tenant_capacity()
+        record = self.record
+        capacity = self.tenant_capacity()
         needed = [t for t in pairs if record.slot_of(t) is None]
         if record.next_slot_id + len(needed) > capacity:
             raise TenantCapacityExceeded(needed[0], record.next_slot_id, capacity)
@@ -333,13 +374,13 @@ class HousekeepingMixin:
             entry = PlannedUnlink(seg.uuid, slot_pairs)
             record.planned.append(entry)
             self._planned_index[seg.uuid] = entry
-        self._touch_record_locked()
+        self.touch_locked()
 
     def _refuse_unrecoverable_locked(
         self, horizons: Mapping[str, WalOffset], known_bad: frozenset[str] = frozenset()
     ) -> None:
-        record = self._record
-        for tenant in self._ledger.tenants():
+        record = self.record
+        for tenant in self._log.ledger.tenants():
             if tenant in known_bad:
                 continue  # already refused by the caller; pinned, the pass goes on
             slot = record.slot_of(tenant)
@@ -356,14 +397,14 @@ class HousekeepingMixin:
 
     # -- the file half -----------------------------------------------------------------
 
-    def housekeeping_execute(self, plan: ReclaimPlan) -> ReclaimOutcome:
+    def execute(self, plan: ReclaimPlan) -> ReclaimOutcome:
         """Record, unlinks, parent fsync — with the journal mutex released."""
         outcome = ReclaimOutcome()
-        fs = self._fs
+        fs = self._log.fs
         segments = plan.segments
         if plan.write_record:
             try:
-                self._write_record()
+                self.write_record()
             except OSError as exc:
                 outcome.record_error = exc
                 segments = []  # nothing the record accounts for may be unlinked
@@ -391,29 +432,28 @@ class HousekeepingMixin:
                 touched = True
         if touched or outcome.removed:
             try:
-                fs.fsync_dir(self.root)
+                fs.fsync_dir(self._log.root)
             except OSError:
                 outcome.fsync_failed = True
         return outcome
 
     # -- the ledger half again ---------------------------------------------------------
 
-    def housekeeping_commit(
-        self, plan: ReclaimPlan, outcome: ReclaimOutcome
-    ) -> HousekeepingProgress:
-        with self._lock:
-            ledger = self._ledger
-            record = self._record
+    def commit(self, plan: ReclaimPlan, outcome: ReclaimOutcome) -> HousekeepingProgress:
+        log = self._log
+        with log.lock:
+            ledger = log.ledger
+            record = self.record
             removed = set(outcome.removed)
             removed_partials = 0
             if not outcome.fsync_failed:
                 kept = []
-                for p in self._partials:
+                for p in log.partials:
                     if p in removed:
                         removed_partials += 1
                     else:
                         kept.append(p)
-                self._partials = kept
+                log.partials = kept
             done: list[PlannedSegment] = []
             if outcome.record_error is not None:
                 # Nothing this pass unlinked. Segments it popped go back to eligible; one an
@@ -429,10 +469,10 @@ class HousekeepingMixin:
                 for planned in record.planned:
                     if planned.segment in uuids:
                         planned.uncertain = True
-                self._touch_record_locked()
+                self.touch_locked()
             else:
                 done = [p for p in plan.segments if p.path in removed]
-                self._on_removed_locked([p.seg for p in done])
+                log.removed_locked([p.seg for p in done])
                 ledger.removed(p.seg for p in done)
                 self._raise_reclaimed_locked(done)
                 self._drop_planned_locked({p.seg.uuid for p in done})
@@ -449,9 +489,9 @@ class HousekeepingMixin:
     def _raise_reclaimed_locked(self, done: list[PlannedSegment]) -> None:
         if not done:
             return
-        record = self._record
+        record = self.record
         mode = ConsumerMode(record.consumer_mode)
-        capacity = self._tenant_capacity()
+        capacity = self.tenant_capacity()
         for p in done:
             for tenant, offset in p.pairs.items():
                 slot = record.assign_slot(tenant, capacity)
@@ -460,27 +500,27 @@ class HousekeepingMixin:
                     record.entries[slot] = ReclaimEntry(mode, offset)
                 elif offset.lsn > entry.reclaimed_through.lsn:
                     record.entries[slot] = ReclaimEntry(mode, offset)
-        self._touch_record_locked()
+        self.touch_locked()
 
     def _drop_planned_locked(self, uuids: set[uuid.UUID]) -> None:
         if not uuids:
             return
-        self._record.planned = [p for p in self._record.planned if p.segment not in uuids]
-        self._touch_record_locked()
+        self.record.planned = [p for p in self.record.planned if p.segment not in uuids]
+        self.touch_locked()
 
     # -- the whole pass ----------------------------------------------------------------
 
     def maintain(self, horizons: SnapshotHorizons, cap: int) -> HousekeepingProgress:
         """prepare → file half → commit, then make the raised ``reclaimed_through``
         durable. Raises ``ReclaimError`` (carrying progress) on a refused or failed pass."""
-        plan = self.housekeeping_prepare(horizons, cap)
-        outcome = self.housekeeping_execute(plan)
-        progress = self.housekeeping_commit(plan, outcome)
-        with self._lock:
-            dirty = self._record_version > self._record_durable_version
+        plan = self.prepare(horizons, cap)
+        outcome = self.execute(plan)
+        progress = self.commit(plan, outcome)
+        with self._log.lock:
+            dirty = self._version > self._durable_version
         if dirty and outcome.record_error is None:
             try:
-                self._write_record()
+                self.write_record()
             except OSError as exc:
                 raise ReclaimError(
                     f"the RECLAIM write after the pass failed: {exc}; it is retried next pass",
@@ -517,11 +557,13 @@ class HousekeepingMixin:
         """After the ledger is rebuilt: refuse to start when a tenant that still has
         frames has a restorable horizon below what was reclaimed from under it, or when
         a horizon's segment is gone without RECLAIM explaining it (RFC 0052 §3.2)."""
-        with self._lock:
-            if not self._ledger_rebuilt:
+        log = self._log
+        with log.lock:
+            if not log.rebuilt:
                 raise WalError("check_restorable needs the rebuilt ledger (replay first)")
-            record = self._record
-            for tenant in list(self._ledger.tenants()):
+            record = self.record
+            ledger = log.ledger
+            for tenant in list(ledger.tenants()):
                 slot = record.slot_of(tenant)
                 entry = record.entries.get(slot) if slot is not None else None
                 h = restorable.get(tenant)
@@ -531,9 +573,9 @@ class HousekeepingMixin:
                             tenant, h, entry.reclaimed_through, "refusing to start"
                         )
             for tenant, h in restorable.items():
-                if h is None or self._ledger.segment(h.segment) is not None:
+                if h is None or ledger.segment(h.segment) is not None:
                     continue
-                if any(q.explains(h.segment, h.lsn) for q in self._quarantined):
+                if any(q.explains(h.segment, h.lsn) for q in log.quarantined):
                     continue  # a recorded loss (``ourios wal quarantine``), not a stale gap
                 slot = record.slot_of(tenant)
                 entry = record.entries.get(slot) if slot is not None else None
@@ -548,10 +590,13 @@ class HousekeepingMixin:
 
     # -- state -------------------------------------------------------------------------
 
-    def _reclaim_state_locked(
-        self, unflushed: int, disk_bytes: int, rotation: RotationState, now: float
-    ) -> ReclaimState:
-        ledger = self._ledger
+    def state_locked(self, rotation: RotationState) -> ReclaimState:
+        """What RFC 0052 §3.5 exports, O(1): every figure is a counter."""
+        log = self._log
+        ledger = log.ledger
+        unflushed = log.end_lsn - log.synced_lsn
+        disk_bytes = log.disk_bytes + self.file.geometry.file_size
+        now = log.clock()
         progress = ledger.progress()
         oldest = ledger.oldest_segment()
         age: float | None = None
@@ -565,7 +610,7 @@ class HousekeepingMixin:
             unreclaimed_bytes=ledger.unreclaimed_bytes,
             segments=ledger.segment_count,
             oldest_unreclaimed_age=age,
-            checkpoint=self._checkpoint,
+            checkpoint=ledger.checkpoint,
             floor=floor,
             lag_bytes=progress.lag_bytes,
             lag_segments=progress.lag_segments,
@@ -573,7 +618,7 @@ class HousekeepingMixin:
             rotation=rotation,
             horizon_remaining=progress.horizon_remaining,
             unlink_remaining=progress.unlink_remaining,
-            stale_partials=len(self._partials),
+            stale_partials=len(log.partials),
             last_progress=self._last_progress,
         )
 
@@ -581,22 +626,16 @@ class HousekeepingMixin:
         """What RECLAIM records as reclaimed from under ``tenant`` (after open reconciled
         planned entries against the directory), with the mode the pass ran under; None
         when nothing was. Settlement's proof of loss (RFC 0055 §9.4)."""
-        with self._lock:
-            slot = self._record.slot_of(tenant)
-            entry = self._record.entries.get(slot) if slot is not None else None
+        with self._log.lock:
+            slot = self.record.slot_of(tenant)
+            entry = self.record.entries.get(slot) if slot is not None else None
             return None if entry is None else (entry.mode, entry.reclaimed_through)
 
     def tenants_with_frames(self) -> list[str]:
         """Tenants the ledger holds frames for (after the rebuild)."""
-        with self._lock:
-            return sorted(self._ledger.tenants())
+        with self._log.lock:
+            return sorted(self._log.ledger.tenants())
 
     def record_flags(self) -> int:
-        with self._lock:
-            return self._record.flags
-
-    def _seen(self) -> bool:
-        return bool(self._record.flags & FLAG_CHECKPOINT_SEEN)
-
-    def _segment_states(self) -> dict[uuid.UUID, SegState]:
-        return {s.uuid: s.state for s in self._ledger.segments()}
+        with self._log.lock:
+            return self.record.flags

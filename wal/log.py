@@ -1,0 +1,209 @@
+"""The log's shared state: the surviving segments, the current one, how far the log is
+written and synced, and the journal mutex that guards all of it.
+
+Every part of the journal (``opening``, ``commit``, ``rotation``, ``reading``,
+``reclamation``, ``frontiers``, ``checkpointing``) is given the one ``Log`` of its
+journal and reads and moves these fields under ``Log.lock``; each part keeps its own
+state to itself. The fields here are the ones more than one part must see:
+
+* the segment set (the ledger, which owns membership, and the current segment);
+* ``end_lsn`` (the next frame's LSN: valid frames plus reserved torn bytes) and
+  ``synced_lsn`` (what an fsync has covered), so a mark beyond the durable end is refused;
+* ``disk_bytes`` (headers plus every byte written, what the segments take on disk);
+* the stale ``<uuid>.wal.partial`` files rotation leaves and housekeeping sweeps;
+* the retired segments whose descriptors a running sync round may still hold;
+* the quarantine records in force (their LSNs are never reused);
+* the no-space latch, which every writer sets and admission reads without the mutex.
+
+Crash case it protects: nothing; it holds no file of its own. The invariants it carries
+are the writers' (a segment is ``sealed`` before anything could land behind a torn
+frame; ``synced_lsn`` never passes what an fsync covered).
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from .config import WalConfig
+from .errors import WalIoError, WalNoSpace, is_no_space
+from .fs import Fs
+from .layout import SegmentFile, SegmentScan, scan_segment
+from .ledger import Ledger, LedgerSegment
+from .quarantine import QuarantineRecord
+from .segment import HEADER_SIZE, SegmentHeader
+from .types import Clock, EventSink, FrameKind, NoSpace
+
+
+class Segment(LedgerSegment):
+    """A surviving segment: the ledger's view plus the writer's file state."""
+
+    __slots__ = ("header", "path", "fd", "data_len", "sealed", "dir_gen", "synced_lsn")
+
+    def __init__(self, header: SegmentHeader, path: Path, fd: int | None, created: float) -> None:
+        super().__init__(header.uuid, header.base_lsn, created)
+        self.header = header
+        self.path = path
+        self.fd = fd
+        self.data_len = 0  # LSN range used: valid frames plus failed/torn bytes
+        self.sealed = False
+        self.dir_gen = 0  # directory generation whose fsync makes its entry durable
+        self.synced_lsn = header.base_lsn
+
+    @property
+    def end_lsn(self) -> int:
+        return self.base + self.data_len
+
+
+class NoSpaceLatch:
+    """The no-space latch (``types.NoSpace``): set by any write, fsync or rotation step
+    that hits ENOSPC/EDQUOT, cleared only by the owner that saw free space again.
+
+    ``current`` is a plain attribute read without the mutex (admission consults it on
+    every request); everything else runs under the journal mutex.
+    """
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self._seq = 0
+        self.current: NoSpace | None = None
+
+    def set_locked(self, op: str, path: Path, exc: OSError) -> None:
+        if self.current is None:
+            self._seq += 1
+            self.current = NoSpace(self._seq, op, str(path), str(exc), self._clock())
+
+    def io_error_locked(self, op: str, path: Path, exc: OSError) -> WalIoError:
+        """The typed error for a failed write or fsync; a full filesystem latches."""
+        if is_no_space(exc):
+            self.set_locked(op, path, exc)
+            return WalNoSpace(op, path, exc)
+        return WalIoError(op, path, exc)
+
+    def clear_locked(self, seq: int) -> NoSpace | None:
+        """Clear the latch numbered ``seq``; a newer latch stays. Returns what was cleared."""
+        latch = self.current
+        if latch is None or latch.seq != seq:
+            return None
+        self.current = None
+        return latch
+
+
+class Log:
+    """The segment set and the positions every part of one journal shares (module
+    docstring). Plain fields, read and written under ``lock``."""
+
+    def __init__(
+        self, root: Path, config: WalConfig, fs: Fs, clock: Clock, events: EventSink
+    ) -> None:
+        self.root = root
+        self.config = config
+        self.fs = fs
+        self.clock = clock
+        self.events = events
+        #: the journal mutex: the single-writer position
+        self.lock = threading.Lock()
+        self.ledger = Ledger()
+        #: every segment's frames are accounted in the ledger (open walked only the newest)
+        self.rebuilt = False
+        self._current: Segment | None = None
+        self.end_lsn = 0
+        self.synced_lsn = 0
+        self.disk_bytes = 0
+        #: ``<uuid>.wal.partial`` files a failed rotation left (seeded at open)
+        self.partials: list[Path] = []
+        #: segments rotated away whose descriptors close once no sync round holds them
+        self.retired: list[Segment] = []
+        #: the quarantine records in force at open (their segments left the set)
+        self.quarantined: list[QuarantineRecord] = []
+        self.latch = NoSpaceLatch(clock)
+
+    # -- the segment set ---------------------------------------------------------------
+
+    @property
+    def current(self) -> Segment:
+        """The segment appends go to (installed at open, replaced by each rotation)."""
+        assert self._current is not None
+        return self._current
+
+    def install(self, seg: Segment) -> None:
+        """Make ``seg`` the current segment; the previous one closes in the ledger."""
+        self.ledger.add_segment(seg)
+        self._current = seg
+
+    @staticmethod
+    def seg(seg: LedgerSegment) -> Segment:
+        assert isinstance(seg, Segment)
+        return seg
+
+    def segments(self) -> list[Segment]:
+        """The surviving segments, oldest first."""
+        return [self.seg(s) for s in self.ledger.segments()]
+
+    def account_scan(self, seg: Segment, scan: SegmentScan) -> None:
+        """Account a walked segment's frames in the ledger."""
+        base = seg.base
+        on_frame = self.ledger.on_frame
+        for raw in scan.frames:
+            end = base + raw.end - HEADER_SIZE
+            tenant = raw.tenant if raw.kind is FrameKind.TENANT_BATCH else None
+            on_frame(seg, tenant, end, raw.end - raw.start)
+        seg.scanned = True
+        if seg is not self._current:
+            self.ledger.close(seg)
+
+    def rebuild_locked(self) -> None:
+        """Walk every segment not yet accounted (oldest first, frames validated exactly as
+        replay validates them) into the ledger. Replay does this as a by-product."""
+        if self.rebuilt:
+            return
+        for seg in self.segments():
+            if seg.scanned:
+                continue
+            scan = scan_segment(
+                self.fs, SegmentFile(seg.path, seg.header, HEADER_SIZE + seg.data_len)
+            )
+            self.account_scan(seg, scan)
+        self.rebuilt = True
+
+    def removed_locked(self, segs: list[LedgerSegment]) -> None:
+        """Segments housekeeping unlinked no longer take space."""
+        for s in segs:
+            self.disk_bytes -= HEADER_SIZE + self.seg(s).data_len
+
+    # -- descriptors -------------------------------------------------------------------
+
+    def close_retired_locked(self) -> None:
+        for seg in self.retired:
+            if seg.fd is not None:
+                try:
+                    self.fs.close(seg.fd)
+                except OSError:
+                    pass
+                seg.fd = None
+        self.retired.clear()
+
+    def release_files(self) -> None:
+        """Close every segment descriptor without syncing (a refused open leaks none)."""
+        for seg in self.segments() + list(self.retired):
+            if seg.fd is not None:
+                try:
+                    self.fs.close(seg.fd)
+                except OSError:
+                    pass
+                seg.fd = None
+
+    def close_locked(self) -> None:
+        """Fsync what an unsealed segment holds beyond its last sync, close every fd."""
+        segments = self.segments() + list(self.retired)
+        self.retired.clear()
+        for seg in segments:
+            if seg.fd is None:
+                continue
+            try:
+                if not seg.sealed and seg.synced_lsn < seg.end_lsn:
+                    self.fs.fsync(seg.fd)
+                self.fs.close(seg.fd)
+            except OSError:
+                pass
+            seg.fd = None
