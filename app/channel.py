@@ -183,7 +183,11 @@ class Connection:
     ) -> Answer:
         """Send a request and wait for its answer (``ChannelClosed`` when the channel
         closes first, ``TimeoutError`` after ``timeout`` seconds)."""
-        return self.start(kind, parts).wait(timeout)
+        call = self.start(kind, parts)
+        try:
+            return call.wait(timeout)
+        finally:
+            call.forget()
 
     # -- receiving (the reader thread) ------------------------------------------------
 
@@ -263,17 +267,19 @@ class Call:
 
     def wait(self, timeout: float | None = None) -> Answer:
         """The answer; ``ChannelClosed`` when the channel closed first, ``TimeoutError``
-        after ``timeout`` seconds (the call is forgotten either way)."""
-        conn = self._conn
-        try:
-            if not self._slot.done.wait(timeout):
-                raise TimeoutError(f"no answer to {self._kind.name} within {timeout} s")
-        finally:
-            with conn._calls_lock:
-                conn._calls.pop(self._ident, None)
+        after ``timeout`` seconds (the call stays pending: wait again, or ``forget``)."""
+        if not self._slot.done.wait(timeout):
+            raise TimeoutError(f"no answer to {self._kind.name} within {timeout} s")
+        self.forget()
         if self._slot.answer is None:
-            raise ChannelClosed(str(conn._closed or "the channel closed"))
+            raise ChannelClosed(str(self._conn._closed or "the channel closed"))
         return self._slot.answer
+
+    def forget(self) -> None:
+        """Stop waiting: an answer that still comes is dropped."""
+        conn = self._conn
+        with conn._calls_lock:
+            conn._calls.pop(self._ident, None)
 
 
 class _Slot:

@@ -41,10 +41,10 @@ from app.http_receiver import create_http_app
 from app.metrics import Metrics
 from app.miner import FileTemplateIdAllocator, MinerCluster
 from app.pipeline import Pipeline
-from app.recovery import RecoveryReport, recover
+from app.recovery import Decoder, RecoveryReport, recover
 from app.snapshots import SnapshotLedger, SnapshotStore, SnapshotStoreError
 from app.stages import Stages
-from app.workers import Listeners, NodeState, Workers
+from app.workers import Listeners, NodeState, Workers, worker_launcher
 from sink.buffers import Buffers
 from sink.keys import node_identity
 from sink.publisher import Publisher
@@ -378,13 +378,12 @@ def _serve_with_workers(
     stages = Stages(pipeline)
     workers = Workers(
         settings.server.workers,
-        listeners,
         stages,
         NodeState(lambda: pipeline.ready, lambda: pipeline.alive),
         observe=node.metrics.observe,
         exposition=node.metrics.exposition,
         events=node.events,
-        config_file=config_file,
+        launch=worker_launcher(listeners, config_file),
     )
     node.metrics.workers = workers
     grace = max(1, settings.server.shutdown_grace_secs // 2)
@@ -398,7 +397,7 @@ def _serve_with_workers(
         node.journal.close()
         _release(node)
         return _start_failed(node.events, exc)
-    report = _recover(node)
+    report = _recover(node, workers.decode_in_order)
     if report is None:
         workers.stop(grace)
         listeners.close()
@@ -425,11 +424,11 @@ def _serve_with_workers(
     return code
 
 
-def _recover(node: Node) -> RecoveryReport | None:
+def _recover(node: Node, decode: Decoder | None = None) -> RecoveryReport | None:
     """Recovery, its start-up line and its figures; None when it refused the start."""
     pipeline = node.pipeline
     try:
-        report = recover(node.journal, pipeline, node.snapshots, node.ledger)
+        report = recover(node.journal, pipeline, node.snapshots, node.ledger, decode)
     except (WalError, SnapshotStoreError) as exc:
         pipeline.publisher.close()
         node.journal.close()

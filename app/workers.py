@@ -44,7 +44,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import Final, Protocol
 
 from app import channel
 from app.channel import ChannelClosed, Connection, Kind
@@ -52,7 +52,7 @@ from app.ingest_api import IngestOutcome, ListenerBindError
 from app.otlp import FlatBatch, IngestRejection, Unavailable
 from app.stages import Stages
 
-__all__ = ["Listeners", "NodeState", "Workers"]
+__all__ = ["Launcher", "Listeners", "NodeState", "Process", "Workers", "worker_launcher"]
 
 log = logging.getLogger("ourios.workers")
 
@@ -105,11 +105,55 @@ class NodeState:
 @dataclass
 class _Link:
     index: int
-    proc: subprocess.Popen[bytes]
+    proc: Process
     conn: Connection
     started_at: float
     hello: threading.Event = field(default_factory=threading.Event)
     reader: threading.Thread | None = None
+
+
+class Process(Protocol):
+    """What the supervisor needs of a worker process (``subprocess.Popen`` has it)."""
+
+    @property
+    def pid(self) -> int: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def kill(self) -> None: ...
+
+
+#: Starts worker ``index`` on its end of the channel (which the caller closes after).
+Launcher = Callable[[int, socket.socket], Process]
+
+
+def worker_launcher(listeners: Listeners, config_file: Path | None) -> Launcher:
+    """``python -m app.worker`` with the channel and the HTTP socket inherited."""
+
+    def launch(index: int, worker_end: socket.socket) -> Process:
+        http_fd = listeners.http.fileno()
+        cmd = [
+            sys.executable,
+            "-m",
+            "app.worker",
+            "--index",
+            str(index),
+            "--parent",
+            str(os.getpid()),
+            "--channel-fd",
+            str(worker_end.fileno()),
+            "--http-fd",
+            str(http_fd),
+            "--grpc-port",
+            str(listeners.grpc_port),
+        ]
+        if config_file is not None:
+            cmd += ["--config", str(config_file)]
+        return subprocess.Popen(
+            cmd, pass_fds=(worker_end.fileno(), http_fd), stdin=subprocess.DEVNULL
+        )
+
+    return launch
 
 
 class Workers:
@@ -118,25 +162,26 @@ class Workers:
     def __init__(
         self,
         count: int,
-        listeners: Listeners,
         stages: Stages,
         state: NodeState,
         *,
         observe: Callable[[str, str, str, int, float], None],
         exposition: Callable[[], tuple[bytes, str]],
         events: EventSink,
-        config_file: Path | None = None,
+        launch: Launcher,
+        backoff: float = RESTART_BACKOFF_S,
     ) -> None:
         if count < 1:
             raise ValueError(f"workers must be >= 1, got {count}")
         self.count = count
-        self._listeners = listeners
         self._stages = stages
         self._state = state
         self._observe = observe
         self._exposition = exposition
         self._events = events
-        self._config_file = config_file
+        self._launch = launch
+        #: a worker that exits sooner than this after its start is restarted this late
+        self._backoff = backoff
         self._links: dict[int, _Link] = {}
         self._lock = threading.Lock()
         self._todo: queue.SimpleQueue[tuple[str, int] | None] = queue.SimpleQueue()
@@ -191,6 +236,9 @@ class Workers:
         self._todo.put(None)
         if self._supervisor is not None:
             self._supervisor.join(10)
+        for link in links:
+            if link.reader is not None:
+                link.reader.join(10)
         return clean
 
     def pids(self) -> list[int]:
@@ -215,35 +263,15 @@ class Workers:
 
     def _spawn(self, index: int) -> None:
         core_end, worker_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        http_fd = self._listeners.http.fileno()
-        cmd = [
-            sys.executable,
-            "-m",
-            "app.worker",
-            "--index",
-            str(index),
-            "--parent",
-            str(os.getpid()),
-            "--channel-fd",
-            str(worker_end.fileno()),
-            "--http-fd",
-            str(http_fd),
-            "--grpc-port",
-            str(self._listeners.grpc_port),
-        ]
-        if self._config_file is not None:
-            cmd += ["--config", str(self._config_file)]
         try:
-            proc = subprocess.Popen(
-                cmd, pass_fds=(worker_end.fileno(), http_fd), stdin=subprocess.DEVNULL
-            )
+            proc = self._launch(index, worker_end)
         except OSError as exc:
             core_end.close()
-            worker_end.close()
             self._events("worker.spawn_failed", {"index": index, "error": str(exc)})
             self._retry_later(index)
             return
-        worker_end.close()
+        finally:
+            worker_end.close()  # the worker has its own copy now
         link = _Link(index, proc, Connection(core_end), time.monotonic())
         link.reader = threading.Thread(
             target=self._read, args=(link,), name=f"ourios-link-{index}", daemon=True
@@ -277,14 +305,14 @@ class Workers:
                 "restarting": True,
             },
         )
-        if lived < RESTART_BACKOFF_S:
+        if lived < self._backoff:
             self._retry_later(index)
         else:
             self._todo.put(("spawn", index))
 
     def _retry_later(self, index: int) -> None:
         def later() -> None:
-            if not self._stopping.wait(RESTART_BACKOFF_S):
+            if not self._stopping.wait(self._backoff):
                 self._todo.put(("spawn", index))
 
         threading.Thread(target=later, name="ourios-respawn", daemon=True).start()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -527,7 +528,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "                link.conn.call(Kind.FLUSH, [], 5.0)",
         "                pass",
         (
-            "tests/integration/test_workers.py::test_workers_metrics_have_each_series_once_and_count_every_request",
+            "tests/unit/app/test_workers.py::test_a_scrape_counts_every_report_sent_before_it_through_any_worker",
         ),
     ),
     # -- no wedge on a failed audit publish; truthful cadences and shutdown (issue 18) --
@@ -733,16 +734,27 @@ def copy_tree(dest: Path) -> None:
 
 
 def pytest_run(tree: Path, tests: tuple[str, ...]) -> subprocess.CompletedProcess[str]:
+    """Run ``tests`` in their own session, output to a file: a sabotage may leave
+    processes behind (a worker that outlives its core holds inherited pipes open), so the
+    run waits for pytest alone and then kills whatever is left of its session."""
     env = dict(os.environ, PYTHONPATH=str(tree), PYTHONDONTWRITEBYTECODE="1")
-    return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-x", "-rfE", "-p", "no:cacheprovider", *tests],
-        cwd=tree,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
+    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-rfE", "-p", "no:cacheprovider", *tests]
+    with tempfile.TemporaryFile("w+") as out:
+        proc = subprocess.Popen(
+            cmd, cwd=tree, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            code = proc.wait(timeout=900)
+        except subprocess.TimeoutExpired:
+            code = -signal.SIGKILL
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+        out.seek(0)
+        return subprocess.CompletedProcess(cmd, code, out.read(), "")
 
 
 def control(tree: Path, tests: tuple[str, ...], seen: dict[tuple[str, ...], str]) -> str:

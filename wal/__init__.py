@@ -4,6 +4,7 @@ This is what ``app`` imports (``sink`` imports nothing of ours), and nothing els
 tests import the test doubles from ``wal.testing`` and internals from their modules.
 """
 
+from .commit import Pending
 from .config import MAX_TENANT_BYTES, WalConfig
 from .errors import (
     AppendError,
@@ -17,7 +18,6 @@ from .errors import (
 )
 from .frontiers import PublishedWriteError
 from .fs import Fs, OsFs
-from .commit import Pending
 from .journal import Journal
 from .ledger import (
     FloorMin,

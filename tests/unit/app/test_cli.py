@@ -52,7 +52,9 @@ def test_serve_prints_effective_configuration_before_serving(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     seen: list[object] = []
-    monkeypatch.setattr("app.cli.run_serve", lambda settings: seen.append(settings) or 0)
+    monkeypatch.setattr(
+        "app.cli.run_serve", lambda settings, config_file=None: seen.append(settings) or 0
+    )
     monkeypatch.setenv("OURIOS_WAL_BARRIER_SECS", "30")
     assert main(["serve"]) == 0
     err = capsys.readouterr().err
@@ -68,7 +70,7 @@ def test_serve_reads_the_config_file_and_env_wins(
     config_file = tmp_path / "ourios.yaml"
     config_file.write_text("wal:\n  barrier_secs: 30\n  housekeeping_secs: 7\n", encoding="utf-8")
     monkeypatch.setenv("OURIOS_WAL_HOUSEKEEPING_SECS", "9")
-    monkeypatch.setattr("app.cli.run_serve", lambda settings: 0)
+    monkeypatch.setattr("app.cli.run_serve", lambda settings, config_file=None: 0)
     assert main(["serve", "--config", str(config_file)]) == 0
     config = effective_line(capsys.readouterr().err)
     assert (config["OURIOS_WAL_BARRIER_SECS"], config["OURIOS_WAL_HOUSEKEEPING_SECS"]) == (30, 9)
