@@ -188,10 +188,11 @@ def test_workers_sigkill_of_the_core_leaves_no_orphan_and_loses_nothing(
             with AckLoad(ledger, serve.http_port, senders=6, tenants=TENANTS, seed=seed) as load:
                 load.wait_acked(rng.randrange(30, 90))
                 serve.kill()
-                load.join()
+                gone = _wait_gone(workers)
+                load.stop()
+            assert gone == [], f"orphaned workers: {gone}"
         finally:
-            serve.kill()
-        assert _wait_gone(workers) == [], f"orphaned workers: {workers}"
+            serve.close()
     with ServeProcess(data_dir, ENV) as serve:
         assert serve.terminate() == 0, serve.tail()
     _check_acked_published(ledger, data_dir)

@@ -9,6 +9,7 @@ kept in ``events`` for assertions.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -64,6 +65,9 @@ class ServeProcess:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
+            # its own session: ``close`` can reap whatever the node left behind (a worker
+            # that outlived its core, which a test must be able to see first)
+            start_new_session=True,
         )
         self._reader = threading.Thread(target=self._read, args=(self.proc,), daemon=True)
         self._reader.start()
@@ -154,14 +158,25 @@ class ServeProcess:
         return code
 
     def kill(self) -> None:
+        """SIGKILL the node's own process (not its workers: they must die of it)."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(30)
         self._join_reader()
 
+    def close(self) -> None:
+        """Kill the node and anything left of its session, and release the pipe."""
+        self.kill()
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        self._join_reader()
+
     def _join_reader(self) -> None:
         if self._reader is not None:
             self._reader.join(10)
+            if self._reader.is_alive():
+                return  # a survivor still holds the pipe: closing it would block on it
             self._reader = None
         if self.proc is not None and self.proc.stderr is not None and self.proc.poll() is not None:
             self.proc.stderr.close()
@@ -170,5 +185,4 @@ class ServeProcess:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.kill()
+        self.close()
