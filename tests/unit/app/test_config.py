@@ -24,6 +24,7 @@ from app.config import (
     Settings,
     WalSettings,
     available_cpus,
+    default_workers,
     is_valid_tenant,
     load_settings,
     load_tokens,
