@@ -19,9 +19,10 @@ powers, so tests inject faults at any step without patching:
   ``apply_crash(power_loss=False)`` models a SIGKILL instead: the kernel keeps every
   write and every rename, so nothing is reverted.
 
-The power-loss model is the strict POSIX reading (a new name is durable only once its
-parent directory is fsynced). It is what lets a test show that a missing ``fsync`` or a
-rename before the header fsync loses data, rather than passing on a clean shutdown.
+The power-loss model is the strict POSIX reading (a new name — a creation, a rename's
+target or a hard link — is durable only once its parent directory is fsynced). It is
+what lets a test show that a missing ``fsync`` or a rename before the header fsync
+loses data, rather than passing on a clean shutdown.
 Limitation, stated: directories themselves (``mkdir``) are treated as durable at once.
 """
 
@@ -48,6 +49,7 @@ OPS = (
     "fallocate",
     "close",
     "rename",
+    "link",
     "unlink",
     "fsync_dir",
     "mkdir",
@@ -68,6 +70,7 @@ class Fs(Protocol):
     def fallocate(self, fd: int, offset: int, length: int) -> None: ...
     def close(self, fd: int) -> None: ...
     def rename(self, src: Path, dst: Path) -> None: ...
+    def link(self, src: Path, dst: Path) -> None: ...
     def unlink(self, path: Path) -> None: ...
     def fsync_dir(self, path: Path) -> None: ...
     def mkdir(self, path: Path) -> None: ...
@@ -131,6 +134,9 @@ class OsFs:
 
     def rename(self, src: Path, dst: Path) -> None:
         os.rename(src, dst)
+
+    def link(self, src: Path, dst: Path) -> None:
+        os.link(src, dst)
 
     def unlink(self, path: Path) -> None:
         os.unlink(path)
@@ -561,6 +567,15 @@ class FaultyFs(OsFs):
             self._track_dir(src.parent)
             self._track_dir(dst.parent)
             super().rename(src, dst)
+
+    def link(self, src: Path, dst: Path) -> None:
+        fault = self._before("link", dst)
+        if fault is not None:
+            self._raise(fault, "link", dst)
+        with self._mu:
+            self._track_dir(src.parent)
+            self._track_dir(dst.parent)
+            super().link(src, dst)
 
     def unlink(self, path: Path) -> None:
         fault = self._before("unlink", path)

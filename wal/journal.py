@@ -277,6 +277,7 @@ class Journal(HousekeepingMixin, FrontiersMixin):
         self._rotation: RotationState = Healthy()
         self._no_space: NoSpace | None = None
         self._no_space_seq = 0
+        self._segments_created = 0  # new segment files since open (see segments_created)
         self._retired: list[_Segment] = []
         self._partials: list[Path] = []
         self._checkpoint: WalOffset | None = None
@@ -1015,6 +1016,7 @@ class Journal(HousekeepingMixin, FrontiersMixin):
         fd: int | None = None
         try:
             fd = fs.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND)
+            self._segments_created += 1
             self._partials.append(partial)
             step = "write the header of"
             fs.write(fd, header.encode())
@@ -1355,6 +1357,13 @@ class Journal(HousekeepingMixin, FrontiersMixin):
     def end_lsn(self) -> int:
         with self._lock:
             return self._end_lsn
+
+    @property
+    def segments_created(self) -> int:
+        """Segment files created since open (a failed rotation's partial included): with
+        ``end_lsn`` it is what the WAL added to its volume, for a caller estimating free
+        space between two samples of it (read differences; one int, no lock)."""
+        return self._segments_created
 
     def unflushed_bytes(self) -> int:
         """Bytes written but not yet covered by a successful fsync."""
