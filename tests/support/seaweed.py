@@ -201,6 +201,30 @@ class SeaweedS3:
                 self._client = None
         self._kill()
 
+    def kill(self) -> None:
+        """SIGKILL the server by pid (its process group) and reap it: the store is gone
+        mid-request, as in an outage. Ports and data stay for ``restart``."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            raise RuntimeError("SeaweedS3 not running")
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        _remove_grpc_sockets(self.ports)
+
+    def restart(self) -> SeaweedS3:
+        """Start again after ``kill`` on the same ports and data directory, so clients
+        configured with ``endpoint_url`` reach it (and its buckets) again."""
+        if self._proc is not None:
+            raise RuntimeError("SeaweedS3 still running")
+        proc = self._spawn(self.ports, self.root / "s3.json", attempt=0)
+        try:
+            self._wait_ready(proc, time.monotonic() + self.start_timeout_s)
+        except BaseException:
+            self._kill()
+            raise
+        return self
+
     def __enter__(self) -> SeaweedS3:
         return self.start()
 
