@@ -27,6 +27,7 @@ from app.housekeeping import Housekeeper
 from app.miner import FileTemplateIdAllocator
 from app.otlp import Unavailable
 from app.snapshots import SnapshotLedger, SnapshotState, SnapshotStore
+from tests.support.tmpfs import TmpfsMounts
 from tests.support.walkit import SMALL, faulty, payload
 from tests.unit.app.test_admission import Events
 from wal import Journal, WalNoSpace, WalOffset
@@ -310,3 +311,43 @@ def test_nowedge_2_the_template_id_file_takes_the_reserve_on_a_full_volume(
     first = allocator.allocate()
     assert first and allocator.high_water == 4
     assert events.names() == ["disk.reserve.released"]
+
+
+def test_nowedge_2_the_embedded_store_on_a_full_volume_takes_the_reserve(
+    small_tmpfs: TmpfsMounts,
+) -> None:
+    """A real full tmpfs: the store's put fails with ENOSPC, releases the reserve beside
+    it and succeeds on its one retry; without a reserve to give, it fails as before."""
+    from sink.store import LocalStore, StoreError
+
+    mount = small_tmpfs(4 * MiB)
+    events = Events()
+    reserve = Reserve(mount / "disk-reserve", RESERVE, events=events)
+    assert reserve.ensure()
+    space = DiskSpace(mount, reserve=reserve)
+    store = LocalStore(mount / "objects")
+    store.on_write, store.on_no_space = space.wrote, space.no_space
+    store.put_if_absent("records/warm.parquet", b"w")  # its directories exist now
+    _fill(mount / "outside")
+    data = os.urandom(256 * 1024)
+    assert store.put_if_absent("records/a.parquet", data)
+    assert store.get("records/a.parquet") == data
+    assert "the store's write" in str(events.last("disk.reserve.released")["cause"])
+    _fill(mount / "outside")
+    with pytest.raises(StoreError) as info:
+        store.put("records/b.parquet", data)
+    assert info.value.error_type == "local_no_space"
+    assert events.names() == ["disk.reserve.released"]
+
+
+def _fill(path: Path) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    try:
+        for chunk in (1 << 16, 1 << 12, 1):
+            try:
+                while True:
+                    os.write(fd, b"\0" * chunk)
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC
+    finally:
+        os.close(fd)
