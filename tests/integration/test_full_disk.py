@@ -67,6 +67,11 @@ def _wait(condition: object, what: str, server: ServeProcess, timeout: float = 3
         time.sleep(0.05)  # an external process: polling with a deadline
 
 
+def _recovered(server: ServeProcess, count: int) -> object:
+    """True once the node has logged ``count`` ``disk.recovered`` events."""
+    return lambda: len(server.event("disk.recovered")) >= count
+
+
 def _metric(server: ServeProcess, line_prefix: str) -> float | None:
     status, body = server.get("/metrics")
     assert status == 200
@@ -149,7 +154,7 @@ def test_a_real_full_disk_refuses_reclaims_and_resumes_without_a_restart(
                 break
             ballast.unlink()
             recoveries += 1
-            _wait(lambda: len(server.event("disk.recovered")) >= recoveries, "recovery", server)
+            _wait(_recovered(server, recoveries), "recovery", server)
         assert status == 503 and b"WAL could not make the batch durable" in body, body
         full_at = time.time()
         assert _free(mount) < 16 * 1024, "the volume did not fill"
@@ -168,7 +173,7 @@ def test_a_real_full_disk_refuses_reclaims_and_resumes_without_a_restart(
         # outside file stays)
         blocker.unlink()
         recoveries += 1
-        _wait(lambda: len(server.event("disk.recovered")) >= recoveries, "recovery", server)
+        _wait(_recovered(server, recoveries), "recovery", server)
         recovered = server.event("disk.recovered")[-1]
         assert recovered["from"] == "stop_water" and recovered["refused_requests"] >= 3
         assert (_metric(server, "ourios_wal_segments") or 0) < segments_full
