@@ -10,8 +10,12 @@ of the last write*::
       − the WAL's growth since: its end LSN moved (frames, a failed write's reserved
         range included), plus one block per segment file created and one for the tail
       − what the other writers reported since, in whole blocks: snapshots (less the ones
-        they replaced), the embedded store's objects, the template-id file
+        they replaced), the embedded store's objects (and archived segments)
       − the emergency reserve while it is released (it is owed back to the volume)
+
+The sidecars add nothing between samples: RECLAIM and PUBLISHED are preallocated and
+rewritten in place, CHECKPOINT cycles its spare, and the template-id file replaces
+itself (one block in flight, once per 4096 templates).
 
 Admission refuses at stop water by this figure, so however fast the WAL is written it
 cannot run from above stop water to a full volume between two ticks (at 13 MB/s one
