@@ -1,9 +1,10 @@
 """The data volume's headroom under a real store outage, and a volume filled to zero
 (issue 18 items 1 and 2; DESIGN.md §7, §12; segment-set seed §6).
 
-Both run a real ``ourios serve`` whose whole data directory (WAL, snapshots,
-template-ids) is a size-limited tmpfs, publishing to a real SeaweedFS that the test
-SIGKILLs by pid (and, in the second, starts again on the same ports and data).
+Each runs a real ``ourios serve`` whose whole data directory (WAL, snapshots,
+template-ids, and the embedded store where it is used) is one size-limited tmpfs, as in
+the chart. The store goes away mid-load: a real SeaweedFS SIGKILLed by pid (and started
+again on the same ports and data), or the embedded ``file://`` store made unwritable.
 
 1. An outage under load: four senders of ~30 KB batches keep writing while the store is
    gone; an outside sampler reads ``os.statvfs`` every 20 ms. Admission refuses at stop
@@ -12,13 +13,14 @@ SIGKILLs by pid (and, in the second, starts again on the same ports and data).
    refusal is a 503 naming the bound.
 2. Full from zero: the node's WAL holds data the store lacks, the store is gone, and an
    outside file takes every free byte of the volume and is never removed. Once the
-   store is back the node publishes, snapshots (the emergency reserve it released makes
-   the room), checkpoints, reclaims and accepts again within a minute, without a
-   restart.
+   store is back the node publishes (with the embedded store, into the space of the
+   emergency reserve it released), snapshots, checkpoints, reclaims and accepts again
+   within a minute, without a restart.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import threading
@@ -27,6 +29,7 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 
 from tests.support import S3Bucket, SeaweedS3
@@ -52,7 +55,7 @@ def _free(path: Path) -> int:
 
 
 def _batch(rng: random.Random, tag: str) -> bytes:
-    """~30 KB: a few records with long bodies (one token each, so mining stays cheap)."""
+    """~30 KB: a few records with long bodies (three tokens each: mining stays cheap)."""
     req = ExportLogsServiceRequest()
     rl = req.resource_logs.add()
     kv = rl.resource.attributes.add()
@@ -62,15 +65,17 @@ def _batch(rng: random.Random, tag: str) -> bytes:
         rec = sl.log_records.add()
         rec.time_unix_nano = 1_764_000_000_000_000_000 + i
         rec.severity_number = 9
-        rec.body.string_value = f"blob {rng.randbytes(RECORD_BODY // 2).hex()}"
+        # compressible, as logs are: one cut's Parquet fits in the reserve
+        rec.body.string_value = f"blob {rng.randrange(1 << 30)} {'x' * RECORD_BODY}"
         a = rec.attributes.add()
         a.key, a.value.string_value = "rid", f"{tag}/{i}"
-    return req.SerializeToString()
+    body: bytes = req.SerializeToString()
+    return body
 
 
-def _env(bucket: S3Bucket, **extra: str) -> dict[str, str]:
+def _env(bucket: S3Bucket | None, **extra: str) -> dict[str, str]:
     return {
-        **bucket.env(),
+        **(bucket.env() if bucket is not None else {}),
         "OURIOS_WAL_SEGMENT_MAX_BYTES": str(SEGMENT),
         "OURIOS_WAL_BARRIER_SECS": "1",
         "OURIOS_WAL_HOUSEKEEPING_SECS": "1",
@@ -161,21 +166,20 @@ class Senders:
 
     def refused_for(self, seconds: float) -> Callable[[], bool]:
         """True once every answer for ``seconds`` has been a refusal."""
-        state = {"since": None, "seen": 0}
+        seen = 0
+        since: float | None = None
 
         def check() -> bool:
+            nonlocal seen, since
             with self._lock:
                 total = sum(self.statuses.values())
                 oks = self.statuses[200]
-            if state["seen"] != oks:
-                state["seen"] = oks
-                state["since"] = None
+            if seen != oks or total == oks:  # an acknowledgement: start again
+                seen, since = oks, None
                 return False
-            if total == oks:
-                return False
-            if state["since"] is None:
-                state["since"] = time.monotonic()
-            return time.monotonic() - state["since"] >= seconds  # type: ignore[operator]
+            if since is None:
+                since = time.monotonic()
+            return time.monotonic() - since >= seconds
 
         return check
 
@@ -251,58 +255,110 @@ def _checkpoint_lsn(server: ServeProcess) -> float:
     return _metric(server, "ourios_wal_checkpoint_lsn") or 0.0
 
 
+class LocalOutage:
+    """The embedded ``file://`` store inside the data directory, on the same volume: its
+    path goes through a symlink that an outage points at a regular file (every write then
+    fails with ENOTDIR — root ignores permissions) and the store's return points back."""
+
+    def __init__(self, data: Path) -> None:
+        self.real = data / "objects"
+        self.real.mkdir()
+        self.blocker = data / "store-gone"
+        self.blocker.write_text("the store is away")
+        self.link = data / "store"
+        self._point(self.real)
+        self.url = (self.link / "objects").as_uri()
+
+    def _point(self, target: Path) -> None:
+        tmp = self.link.with_name("store.new")
+        tmp.symlink_to(target)
+        os.replace(tmp, self.link)  # atomic: the store is either there or not
+
+    def kill(self) -> None:
+        self._point(self.blocker)
+
+    def restart(self) -> None:
+        self._point(self.real)
+
+
+def _objects(root: Path) -> int:
+    return sum(1 for p in root.rglob("*.parquet"))
+
+
+@pytest.mark.parametrize("store", ["s3", "file"])
 def test_nowedge_2_a_volume_filled_to_zero_recovers_without_a_restart(
-    tmp_path: Path, small_tmpfs: TmpfsMounts
+    tmp_path: Path, small_tmpfs: TmpfsMounts, store: str
 ) -> None:
     data = small_tmpfs(VOLUME)
+    with contextlib.ExitStack() as stack:
+        if store == "s3":
+            weed = stack.enter_context(_seaweed(tmp_path))
+            env = _env(S3Bucket.create(weed))
+            outage: SeaweedS3 | LocalOutage = weed
+        else:
+            local = LocalOutage(data)
+            env = {**_env(None), "OURIOS_STORE_URL": local.url}
+            outage = local
+        server = stack.enter_context(ServeProcess(data, env))
+        # the first write to find the volume full: the cut's snapshot install (S3), or
+        # the cut's publish before it (the embedded store's objects on this volume)
+        first = "the snapshot of tenant" if store == "s3" else "the store's write of"
+        _filled_to_zero(server, data, outage, random.Random(18_2), first)
+        if store == "file":
+            assert _objects(local.real) > 0
+
+
+def _filled_to_zero(
+    server: ServeProcess,
+    data: Path,
+    outage: SeaweedS3 | LocalOutage,
+    rng: random.Random,
+    first: str,
+) -> None:
     filler = data / "outside-filler"
-    rng = random.Random(18_2)
-    with _seaweed(tmp_path) as weed:
-        bucket = S3Bucket.create(weed)
-        with ServeProcess(data, _env(bucket)) as server:
-            pid = server.proc.pid if server.proc else None
-            for i in range(5):
-                assert server.post_logs(_batch(rng, f"before{i}"))[0] == 200
-            _wait(lambda: _checkpoint_lsn(server) > 0, "a first checkpoint", server, 30)
-            weed.kill()  # the store is gone: what follows stays in the WAL
-            # the WAL grows until admission stops it at stop water (~30 MiB of frames)
-            for i in range(5000):
-                status, body, _ = server.post_logs(_batch(rng, f"outage{i}"))
-                if status != 200:
-                    break
-            assert status == 503 and b"disk below stop water" in body, (status, body)
-            segments = _metric(server, "ourios_wal_segments") or 0
-            assert segments >= 20, segments
-            mark = _checkpoint_lsn(server)
-            assert (data / "disk-reserve").stat().st_size == RESERVE
-            size = _fill(data, filler)  # every free byte, never removed
-            assert _free(data) == 0 and size > 0
-            status, body, _ = server.post_logs(_batch(rng, "full"))
-            assert status == 503, (status, body)
-            back = time.monotonic()
-            weed.restart()  # the same ports, the same data: the store is back
-            # publish, snapshot (into the released reserve), checkpoint, reclaim
-            _wait(lambda: _checkpoint_lsn(server) > mark, "a later checkpoint", server, 60)
-            _wait(
-                lambda: (_metric(server, "ourios_wal_segments") or segments) < segments / 2,
-                "reclamation",
-                server,
-                60,
-            )
+    pid = server.proc.pid if server.proc else None
+    for i in range(5):
+        assert server.post_logs(_batch(rng, f"before{i}"))[0] == 200
+    _wait(lambda: _checkpoint_lsn(server) > 0, "a first checkpoint", server, 30)
+    outage.kill()  # the store is gone: what follows stays in the WAL
+    # the WAL grows until admission stops it at stop water (~30 MiB of frames)
+    for i in range(5000):
+        status, body, _ = server.post_logs(_batch(rng, f"outage{i}"))
+        if status != 200:
+            break
+    assert status == 503 and b"disk below stop water" in body, (status, body)
+    segments = _metric(server, "ourios_wal_segments") or 0
+    assert segments >= 20, segments
+    mark = _checkpoint_lsn(server)
+    assert (data / "disk-reserve").stat().st_size == RESERVE
+    size = _fill(data, filler)  # every free byte, never removed
+    assert _free(data) == 0 and size > 0
+    status, body, _ = server.post_logs(_batch(rng, "full"))
+    assert status == 503, (status, body)
+    back = time.monotonic()
+    outage.restart()  # the store is back (SeaweedFS: the same ports, the same data)
+    # publish, snapshot (into the released reserve), checkpoint, reclaim
+    _wait(lambda: _checkpoint_lsn(server) > mark, "a later checkpoint", server, 60)
+    _wait(
+        lambda: (_metric(server, "ourios_wal_segments") or segments) < segments / 2,
+        "reclamation",
+        server,
+        60,
+    )
 
-            def accepted() -> bool:
-                return server.post_logs(_batch(rng, "after"))[0] == 200
+    def accepted() -> bool:
+        return server.post_logs(_batch(rng, "after"))[0] == 200
 
-            _wait(accepted, "admission again", server, 60)
-            assert time.monotonic() - back < 60
-            assert filler.exists() and filler.stat().st_size == size  # never removed
-            assert server.proc is not None and server.proc.pid == pid  # no restart
-            released = server.event("disk.reserve.released")
-            assert len(released) == 1 and "snapshot" in str(released[0]["cause"]), released
-            assert "No space left on device" in str(released[0]["cause"])
-            restored = server.event("disk.reserve.restored")
-            assert len(restored) == 1 and (data / "disk-reserve").stat().st_size == RESERVE
-            assert not server.event("snapshot.install.failed")  # the retry found room
-            recovered = server.event("disk.recovered")
-            assert recovered and recovered[-1]["from"] == "stop_water", _story(server)
-            assert server.terminate() == 0
+    _wait(accepted, "admission again", server, 60)
+    assert time.monotonic() - back < 60
+    assert filler.exists() and filler.stat().st_size == size  # never removed
+    assert server.proc is not None and server.proc.pid == pid  # no restart
+    released = server.event("disk.reserve.released")
+    assert len(released) == 1 and first in str(released[0]["cause"]), released
+    assert "No space left on device" in str(released[0]["cause"])
+    restored = server.event("disk.reserve.restored")
+    assert len(restored) == 1 and (data / "disk-reserve").stat().st_size == RESERVE
+    assert not server.event("snapshot.install.failed")  # the reserve made room in time
+    recovered = server.event("disk.recovered")
+    assert recovered and recovered[-1]["from"] == "stop_water", _story(server)
+    assert server.terminate() == 0
