@@ -501,6 +501,17 @@ SABOTAGES: tuple[Sabotage, ...] = (
         ),
     ),
     Sabotage(
+        "store_ignores_the_reserve",
+        "the embedded store's put on a full volume takes the reserve (what a cut publishes)",
+        "sink/store.py",
+        '            if _local_error_type(exc) != "local_no_space" or ask is None:\n                raise',
+        "            if True:\n                raise",
+        (
+            "tests/unit/app/test_diskspace.py::test_nowedge_2_the_embedded_store_on_a_full_volume_takes_the_reserve",
+            "tests/integration/test_disk_headroom.py::test_nowedge_2_a_volume_filled_to_zero_recovers_without_a_restart[file]",
+        ),
+    ),
+    Sabotage(
         "checkpoint_spare_after_the_rename",
         "a checkpoint gives up no block: the old mark's inode is the next spare",
         "wal/checkpoint.py",
