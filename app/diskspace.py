@@ -172,6 +172,26 @@ class Reserve:
         self._events("disk.reserve.released", fields)
         return self.size
 
+    def verify(self) -> None:
+        """The tick's check that the file is still there: one removed from outside the
+        node is owed from now on (and made again when there is room)."""
+        with self._lock:
+            if self.size == 0 or self._state is not ReserveState.IN_PLACE:
+                return
+            try:
+                self._fs.stat(self.path)
+            except FileNotFoundError:
+                pass
+            except OSError:
+                return  # unknown: keep believing the last thing known
+            else:
+                return
+            self._state = ReserveState.RELEASED
+            self._released_at = self._clock()
+            self.releases += 1
+            fields = self._released_fields("the file was removed from outside the node")
+        self._events("disk.reserve.released", fields)
+
     def _released_fields(self, cause: str) -> dict[str, object]:
         return {
             "path": str(self.path),
@@ -269,10 +289,12 @@ class DiskSpace:
         """statvfs now (the counters first); re-create a released reserve when the
         sample shows room for it and ``headroom`` beside it. The raw free bytes, or None
         when statvfs failed (the previous sample stays)."""
+        reserve = self.reserve
+        if reserve is not None:
+            reserve.verify()
         taken = self._take()
         if taken is None:
             return None
-        reserve = self.reserve
         if reserve is not None and reserve.size and reserve.state is not ReserveState.IN_PLACE:
             if self.reserve_on_volume:
                 room = taken.free >= reserve.size + self.headroom

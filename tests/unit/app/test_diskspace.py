@@ -351,3 +351,19 @@ def _fill(path: Path) -> None:
                 assert exc.errno == errno.ENOSPC
     finally:
         os.close(fd)
+
+
+def test_nowedge_2_a_reserve_removed_by_hand_is_owed_and_made_again(tmp_path: Path) -> None:
+    events = Events()
+    reserve = Reserve(tmp_path / "disk-reserve", RESERVE, events=events)
+    reserve.ensure()
+    volume = Volume(RESERVE + STOP + RESERVE)
+    space = DiskSpace(tmp_path, reserve=reserve, headroom=STOP, measure=volume)
+    reserve.path.unlink()  # an operator freeing space the quick way
+    volume.free = STOP  # not enough to make it again yet
+    space.sample()
+    assert space.owed == RESERVE and space.free_bytes == STOP - RESERVE
+    assert "outside the node" in str(events.last("disk.reserve.released")["cause"])
+    volume.free = RESERVE + STOP
+    space.sample()
+    assert reserve.path.exists() and events.names()[-1] == "disk.reserve.restored"
