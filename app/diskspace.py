@@ -344,6 +344,17 @@ class DiskSpace:
         reserve = self.reserve
         return reserve is not None and reserve.release(cause) > 0
 
+    def on_volume(self, path: Path) -> bool:
+        """Whether ``path`` (or, before it exists, its nearest existing parent) is on
+        this volume: only such a writer's bytes belong in the figure."""
+        probe = path
+        while not probe.exists() and probe != probe.parent:
+            probe = probe.parent
+        try:
+            return os.stat(probe).st_dev == os.stat(self.path).st_dev
+        except OSError:
+            return True  # unknown: counting errs low, never high
+
     # -- the figure -----------------------------------------------------------------------
 
     def written_since_sample(self) -> int:

@@ -147,8 +147,9 @@ def build_node(
     )
     allocator = FileTemplateIdAllocator(server.data_dir / "template-ids", server.node_ordinal)
     allocator.on_no_space = space.no_space
-    if isinstance(store, LocalStore):
-        store.on_write, store.on_no_space = space.wrote, space.no_space
+    if isinstance(store, LocalStore):  # the embedded store: usually on this volume
+        store.on_write = space.wrote if space.on_volume(store.root) else None
+        store.on_no_space = space.no_space
     miners = MinerCluster(allocator)
     holder: dict[str, Pipeline] = {}
     buffers = Buffers(

@@ -367,3 +367,12 @@ def test_nowedge_2_a_reserve_removed_by_hand_is_owed_and_made_again(tmp_path: Pa
     volume.free = RESERVE + STOP
     space.sample()
     assert reserve.path.exists() and events.names()[-1] == "disk.reserve.restored"
+
+
+def test_nowedge_1_only_writers_on_the_watched_volume_count(
+    tmp_path: Path, small_tmpfs: TmpfsMounts
+) -> None:
+    mount = small_tmpfs(1 * MiB)
+    space = DiskSpace(mount)
+    assert space.on_volume(mount / "objects" / "not" / "yet")  # its parent is the volume
+    assert not space.on_volume(tmp_path / "objects")  # another filesystem
