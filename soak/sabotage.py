@@ -107,7 +107,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "mark_before_quiesce",
         "the cut's mark is read after the quiesce, under the exclusive exclusion",
-        "app/barrier.py",
+        "app/cadence/barrier.py",
         '        with collection_deferred(), p.exclusion.exclusive():\n            points.hit("barrier.after_quiesce")',
         '        early = p.last_durable()\n        with collection_deferred(), p.exclusion.exclusive():\n            points.hit("barrier.after_quiesce")',
         (
@@ -123,7 +123,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "stamp_the_sync_eof",
         "a turn's mark is its own frame end, never the covering fsync's EOF",
-        "app/pipeline.py",
+        "app/ingest/pipeline.py",
         "            ticket.offset = ticket.pending.wait().offset\n",
         "            ticket.offset = ticket.pending.wait().durable_eof\n",
         ("tests/unit/app/test_barrier.py::test_rfc0052_14_own_frame_mark_across_a_two_turn_flush",),
@@ -131,7 +131,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "skip_the_recheck",
         "the latch is rechecked after the flush and the waits, before the stamp",
-        "app/barrier.py",
+        "app/cadence/barrier.py",
         "        latched = p.failed_epoch <= cut.epoch  # the recheck, after the waits",
         "        latched = False",
         (
@@ -142,7 +142,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "pending_cut_outlives_a_failed_cut",
         "a pending cut never installs or stamps after the running cut failed",
-        "app/barrier.py",
+        "app/cadence/barrier.py",
         "        if not outcome.ok:\n            self._invalidate_pending(outcome)",
         "        if not outcome.ok:\n            pass",
         (
@@ -152,7 +152,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "replay_feeds_records_at_or_below_x",
         "replayed records reach the sink only above max(X, S)",
-        "app/recovery.py",
+        "app/node/recovery.py",
         "            publish_records=lsn > gate,",
         "            publish_records=lsn > (-1 if s is None else s.lsn),",
         (
@@ -163,7 +163,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "barrier_spins_on_failure",
         "a failing cut is retried after a backoff, never in a tight loop",
-        "app/barrier.py",
+        "app/cadence/barrier.py",
         "                    and not (self.recapture and self._clock() >= self._retry_not_before)",
         "                    and not self.recapture",
         (
@@ -228,7 +228,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "admit_below_stop_water",
         "below stop water new batches are refused (503 naming the bound)",
-        "app/admission.py",
+        "app/ingest/admission.py",
         "        if self._level is DiskLevel.STOP_WATER or self._unreclaimed_since is not None:",
         "        if self._unreclaimed_since is not None:",
         (
@@ -238,7 +238,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "clear_full_without_space",
         "only a sample showing free space lifts the disk-full refusal and the WAL's latch",
-        "app/admission.py",
+        "app/ingest/admission.py",
         "                if self._latch is not None and free_bytes >= max(floor, 1):",
         "                if self._latch is not None:",
         (
@@ -296,7 +296,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "skip_archive_verification",
         "an archived copy is read back and compared before the unlink",
-        "app/archive.py",
+        "app/cadence/archive.py",
         "        if back == data:\n            return len(data)",
         "        if True:\n            return len(data)",
         (
@@ -306,7 +306,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "archive_into_the_wal",
         "an archive location resolving to the WAL directory is refused at start-up",
-        "app/archive.py",
+        "app/cadence/archive.py",
         "    if inside:\n        raise ArchiveLocationError(",
         "    if False:\n        raise ArchiveLocationError(",
         ("tests/unit/app/test_archive.py::test_an_archive_location_inside_the_wal_is_refused",),
@@ -334,7 +334,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "quarantine_a_sound_segment",
         "quarantine moves only a segment verify finds unreadable (or on --force)",
-        "app/walcli.py",
+        "app/cli/wal.py",
         "    if not mine and not force:",
         "    if False:",
         (
@@ -345,7 +345,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "stamp_past_clamp",
         "no barrier stamps past an unsettled entry's clamp",
-        "app/pipeline.py",
+        "app/ingest/pipeline.py",
         "        if not clamped:\n            self._last_durable = latest",
         "        if True:\n            self._last_durable = latest",
         (
@@ -356,7 +356,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "rebuild_from_directory",
         "settlement rebuilds from the SnapshotLedger's retained state, never the directory",
-        "app/settlement.py",
+        "app/ingest/settlement.py",
         "                    state = p.ledger.state(tenant)",
         "                    state = p.barrier.store.load_all_durable().states.get(tenant)  # type: ignore[union-attr]",
         (
@@ -366,7 +366,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "keep_old_tree_rows",
         "the discarded tree's buffered rows are dropped in the swap's section",
-        "app/settlement.py",
+        "app/ingest/settlement.py",
         "                dropped = p.buffers.drop_tenant(tenant)",
         "                dropped = 0",
         (
@@ -376,7 +376,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "settle_twice",
         "one claim per entry: a second trigger waits instead of rebuilding again",
-        "app/settlement.py",
+        "app/ingest/settlement.py",
         "                if busy:\n                    signal = busy[0].done",
         "                if False:\n                    signal = busy[0].done",
         (
@@ -386,7 +386,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "gate_replay_on_x",
         "a tenant's replay gate is its own PUBLISHED frontier, never the node-wide X",
-        "app/recovery.py",
+        "app/node/recovery.py",
         "        records_gate, audit_gate = gates(frontiers.get(tenant), x)",
         "        records_gate, audit_gate = x, x",
         (
@@ -406,7 +406,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "slots_count_held_only",
         "Held + Reserved count against max_tenants: a burst never overshoots",
-        "app/tenants.py",
+        "app/ingest/tenants.py",
         "                count = self._held + self._reserved",
         "                count = self._held",
         (
@@ -416,7 +416,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "release_on_failed_sync",
         "a failed sync keeps the reservation while its frame can be replayed",
-        "app/tenants.py",
+        "app/ingest/tenants.py",
         "            if result is TurnResult.FRAME_LEFT:\n                slot.frame_pending = True",
         "            if result is TurnResult.FRAME_LEFT:\n                pass",
         (
@@ -479,7 +479,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "worker_acks_before_the_core",
         "a worker answers its client with the core's answer, never before it",
-        "app/worker.py",
+        "app/receive/worker.py",
         """            answer = self._conn.call(
                 Kind.INGEST,
                 channel.encode_ingest(transport, tenant, payload, batch),
@@ -497,7 +497,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "core_answers_before_the_fsync",
         "the core acknowledges a worker's request only after the fsync covering its frame",
-        "app/stages.py",
+        "app/ingest/stages.py",
         "            self._durable.put((ticket, answer))",
         "            answer(IngestOutcome(len(batch)), None)\n"
         "            self._durable.put((ticket, lambda outcome, refusal: None))",
@@ -506,7 +506,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "worker_outlives_the_core",
         "no worker outlives the core (the kernel kills it, and it exits when its channel closes)",
-        "app/worker.py",
+        "app/receive/worker.py",
         "    _arm_parent_death(args.parent)\n",
         "",
         (
@@ -524,7 +524,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "scrape_without_flush",
         "a scrape counts every request a client has had its answer to, whichever worker serves it",
-        "app/workers.py",
+        "app/node/workers.py",
         "                link.conn.call(Kind.FLUSH, [], 5.0)",
         "                pass",
         (
@@ -579,7 +579,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "cut_waits_for_queued_publishes",
         "a cut settles the publishes registered before it, writing those nobody is writing",
-        "app/pipeline.py",
+        "app/ingest/pipeline.py",
         "            self.publisher.publish(item.detached)\n            unsettled = unsettled or item.outcome is None",
         "            item.wait(self.publisher._wait_secs)\n            unsettled = unsettled or item.outcome is None",
         (
@@ -589,7 +589,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "failed_stamp_counted_ok",
         "a cut whose checkpoint or frontier write failed is never counted with outcome ok",
-        "app/barrier.py",
+        "app/cadence/barrier.py",
         '        if outcome.complete:\n            self._count("ok", "")',
         '        if outcome.ok:\n            self._count("ok", "")',
         (
@@ -609,7 +609,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "shutdown_exits_zero_with_rows_left",
         "a shutdown that leaves acknowledged rows unpublished exits non-zero",
-        "app/server.py",
+        "app/node/server.py",
         "    code = EXIT_ROWS_LEFT if left else 0",
         "    code = 0",
         (
@@ -630,7 +630,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "data_dir_lock_not_taken",
         "one writer per WAL: a node locks its data directory before anything else",
-        "app/server.py",
+        "app/node/server.py",
         "    lock = DataDirLock.acquire(server.data_dir)\n",
         '    lock = DataDirLock.acquire(Path(__import__("tempfile").mkdtemp()))\n',
         (
@@ -641,7 +641,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "data_dir_lock_after_the_wal_open",
         "the lock comes before the WAL is opened (a refused node reads and writes nothing)",
-        "app/server.py",
+        "app/node/server.py",
         "    lock = DataDirLock.acquire(server.data_dir)\n",
         "    Journal.open(server.wal_dir, settings.wal).close()\n"
         "    lock = DataDirLock.acquire(server.data_dir)\n",
@@ -653,7 +653,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "quarantine_ignores_the_lock",
         "ourios wal quarantine refuses while a node holds the data directory",
-        "app/walcli.py",
+        "app/cli/wal.py",
         '        lock = DataDirLock.acquire_existing(root.parent, command="ourios wal quarantine")\n',
         "        lock = None\n",
         (
@@ -663,7 +663,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "mining_attempts_unbounded",
         "a frame failing every time is isolated after wal.frame_mining_attempts attempts",
-        "app/settlement.py",
+        "app/ingest/settlement.py",
         "            return {lsn: a for lsn, a in frames.items() if a.failures >= self.max_attempts}",
         "            return {}",
         (
@@ -675,7 +675,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "turn_failure_not_counted",
         "the ingest turn's failure is the frame's first attempt",
-        "app/pipeline.py",
+        "app/ingest/pipeline.py",
         "        if failed:\n            self.settler.note_failure(tenant, offset, why)\n",
         "",
         (
@@ -685,7 +685,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "replay_unguarded",
         "a replayed frame whose mining raises does not fail the start",
-        "app/recovery.py",
+        "app/node/recovery.py",
         "        except Exception as exc:  # noqa: BLE001 - the guard: settled after the start",
         "        except NotImplementedError as exc:  # noqa: BLE001 - the guard, removed",
         (
@@ -696,7 +696,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "replay_mines_into_the_unknown_tree",
         "after a replay failure, the tenant's later frames are left to its settlement",
-        "app/recovery.py",
+        "app/node/recovery.py",
         "        if tenant in unmined:\n",
         "        if False:\n",
         (
@@ -706,7 +706,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "replayed_entry_ignores_its_gates",
         "a replayed entry's settlement re-emits above the gates the replay applied",
-        "app/settlement.py",
+        "app/ingest/settlement.py",
         "            if e.gates is not None:  # a start-up replay's entry: never above its gates",
         "            if False:",
         (
@@ -716,7 +716,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "cut_raises_a_replayed_tenants_frontier",
         "a cut leaves the frontier of a tenant whose replay failed where the replay found it",
-        "app/pipeline.py",
+        "app/ingest/pipeline.py",
         "        skip = self.refused | self.unmined.replayed()\n",
         "        skip = self.refused\n",
         (
@@ -728,7 +728,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "admission_by_the_last_sample_only",
         "admission refuses at stop water by the free space as of the last append (the "
         "last sample less what the node wrote since), never by the sample alone",
-        "app/diskspace.py",
+        "app/node/diskspace.py",
         "        return wal + self._reported - taken.reported",
         "        return 0",
         (
@@ -740,7 +740,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "resume_at_stop_water",
         "a refusal at stop water lifts only at the resume point above it (no flapping)",
-        "app/admission.py",
+        "app/ingest/admission.py",
         "                floor = self.resume_bytes if self._level is DiskLevel.STOP_WATER else stop",
         "                floor = stop",
         (
@@ -751,7 +751,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "reserve_never_released",
         "a write that finds the volume full releases the emergency reserve and retries",
-        "app/diskspace.py",
+        "app/node/diskspace.py",
         "            if self.size == 0 or self._state is not ReserveState.IN_PLACE:\n                return 0",
         "            if True:\n                return 0",
         (
@@ -763,7 +763,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "released_reserve_not_owed",
         "a released reserve is owed: the WAL never gets its space before it is made again",
-        "app/diskspace.py",
+        "app/node/diskspace.py",
         "        return reserve.owed if reserve is not None and self.reserve_on_volume else 0",
         "        return 0",
         (
@@ -773,7 +773,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "snapshot_ignores_the_reserve",
         "a snapshot install on a full volume takes the reserve (a horizon can still advance)",
-        "app/snapshots.py",
+        "app/ingest/snapshots.py",
         "            if not is_no_space(exc) or space is None:\n                raise",
         "            if True:\n                raise",
         (

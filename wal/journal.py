@@ -1,7 +1,7 @@
 """The journal: the WAL's single writer, as one facade over its parts. It appends,
 group-commits, rotates, checkpoints, reclaims and replays; *when* to checkpoint, rotate
-on a timer or run a housekeeping pass is the caller's business (``app/barrier.py``,
-``app/housekeeping.py``).
+on a timer or run a housekeeping pass is the caller's business (``app/cadence/barrier.py``,
+``app/cadence/housekeeping.py``).
 
 Each concern is one part that owns its state; all of them are given the one ``Log``:
 

@@ -71,9 +71,9 @@ import pyarrow.parquet as pq
 import pytest
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 
-from app.miner import CountingAllocator, TenantMiner
-from app.otlp import decode_request, flatten
-from app.snapshots import decode_snapshot
+from app.ingest.miner import CountingAllocator, TenantMiner
+from app.ingest.snapshots import decode_snapshot
+from app.receive.otlp import decode_request, flatten
 from tests.support.ackload import AckLedger, AckLoad, Outcome
 from tests.support.noderig import NodeRig
 from tests.support.serve import ROOT, ServeProcess
@@ -111,7 +111,8 @@ import threading
 
 
 def _install(address):
-    from app import barrier, points
+    from app import points
+    from app.cadence import barrier
     from sink import store
     from wal import fs as walfs
     from wal import reclamation

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from app.admission import Admission, Bound, DiskLevel
-from app.housekeeping import Housekeeper
-from app.otlp import Unavailable
-from app.snapshots import SnapshotLedger
+from app.cadence.housekeeping import Housekeeper
+from app.ingest.admission import Admission, Bound, DiskLevel
+from app.ingest.snapshots import SnapshotLedger
+from app.receive.otlp import Unavailable
 from tests.support.walkit import SMALL, faulty, payload
 from wal import Journal, Known
 from wal.errors import WalNoSpace

@@ -1,4 +1,4 @@
-"""app.channel and the worker's side of it (app.worker.RemotePipeline): framing, the
+"""app.receive.channel and the worker's side of it (app.receive.worker.RemotePipeline): framing, the
 bodies, and that a worker answers a client with exactly what the core answered — never
 before it."""
 
@@ -11,11 +11,11 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from app import channel
-from app.channel import ChannelClosed, Connection, Kind
-from app.ingest_api import IngestOutcome
-from app.otlp import BadRequest, FlatBatch, Unavailable, decode_request, flatten
-from app.worker import RemotePipeline
+from app.receive import channel
+from app.receive.api import IngestOutcome
+from app.receive.channel import ChannelClosed, Connection, Kind
+from app.receive.otlp import BadRequest, FlatBatch, Unavailable, decode_request, flatten
+from app.receive.worker import RemotePipeline
 from tests.support.noderig import request
 
 

@@ -13,7 +13,7 @@ from typing import TextIO
 import pytest
 
 from app.cli import main, settings_help
-from app.config import EFFECTIVE_EVENT, SETTINGS, load_settings
+from app.node.config import EFFECTIVE_EVENT, SETTINGS, load_settings
 
 
 @pytest.fixture(autouse=True)
@@ -133,10 +133,10 @@ def test_usage_errors_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]
 
 
 class FakeWalcli(types.ModuleType):
-    """Stands in for app.walcli, recording what the CLI passed."""
+    """Stands in for app.cli.wal, recording what the CLI passed."""
 
     def __init__(self, code: int) -> None:
-        super().__init__("app.walcli")
+        super().__init__("app.cli.wal")
         self.code = code
         self.calls: list[tuple[str, Path, TextIO]] = []
 
@@ -158,7 +158,7 @@ def test_wal_subcommands_call_walcli(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     fake = FakeWalcli(code=3)
-    monkeypatch.setitem(sys.modules, "app.walcli", fake)
+    monkeypatch.setitem(sys.modules, "app.cli.wal", fake)
     assert main(["wal", command, str(tmp_path)]) == 3
     [(called, directory, out)] = fake.calls
     assert (called, directory) == (command, tmp_path)
@@ -174,7 +174,7 @@ def test_wal_subcommands_report_a_missing_walcli(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     # A None entry in sys.modules makes the import raise ImportError.
-    monkeypatch.setitem(sys.modules, "app.walcli", None)
+    monkeypatch.setitem(sys.modules, "app.cli.wal", None)
     assert main(["wal", command, str(tmp_path)]) == 70
     err = capsys.readouterr().err
     assert f"ourios: wal {command} is unavailable" in err
@@ -184,7 +184,7 @@ def test_wal_subcommands_report_a_missing_walcli(
 def test_wal_subcommand_reports_a_walcli_without_the_function(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setitem(sys.modules, "app.walcli", types.ModuleType("app.walcli"))
+    monkeypatch.setitem(sys.modules, "app.cli.wal", types.ModuleType("app.cli.wal"))
     assert main(["wal", "verify", str(tmp_path)]) == 70
     assert "has no verify()" in capsys.readouterr().err
 

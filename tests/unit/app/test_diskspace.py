@@ -1,4 +1,4 @@
-"""``app.diskspace``: free space as of the last write, and the emergency reserve (issue 18
+"""``app.node.diskspace``: free space as of the last write, and the emergency reserve (issue 18
 items 1 and 2; DESIGN.md §7, §12).
 
 - The figure is the last sample less what the node wrote since — the WAL's frames and a
@@ -21,12 +21,12 @@ from pathlib import Path
 
 import pytest
 
-from app.admission import Admission, Bound, DiskLevel
-from app.diskspace import DiskSpace, Reserve, ReserveState
-from app.housekeeping import Housekeeper
-from app.miner import FileTemplateIdAllocator
-from app.otlp import Unavailable
-from app.snapshots import SnapshotLedger, SnapshotState, SnapshotStore
+from app.cadence.housekeeping import Housekeeper
+from app.ingest.admission import Admission, Bound, DiskLevel
+from app.ingest.miner import FileTemplateIdAllocator
+from app.ingest.snapshots import SnapshotLedger, SnapshotState, SnapshotStore
+from app.node.diskspace import DiskSpace, Reserve, ReserveState
+from app.receive.otlp import Unavailable
 from tests.support.tmpfs import TmpfsMounts
 from tests.support.walkit import SMALL, faulty, payload
 from tests.unit.app.test_admission import Events

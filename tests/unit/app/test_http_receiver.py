@@ -1,4 +1,4 @@
-"""Tests for app/http_receiver.py: POST /v1/logs, the probes, /metrics, the server.
+"""Tests for app/receive/otlp_http.py: POST /v1/logs, the probes, /metrics, the server.
 
 Most tests drive the ASGI app in-process through `_call`, a minimal ASGI client that
 also counts how many body chunks the app pulled (so "refused without reading the body"
@@ -36,18 +36,11 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
 from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.logs.v1 import logs_pb2
 
-from app import http_receiver
-from app.auth import BEARER_CHALLENGE, Authenticator
-from app.http_receiver import (
-    DISCARD_BYTES,
-    create_http_app,
-    http_server,
-    raw_body_cap,
-    start_in_thread,
-    stop_in_thread,
-)
-from app.ingest_api import IngestOutcome, ListenerBindError, StubPipeline
-from app.otlp import (
+from app.ingest.tenants import SettlementInProgress, TenantCapacity, TenantUnrecoverable
+from app.receive import otlp_http as http_receiver
+from app.receive.api import IngestOutcome, ListenerBindError, StubPipeline
+from app.receive.auth import BEARER_CHALLENGE, Authenticator
+from app.receive.otlp import (
     BadRequest,
     IngestRejection,
     PayloadTooLarge,
@@ -55,7 +48,14 @@ from app.otlp import (
     decode_request,
     to_wal_payload,
 )
-from app.tenants import SettlementInProgress, TenantCapacity, TenantUnrecoverable
+from app.receive.otlp_http import (
+    DISCARD_BYTES,
+    create_http_app,
+    http_server,
+    raw_body_cap,
+    start_in_thread,
+    stop_in_thread,
+)
 
 PB = "application/x-protobuf"
 JSON = "application/json"

@@ -1,4 +1,4 @@
-"""Tests for app/otlp.py: body decoding, validation, flattening, replies, tenants."""
+"""Tests for app/receive/otlp.py: body decoding, validation, flattening, replies, tenants."""
 
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.logs.v1 import logs_pb2
 from opentelemetry.proto.resource.v1 import resource_pb2
 
-from app import otlp
-from app.otlp import (
+from app.receive import otlp
+from app.receive.otlp import (
     BadRequest,
     IngestRejection,
     PayloadTooLarge,

@@ -27,9 +27,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from app.barrier import CutOutcome
-from app.settlement import NO_TEMPLATE, Result
-from app.tenants import SettlementInProgress, TenantUnrecoverable
+from app.cadence.barrier import CutOutcome
+from app.ingest.settlement import NO_TEMPLATE, Result
+from app.ingest.tenants import SettlementInProgress, TenantUnrecoverable
 from tests.support.minerfaults import FaultPlan, FaultyMiners, Trigger
 from tests.support.noderig import NodeRig, rids
 from wal import WalOffset

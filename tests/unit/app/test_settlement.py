@@ -21,11 +21,11 @@ import pytest
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 
 from app import points
-from app.barrier import CutOutcome
-from app.otlp import PayloadTooLarge, decode_request, flatten
-from app.settlement import EntryState, Result
-from app.snapshots import decode_snapshot
-from app.tenants import SettlementInProgress, TenantCapacity, TenantUnrecoverable
+from app.cadence.barrier import CutOutcome
+from app.ingest.settlement import EntryState, Result
+from app.ingest.snapshots import decode_snapshot
+from app.ingest.tenants import SettlementInProgress, TenantCapacity, TenantUnrecoverable
+from app.receive.otlp import PayloadTooLarge, decode_request, flatten
 from tests.support.minerfaults import FaultPlan, FaultyMiners
 from tests.support.noderig import NodeRig, rids
 from wal import ConsumerMode, FloorPinned, WalConfig, WalOffset

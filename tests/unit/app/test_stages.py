@@ -1,4 +1,4 @@
-"""app.stages: the core's three ingest stages for the workers' requests.
+"""app.ingest.stages: the core's three ingest stages for the workers' requests.
 
 Interleavings are made deterministic with the fs seam's holds (``FaultyFs.hold_at``)
 and the named sync points (``app.points``): never by sleeping.
@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from app import points
-from app.ingest_api import IngestOutcome
-from app.otlp import FlatBatch, IngestRejection, decode_request, flatten
-from app.stages import Stages
+from app.ingest.stages import Stages
+from app.receive.api import IngestOutcome
+from app.receive.otlp import FlatBatch, IngestRejection, decode_request, flatten
 from tests.support.noderig import NodeRig, request
 
 

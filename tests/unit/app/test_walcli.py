@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from app import walcli
+from app.cli import wal as walcli
 from tests.support.walkit import SMALL, payload
 from wal import Journal
 from wal.segment import HEADER_SIZE, segment_name
@@ -139,7 +139,7 @@ def test_verify_finds_damage_below_the_checkpoint_in_the_newest_segment(wal_root
 
 
 def test_inspect_reads_horizons_from_the_snapshots_beside_the_wal(wal_root: Path) -> None:
-    from app.snapshots import SnapshotState, SnapshotStore
+    from app.ingest.snapshots import SnapshotState, SnapshotStore
     from wal.tools import verify_root
 
     report = verify_root(wal_root)

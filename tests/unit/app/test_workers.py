@@ -1,4 +1,4 @@
-"""app.workers: the core's side of the worker processes, driven by in-process fake
+"""app.node.workers: the core's side of the worker processes, driven by in-process fake
 workers (a thread on the worker's end of the channel, through the ``launch`` seam), so
 each interleaving is placed with events, not timing. The real processes are
 tests/integration/test_workers.py's."""
@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from app import channel
-from app.channel import ChannelClosed, Connection, Kind
-from app.stages import Stages
-from app.workers import NodeState, Workers
+from app.ingest.stages import Stages
+from app.node.workers import NodeState, Workers
+from app.receive import channel
+from app.receive.channel import ChannelClosed, Connection, Kind
 from tests.support.noderig import NodeRig
 
 _PIDS = itertools.count(900_000)

@@ -14,10 +14,10 @@ buffers, append the rows to the record buffers, and set ``last_durable`` to this
 turn's own frame end — never the fsync's EOF (RFC 0052 §3.1). A failed append or sync
 still passes its turn (with nothing to ingest), so the gate never stalls on it.
 
-Before the append, under the admission mutex (``app.tenants``): a settling or
+Before the append, under the admission mutex (``app.ingest.tenants``): a settling or
 unrecoverable tenant is refused, and a tenant not yet held takes a slot (refused at
 ``max_tenants``); after the turn, with nothing else held, the slot's transition is
-recorded. A mining failure inside a turn records an unmined entry (``app.settlement``)
+recorded. A mining failure inside a turn records an unmined entry (``app.ingest.settlement``)
 instead of latching the barrier: the frame is durable and acknowledged, the mark is
 clamped below it, and the tenant is rebuilt by settlement.
 """
@@ -31,26 +31,27 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from app import points
-from app.admission import Admission
-from app.heap import collection_deferred
-from app.ingest_api import IngestOutcome
-from app.miner import MinerCluster, MineResult, TenantMiner
-from app.otlp import BadRequest, FlatBatch, IngestRejection, PayloadTooLarge, Unavailable
-from app.settlement import (
+from app.ingest.admission import Admission
+from app.ingest.cuts import Cut
+from app.ingest.miner import MinerCluster, MineResult, TenantMiner
+from app.ingest.settlement import (
     DEFAULT_MINING_ATTEMPTS,
     ReplayGates,
     Settler,
     UnminedEntry,
     UnminedSet,
 )
-from app.snapshots import SnapshotLedger, SnapshotState
-from app.tenants import Reservation, TenantTable, TenantUnrecoverable, TurnResult
+from app.ingest.snapshots import SnapshotLedger, SnapshotState
+from app.ingest.tenants import Reservation, TenantTable, TenantUnrecoverable, TurnResult
+from app.node.heap import collection_deferred
+from app.receive.api import IngestOutcome
+from app.receive.otlp import BadRequest, FlatBatch, IngestRejection, PayloadTooLarge, Unavailable
 from sink.buffers import NANOS_PER_DAY, Buffers, Detached
 from sink.parquet import assemble_records
 from sink.publisher import Publisher
@@ -68,9 +69,6 @@ from wal import (
     WalOffset,
 )
 from wal.segment import uuid7_time
-
-if TYPE_CHECKING:
-    from app.barrier import Barrier, Cut
 
 log = logging.getLogger("ourios.pipeline")
 
@@ -180,7 +178,7 @@ class Ticket:
 
 
 class Pipeline:
-    """Implements ``app.ingest_api.Pipeline`` for the receivers."""
+    """Implements ``app.receive.api.Pipeline`` for the receivers."""
 
     def __init__(
         self,
@@ -200,7 +198,7 @@ class Pipeline:
         self.miners = miners
         self.buffers = buffers
         self.publisher = publisher
-        self._clock = clock
+        self.clock = clock
         self._events = events or (lambda name, fields: None)
         self.gate = TurnGate()
         self.exclusion = ReadWriteLock()
@@ -229,7 +227,9 @@ class Pipeline:
         #: durable snapshot installs: a tenant whose folded horizon moved past its
         #: installed one is frozen at the next capture
         self.ledger = ledger if ledger is not None else SnapshotLedger()
-        self.barrier: Barrier | None = None
+        #: the barrier's hand-off of a cut a turn captured at a rotation (None: no
+        #: barrier, the rotation is left to the next timer cut)
+        self.on_rotation: Callable[[Cut], None] | None = None
         #: tenant -> (the cut waiting for its state, the horizon it was frozen at)
         self._frozen: dict[str, tuple[Cut, WalOffset]] = {}
         #: how long each capture held the exclusion (seconds): the latest ones, and an
@@ -256,7 +256,7 @@ class Pipeline:
     ) -> IngestOutcome:
         """Append, wait for the covering fsync, run the turn; raises an ``IngestRejection``
         when nothing was acknowledged. The three stages on the caller's thread (the
-        in-process receivers); the core's ``app.stages`` runs them on its own threads."""
+        in-process receivers); the core's ``app.ingest.stages`` runs them on its own threads."""
         ticket = self.admit_and_append(tenant, payload, batch)
         self.await_durable(ticket)
         return self.turn_and_finish(ticket)
@@ -355,7 +355,8 @@ class Pipeline:
         detached: list[Detached] = []
         with self.exclusion.shared():
             prev = self._last_durable
-            if prev is not None and prev.segment != offset.segment and self.barrier is not None:
+            on_rotation = self.on_rotation
+            if prev is not None and prev.segment != offset.segment and on_rotation is not None:
                 # This turn observed the rotation: capture a cut at the closed segment's
                 # mark (the previous turn's own frame end) and hand it to the barrier
                 # thread. Capture only: the store I/O runs there.
@@ -363,7 +364,7 @@ class Pipeline:
                 with collection_deferred():
                     cut = self.capture_cut_locked("rotation")
                 self.record_cut_stall(time.perf_counter() - started)
-                self.barrier.offer_cut(cut)
+                on_rotation(cut)
             points.hit("turn.before_mine")
             with self.miner_lock:
                 # Re-tested under the miner lock (a settler refuses a tenant inside the
@@ -509,12 +510,11 @@ class Pipeline:
     def capture_cut_locked(self, reason: str) -> Cut:
         """Capture a cut. The caller holds the exclusion exclusively, or is the ingest
         turn (the gate keeps every other turn out): no turn is mining or buffering."""
-        from app.barrier import Cut
 
         epoch = self.epoch
         batches = self.buffers.drain_all("barrier")  # registered in flight at ``epoch``
         mark = self._last_durable
-        cut = Cut(epoch, mark, batches, self.buffers.last_id, reason, captured_at=self._clock())
+        cut = Cut(epoch, mark, batches, self.buffers.last_id, reason, captured_at=self.clock())
         self.epoch = epoch + 1  # a publish registered from now on belongs to later cuts
         installed = self.ledger.horizons()
         # No snapshot of a tenant with an unmined entry (its live tree is unknown) or of

@@ -24,7 +24,7 @@ The raw cap (`raw_body_cap`) bounds what is buffered before decompression: exact
 case is stored blocks, 5 bytes per block of up to 64 KiB (under 0.01 %); the rest is
 room for gzip header fields and concatenated members. A larger compressed body cannot
 be a frame a legitimate client meant to send. A gzip bomb under the cap is stopped by
-`app.otlp.decompress` at `max_frame_bytes + 1` inflated bytes.
+`app.receive.otlp.decompress` at `max_frame_bytes + 1` inflated bytes.
 
 The CPU work (inflate, parse, flatten) runs in the same worker thread as the blocking
 `Pipeline.ingest`, so a large request does not hold the event loop and `/healthz`
@@ -71,9 +71,9 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app.auth import Authenticator, BearerRejected
-from app.ingest_api import NO_OBSERVER, IngestObserver, IngestOutcome, ListenerBindError, Pipeline
-from app.otlp import (
+from app.receive.api import NO_OBSERVER, IngestObserver, IngestOutcome, ListenerBindError, Pipeline
+from app.receive.auth import Authenticator, BearerRejected
+from app.receive.otlp import (
     JSON_CONTENT_TYPE,
     PROTOBUF_CONTENT_TYPE,
     BadRequest,
@@ -108,7 +108,7 @@ DISCARD_BYTES: Final = 64 * 1024 * 1024
 
 _log = logging.getLogger("ourios.http")
 
-#: The media types `app.otlp.decode_request` reads as protobuf (a test pins this).
+#: The media types `app.receive.otlp.decode_request` reads as protobuf (a test pins this).
 _PROTOBUF_MEDIA_TYPES: Final = frozenset({PROTOBUF_CONTENT_TYPE, "application/protobuf"})
 _IDENTITY_CODINGS: Final = frozenset({"", "identity"})
 _CODED_SLACK_BYTES: Final = 64 * 1024

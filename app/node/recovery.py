@@ -42,11 +42,11 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
-from app.miner import FileTemplateIdAllocator, MinerCluster, TenantMiner
-from app.otlp import FlatBatch, IngestRejection, decode_request, flatten
-from app.pipeline import Pipeline
-from app.settlement import ReplayGates
-from app.snapshots import SnapshotLedger, SnapshotState, SnapshotStore
+from app.ingest.miner import FileTemplateIdAllocator, MinerCluster, TenantMiner
+from app.ingest.pipeline import Pipeline
+from app.ingest.settlement import ReplayGates
+from app.ingest.snapshots import SnapshotLedger, SnapshotState, SnapshotStore
+from app.receive.otlp import FlatBatch, IngestRejection, decode_request, flatten
 from wal import CorruptionError, Frame, FrameKind, Journal, PublishedMarks, WalOffset
 
 #: Decodes replayed payloads ``(tenant, payload)`` into batches, yielded in input order
@@ -215,7 +215,7 @@ def recover(
 
 def decode_here(frames: Iterable[tuple[str, bytes]]) -> Iterator[FlatBatch | IngestRejection]:
     """Decode replayed payloads on this thread, in order (``server.workers`` 0); with
-    workers, ``app.workers.Workers.decode_in_order`` decodes them there instead."""
+    workers, ``app.node.workers.Workers.decode_in_order`` decodes them there instead."""
     for tenant, payload in frames:
         try:
             yield flatten(decode_request(payload, "application/x-protobuf"), tenant)

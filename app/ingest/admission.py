@@ -6,7 +6,7 @@ of the housekeeping cadence) and nothing is written. ``check`` reads state and n
 makes a system call: free space is sampled by the housekeeping tick (``observe``),
 never on the append path (segment-set seed §12.9).
 
-Free space means the figure of ``app.diskspace``: the last sample less what the node
+Free space means the figure of ``app.node.diskspace``: the last sample less what the node
 wrote since (WAL frames and segment files, snapshots, the embedded store's objects) and
 less the emergency reserve while it is released — the free space as of the last
 append. ``check`` reads it per request, so a WAL written faster than the cadence still
@@ -38,7 +38,7 @@ level emits exactly one event (``disk.low_water`` entering low water from health
 level downwards), and the unreclaimed bound ``wal.unreclaimed.limit`` /
 ``wal.unreclaimed.recovered``. While a level is below healthy, or a bound refuses, the
 tick is *urgent*: the housekeeper asks the barrier for a cut now and runs another pass
-as soon as that cut ends (``app.housekeeping``). Each event says what the node is doing
+as soon as that cut ends (``app.cadence.housekeeping``). Each event says what the node is doing
 about it, and only what the code does.
 """
 
@@ -51,8 +51,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.diskspace import DiskSpace
-from app.otlp import Unavailable
+from app.node.diskspace import DiskSpace
+from app.receive.otlp import Unavailable
 from wal import Journal, NoSpace
 
 
@@ -100,7 +100,7 @@ class Admission:
         space: DiskSpace | None = None,
     ) -> None:
         self._journal = journal
-        #: the free space as of the last write (``app.diskspace``); None: samples only
+        #: the free space as of the last write (``app.node.diskspace``); None: samples only
         self.space = space
         self.low_water_bytes = low_water_bytes
         self.stop_water_bytes = stop_water_bytes
@@ -122,7 +122,7 @@ class Admission:
         #: housekeeper runs a pass now instead of at its next tick
         self.on_urgent: Callable[[], None] | None = None
         #: what the housekeeper does on an urgent tick, in the events' words; the
-        #: housekeeper that acts on ``TickDecision.urgent`` sets it (``app.housekeeping``)
+        #: housekeeper that acts on ``TickDecision.urgent`` sets it (``app.cadence.housekeeping``)
         self.hurry = "housekeeping runs at its next tick"
 
     @property

@@ -27,25 +27,26 @@ from pathlib import Path
 
 import uvicorn
 
-from app.admission import Admission
-from app.archive import ArchiveLocationError, Archiver, check_archive_location
-from app.auth import Authenticator
-from app.barrier import Barrier, CutOutcome
-from app.config import Settings
-from app.datalock import DataDirLock, DataDirLocked, DataDirLockError
-from app.diskspace import open_disk_space
-from app.events import EventLog, configure_logging
-from app.grpc_receiver import create_grpc_server
-from app.heap import freeze_long_lived_heap
-from app.housekeeping import Housekeeper
-from app.http_receiver import create_http_app
-from app.metrics import Metrics
-from app.miner import FileTemplateIdAllocator, MinerCluster
-from app.pipeline import Pipeline
-from app.recovery import Decoder, RecoveryReport, recover
-from app.snapshots import SnapshotLedger, SnapshotStore, SnapshotStoreError
-from app.stages import Stages
-from app.workers import Listeners, NodeState, Workers, worker_launcher
+from app.cadence.archive import ArchiveLocationError, Archiver, check_archive_location
+from app.cadence.barrier import Barrier, CutOutcome
+from app.cadence.housekeeping import Housekeeper
+from app.cadence.sweep import AgeSweep
+from app.ingest.admission import Admission
+from app.ingest.miner import FileTemplateIdAllocator, MinerCluster
+from app.ingest.pipeline import Pipeline
+from app.ingest.snapshots import SnapshotLedger, SnapshotStore, SnapshotStoreError
+from app.ingest.stages import Stages
+from app.node.config import Settings
+from app.node.datalock import DataDirLock, DataDirLocked, DataDirLockError
+from app.node.diskspace import open_disk_space
+from app.node.events import EventLog, configure_logging
+from app.node.heap import freeze_long_lived_heap
+from app.node.metrics import Metrics
+from app.node.recovery import Decoder, RecoveryReport, recover
+from app.node.workers import Listeners, NodeState, Workers, worker_launcher
+from app.receive.auth import Authenticator
+from app.receive.otlp_grpc import create_grpc_server
+from app.receive.otlp_http import create_http_app
 from sink.buffers import Buffers
 from sink.keys import node_identity
 from sink.publisher import Publisher
@@ -53,67 +54,6 @@ from sink.store import LocalStore, ObjectStore, from_url
 from wal import Journal, WalError
 
 log = logging.getLogger("ourios.server")
-
-
-class AgeSweep:
-    """Publishes partitions older than ``flush_age_secs``: drained under the shared
-    exclusion, written outside it."""
-
-    def __init__(
-        self,
-        pipeline: Pipeline,
-        max_age: float,
-        tick: float,
-        on_run: Callable[[str, str], None] | None = None,
-    ) -> None:
-        self._on_run = on_run or (lambda outcome, error_type: None)
-        self._pipeline = pipeline
-        self._max_age = max_age
-        self._tick = tick
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="ourios-age-sweep", daemon=True)
-        self._thread.start()
-
-    def close(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(30)
-
-    def sweep_once(self) -> int:
-        """One sweep; returns the partitions it drained. Counted ``ok`` only when every
-        one of them reached the store."""
-        p = self._pipeline
-        with p.exclusion.shared():
-            detached = p.buffers.drain_aged(self._max_age)
-        failed = done = 0
-        try:
-            for d in detached:
-                if self._stop.is_set():
-                    break  # shutting down: the final cut takes the rest from the buffers
-                if not p.publisher.publish(d).ok:
-                    failed += 1
-                done += 1
-        finally:
-            # Whatever an exception left unwritten goes back (a no-op for a partition
-            # another thread claimed), so nothing drained here stays registered for good.
-            for d in detached[done:]:
-                p.buffers.requeue(d, "sweep_failed")
-        if done < len(detached):
-            self._on_run("refused", "stopped")
-        elif detached:
-            self._on_run("ok" if not failed else "refused", "" if not failed else "publish_failed")
-        return len(detached)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._tick):
-            try:
-                self.sweep_once()
-            except Exception:  # noqa: BLE001 - counted; the next tick retries
-                log.exception("age sweep failed")
-                self._on_run("error", "cadence_panic")
 
 
 @dataclass
@@ -236,7 +176,6 @@ def _build_node(
         on_cut=lambda outcome: housekeeper.after_cut(),
         on_run=metrics.cadence_observer("barrier"),
     )
-    pipeline.barrier = barrier
     housekeeper = Housekeeper(
         journal,
         ledger,

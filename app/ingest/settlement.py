@@ -75,29 +75,93 @@ import logging
 import math
 import threading
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from app import points
-from app.config import WalSettings
-from app.miner import MineResult, TenantMiner
-from app.otlp import FlatBatch, decode_request, flatten
-from app.snapshots import SnapshotState
-from sink.buffers import Detached
+from app.ingest.miner import MinerCluster, MineResult, TenantMiner
+from app.ingest.snapshots import SnapshotLedger, SnapshotState
+from app.ingest.tenants import TenantTable
+from app.node.config import WalSettings
+from app.receive.otlp import FlatBatch, decode_request, flatten
+from sink.buffers import Buffers, Detached
+from sink.publisher import Publisher
 from wal import (
     ConsumerMode,
     Frame,
     FrameCursor,
     FrameSpan,
+    Journal,
     PublishedMarks,
     PublishedWriteError,
     WalOffset,
 )
 
-if TYPE_CHECKING:
-    from app.pipeline import Pipeline
-
 log = logging.getLogger("ourios.settlement")
+
+
+class _Exclusion(Protocol):
+    """The barrier exclusion (the pipeline's reader–writer lock)."""
+
+    def shared(self) -> AbstractContextManager[None]: ...
+
+    def exclusive(self) -> AbstractContextManager[None]: ...
+
+
+class Host(Protocol):
+    """What a settlement works with — the pipeline's journal, miners, buffers,
+    publisher, tenant table, unmined entries, locks and emit steps — named here so this
+    module needs no import of the pipeline (which owns the settler)."""
+
+    @property
+    def journal(self) -> Journal: ...
+
+    @property
+    def miners(self) -> MinerCluster: ...
+
+    @property
+    def buffers(self) -> Buffers: ...
+
+    @property
+    def publisher(self) -> Publisher: ...
+
+    @property
+    def ledger(self) -> SnapshotLedger: ...
+
+    @property
+    def tenants(self) -> TenantTable: ...
+
+    @property
+    def unmined(self) -> UnminedSet: ...
+
+    @property
+    def exclusion(self) -> _Exclusion: ...
+
+    @property
+    def miner_lock(self) -> threading.Lock: ...
+
+    @property
+    def folded(self) -> dict[str, WalOffset]: ...
+
+    # replaced whole by the settler (turns read them without a lock)
+    refused: frozenset[str]
+    refused_details: Mapping[str, str]
+
+    def clock(self) -> float: ...
+
+    def recompute_durable(self) -> None: ...
+
+    def replace_tenant(self, tenant: str, miner: TenantMiner) -> None: ...
+
+    def buffer_audit(
+        self, tenant: str, batch: FlatBatch, result: MineResult, offset: WalOffset
+    ) -> list[Detached]: ...
+
+    def buffer_records(
+        self, tenant: str, batch: FlatBatch, result: MineResult, offset: WalOffset, nbytes: int
+    ) -> list[Detached]: ...
+
 
 #: frames per ``read_frames_from`` call: the longest the journal mutex is held
 READ_LIMIT = 64
@@ -271,7 +335,7 @@ class Settler:
 
     def __init__(
         self,
-        pipeline: Pipeline,
+        pipeline: Host,
         *,
         events: Callable[[str, Mapping[str, object]], None] | None = None,
         read_limit: int = READ_LIMIT,
@@ -282,6 +346,9 @@ class Settler:
         self.pipeline = pipeline
         self._events = events or (lambda name, fields: None)
         self.read_limit = read_limit
+        #: (cadence seconds, next tick time) of the barrier that settles refused tenants,
+        #: installed by it; None: no barrier (the hint is one second)
+        self.schedule: Callable[[], tuple[float, float]] | None = None
         #: failed attempts at one frame after which it is isolated (its rows published
         #: without templates), and failed settlements no frame explains after which the
         #: tenant is refused as unrecoverable (``wal.frame_mining_attempts``)
@@ -340,12 +407,13 @@ class Settler:
         """The hint a refused request gets: about a second while a rebuild runs, else
         until the next barrier tick retries it; at least 1 s, at most the cadence."""
         p = self.pipeline
-        cadence = p.barrier.barrier_secs if p.barrier is not None else 1.0
+        schedule = self.schedule() if self.schedule is not None else None
+        cadence = 1.0 if schedule is None else schedule[0]
         entries = p.unmined.of(tenant)
-        if any(e.state is EntryState.SETTLING for e in entries) or p.barrier is None:
+        if any(e.state is EntryState.SETTLING for e in entries) or schedule is None:
             remaining = 1.0
         else:
-            remaining = p.barrier.next_tick_at - p._clock()
+            remaining = schedule[1] - p.clock()
         return int(max(1, min(math.ceil(cadence), math.ceil(remaining))))
 
     # -- one settlement ------------------------------------------------------------------

@@ -7,13 +7,13 @@ connection), and the gRPC port is reserved by a bound, non-listening socket with
 ``SO_REUSEPORT``, beside which each worker binds its own gRPC listener (grpcio cannot
 adopt a descriptor). Nothing else can take either port while the core lives.
 
-``Workers`` starts ``server.workers`` processes (``python -m app.worker``) from its
+``Workers`` starts ``server.workers`` processes (``python -m app.receive.worker``) from its
 supervising thread and restarts one that exits, with a short back-off when one keeps
 dying at start; the kernel kills every worker when that thread ends
 (``PR_SET_PDEATHSIG``, armed by the worker), so no worker outlives the core. Each
 worker's channel has a reader thread here that
 
-* hands an ``INGEST`` to the stages (``app.stages``; a refusal is answered at once,
+* hands an ``INGEST`` to the stages (``app.ingest.stages``; a refusal is answered at once,
   nothing written) and answers with what they say — acknowledged only after the
   covering fsync and the turn;
 * answers ``STATE`` (ready, alive) and ``METRICS`` (first ``FLUSH``-ing every worker,
@@ -46,11 +46,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, Protocol
 
-from app import channel
-from app.channel import ChannelClosed, Connection, Kind
-from app.ingest_api import IngestOutcome, ListenerBindError
-from app.otlp import FlatBatch, IngestRejection, Unavailable
-from app.stages import Stages
+from app.ingest.stages import Stages
+from app.receive import channel
+from app.receive.api import IngestOutcome, ListenerBindError
+from app.receive.channel import ChannelClosed, Connection, Kind
+from app.receive.otlp import FlatBatch, IngestRejection, Unavailable
 
 __all__ = ["Launcher", "Listeners", "NodeState", "Process", "Workers", "worker_launcher"]
 
@@ -128,14 +128,14 @@ Launcher = Callable[[int, socket.socket], Process]
 
 
 def worker_launcher(listeners: Listeners, config_file: Path | None) -> Launcher:
-    """``python -m app.worker`` with the channel and the HTTP socket inherited."""
+    """``python -m app.receive.worker`` with the channel and the HTTP socket inherited."""
 
     def launch(index: int, worker_end: socket.socket) -> Process:
         http_fd = listeners.http.fileno()
         cmd = [
             sys.executable,
             "-m",
-            "app.worker",
+            "app.receive.worker",
             "--index",
             str(index),
             "--parent",

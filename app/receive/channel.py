@@ -50,7 +50,7 @@ from typing import Final
 import grpc
 import pyarrow as pa
 
-from app.otlp import FlatBatch, IngestRejection
+from app.receive.otlp import FlatBatch, IngestRejection
 from sink.parquet import FLAT_SCHEMA
 
 __all__ = [

@@ -28,9 +28,9 @@ import threading
 from collections.abc import Callable
 from typing import Final
 
-from app.ingest_api import IngestOutcome
-from app.otlp import FlatBatch, IngestRejection
-from app.pipeline import Pipeline, Ticket
+from app.ingest.pipeline import Pipeline, Ticket
+from app.receive.api import IngestOutcome
+from app.receive.otlp import FlatBatch, IngestRejection
 
 __all__ = ["Answer", "Stages"]
 

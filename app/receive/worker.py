@@ -1,11 +1,11 @@
 """A worker process: the per-request work of ``ourios serve`` (DESIGN.md §5).
 
-The core starts ``python -m app.worker`` with, as inherited descriptors, its end of the
-channel (``app.channel``) and the HTTP listening socket (bound and listening in the
+The core starts ``python -m app.receive.worker`` with, as inherited descriptors, its end of the
+channel (``app.receive.channel``) and the HTTP listening socket (bound and listening in the
 core, so every worker accepts from one queue and a worker that dies loses no queued
 connection); the gRPC port is bound here with ``SO_REUSEPORT`` beside the core's
 reservation of it. A worker serves the same receivers as the in-process node
-(``app.http_receiver``, ``app.grpc_receiver``) over a ``RemotePipeline``: auth,
+(``app.receive.otlp_http``, ``app.receive.otlp_grpc``) over a ``RemotePipeline``: auth,
 decompression, decoding and flattening to Arrow run here, and ``ingest`` hands the core
 (tenant, WAL payload, batch) and blocks until the core's answer, which it relays as is.
 It keeps no state of its own: the core counts every request (``OBSERVED`` reports), and
@@ -35,15 +35,15 @@ from typing import Final
 
 import uvicorn
 
-from app import channel
-from app.auth import Authenticator
-from app.channel import ChannelClosed, Connection, Kind
-from app.config import ConfigError, load_settings
-from app.events import EventLog, configure_logging
-from app.grpc_receiver import create_grpc_server
-from app.http_receiver import create_http_app
-from app.ingest_api import IngestOutcome
-from app.otlp import FlatBatch, IngestRejection, Unavailable, decode_request, flatten
+from app.node.config import ConfigError, load_settings
+from app.node.events import EventLog, configure_logging
+from app.receive import channel
+from app.receive.api import IngestOutcome
+from app.receive.auth import Authenticator
+from app.receive.channel import ChannelClosed, Connection, Kind
+from app.receive.otlp import FlatBatch, IngestRejection, Unavailable, decode_request, flatten
+from app.receive.otlp_grpc import create_grpc_server
+from app.receive.otlp_http import create_http_app
 
 __all__ = ["RemotePipeline", "main"]
 
@@ -170,7 +170,7 @@ class _Decoder:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m app.worker")
+    parser = argparse.ArgumentParser(prog="python -m app.receive.worker")
     parser.add_argument("--index", type=int, required=True)
     parser.add_argument("--parent", type=int, required=True)
     parser.add_argument("--channel-fd", type=int, required=True)

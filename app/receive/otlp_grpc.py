@@ -9,8 +9,8 @@ re-parses is byte-for-byte what was parsed here. Per request, in this order::
                  which auth refuses, as on HTTP)
     auth         Authenticator.authorize: UNAUTHENTICATED / PERMISSION_DENIED /
                  INVALID_ARGUMENT (tenant)
-    decode       app.otlp.decode_request as protobuf (parse + validate_request)
-    flatten      zero records: acknowledged without a WAL frame (app.ingest_api)
+    decode       app.receive.otlp.decode_request as protobuf (parse + validate_request)
+    flatten      zero records: acknowledged without a WAL frame (app.receive.api)
     ingest       Pipeline.ingest(..., "grpc") in the handler thread
     reply        serialized ExportLogsServiceResponse (partial_success only when the
                  pipeline rejected records)
@@ -50,9 +50,9 @@ from typing import Any, Final
 
 import grpc
 
-from app.auth import Authenticator
-from app.ingest_api import NO_OBSERVER, IngestObserver, ListenerBindError, Pipeline
-from app.otlp import (
+from app.receive.api import NO_OBSERVER, IngestObserver, ListenerBindError, Pipeline
+from app.receive.auth import Authenticator
+from app.receive.otlp import (
     PROTOBUF_CONTENT_TYPE,
     IngestRejection,
     PayloadTooLarge,

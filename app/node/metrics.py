@@ -17,12 +17,12 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from app.admission import Admission, Bound
-from app.archive import Archiver
-from app.config import Settings
-from app.housekeeping import Housekeeper
-from app.pipeline import LATCH_CLEAR, Pipeline
-from app.workers import Workers
+from app.cadence.archive import Archiver
+from app.cadence.housekeeping import Housekeeper
+from app.ingest.admission import Admission, Bound
+from app.ingest.pipeline import LATCH_CLEAR, Pipeline
+from app.node.config import Settings
+from app.node.workers import Workers
 from wal import (
     FloorMin,
     FloorNone,

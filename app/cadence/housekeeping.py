@@ -10,7 +10,7 @@ the single emitter of the floor's transitions (``wal.floor.pinned``/``wal.floor.
 exactly once each, when the categorical state changes).
 
 Each tick first samples free space on the WAL's filesystem (statfs; the only place it is
-sampled, never the append path) through ``app.diskspace.DiskSpace`` — which also
+sampled, never the append path) through ``app.node.diskspace.DiskSpace`` — which also
 re-creates a released emergency reserve once the sample shows room for it — and hands
 the figure (the sample less the reserve still owed) to ``Admission.observe`` with the
 WAL's no-space latch read just before; a latch it has not seen yet releases the reserve
@@ -32,9 +32,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from app import points
-from app.admission import Admission, TickDecision
-from app.diskspace import DiskSpace, statvfs_free
-from app.snapshots import SnapshotLedger
+from app.ingest.admission import Admission, TickDecision
+from app.ingest.snapshots import SnapshotLedger
+from app.node.diskspace import DiskSpace, statvfs_free
 from wal import FloorPinned, HousekeepingProgress, Journal, ReclaimError, WalError
 
 log = logging.getLogger("ourios.housekeeping")
