@@ -193,6 +193,14 @@ class _StateCollector(Collector):
             disk.stop_water_bytes,
         )
         yield from self._m.disk_and_archive(p.journal.quarantined)
+        workers = self._m.workers
+        restarts = CounterMetricFamily(
+            "ourios_worker_restarts",
+            "Worker processes restarted after they exited (each also logs worker.exited); "
+            "0 with server.workers 0.",
+        )
+        restarts.add_metric([], 0 if workers is None else workers.restarts)
+        yield restarts
         stats = p.publisher.stats
         objects = CounterMetricFamily(
             "ourios_sink_objects", "Objects written to the store.", labels=["kind"]
