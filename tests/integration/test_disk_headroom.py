@@ -32,7 +32,7 @@ from pathlib import Path
 import pytest
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 
-from app.server import EXIT_ROWS_LEFT
+from app.node.server import EXIT_ROWS_LEFT
 from tests.support import S3Bucket, SeaweedS3
 from tests.support.serve import ServeProcess
 from tests.support.tmpfs import TmpfsMounts
