@@ -26,7 +26,7 @@ def golden_frame() -> bytes:
 
 def golden_header() -> SegmentHeader:
     return SegmentHeader(
-        123_456, SEGMENT_UUID, FLAG_HAS_PREDECESSOR | FLAG_PREDECESSOR_SEALED, 100_000
+        123_456, SEGMENT_UUID, FLAG_HAS_PREDECESSOR | FLAG_PREDECESSOR_SEALED, 100_000, 120_000
     )
 
 
@@ -36,7 +36,7 @@ def golden_checkpoint() -> bytes:
 
 FILES = {
     "frame_tenant_batch.bin": golden_frame,
-    "segment_header_v2.bin": lambda: golden_header().encode(),
+    "segment_header_v3.bin": lambda: golden_header().encode(),
     "checkpoint_v2.bin": golden_checkpoint,
 }
 
