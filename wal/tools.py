@@ -205,12 +205,22 @@ def verify_root(root: Path | str, *, fs: Fs | None = None) -> RootReport:
     if scans and files:
         newest = scans[-1]
         if newest.stop.damaged and newest.stop.reason:
+            after = _frames_after_damage(newest.data, newest.stop.valid_end, newest.file.path)
+            # Above the checkpoint the newest segment has no recorded high-water, so this
+            # stays a note; frames that verify after it are worth an operator's look.
+            suspect = (
+                f"; {after} frame(s) after it still verify, which a crash rarely leaves: "
+                f"if the node was neither killed nor lost power, suspect the disk"
+                if after
+                else ""
+            )
             report.notes.append(
                 Problem(
                     newest.file.path,
                     newest.stop.valid_end,
                     f"torn tail in the newest segment ({newest.stop.reason}); legal after a "
-                    f"crash: the next open seals it and keeps the bytes",
+                    f"crash above the checkpoint (it has no other high-water yet): the next "
+                    f"open seals it and keeps the bytes{suspect}",
                 )
             )
     _read_checkpoint_into(fs, report, scans)

@@ -4,6 +4,10 @@
 
 A test fails when an encoder's output no longer matches the committed bytes, which is
 how an accidental format change is caught.
+
+``data/segment_header_v2_refused.bin`` is the last version-2 segment header, kept (not
+regenerated) to show that a version this build does not read is refused by its version;
+version 3 added the predecessor's synced high-water (issue 18 item 5).
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ from app import walcli
 from tests.support.walkit import SMALL, Ledger, assert_recovers, faulty, payload
 from wal import CorruptionError, Journal
 from wal.frame import scan_frames
+from wal.quarantine import QuarantineRecord
 from wal.segment import HEADER_SIZE, SegmentHeader
 from wal.testing import FaultyFs
 
@@ -177,8 +178,14 @@ def test_nowedge_5_damage_below_the_checkpoint_in_the_newest_segment_refuses_ope
     assert err.high_water == offsets[3].lsn and f"high-water {offsets[3].lsn}" in str(err)
     assert newest.read_bytes()[: starts[1]] == original[: starts[1]]  # nothing was touched
 
+    code, text = _run(walcli.verify, root)
+    assert code == walcli.EXIT_PROBLEM and f"high-water {offsets[3].lsn}" in text
+
     newest.write_bytes(original)
     _flip(newest, starts[4] + 40)  # above the mark: a torn tail, sealed
+    code, text = _run(walcli.verify, root)
+    assert code == walcli.EXIT_OK, text  # a note, which says a frame after it verifies
+    assert "torn tail in the newest segment" in text and "1 frame(s) after it" in text
     with Journal.open(root, SMALL) as j:
         assert j.open_report is not None and j.open_report.sealed_newest
         assert len(list(j.replay())) == 4
@@ -208,3 +215,31 @@ def test_nowedge_5_rotation_records_the_synced_end_as_the_high_water(tmp_path: P
     header = _header(_segments(root)[-1])
     assert header.predecessor_sealed and header.prev_high_water == valid_end
     assert header.base_lsn == valid_end + 8  # the torn bytes' range is never reused
+
+
+def test_a_version_1_quarantine_record_is_still_read(tmp_path: Path) -> None:
+    """Version 2 of the quarantine record added the high-water fields; a version 1
+    record (written before them) still reads, its high-water unknown."""
+    root = tmp_path / "wal"
+    ledger = Ledger()
+    _sealed_after_a_failed_fsync(root, faulty(tmp_path), ledger)
+    sealed = _segments(root)[0]
+    _flip(sealed, _frame_starts(sealed)[1] + 40)
+    assert _run(walcli.quarantine, sealed, now=1.8e9)[0] == walcli.EXIT_OK
+    path = root / "quarantine" / f"{sealed.name}.json"
+    doc = json.loads(path.read_text())
+    assert doc["version"] == 2
+    for key in (
+        "high_water_lsn",
+        "high_water_source",
+        "frames_after_damage",
+        "frames_after_damage_below_high_water",
+    ):
+        del doc[key]
+    doc["version"] = 1
+    record = QuarantineRecord.from_json(json.dumps(doc).encode(), path)
+    assert record.high_water_lsn is None and record.frames_after_damage == 0
+    assert "may have held acknowledged frames" in record.summary()
+    doc["version"] = 3
+    with pytest.raises(CorruptionError, match="unknown quarantine record version 3"):
+        QuarantineRecord.from_json(json.dumps(doc).encode(), path)
