@@ -584,6 +584,20 @@ _DISK_ROWS = (
         maximum=_MAX_BYTES,
         unit="bytes",
     ),
+    Setting(
+        "disk",
+        "reserve_bytes",
+        Kind.INT,
+        64 * MiB,
+        "Size of the emergency reserve file <data_dir>/disk-reserve, allocated at start-up "
+        "and released when a write fails for lack of space, so a full volume can still be "
+        "reclaimed (snapshots, the embedded store's objects); allocated again once there is "
+        "room for it and stop water beside it. At least the largest snapshot (plus, with the "
+        "embedded store, what one cut publishes); 0 disables it.",
+        minimum=0,
+        maximum=_MAX_BYTES,
+        unit="bytes",
+    ),
 )
 
 #: Every setting, in section order. The only place defaults and ranges are declared
@@ -680,6 +694,7 @@ class DiskSettings:
 
     low_water_bytes: int
     stop_water_bytes: int
+    reserve_bytes: int
 
 
 _SECTION_TYPES: dict[str, type[Any]] = {

@@ -171,11 +171,14 @@ class _StateCollector(Collector):
         )
         isolated.add_metric([], p.settler.isolated_frames)
         yield isolated
-        if self._m.housekeeper is not None and self._m.housekeeper.disk_free_bytes is not None:
+        free = None if self._m.housekeeper is None else self._m.housekeeper.space.free_bytes
+        if free is not None:
             yield gauge(
                 "ourios_disk_free_bytes",
-                "Free bytes on the WAL's filesystem (sampled each housekeeping tick).",
-                self._m.housekeeper.disk_free_bytes,
+                "Free bytes on the WAL's filesystem as of the last write: the last sample "
+                "less what the node wrote since, less the emergency reserve while released "
+                "(the figure admission compares with the water marks).",
+                free,
             )
         disk = self._m.settings.disk
         yield gauge(

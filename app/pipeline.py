@@ -256,7 +256,7 @@ class Pipeline:
         result = TurnResult.NO_FRAME
         try:
             try:
-                self.admission.check(tenant)  # the bounds: a refusal writes nothing
+                self.admission.check(tenant, len(payload))  # the bounds: refusing writes nothing
             except IngestRejection as exc:
                 exc.records = len(batch)  # the refused-records counter
                 raise

@@ -33,6 +33,7 @@ from app.auth import Authenticator
 from app.barrier import Barrier, CutOutcome
 from app.config import Settings
 from app.datalock import DataDirLock, DataDirLocked, DataDirLockError
+from app.diskspace import open_disk_space
 from app.events import EventLog, configure_logging
 from app.grpc_receiver import create_grpc_server
 from app.heap import freeze_long_lived_heap
@@ -46,7 +47,7 @@ from app.snapshots import SnapshotLedger, SnapshotStore, SnapshotStoreError
 from sink.buffers import Buffers
 from sink.keys import node_identity
 from sink.publisher import Publisher
-from sink.store import ObjectStore, from_url
+from sink.store import LocalStore, ObjectStore, from_url
 from wal import CorruptionError, Journal, WalError
 
 log = logging.getLogger("ourios.server")
@@ -170,7 +171,19 @@ def _build_node(
         on_fsync=metrics.fsync_seconds.observe,
         archive=archiver,
     )
+    space = open_disk_space(
+        server.wal_dir,
+        server.data_dir,
+        journal,
+        reserve_bytes=settings.disk.reserve_bytes,
+        stop_water_bytes=settings.disk.stop_water_bytes,
+        events=events,
+    )
     allocator = FileTemplateIdAllocator(server.data_dir / "template-ids", server.node_ordinal)
+    allocator.on_no_space = space.no_space
+    if isinstance(store, LocalStore):  # the embedded store: usually on this volume
+        store.on_write = space.wrote if space.on_volume(store.root) else None
+        store.on_no_space = space.no_space
     miners = MinerCluster(allocator)
     holder: dict[str, Pipeline] = {}
     buffers = Buffers(
@@ -193,6 +206,7 @@ def _build_node(
         unreclaimed_bytes_limit=settings.wal.unreclaimed_bytes_limit,
         retry_after_secs=settings.wal.housekeeping_secs,
         events=events,
+        space=space,
     )
     pipeline = Pipeline(
         journal,
@@ -206,7 +220,7 @@ def _build_node(
         mining_attempts=settings.wal.frame_mining_attempts,
     )
     holder["p"] = pipeline
-    snapshots = SnapshotStore(server.snapshots_dir)
+    snapshots = SnapshotStore(server.snapshots_dir, space=space, events=events)
     wal = settings.wal
     barrier = Barrier(
         pipeline,

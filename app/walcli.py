@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import TextIO
 
 from app.datalock import LOCK_NAME, DataDirLock, DataDirLocked, DataDirLockError, read_holder
+from app.diskspace import RESERVE_NAME
 from app.otlp import IngestRejection, count_records, decode_request
 from app.snapshots import SUFFIX as SNAP_SUFFIX
 from app.snapshots import SnapshotError, decode_snapshot
@@ -120,6 +121,7 @@ def inspect(directory: Path, out: TextIO) -> int:
     print("sidecars:", file=out)
     for name, state in sorted(report.sidecars.items()):
         print(f"  {name}: {state}", file=out)
+    print(f"disk reserve: {_reserve_state(root.parent / RESERVE_NAME)}", file=out)
     if horizons is None:
         print("snapshots: none beside this WAL (tenant horizons unknown)", file=out)
     else:
@@ -177,6 +179,18 @@ def inspect(directory: Path, out: TextIO) -> int:
         print(f"other files: {', '.join(report.other_files)}", file=out)
     _print_problems(report, out)
     return EXIT_OK
+
+
+def _reserve_state(path: Path) -> str:
+    """The emergency reserve beside the WAL (``app.diskspace``), as an operator needs it."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return (
+            f"{path} absent (released on a full volume, disabled, or the node never ran "
+            f"here; a running node makes it again when there is room)"
+        )
+    return f"{path} in place, {st.st_size} bytes (released to reclamation if the volume fills)"
 
 
 def verify(directory: Path, out: TextIO) -> int:

@@ -238,7 +238,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "clear_full_without_space",
         "only a sample showing free space lifts the disk-full refusal and the WAL's latch",
         "app/admission.py",
-        "                if self._latch is not None and free_bytes > 0 and free_bytes >= stop:",
+        "                if self._latch is not None and free_bytes >= max(floor, 1):",
         "                if self._latch is not None:",
         (
             "tests/unit/app/test_admission.py::test_enospc_refuses_at_the_next_request_and_the_tick_alone_lifts_it",
@@ -268,7 +268,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "checkpoint_allocates",
         "a checkpoint needs no new block (the preallocated spare), so a full disk reclaims",
         "wal/checkpoint.py",
-        "    try:\n        fs.rename(root / SPARE_NAME, tmp)\n    except FileNotFoundError:",
+        "    try:\n        fs.rename(spare, tmp)\n    except FileNotFoundError:",
         "    try:\n        raise FileNotFoundError(tmp)\n    except FileNotFoundError:",
         ("tests/unit/wal/test_no_space.py::test_a_full_filesystem_still_checkpoints_and_reclaims",),
     ),
@@ -440,6 +440,96 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "                if False:",
         (
             "tests/unit/wal/test_published.py::test_an_id_the_two_files_name_differently_fails_open_naming_both_files_and_the_id",
+        ),
+    ),
+    # -- the volume's headroom and a volume filled to zero (issue 18) -------------------
+    Sabotage(
+        "admission_by_the_last_sample_only",
+        "admission refuses at stop water by the free space as of the last append (the "
+        "last sample less what the node wrote since), never by the sample alone",
+        "app/diskspace.py",
+        "        return wal + self._reported - taken.reported",
+        "        return 0",
+        (
+            "tests/unit/app/test_diskspace.py::test_nowedge_1_the_figure_is_the_last_sample_less_what_the_node_wrote_since",
+            "tests/unit/app/test_diskspace.py::test_nowedge_1_admission_refuses_at_stop_water_by_the_figure_between_two_ticks",
+            "tests/integration/test_disk_headroom.py::test_nowedge_1_a_store_outage_under_load_never_eats_the_headroom",
+        ),
+    ),
+    Sabotage(
+        "resume_at_stop_water",
+        "a refusal at stop water lifts only at the resume point above it (no flapping)",
+        "app/admission.py",
+        "                floor = self.resume_bytes if self._level is DiskLevel.STOP_WATER else stop",
+        "                floor = stop",
+        (
+            "tests/unit/app/test_admission.py::test_stop_water_refuses_new_batches_and_resumes_by_itself",
+            "tests/unit/app/test_diskspace.py::test_nowedge_1_admission_refuses_at_stop_water_by_the_figure_between_two_ticks",
+        ),
+    ),
+    Sabotage(
+        "reserve_never_released",
+        "a write that finds the volume full releases the emergency reserve and retries",
+        "app/diskspace.py",
+        "            if self.size == 0 or self._state is not ReserveState.IN_PLACE:\n                return 0",
+        "            if True:\n                return 0",
+        (
+            "tests/unit/app/test_diskspace.py::test_nowedge_2_the_reserve_is_made_at_start_released_on_enospc_and_made_again",
+            "tests/unit/app/test_diskspace.py::test_nowedge_2_a_snapshot_install_on_a_full_volume_takes_the_reserve",
+            "tests/integration/test_disk_headroom.py::test_nowedge_2_a_volume_filled_to_zero_recovers_without_a_restart",
+        ),
+    ),
+    Sabotage(
+        "released_reserve_not_owed",
+        "a released reserve is owed: the WAL never gets its space before it is made again",
+        "app/diskspace.py",
+        "        return reserve.owed if reserve is not None and self.reserve_on_volume else 0",
+        "        return 0",
+        (
+            "tests/unit/app/test_diskspace.py::test_nowedge_2_the_reserve_is_made_at_start_released_on_enospc_and_made_again",
+        ),
+    ),
+    Sabotage(
+        "snapshot_ignores_the_reserve",
+        "a snapshot install on a full volume takes the reserve (a horizon can still advance)",
+        "app/snapshots.py",
+        "            if not is_no_space(exc) or space is None:\n                raise",
+        "            if True:\n                raise",
+        (
+            "tests/unit/app/test_diskspace.py::test_nowedge_2_a_snapshot_install_on_a_full_volume_takes_the_reserve",
+            "tests/integration/test_disk_headroom.py::test_nowedge_2_a_volume_filled_to_zero_recovers_without_a_restart",
+        ),
+    ),
+    Sabotage(
+        "store_ignores_the_reserve",
+        "the embedded store's put on a full volume takes the reserve (what a cut publishes)",
+        "sink/store.py",
+        '            if _local_error_type(exc) != "local_no_space" or ask is None:\n                raise',
+        "            if True:\n                raise",
+        (
+            "tests/unit/app/test_diskspace.py::test_nowedge_2_the_embedded_store_on_a_full_volume_takes_the_reserve",
+            "tests/integration/test_disk_headroom.py::test_nowedge_2_a_volume_filled_to_zero_recovers_without_a_restart[file]",
+        ),
+    ),
+    Sabotage(
+        "checkpoint_spare_after_the_rename",
+        "a checkpoint gives up no block: the old mark's inode is the next spare",
+        "wal/checkpoint.py",
+        "    linked = _link_next_spare(fs, root)",
+        "    linked = False",
+        (
+            "tests/unit/wal/test_no_space.py::test_nowedge_2_a_checkpoint_keeps_its_spare_when_another_writer_takes_the_freed_block",
+            "tests/unit/wal/test_checkpoint.py::test_nowedge_2_the_old_mark_becomes_the_next_spare",
+        ),
+    ),
+    Sabotage(
+        "spare_shares_the_live_mark",
+        "a spare sharing the live CHECKPOINT's inode is never overwritten in place",
+        "wal/checkpoint.py",
+        "    if st.st_size == SIZE and not _is_live_mark(fs, root, st):\n        return fd",
+        "    if st.st_size == SIZE:\n        return fd",
+        (
+            "tests/unit/wal/test_checkpoint.py::test_nowedge_2_a_spare_sharing_the_live_marks_inode_is_never_overwritten_in_place",
         ),
     ),
     # -- the ingest path's buffers (issue 4) -----------------------------------------------

@@ -14,6 +14,7 @@ from .errors import (
     FrameTooLarge,
     InvalidConfig,
     WalError,
+    is_no_space,
 )
 from .frontiers import PublishedWriteError
 from .fs import Fs, OsFs
@@ -78,4 +79,5 @@ __all__ = [
     "WalConfig",
     "WalError",
     "WalOffset",
+    "is_no_space",
 ]

@@ -324,6 +324,13 @@ class Journal:
         with self._log.lock:
             return self._log.end_lsn
 
+    @property
+    def segments_created(self) -> int:
+        """Segment files created since open (a failed rotation's partial included): with
+        ``end_lsn`` it is what the WAL added to its volume, for a caller estimating free
+        space between two samples of it (read differences; one int, no lock)."""
+        return self._log.segments_created
+
     def unflushed_bytes(self) -> int:
         """Bytes written but not yet covered by a successful fsync."""
         return self._log.end_lsn - self._log.synced_lsn

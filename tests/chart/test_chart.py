@@ -320,6 +320,9 @@ class PodEmulator:
         exe = shutil.which("ourios", path=str(Path(sys.executable).parent))
         assert exe, "the ourios console script is not installed in this environment"
         env = {"PATH": os.defpath, **self.env(), **(overrides or {})}
+        # The console script imports this tree, not whichever checkout the venv was
+        # installed from (an editable install is one path; worktrees share the venv).
+        env["PYTHONPATH"] = str(ROOT)
         return subprocess.run(
             [exe, *args], env=env, capture_output=True, text=True, timeout=60, cwd=self.root
         )
@@ -843,6 +846,7 @@ CHANGES: dict[str, tuple[object, dict[str, object]]] = {
     "store.region": ("eu-west-1", {"store.url": S3_URL}),
     "disk.lowWaterBytes": (2 * 2**30, {}),
     "disk.stopWaterBytes": (512 * 2**20, {}),
+    "disk.reserveBytes": (32 * 2**20, {}),
 }
 _ROWS = {gen_chart_schema.value_key(row): row for row in gen_chart_schema.value_rows()}
 

@@ -5,6 +5,10 @@ given settings (ports 0 by default), reads its stderr (one JSON object per line)
 ``server.listening`` names the bound ports, then waits for ``/readyz``. ``terminate()``
 sends SIGTERM and waits for a clean exit; ``kill()`` sends SIGKILL. Every event line is
 kept in ``events`` for assertions.
+
+The emergency disk reserve defaults to 1 MiB here (``OURIOS_DISK_RESERVE_BYTES``; 64 MiB
+in production): every node a test starts allocates it for real, and the test runs keep
+their data directories. A test about the reserve sets it.
 """
 
 from __future__ import annotations
@@ -22,12 +26,14 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
+#: the disk reserve a test node allocates unless the test sets its own (docstring)
+TEST_RESERVE_BYTES = 1 << 20
 
 
 class ServeProcess:
     def __init__(self, data_dir: Path, env: Mapping[str, str] | None = None) -> None:
         self.data_dir = data_dir
-        self.env = dict(env or {})
+        self.env = {"OURIOS_DISK_RESERVE_BYTES": str(TEST_RESERVE_BYTES), **dict(env or {})}
         self.proc: subprocess.Popen[bytes] | None = None
         self.events: list[dict[str, Any]] = []
         self.lines: list[str] = []

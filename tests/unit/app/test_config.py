@@ -104,6 +104,7 @@ def samples(tmp_path: Path) -> dict[str, Sample]:
         "auth.tokens_file": Sample(str(tokens), tokens),
         "disk.low_water_bytes": Sample("2GiB", 2 * GiB),
         "disk.stop_water_bytes": Sample("512MiB", 512 * MiB),
+        "disk.reserve_bytes": Sample("32MiB", 32 * MiB),
     }
 
 
@@ -193,6 +194,7 @@ def test_defaults_match_design_section_8() -> None:
         "OURIOS_AUTH_TOKENS_FILE": None,
         "OURIOS_DISK_LOW_WATER_BYTES": 1 * GiB,
         "OURIOS_DISK_STOP_WATER_BYTES": 256 * MiB,
+        "OURIOS_DISK_RESERVE_BYTES": 64 * MiB,
     }
     assert load_settings({}).effective() == expected
 
