@@ -32,6 +32,7 @@ from pathlib import Path
 import pytest
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 
+from app.server import EXIT_ROWS_LEFT
 from tests.support import S3Bucket, SeaweedS3
 from tests.support.serve import ServeProcess
 from tests.support.tmpfs import TmpfsMounts
@@ -231,7 +232,11 @@ def test_nowedge_1_a_store_outage_under_load_never_eats_the_headroom(
             assert refused is not None and refused >= len(refusals)
             # the WAL never met ENOSPC: admission refused before the volume was full
             assert not server.event("wal.segment.sealed"), server.event("wal.segment.sealed")
-            assert server.terminate() == 0
+            # The store is still gone: a shutdown leaves acknowledged rows in the WAL only,
+            # says how many and exits EX_TEMPFAIL (the next start publishes them).
+            assert server.terminate() == EXIT_ROWS_LEFT, server.tail(10)
+            (stopped,) = server.event("server.stopped")
+            assert stopped["rows_left_in_wal"] > 0 and stopped["exit_code"] == EXIT_ROWS_LEFT
 
 
 def _fill(path: Path, filler: Path) -> int:
