@@ -77,7 +77,7 @@ def test_nowedge_5_a_bit_flip_below_the_high_water_refuses_recovery_and_quaranti
     root = tmp_path / "wal"
     ledger = Ledger()
     high_water = _sealed_after_a_failed_fsync(root, faulty(tmp_path), ledger)
-    sealed = _segments(root)[0]
+    sealed, successor = _segments(root)
     # The high-water is the end of the fifth frame: what the last good fsync covered.
     assert high_water == ledger.acked[4][2]
     starts = _frame_starts(sealed)
@@ -98,6 +98,10 @@ def test_nowedge_5_a_bit_flip_below_the_high_water_refuses_recovery_and_quaranti
     assert code == walcli.EXIT_PROBLEM, text
     assert f"PROBLEM: {sealed.name} at byte {damage_at}" in text
     assert f"high-water {high_water}" in text
+
+    code, text = _run(walcli.inspect, root)
+    assert code == walcli.EXIT_OK
+    assert f"high-water {high_water} (recorded by its successor {successor.name})" in text
 
     # `ourios wal quarantine` of that segment lets the WAL open and replay, the loss named.
     code, text = _run(walcli.quarantine, sealed, now=1.8e9)
