@@ -813,6 +813,51 @@ SABOTAGES: tuple[Sabotage, ...] = (
             "tests/unit/wal/test_checkpoint.py::test_nowedge_2_a_spare_sharing_the_live_marks_inode_is_never_overwritten_in_place",
         ),
     ),
+    # -- damage inside acknowledged frames is corruption, not a torn tail (issue 18 item 5)
+    Sabotage(
+        "high_water_damage_read_as_torn",
+        "damage below a sealed segment's synced high-water is corruption, not a torn tail",
+        "wal/layout.py",
+        '    how = "sealed" if nxt.header.predecessor_sealed else "closed by a clean rotation"\n',
+        "    if nxt.header.predecessor_sealed and prev.stop.damaged:\n"
+        "        return None  # the old rule: any damage in a sealed segment is its torn tail\n"
+        '    how = "sealed" if nxt.header.predecessor_sealed else "closed by a clean rotation"\n',
+        (
+            "tests/unit/wal/test_high_water.py::test_nowedge_5_a_bit_flip_below_the_high_water_refuses_recovery_and_quarantine_recovers",
+            "tests/integration/test_nowedge_5_high_water_serve.py::test_nowedge_5_a_real_node_refuses_a_bit_flip_below_a_sealed_segments_high_water",
+        ),
+    ),
+    Sabotage(
+        "high_water_beyond_the_fsync",
+        "the high-water a successor records never claims more than a completed fsync covered",
+        "wal/rotation.py",
+        "flags, old.base, old.synced_lsn)",
+        "flags, old.base, old.end_lsn)",
+        (
+            "tests/unit/wal/test_high_water.py::test_nowedge_5_damage_above_the_high_water_stays_a_legal_torn_tail",
+        ),
+    ),
+    Sabotage(
+        "high_water_past_a_torn_tail",
+        "a segment open sealed records the end of its valid frames, not of its torn bytes",
+        "wal/opening.py",
+        "        seg.synced_lsn = scan.valid_end_lsn\n",
+        "        seg.synced_lsn = newest_file.data_end\n",
+        (
+            "tests/unit/wal/test_open.py::test_torn_tail_is_sealed_and_kept_and_a_second_restart_works",
+            "tests/unit/wal/test_high_water.py::test_nowedge_5_rotation_records_the_synced_end_as_the_high_water",
+        ),
+    ),
+    Sabotage(
+        "high_water_checkpoint_ignored_at_open",
+        "damage below the checkpoint mark in the newest segment refuses the open",
+        "wal/opening.py",
+        "        if mark is not None:\n            problem = high_water_problem(scan, *mark)\n",
+        "        if False:\n            problem = high_water_problem(scan, *mark)\n",
+        (
+            "tests/unit/wal/test_high_water.py::test_nowedge_5_damage_below_the_checkpoint_in_the_newest_segment_refuses_open",
+        ),
+    ),
 )
 
 

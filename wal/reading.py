@@ -1,12 +1,14 @@
 """Reading the log back: recovery's ``Replay`` over every surviving frame, and the bounded
 per-tenant reads settlement uses (``oldest_frame``, ``read_frames_from``).
 
-Replay walks segments oldest first and checks the chain between neighbours (module
-``layout``): damage is legal only where a torn tail can be — the newest segment, or one
-whose successor's header records it was sealed — and anywhere else it raises
-``CorruptionError`` naming the file and the offset, because acknowledged frames may be
-missing there. Every frame it yields is CRC-checked; walking a segment accounts it in the
-ledger as a by-product.
+Replay walks segments oldest first and, before it yields a segment's first frame,
+checks it against the synced high-water its direct successor's header records (module
+``layout``): damage or a short end below the high-water raises ``CorruptionError``
+naming the file, the offset and the high-water, because acknowledged frames are missing
+there, however many frames after the damage still verify; damage above it is a torn
+tail (the newest segment's, checked against the checkpoint mark, is open's). Every
+frame it yields is CRC-checked; walking a segment accounts it in the ledger as a
+by-product.
 
 Bounded reads hold the journal mutex for at most ``limit`` returned frames within one
 segment, so appends and rotations interleave between calls (RFC 0055 §9.4); every
@@ -24,7 +26,7 @@ import crc32c
 from .config import MAX_TENANT_BYTES
 from .errors import CorruptionError, WalError, WalIoError
 from .frame import BODY_OVERHEAD, PREFIX, PREFIX_SIZE
-from .layout import SegmentFile, SegmentScan, chain_problem, scan_segment
+from .layout import SegmentFile, chain_problem, scan_segment
 from .log import Log, Segment
 from .segment import HEADER_SIZE
 from .types import Frame, FrameCursor, FrameKind, FrameSpan, WalOffset
@@ -67,27 +69,18 @@ class Replay:
         log = self._log
         fs = log.fs
         after = -1 if self._after is None else self._after
-        previous: SegmentScan | None = None
         n = len(self._segments)
         for i, seg in enumerate(self._segments):
             f = SegmentFile(seg.path, seg.header, HEADER_SIZE + seg.data_len)
             scan = scan_segment(fs, f)
-            if previous is not None:
-                problem = chain_problem(previous, f)
+            if i + 1 < n:
+                # Before any of its frames is fed: damage below the high-water its
+                # direct successor records is corruption, never a torn tail.
+                nxt = self._segments[i + 1]
+                successor = SegmentFile(nxt.path, nxt.header, HEADER_SIZE + nxt.data_len)
+                problem = chain_problem(scan, successor)
                 if problem is not None:
                     raise problem
-            newest = i == n - 1
-            if scan.stop.damaged and not newest:
-                nxt = self._segments[i + 1].header
-                direct = nxt.has_predecessor and nxt.prev_base_lsn == seg.base
-                if direct and not nxt.predecessor_sealed:
-                    raise CorruptionError(
-                        seg.path,
-                        scan.stop.valid_end,
-                        f"damage ({scan.stop.reason}) in a segment closed by a clean "
-                        f"rotation; acknowledged frames after LSN {scan.valid_end_lsn} may be "
-                        f"unreadable",
-                    )
             report = SegmentReport(
                 seg.path.name,
                 seg.base,
@@ -117,7 +110,6 @@ class Replay:
                     base + raw.start - HEADER_SIZE,
                     WalOffset(uid, end),
                 )
-            previous = scan
         with log.lock:
             log.rebuilt = True
 

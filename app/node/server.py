@@ -51,7 +51,7 @@ from sink.buffers import Buffers
 from sink.keys import node_identity
 from sink.publisher import Publisher
 from sink.store import LocalStore, ObjectStore, from_url
-from wal import Journal, WalError
+from wal import CorruptionError, Journal, WalError
 
 log = logging.getLogger("ourios.server")
 
@@ -413,12 +413,16 @@ def _listening(node: Node, http_port: int, grpc_port: int, *, workers: list[int]
 
 def _start_failed(events: EventLog, exc: BaseException) -> int:
     """One error event naming what refused the start (the file, the offset, the
-    tenant), then exit 1: a node that cannot start safely never serves."""
-    events.emit(
-        "server.start_failed",
-        {"error": str(exc), "error_type": getattr(exc, "error_type", type(exc).__name__)},
-        "error",
-    )
+    tenant), then exit 1: a node that cannot start safely never serves. WAL corruption
+    also carries them as fields — ``path``, ``offset`` and, for damage below a segment's
+    synced high-water (acknowledged frames, not a torn tail), ``high_water``."""
+    fields: dict[str, object] = {
+        "error": str(exc),
+        "error_type": getattr(exc, "error_type", type(exc).__name__),
+    }
+    if isinstance(exc, CorruptionError):
+        fields.update(path=str(exc.path), offset=exc.offset, high_water=exc.high_water)
+    events.emit("server.start_failed", fields, "error")
     return 1
 
 
