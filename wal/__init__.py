@@ -20,6 +20,7 @@ from .errors import (
 from .frontiers import PublishedWriteError
 from .fs import Fs, OsFs
 from .journal import Journal
+from .reading import Replay
 from .ledger import (
     FloorMin,
     FloorNone,
@@ -75,6 +76,7 @@ __all__ = [
     "QuarantineError",
     "QuarantineRecord",
     "ReclaimError",
+    "Replay",
     "Retrying",
     "RotationKind",
     "Terminal",

@@ -62,8 +62,24 @@ class Replay:
     def __init__(self, log: Log, segments: list[Segment], after_lsn: int | None) -> None:
         self._log = log
         self._segments = segments
+        #: each segment's length when the replay was made (under the journal mutex): the
+        #: replay covers exactly the frames that existed then, whatever is appended while
+        #: it is iterated (a node serves while it replays, DESIGN.md §5)
+        self._lengths = [HEADER_SIZE + seg.data_len for seg in segments]
         self._after = after_lsn
         self.report = ReplayReport()
+
+    @property
+    def start_lsn(self) -> int:
+        """The base of the first segment this replay reads."""
+        return self._segments[0].base if self._segments else 0
+
+    @property
+    def end_lsn(self) -> int:
+        """The end of the last frame this replay can return (the log's end when made)."""
+        if not self._segments:
+            return 0
+        return self._segments[-1].base + self._lengths[-1] - HEADER_SIZE
 
     def __iter__(self) -> Iterator[Frame]:
         log = self._log
@@ -71,13 +87,13 @@ class Replay:
         after = -1 if self._after is None else self._after
         n = len(self._segments)
         for i, seg in enumerate(self._segments):
-            f = SegmentFile(seg.path, seg.header, HEADER_SIZE + seg.data_len)
+            f = SegmentFile(seg.path, seg.header, self._lengths[i])
             scan = scan_segment(fs, f)
             if i + 1 < n:
                 # Before any of its frames is fed: damage below the high-water its
                 # direct successor records is corruption, never a torn tail.
                 nxt = self._segments[i + 1]
-                successor = SegmentFile(nxt.path, nxt.header, HEADER_SIZE + nxt.data_len)
+                successor = SegmentFile(nxt.path, nxt.header, self._lengths[i + 1])
                 problem = chain_problem(scan, successor)
                 if problem is not None:
                     raise problem

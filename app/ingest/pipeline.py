@@ -307,6 +307,11 @@ class Pipeline:
         except AppendError as exc:
             ticket.error = exc
 
+    def refusal_of(self, ticket: Ticket) -> IngestRejection:
+        """What the client of a ticket whose sync failed is told (``ticket.error``)."""
+        assert ticket.error is not None
+        return _unavailable(ticket.error, len(ticket.batch))
+
     def turn_and_finish(self, ticket: Ticket) -> IngestOutcome:
         """Stage 3, in commit order: the turn (a failed sync passes its turn with nothing
         to ingest, so the turns behind it never stall), then the slot's transition;
