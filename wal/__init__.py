@@ -20,7 +20,6 @@ from .errors import (
 from .frontiers import PublishedWriteError
 from .fs import Fs, OsFs
 from .journal import Journal
-from .reading import Replay
 from .ledger import (
     FloorMin,
     FloorNone,
@@ -30,6 +29,7 @@ from .ledger import (
     Known,
 )
 from .quarantine import QuarantineError, QuarantineRecord
+from .reading import Replay
 from .reclaim import ConsumerMode
 from .reclamation import ArchiveRequest, ReclaimError
 from .types import (
