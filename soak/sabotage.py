@@ -501,7 +501,10 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "            self._durable.put((ticket, answer))",
         "            answer(IngestOutcome(len(batch)), None)\n"
         "            self._durable.put((ticket, lambda outcome, refusal: None))",
-        ("tests/unit/app/test_stages.py::test_stages_answer_only_after_the_covering_fsync",),
+        (
+            "tests/unit/app/test_stages.py::test_stages_answer_only_after_the_covering_fsync",
+            "tests/unit/app/test_stages.py::test_issue15_the_ack_comes_before_the_turn_and_no_mark_covers_an_unturned_frame",
+        ),
     ),
     Sabotage(
         "worker_outlives_the_core",
@@ -857,6 +860,27 @@ SABOTAGES: tuple[Sabotage, ...] = (
         (
             "tests/unit/wal/test_high_water.py::test_nowedge_5_damage_below_the_checkpoint_in_the_newest_segment_refuses_open",
         ),
+    ),
+    # -- acknowledgement at the fsync, replay ahead of new frames (issue 15) ------------
+    Sabotage(
+        "new_frame_turned_before_the_replay",
+        "a tenant's new frame is turned only after every replayed frame",
+        "app/ingest/stages.py",
+        "        if replay is not None:\n            error: BaseException | None = None",
+        "        if replay is not None:\n"
+        "            threading.Thread(target=lambda: [turn_replayed(i) for i in replay]).start()\n"
+        "            replay = None\n"
+        "        if replay is not None:\n            error: BaseException | None = None",
+        ("tests/unit/app/test_stages.py::test_issue15_replayed_frames_are_turned_before_new_ones",),
+    ),
+    Sabotage(
+        "replayed_frame_is_a_mark",
+        "nothing replayed is ever a mark: only a new frame's turn sets it",
+        "app/ingest/pipeline.py",
+        "            result = self.miners.mine(tenant, batch.bodies)\n        self.folded[tenant] = offset\n",
+        "            result = self.miners.mine(tenant, batch.bodies)\n        self.folded[tenant] = offset\n"
+        "        self._last_durable = self._latest = offset\n",
+        ("tests/unit/app/test_recovery.py::test_issue15_nothing_replayed_is_a_mark",),
     ),
 )
 
