@@ -387,8 +387,8 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "gate_replay_on_x",
         "a tenant's replay gate is its own PUBLISHED frontier, never the node-wide X",
         "app/node/recovery.py",
-        "        records_gate, audit_gate = gates(frontiers.get(tenant), x)",
-        "        records_gate, audit_gate = x, x",
+        "        records_gate, audit_gate = gates(self._frontiers.get(tenant), self._x)",
+        "        records_gate, audit_gate = self._x, self._x",
         (
             "tests/unit/app/test_settlement.py::test_rfc0055_9_5_an_unrecoverable_tenant_is_isolated_and_the_checkpoint_advances_for_others",
         ),
@@ -613,7 +613,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "shutdown_exits_zero_with_rows_left",
         "a shutdown that leaves acknowledged rows unpublished exits non-zero",
         "app/node/server.py",
-        "    code = EXIT_ROWS_LEFT if left else 0",
+        "    code = EXIT_ROWS_LEFT if left or not final_cut else 0",
         "    code = 0",
         (
             "tests/unit/app/test_server_shutdown.py::test_nowedge_0_a_shutdown_with_the_store_down_counts_the_rows_left_and_exits_non_zero",
