@@ -208,6 +208,11 @@ class _StateCollector(Collector):
             "Frames acknowledged (durable) and not yet turned.",
             backlog_frames,
         )
+        yield gauge(
+            "ourios_ingest_backlog_limit_bytes",
+            "The configured wal.turn_backlog_bytes (the alert on the backlog follows it).",
+            self._m.settings.wal.turn_backlog_bytes,
+        )
         recovery = self._m.recovery
         yield gauge(
             "ourios_recovery_backlog_bytes",
