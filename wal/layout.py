@@ -190,10 +190,14 @@ class SegmentScan:
 
 
 def scan_segment(fs: Fs, seg: SegmentFile) -> SegmentScan:
+    """The frames of ``seg`` up to ``seg.size``: what the directory showed, or what a
+    replay captured when it was made — bytes appended since are not this scan's."""
     try:
         data = read_file(fs, seg.path)
     except OSError as exc:
         raise OpenIoError(seg.path, "read segment", exc) from exc
+    if len(data) > seg.size:
+        data = data[: seg.size]
     frames, stop = scan_frames(data, HEADER_SIZE, path=seg.path)
     return SegmentScan(seg, frames, stop, data)
 

@@ -81,7 +81,17 @@ class Replay:
             return 0
         return self._segments[-1].base + self._lengths[-1] - HEADER_SIZE
 
+    def validate(self) -> None:
+        """Walk every segment as iterating would (CRC, torn tails, high-waters), without
+        yielding a frame: ``CorruptionError`` now rather than part-way through. The
+        ledger is rebuilt as a by-product."""
+        for _ in self._frames(yielding=False):
+            pass
+
     def __iter__(self) -> Iterator[Frame]:
+        return self._frames(yielding=True)
+
+    def _frames(self, *, yielding: bool) -> Iterator[Frame]:
         log = self._log
         fs = log.fs
         after = -1 if self._after is None else self._after
@@ -97,6 +107,11 @@ class Replay:
                 problem = chain_problem(scan, successor)
                 if problem is not None:
                     raise problem
+            with log.lock:
+                if not seg.scanned:
+                    log.account_scan(seg, scan)
+            if not yielding:
+                continue
             report = SegmentReport(
                 seg.path.name,
                 seg.base,
@@ -107,9 +122,6 @@ class Replay:
                 scan.stop.valid_end if scan.stop.damaged else None,
             )
             self.report.segments.append(report)
-            with log.lock:
-                if not seg.scanned:
-                    log.account_scan(seg, scan)
             base = seg.base
             data = scan.data
             uid = seg.uuid

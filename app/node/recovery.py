@@ -132,20 +132,20 @@ class ReplayItem:
 class Recovery:
     """Recovery in the steps ``ourios serve`` runs on different threads (DESIGN.md §5):
 
-    1. ``prepare`` (start-up, before the node is ready): restore the snapshots, walk the
-       frame headers into the reclamation ledger (``Journal.rebuild_ledger``: the CRC
-       walk, no payload decoded) and seed the tenant table from both, so admission
-       knows every tenant's slot before the first request; make the replay, which
-       covers exactly the frames that exist now;
+    1. ``prepare`` (start-up, before the node is ready): restore the snapshots; make the
+       replay, which covers exactly the frames that exist now, and validate it (the CRC
+       walk and the high-water checks — damage refuses the start — which also walks
+       the frame headers into the reclamation ledger, no payload decoded);
+       ``check_restorable``; seed the tenant table from snapshots and frames, so
+       admission knows every tenant's slot before the first request;
     2. ``items`` then ``turn`` (the turn thread, before any new frame's turn): decode
        (ahead, on the workers) and feed each replayed frame with the gates above; new
        frames are acknowledged meanwhile and turned after the last replayed one;
     3. ``replayed`` (the turn thread, right after the last replayed frame): capture the
        post-recovery snapshot states at each tenant's replayed horizon — before any new
        frame's turn folds past it;
-    4. ``finish`` (any other thread): ``check_restorable``, publish what was buffered,
-       install the captured snapshots if all of it reached the store, mark tenants whose
-       replay failed as settling. ``recovery.done`` follows.
+    4. ``finish`` (any other thread): publish what was buffered, install the captured
+       snapshots if all of it reached the store. ``recovery.done`` follows.
 
     ``backlog_bytes`` is what is left to replay (``ourios_recovery_backlog_bytes``)."""
 
@@ -198,8 +198,15 @@ class Recovery:
         self._x = -1 if self._mark is None else self._mark.lsn
         self._frontiers = journal.published_marks()
         report.frontiers = len(self._frontiers)
-        journal.rebuild_ledger()  # the frame headers: every tenant with frames, no decoding
         self._replay = journal.replay()
+        # The whole log's CRC walk and high-water checks before the node serves (damage
+        # refuses the start, naming file and offset), which also walks the frame headers
+        # into the ledger: every tenant with frames, no payload decoded.
+        self._replay.validate()
+        restorable: dict[str, WalOffset | None] = dict(self._restored)
+        for tenant in report.snapshots_undecodable:
+            restorable.setdefault(tenant, None)
+        journal.check_restorable(restorable)
         self._end = self._replay.end_lsn
         self._position = self._replay.start_lsn
         # Every tenant the node holds state or frames for has its slot before the first
@@ -297,10 +304,6 @@ class Recovery:
 
     def finish(self) -> RecoveryReport:
         pipeline, report = self.pipeline, self.report
-        restorable: dict[str, WalOffset | None] = dict(self._restored)
-        for tenant in report.snapshots_undecodable:
-            restorable.setdefault(tenant, None)
-        self.journal.check_restorable(restorable)
         if self.store is not None:
             # A snapshot above X may only be installed once the rows of (X, S] it would
             # suppress on the next replay are in the store: publish what replay buffered

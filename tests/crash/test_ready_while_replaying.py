@@ -121,7 +121,7 @@ def test_issue15_a_new_batch_is_acknowledged_before_recovery_done_and_turned_aft
     _load_then_kill(data_dir, ledger, seed)
     env, fifo = probe
     rids, body = _new_batch(20)
-    with ServeProcess(data_dir, env) as serve:
+    with ServeProcess(data_dir, env).start(recovered=False) as serve:
         status, _, _ = serve.post_logs(body, {"X-Ourios-Tenant": "acme"})
         assert status == 200, serve.tail()
         assert serve.event("recovery.done") == []  # acknowledged while the replay waits
@@ -159,7 +159,7 @@ def test_issue15_a_sigkill_during_the_replay_loses_nothing_acknowledged(
     _load_then_kill(data_dir, ledger, seed)
     env, _fifo = probe
     rids, body = _new_batch(20)
-    serve = ServeProcess(data_dir, env).start()
+    serve = ServeProcess(data_dir, env).start(recovered=False)
     try:
         status, _, _ = serve.post_logs(body, {"X-Ourios-Tenant": "acme"})
         assert status == 200, serve.tail()
