@@ -20,11 +20,23 @@
      the rest are suppressed and counted — except an event of a template this replay
      minted afresh (an id above the allocator's high-water at start), which no published
      event binds and which is forwarded once (RFC0052.10, 2026-10-06). Stored audit
-     frames are never replayed.
+     frames are never replayed;
+   * a tenant whose entry has the ``publishing`` bit (a settlement's intent, RFC 0055
+     §9.4, not confirmed) has R = A = the frontier in force *before* that settlement:
+     none of its span (R, E] is known to be in the store, so none of it is suppressed.
+     Some of it may be — the settlement was killed between its publish and its marks —
+     so the span's frames are forwarded *staged* (``sink.buffers``), exactly as the
+     settlement staged them: their records, and the events of templates the snapshot
+     holds, under names those rows derive, written with the conditional create; what
+     the settlement's attempt wrote is found there and not written again, what it did
+     not write is written now. The events of templates this replay mints are its own
+     (fresh ids no stored row names) and are forwarded as above.
 
 3. ``check_restorable``: a tenant that still has frames and whose restorable horizon is
    below what RECLAIM says was reclaimed from under it refuses the start, naming it;
-4. publish what replay buffered, and only if all of it reached the store write
+4. publish what replay buffered, and only if all of it reached the store confirm each
+   intent (its tenant's marks raised to the span's end, the bit cleared: the span is
+   in the store; a tenant whose replay failed is left to its settlement) and write
    post-recovery snapshots at each tenant's own folded horizon (a snapshot above X
    suppresses (X, S] on the next replay, so those rows must be in the store first; a
    tenant replay did not touch keeps its restored one); the SnapshotLedger is seeded
@@ -37,6 +49,7 @@ A restarted node has no mark until its first acknowledged turn: replay sets none
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -46,7 +59,16 @@ from app.otlp import IngestRejection, decode_request, flatten
 from app.pipeline import Pipeline
 from app.settlement import ReplayGates
 from app.snapshots import SnapshotLedger, SnapshotState, SnapshotStore
-from wal import CorruptionError, FrameKind, Journal, PublishedMarks, WalOffset
+from wal import (
+    CorruptionError,
+    FrameKind,
+    Journal,
+    PublishedMarks,
+    PublishedWriteError,
+    WalOffset,
+)
+
+log = logging.getLogger("ourios.recovery")
 
 #: The counter bits of a template id (node ordinal << 48 | counter).
 COUNTER_MASK = (1 << 48) - 1
@@ -74,6 +96,10 @@ class RecoveryReport:
     checkpoint: WalOffset | None = None
     #: tenants PUBLISHED holds frontiers for (their gates are their own)
     frontiers: int = 0
+    #: tenant -> the span of its unconfirmed settlement intent, republished staged
+    intents: dict[str, str] = field(default_factory=dict)
+    #: tenants whose intent this start confirmed
+    intents_confirmed: int = 0
     seconds: float = 0.0
 
     def fields(self) -> dict[str, object]:
@@ -94,6 +120,8 @@ class RecoveryReport:
             "torn_segments": self.torn_segments,
             "checkpoint": None if self.checkpoint is None else str(self.checkpoint),
             "frontiers": self.frontiers,
+            "intents": dict(sorted(self.intents.items())),
+            "intents_confirmed": self.intents_confirmed,
             "seconds": round(self.seconds, 3),
         }
 
@@ -125,6 +153,9 @@ def recover(
     x = -1 if mark is None else mark.lsn
     frontiers = journal.published_marks()
     report.frontiers = len(frontiers)
+    report.intents = {
+        t: f"({m.records}, {m.intent}]" for t, m in frontiers.items() if m.intent is not None
+    }
     #: tenants whose replay failed (the guard), with the gates it applied to them
     unmined: dict[str, ReplayGates] = {}
     replay = journal.replay()
@@ -158,6 +189,7 @@ def recover(
             continue
         records_gate, audit_gate = gates(frontiers.get(tenant), x)
         gate = max(records_gate, -1 if s is None else s.lsn)
+        span = intent_end(frontiers.get(tenant))
         try:
             records, events = pipeline.replay_frame(
                 tenant,
@@ -167,6 +199,7 @@ def recover(
                 publish_audit=lsn > audit_gate,
                 nbytes=len(frame.payload),
                 is_fresh=fresh_above,
+                intent=lsn <= span,
             )
         except Exception as exc:  # noqa: BLE001 - the guard: settled after the start
             unmined[tenant] = gate_offsets(frontiers.get(tenant), mark, s)
@@ -187,6 +220,7 @@ def recover(
         # suppress on the next replay are in the store: publish what replay buffered
         # first, and write no snapshot when any of it failed (the barrier retries).
         if pipeline.publish_all_now("recovery"):
+            _confirm_intents(journal, frontiers, set(unmined), report)
             _post_recovery_snapshots(pipeline, store, ledger, restored, report)
         else:
             report.snapshot_failures += 1
@@ -200,6 +234,34 @@ def recover(
 
 def _has_entry(pipeline: Pipeline, tenant: str) -> Callable[[], bool]:
     return lambda: pipeline.unmined.has(tenant)
+
+
+def intent_end(marks: PublishedMarks | None) -> int:
+    """The LSN a tenant's unconfirmed settlement intent ends at (-1: none): its frames
+    above the gates and at or below it are replayed staged (module docstring)."""
+    return -1 if marks is None or marks.intent is None else marks.intent.lsn
+
+
+def _confirm_intents(
+    journal: Journal,
+    frontiers: dict[str, PublishedMarks],
+    unsettled: set[str],
+    report: RecoveryReport,
+) -> None:
+    """Everything replay buffered is in the store, so is each intent's span: record its
+    end as the tenant's frontier (clearing the bit). A tenant whose replay failed is not
+    confirmed (its staged rows were dropped with its tree; its settlement re-stages the
+    span). A failed write leaves the intent in force: the next cut, whose flush covers
+    the span, confirms it."""
+    for tenant, marks in sorted(frontiers.items()):
+        if marks.intent is None or tenant in unsettled:
+            continue
+        try:
+            journal.publish_marks({tenant: PublishedMarks(marks.intent, marks.intent)})
+        except PublishedWriteError as exc:
+            log.warning("tenant %r: its settlement intent was not confirmed: %s", tenant, exc)
+            continue
+        report.intents_confirmed += 1
 
 
 def gate_offsets(

@@ -1,0 +1,223 @@
+"""Issue 18 item 6: settlement's intent is durable (RFC 0055 §9.4 "intent then confirm").
+
+A settlement on the barrier thread publishes the rows it re-emitted and then records the
+raised frontier in PUBLISHED. A crash between the two used to leave nothing on disk
+saying the span had been attempted: the restart replayed it from the old frontier under
+fresh object names and every such crash added a copy. Now the intent is written first
+(the ``publishing`` bit, with the frontier in force and the end of the span), the span's
+rows go out under names derived from the rows, and recovery, finding the bit, replays
+the span under the same names with the store's conditional create: whatever of it had
+landed is not written again, whatever had not is.
+
+The crash model is ``NodeRig``'s (``restart(crash=True)``: the process is abandoned and
+the journal's files are what the kernel keeps); the settling thread is held at a named
+sync point (``app.points``) and the fs is declared crashed before it is let go, so
+nothing it does after the point reaches the disk. The real-process test is
+``tests/crash/test_nowedge_6_serve.py``.
+"""
+
+from __future__ import annotations
+
+import io
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+
+from app import points
+from app.settlement import Result
+from tests.support.minerfaults import FaultPlan, FaultyMiners
+from tests.support.noderig import NodeRig, rids
+from tests.unit.app.test_settlement import Worker, ingest_bodies, step
+from wal import OsFs, PublishedMarks, WalOffset
+from wal.published import PublishedFile
+from wal.testing import SimulatedCrash
+
+WAIT_S = 10.0
+
+#: The failing frame's bodies: the first widens the template the snapshot holds (a
+#: ``changed`` event of an id the snapshot knows), the second creates a template (an id
+#: every rebuild allocates afresh), the third widens that one and is where mining fails,
+#: after mining it (the tree is widened, the events are lost).
+T1 = ["op t1 step 0 took 0 ms", "disk sda1 is 91 percent full", "disk sda2 is 17 percent full"]
+
+
+@pytest.fixture
+def make(tmp_path: Path) -> Iterator[Callable[..., tuple[NodeRig, FaultPlan]]]:
+    rigs: list[NodeRig] = []
+
+    def build(**kwargs: Any) -> tuple[NodeRig, FaultPlan]:
+        plan = FaultPlan()
+        rig = NodeRig(
+            tmp_path / f"node{len(rigs)}",
+            miners_factory=lambda allocator: FaultyMiners(allocator, plan),
+            **kwargs,
+        )
+        rigs.append(rig)
+        return rig, plan
+
+    yield build
+    for rig in rigs:
+        rig.close()
+
+
+def records(rig: NodeRig, tenant: str = "T") -> list[tuple[str, int]]:
+    """(rid, template_id) of every published record row of ``tenant``, with repeats."""
+    out: list[tuple[str, int]] = []
+    for key in rig.memory.list("records/"):
+        table = pq.read_table(io.BytesIO(rig.memory.get(key)))
+        for t, attrs, tid in zip(
+            table.column("tenant").to_pylist(),
+            table.column("attributes").to_pylist(),
+            table.column("template_id").to_pylist(),
+            strict=True,
+        ):
+            if t == tenant:
+                out.extend((v, tid) for k, v in attrs if k == "rid")
+    return out
+
+
+def events(rig: NodeRig) -> Counter[tuple[int, int]]:
+    """(template_id, template_version) of every published template event, counted."""
+    return Counter((r["template_id"], r["template_version"]) for r in rig.audit_rows())
+
+
+def assert_once(rig: NodeRig, expected: list[str]) -> None:
+    """Every acknowledged record exactly once, every template event (an id at a version)
+    exactly once, and no record under a template id without a ``created`` event."""
+    rows = records(rig)
+    got = Counter(r for r, _ in rows)
+    assert got == Counter(expected), f"records: {sorted(got.items())}"
+    audit = events(rig)
+    twice = {k: n for k, n in audit.items() if n > 1}
+    assert not twice, f"template events published more than once: {twice}"
+    created = {r["template_id"] for r in rig.audit_rows() if r["change"] == "created"}
+    orphans = {tid for _, tid in rows} - created
+    assert not orphans, f"record rows name template ids with no created event: {orphans}"
+
+
+def on_disk(rig: NodeRig, tenant: str = "T") -> PublishedMarks | None:
+    """The tenant's PUBLISHED entry as a fresh process would read it."""
+    loaded = PublishedFile.read_only(OsFs(), rig.root / "data" / "wal")
+    assert loaded is not None
+    record = loaded[1]
+    for slot, entry in record.entries.items():
+        if record.dictionary[slot].tenant == tenant:
+            return entry.marks
+    return None
+
+
+def die_at(rig: NodeRig, point: str, run: Callable[[], object]) -> None:
+    """Run ``run`` on a thread and kill the process when the thread reaches ``point``:
+    the fs is declared crashed before the thread is let go, so nothing it does after the
+    point reaches the disk (it dies on its next fs call)."""
+    with points.hold(point) as held:
+        worker = Worker("settling", run)
+        assert held.reached.wait(WAIT_S), f"the settlement never reached {point}"
+        rig.fs.crash_now()
+        held.release()
+        try:
+            worker.join()
+        except SimulatedCrash:
+            pass
+
+
+def settle_failed_frame(make: Callable[..., tuple[NodeRig, FaultPlan]]) -> tuple[NodeRig, str]:
+    """T's frontier and snapshot at a0; then a frame whose mining fails (an entry)."""
+    rig, plan = make()
+    rig.ingest("T", "a0")
+    assert step(rig).complete
+    plan.fail_at("disk sda2 ", "after")
+    ingest_bodies(rig, "T", "t1", T1)
+    assert rig.pipeline.unmined.has("T")
+    return rig, "t1"
+
+
+EXPECTED = [*rids("a0"), *rids("t1")]
+
+
+def test_nowedge_6_a_sigkill_between_a_settlements_publish_and_its_marks_adds_no_copy(
+    make: Callable[..., tuple[NodeRig, FaultPlan]],
+) -> None:
+    """Everything the settlement re-emitted reached the store, then the process died
+    before PUBLISHED recorded it: the restart republishes none of it — no record, no
+    template event a second time — and a further crash adds nothing either."""
+    rig, _ = settle_failed_frame(make)
+    die_at(rig, "settlement.published", rig.barrier.settle)
+    assert Counter(r for r, _ in records(rig)) == Counter(EXPECTED)  # all of it landed
+    rig.restart(crash=True)
+    assert_once(rig, EXPECTED)
+    seen = (Counter(records(rig)), events(rig))
+    rig.restart(crash=True)
+    assert (Counter(records(rig)), events(rig)) == seen
+
+
+def test_nowedge_6_a_sigkill_after_a_partial_publish_loses_nothing_and_duplicates_nothing(
+    make: Callable[..., tuple[NodeRig, FaultPlan]],
+) -> None:
+    """The settlement's template events reached the store, its records did not (the
+    records put failed), and the process died before any marks: the restart publishes
+    the records once and no template event again."""
+    rig, _ = settle_failed_frame(make)
+    rig.store.fail(prefix="records/", always=True)
+    die_at(rig, "settlement.published", rig.barrier.settle)
+    assert {r for r, _ in records(rig)} == set(rids("a0"))  # the span's events only
+    rig.restart(crash=True)
+    assert_once(rig, EXPECTED)
+
+
+def test_nowedge_6_repeated_crashes_inside_the_republish_add_no_copy(
+    make: Callable[..., tuple[NodeRig, FaultPlan]],
+) -> None:
+    """The restart's own republish of the span fails half way (records refused) and the
+    process dies again before anything confirms it: the next restart writes what is
+    missing and nothing twice — the span and its names are fixed, not growing."""
+    rig, _ = settle_failed_frame(make)
+    rig.store.fail(prefix="records/", always=True)
+    die_at(rig, "settlement.published", rig.barrier.settle)
+    # the restart's republish fails too: the intent stays
+    rig.fs.crash_now()
+    rig.fs.apply_crash(power_loss=False)
+    rig.publisher.close(timeout=5)
+    rig.store.clear()
+    rig.store.fail(prefix="records/", always=True)
+    rig.start()
+    assert {r for r, _ in records(rig)} == set(rids("a0"))
+    rig.restart(crash=True)
+    assert_once(rig, EXPECTED)
+
+
+def _lsn(offset: WalOffset | None) -> int:
+    return -1 if offset is None else offset.lsn
+
+
+def test_nowedge_6_settlement_records_its_intent_before_the_publish_and_clears_it_with_the_marks(
+    make: Callable[..., tuple[NodeRig, FaultPlan]],
+) -> None:
+    """The bit's lifecycle on disk: set (frontier in force, end of the span) before the
+    first object of the span is written, still set when the publish returns, cleared by
+    the confirm that raises the frontier to the span's end."""
+    rig, _ = settle_failed_frame(make)
+    frontier = on_disk(rig)
+    assert frontier is not None and not frontier.publishing
+    (entry,) = rig.pipeline.unmined.of("T")
+    through = entry.span.offset  # the failed frame's end: the span the settlement re-emits
+    first_put = rig.store.hold()
+    worker = Worker("settling", rig.barrier.settle)
+    assert first_put.reached.wait(WAIT_S)
+    intent = on_disk(rig)
+    assert intent is not None and intent.publishing, intent
+    assert intent.records == frontier.records and intent.audit == frontier.audit
+    assert intent.intent == through
+    with points.hold("settlement.published") as published:
+        first_put.release()
+        assert published.reached.wait(WAIT_S)
+        still = on_disk(rig)
+        assert still is not None and still.publishing and still.intent == through
+    (outcome,) = worker.join()
+    assert outcome.result is Result.SETTLED and outcome.marks_written
+    confirmed = on_disk(rig)
+    assert confirmed == PublishedMarks(through, through)
