@@ -616,6 +616,7 @@ class Settler:
                 "through": str(to.offset),
                 "records_frontier": w_records,
                 "audit_frontier": w_audit,
+                "intent": None if span is None else str(span),
                 "frames": len(replayed),
                 "records": records,
                 "events": events_out,

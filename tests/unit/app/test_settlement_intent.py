@@ -221,3 +221,31 @@ def test_nowedge_6_settlement_records_its_intent_before_the_publish_and_clears_i
     assert outcome.result is Result.SETTLED and outcome.marks_written
     confirmed = on_disk(rig)
     assert confirmed == PublishedMarks(through, through)
+
+
+def test_nowedge_6_a_publish_the_store_refused_keeps_the_intent_until_a_cut_covers_the_span(
+    make: Callable[..., tuple[NodeRig, FaultPlan]],
+) -> None:
+    """The settlement's records put fails: no confirm, the intent stays on disk (a crash
+    now would republish the span under its names). The next cut publishes the requeued
+    span as itself; its mark is still below the failed frame (no turn acknowledged it),
+    so the intent stays until a cut whose mark reaches the span's end clears the bit."""
+    rig, _ = settle_failed_frame(make)
+    (entry,) = rig.pipeline.unmined.of("T")
+    rig.store.fail(prefix="records/")
+    (outcome,) = rig.barrier.settle()
+    assert outcome.result is Result.SETTLED and not outcome.marks_written
+    (settled,) = [f for n, f in rig.events if n == "tenant.settled"]
+    assert settled["intent"] == str(entry.span.offset)
+    kept = on_disk(rig)
+    assert kept is not None and kept.intent == entry.span.offset
+    assert step(rig).complete
+    assert_once(rig, EXPECTED)  # the span, published by the cut under its names
+    assert on_disk(rig) == kept  # the mark is below the span's end: not confirmed yet
+    rig.ingest("U", "u0")
+    assert step(rig).complete
+    covered = on_disk(rig)
+    assert covered is not None and not covered.publishing
+    assert _lsn(covered.records) >= entry.span.offset.lsn
+    rig.restart(crash=True)
+    assert_once(rig, EXPECTED)
