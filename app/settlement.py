@@ -34,10 +34,22 @@ of the batch. From then on:
      in flight is fenced, never written after this point), the replay's rows and
      events are buffered, the entries are removed and the clamp lifted; the signal is
      set. Nothing here waits for another thread's publish;
-  5. *forced frontier* (barrier thread only; no store I/O in an ingest turn) — the
-     tenant's rows are published now and, when nothing of it is left in flight,
-     PUBLISHED records the raised marks, so a crash after it replays nothing of the
-     span again.
+  5. *intent, forced frontier* (barrier thread only; no I/O in an ingest turn) — RFC
+     0055 §9.4 "intent then confirm". Before the swap, ``publish_marks`` records the
+     intent: the frontier W (one position for both sides) and the end of the span, the
+     entry's ``publishing`` bit set. The swap buffers the span *staged* (its records,
+     and the events of templates the tree held before the rebuild: ``sink.buffers``),
+     units named by their rows. After it the tenant's rows are published and, when
+     nothing of it is left in flight, ``publish_marks`` confirms (the raised marks
+     reach the span's end: the bit clears), so a crash after it replays nothing of the
+     span. A crash between the two leaves the bit: recovery gates the tenant at W and
+     republishes the span staged from the same snapshot, under the same names, with the
+     store's conditional create — what landed is not written again, what did not is
+     (``app/recovery.py``; the crash cases are argued in docs/ARCHITECTURE.md). One
+     intent at a time: a settlement that finds one in force stages exactly its span and
+     writes none of its own; a turn's settlement stages it too and never writes one.
+     No intent can be written (the write failed, or the sides start apart): nothing is
+     force-published, the rows wait for the next cut.
 
   What the replay emits: a frame's records only above W; its template events above
   the audit frontier, and always the events of templates the replay created (a fresh
