@@ -655,6 +655,63 @@ SABOTAGES: tuple[Sabotage, ...] = (
             "tests/unit/app/test_poison.py::test_nowedge_4_a_replayed_entry_re_emits_above_the_gates_its_replay_applied",
         ),
     ),
+    # -- issue 18 item 6: settlement's intent is durable (RFC 0055 §9.4) ---------------
+    Sabotage(
+        "intent_never_written",
+        "a settlement's intent is durable in PUBLISHED before any row of its span is published",
+        "app/settlement.py",
+        "            p.journal.publish_marks({tenant: PublishedMarks(lo, lo, intent=through)})",
+        "            pass",
+        (
+            "tests/unit/app/test_settlement_intent.py::test_nowedge_6_a_sigkill_between_a_settlements_publish_and_its_marks_adds_no_copy",
+            "tests/unit/app/test_settlement_intent.py::test_nowedge_6_settlement_records_its_intent_before_the_publish_and_clears_it_with_the_marks",
+            "tests/crash/test_nowedge_6_serve.py::test_nowedge_6_sigkill_between_a_settlements_publish_and_its_marks_adds_no_copy",
+        ),
+    ),
+    Sabotage(
+        "intent_ignored_by_recovery",
+        "recovery republishes an unconfirmed intent's span under the names its attempt used",
+        "app/recovery.py",
+        "        span = intent_end(frontiers.get(tenant))",
+        "        span = -1",
+        (
+            "tests/unit/app/test_settlement_intent.py::test_nowedge_6_a_sigkill_between_a_settlements_publish_and_its_marks_adds_no_copy",
+            "tests/unit/app/test_settlement_intent.py::test_nowedge_6_repeated_crashes_inside_the_republish_add_no_copy",
+        ),
+    ),
+    Sabotage(
+        "intent_gates_on_the_intended_marks",
+        "an unconfirmed intent's span is never suppressed: recovery gates at the frontier it kept",
+        "app/recovery.py",
+        "    if marks is None:\n        return x, x\n",
+        "    if marks is None:\n        return x, x\n    if marks.intent is not None:\n"
+        "        return marks.intent.lsn, marks.intent.lsn\n",
+        (
+            "tests/unit/app/test_settlement_intent.py::test_nowedge_6_a_sigkill_after_a_partial_publish_loses_nothing_and_duplicates_nothing",
+            "tests/crash/test_nowedge_6_serve.py::test_nowedge_6_sigkill_between_a_settlements_publish_and_its_marks_adds_no_copy",
+        ),
+    ),
+    Sabotage(
+        "intent_events_named_afresh",
+        "an intent span's known-template events are named by their content, so a retry finds them",
+        "sink/publisher.py",
+        "        return audit_object_name(self._node, part.tenant, day, rows)",
+        "        return new_object_name(self._node)",
+        (
+            "tests/unit/app/test_settlement_intent.py::test_nowedge_6_a_sigkill_between_a_settlements_publish_and_its_marks_adds_no_copy",
+        ),
+    ),
+    Sabotage(
+        "intent_cleared_short_of_its_end",
+        "an intent stays in PUBLISHED until a write's marks reach the end of its span",
+        "wal/frontiers.py",
+        "        if m.intent is None and _reaches(m, old.intent):",
+        "        if m.intent is None:",
+        (
+            "tests/unit/app/test_settlement_intent.py::test_nowedge_6_a_publish_the_store_refused_keeps_the_intent_until_a_cut_covers_the_span",
+            "tests/unit/wal/test_published.py::test_nowedge_6_an_intent_is_recorded_with_its_frontier_and_kept_until_marks_reach_its_end",
+        ),
+    ),
     Sabotage(
         "cut_raises_a_replayed_tenants_frontier",
         "a cut leaves the frontier of a tenant whose replay failed where the replay found it",
