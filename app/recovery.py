@@ -187,7 +187,7 @@ def recover(
             pipeline.replay_deferred(frame, unmined[tenant], mark)
             report.frames_unmined += 1
             continue
-        records_gate, audit_gate = gates(frontiers.get(tenant), x)
+        records_gate, audit_gate = gates(frontiers.get(tenant), x, lsn)
         gate = max(records_gate, -1 if s is None else s.lsn)
         span = intent_end(frontiers.get(tenant))
         try:
@@ -202,7 +202,7 @@ def recover(
                 intent=lsn <= span,
             )
         except Exception as exc:  # noqa: BLE001 - the guard: settled after the start
-            unmined[tenant] = gate_offsets(frontiers.get(tenant), mark, s)
+            unmined[tenant] = gate_offsets(frontiers.get(tenant), mark, s, lsn)
             pipeline.replay_failed(frame, exc, unmined[tenant], mark)
             report.frames_unmined += 1
             report.unmined[tenant] = str(frame.offset)
@@ -264,18 +264,27 @@ def _confirm_intents(
         report.intents_confirmed += 1
 
 
+def _nothing_below(marks: PublishedMarks, lsn: int) -> bool:
+    """Whether a side of ``marks`` without a frontier means "nothing of it is published"
+    for the frame ending at ``lsn`` rather than "consult X": a terminal entry, or a frame
+    in the span of an intent recorded without a frontier (its settlement re-emitted every
+    frame of the span, so its staged units start at the tenant's snapshot)."""
+    return marks.terminal or (marks.intent is not None and lsn <= marks.intent.lsn)
+
+
 def gate_offsets(
-    marks: PublishedMarks | None, x: WalOffset | None, s: WalOffset | None
+    marks: PublishedMarks | None, x: WalOffset | None, s: WalOffset | None, lsn: int
 ) -> ReplayGates:
-    """``gates`` as offsets, the records side maxed with the snapshot horizon S: what a
-    replay published the tenant's rows and events above (None: everything)."""
+    """``gates`` as offsets for the frame ending at ``lsn``, the records side maxed with
+    the snapshot horizon S: what a replay published the tenant's rows and events above
+    (None: everything)."""
 
     def side(offset: WalOffset | None) -> WalOffset | None:
         if marks is None:
             return x
         if offset is not None:
             return offset
-        return None if marks.terminal else x
+        return None if _nothing_below(marks, lsn) else x
 
     records = side(None if marks is None else marks.records)
     if s is not None and (records is None or s.lsn > records.lsn):
@@ -283,17 +292,20 @@ def gate_offsets(
     return ReplayGates(records, side(None if marks is None else marks.audit))
 
 
-def gates(marks: PublishedMarks | None, x: int) -> tuple[int, int]:
-    """(records, audit) LSNs at or below which a tenant's replay publishes nothing
-    (DESIGN.md §13): its own frontier where PUBLISHED has one, never maxed with X; X
-    where it has none; nothing (-1) for a side of a terminal entry that has none."""
+def gates(marks: PublishedMarks | None, x: int, lsn: int) -> tuple[int, int]:
+    """(records, audit) LSNs at or below which a tenant's replay publishes nothing of the
+    frame ending at ``lsn`` (DESIGN.md §13): its own frontier where PUBLISHED has one,
+    never maxed with X — for an entry with an unconfirmed intent, the frontier the
+    intent kept, never its end; X where it has none; nothing (-1) for a side of a
+    terminal entry that has none, and for one of an intent without a frontier within its
+    span."""
     if marks is None:
         return x, x
 
     def side(offset: WalOffset | None) -> int:
         if offset is not None:
             return offset.lsn
-        return -1 if marks.terminal else x
+        return -1 if _nothing_below(marks, lsn) else x
 
     return side(marks.records), side(marks.audit)
 

@@ -386,7 +386,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "gate_replay_on_x",
         "a tenant's replay gate is its own PUBLISHED frontier, never the node-wide X",
         "app/recovery.py",
-        "        records_gate, audit_gate = gates(frontiers.get(tenant), x)",
+        "        records_gate, audit_gate = gates(frontiers.get(tenant), x, lsn)",
         "        records_gate, audit_gate = x, x",
         (
             "tests/unit/app/test_settlement.py::test_rfc0055_9_5_an_unrecoverable_tenant_is_isolated_and_the_checkpoint_advances_for_others",
@@ -689,6 +689,16 @@ SABOTAGES: tuple[Sabotage, ...] = (
         (
             "tests/unit/app/test_settlement_intent.py::test_nowedge_6_a_sigkill_after_a_partial_publish_loses_nothing_and_duplicates_nothing",
             "tests/crash/test_nowedge_6_serve.py::test_nowedge_6_sigkill_between_a_settlements_publish_and_its_marks_adds_no_copy",
+        ),
+    ),
+    Sabotage(
+        "intent_without_frontier_gated_on_x",
+        "an intent recorded without a frontier is replayed from the tenant's snapshot within its span",
+        "app/recovery.py",
+        "    return marks.terminal or (marks.intent is not None and lsn <= marks.intent.lsn)",
+        "    return marks.terminal",
+        (
+            "tests/unit/app/test_settlement_intent.py::test_nowedge_6_an_intent_without_a_frontier_is_replayed_from_the_tenants_first_frame",
         ),
     ),
     Sabotage(

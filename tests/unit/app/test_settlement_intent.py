@@ -249,3 +249,45 @@ def test_nowedge_6_a_publish_the_store_refused_keeps_the_intent_until_a_cut_cove
     assert _lsn(covered.records) >= entry.span.offset.lsn
     rig.restart(crash=True)
     assert_once(rig, EXPECTED)
+
+
+def test_nowedge_6_an_intent_without_a_frontier_is_replayed_from_the_tenants_first_frame(
+    make: Callable[..., tuple[NodeRig, FaultPlan]],
+) -> None:
+    """A new node's first settlement, before any checkpoint: the intent has no frontier
+    (nothing of the tenant was durable) and the settlement re-emitted every frame of the
+    tenant. A cut then stamps a mark below the span's end (the failed frame is above the
+    last mined turn) and fails to install the tenant's snapshot, and the process dies:
+    the restart must stage the span from the tenant's first frame, as the settlement
+    did — not from that checkpoint — or the span's names differ and its records land
+    twice."""
+    rig, plan = make()
+    rig.ingest("U", "u0")
+    rig.ingest("T", "t0")
+    plan.fail_at("disk sda2 ", "after")
+    ingest_bodies(rig, "T", "t1", T1)
+    assert rig.journal.last_checkpoint is None
+    rig.store.fail(prefix="records/")
+    (outcome,) = rig.barrier.settle()
+    assert outcome.result is Result.SETTLED and not outcome.marks_written
+    intent = on_disk(rig)
+    assert intent is not None and intent.records is None and intent.publishing
+    rig.fs.fail("open", "T.*.snap.tmp")
+    assert step(rig).complete  # publishes the span as itself; the mark is below its end
+    assert rig.ledger.state("T") is None  # no snapshot: the replay starts at t0
+    x = rig.journal.last_checkpoint
+    assert x is not None and intent.intent is not None and x.lsn < intent.intent.lsn
+    assert on_disk(rig) == intent
+    expected = [*rids("u0"), *rids("t0"), *rids("t1")]
+    rows = Counter(r for k in rig.memory.list("records/") for r in _rids_of(rig, k))
+    assert rows == Counter(expected)
+    rig.restart(crash=True)
+    assert Counter(r for k in rig.memory.list("records/") for r in _rids_of(rig, k)) == Counter(
+        expected
+    )
+    assert not {k: n for k, n in events(rig).items() if n > 1}
+
+
+def _rids_of(rig: NodeRig, key: str) -> list[str]:
+    table = pq.read_table(io.BytesIO(rig.memory.get(key)))
+    return [v for attrs in table.column("attributes").to_pylist() for k, v in attrs if k == "rid"]
