@@ -39,9 +39,10 @@ checkpoint for it); a zeroed WalOffset is a real position, not an absence.
 The ``publishing`` bit is a settlement's intent (RFC 0055 §9.4, "intent then
 confirm"; DESIGN.md §13): the entry then holds two positions of one span instead of two
 frontiers — the records offset is the frontier in force for *both* sides when the
-intent was written (records_valid clear: none, the checkpoint applies), and the audit
-offset, which must be valid, is the end of the span being published (the marks the
-confirm will write). The RFC gives the entry no room for both a previous and an
+intent was written (records_valid clear: there was none, so within the span nothing is
+known durable and recovery replays it from the tenant's snapshot, as the settlement
+did; above it the checkpoint applies), and the audit offset, which must be valid, is
+the end of the span being published (the marks the confirm will write). The RFC gives the entry no room for both a previous and an
 intended pair, and the two sides of a frontier a settlement starts from are one
 position in every state this implementation reaches, so one offset carries it.
 ``PublishedEntry.marks`` reads it as ``PublishedMarks(frontier, frontier,
