@@ -25,6 +25,7 @@ from sink.keys import (
 from sink.parquet import (
     AUDIT_SCHEMA,
     COMPRESSIONS,
+    FLAT_SCHEMA,
     RECORDS_SCHEMA,
     Attributes,
     AuditColumns,
@@ -33,8 +34,10 @@ from sink.parquet import (
     RecordColumns,
     RecordRow,
     TemplateChange,
+    assemble_records,
     encode_audit,
     encode_records,
+    records_batch,
 )
 from sink.store import (
     FailingStore,
@@ -55,6 +58,7 @@ from sink.store import (
 __all__ = [
     "AUDIT_SCHEMA",
     "COMPRESSIONS",
+    "FLAT_SCHEMA",
     "RECORDS_SCHEMA",
     "Attributes",
     "AuditColumns",
@@ -79,6 +83,7 @@ __all__ = [
     "StoreError",
     "TemplateChange",
     "archive_key",
+    "assemble_records",
     "audit_key",
     "check_key",
     "check_tenant",
@@ -91,5 +96,6 @@ __all__ = [
     "node_identity",
     "parse_object_key",
     "partition_date",
+    "records_batch",
     "records_key",
 ]

@@ -58,24 +58,16 @@ from __future__ import annotations
 
 import itertools
 import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Final
 
-from sink.parquet import Attributes, AuditColumns, EncodeError, FrozenRows, RecordColumns
+import pyarrow as pa
+
+from sink.parquet import AuditColumns, RecordColumns
 
 NANOS_PER_DAY: Final = 86_400 * 1_000_000_000
-#: Rows a records partition holds as Python lists before the turn freezes them into a
-#: piece that the sealer thread converts into one Arrow chunk. It bounds the buffered
-#: Python objects a full garbage collection walks per partition, and the length of one
-#: conversion call, which holds the GIL throughout (at 2,048 rows a piece's conversions
-#: stalled every request by tens of milliseconds; converting per request instead cost
-#: 1.8x per row in per-call overhead). soak/bench/ingest.py measures the effect.
-SEAL_ROWS: Final = 512
-#: The sealer thread ends after this long without a piece to convert.
-SEALER_IDLE_SECS: Final = 0.5
 
 
 class Kind(Enum):
@@ -93,8 +85,8 @@ class Partition:
     first_at: float
     max_lsn: int = 0
     #: the partition's size as the triggers and the gauges see it: for records, the sum
-    #: of the estimates the appender passed (O(1) per batch; sizing the Python rows
-    #: themselves costs more than a microsecond per row on the ingest path)
+    #: of the estimates the appender passed (the frames' payload bytes, so the size
+    #: trigger fires at the same volume of input whatever the Arrow form's overhead)
     est_bytes: int = 0
     #: put back by a requeue (a failed or refused publish) and not yet published
     parked: bool = False
@@ -264,14 +256,8 @@ class Buffers:
         flush_bytes: int,
         clock: Callable[[], float],
         epoch: Callable[[], int],
-        background_sealing: bool = True,
     ) -> None:
-        """``background_sealing=False`` leaves frozen pieces for ``seal_pending`` (tests
-        that step it themselves); an encode converts whatever is left either way."""
         self.flush_bytes = flush_bytes
-        self._background_sealing = background_sealing
-        #: called by the sealer thread after each round with the pieces it converted
-        self.on_sealed: Callable[[int], None] | None = None
         self._clock = clock
         self._epoch = epoch
         self.lock = threading.Lock()  # the sink lock
@@ -294,10 +280,6 @@ class Buffers:
         self._lost_from: dict[str, int] = {}
         #: rows discarded because a settlement superseded them (dropped or fenced)
         self.superseded_rows = 0
-        #: pieces frozen by ``add_records`` and not yet taken by ``seal_pending``
-        self._unsealed: list[FrozenRows] = []
-        self._seal_wanted = threading.Event()
-        self._sealer: threading.Thread | None = None
 
     # -- appends (the ingest turn) -------------------------------------------------------
 
@@ -305,37 +287,19 @@ class Buffers:
         self,
         tenant: str,
         day: int,
+        batch: pa.RecordBatch,
         *,
-        time_unix_nano: Sequence[int],
-        observed_time_unix_nano: Sequence[int],
-        severity_number: Sequence[int],
-        severity_text: Sequence[str],
-        body: Sequence[str],
-        attributes: Sequence[Attributes],
-        resource_attributes: Sequence[Attributes],
-        scope_name: Sequence[str],
-        trace_id: Sequence[str | None],
-        span_id: Sequence[str | None],
-        template_id: Sequence[int],
-        template_params: Sequence[Sequence[str]],
         wal_lsn: int,
-        record_index: Sequence[int],
         nbytes: int,
         staged: bool = False,
     ) -> Detached | None:
-        """Append one batch's rows of one day; returns the partition, detached, when it
-        reached ``flush_bytes`` (the size trigger). ``staged``: the rows belong to an
-        intent span (module docstring): its own partition, never size-triggered.
-        ``nbytes`` is the caller's estimate of the rows' size (the pipeline passes the
-        frame's payload bytes).
-
-        The rows go into the partition's list columns (C-level extends); every
-        ``SEAL_ROWS`` rows the lists are frozen into a piece (O(1)) that ``seal_pending``
-        converts into an Arrow chunk outside the lock, so a partition holds about that
-        many rows as Python objects whatever its size, and its publish encodes without
-        converting."""
-        n = len(record_index)
-        if n == 0:
+        """Append one frame's rows of one day (a ``RECORDS_SCHEMA`` batch whose rows all
+        carry ``wal_lsn``); returns the partition, detached, when it reached
+        ``flush_bytes`` (the size trigger). ``nbytes`` is the caller's estimate of the
+        rows' size (the pipeline passes the frame's payload bytes). O(1) in the rows: the
+        batch is kept as it is. ``staged``: the rows belong to an intent span (module
+        docstring): its own partition, never size-triggered."""
+        if batch.num_rows == 0:
             return None
         with self.lock:
             key = (tenant, day)
@@ -350,26 +314,7 @@ class Buffers:
                     self._records[key] = part
             cols = part.records
             assert cols is not None
-            cols.extend_columns(
-                tenant,
-                time_unix_nano,
-                observed_time_unix_nano,
-                severity_number,
-                severity_text,
-                body,
-                attributes,
-                resource_attributes,
-                scope_name,
-                trace_id,
-                span_id,
-                template_id,
-                template_params,
-                wal_lsn,
-                record_index,
-            )
-            if cols.list_rows >= SEAL_ROWS:
-                self._unsealed.append(cols.freeze())
-                self._wake_sealer_locked()
+            cols.append_batch(batch)
             part.max_lsn = max(part.max_lsn, wal_lsn)
             part.audit_watermark = self._audit_seq.get(tenant, 0)
             part.est_bytes += nbytes
@@ -378,75 +323,6 @@ class Buffers:
                 del self._records[key]
                 return self._detach_locked(part, "size")
             return None
-
-    def _wake_sealer_locked(self) -> None:
-        if not self._background_sealing:
-            return
-        if self._sealer is None:
-            self._sealer = threading.Thread(
-                target=self._seal_forever, name="ourios-sealer", daemon=True
-            )
-            self._sealer.start()
-        self._seal_wanted.set()
-
-    def _seal_forever(self) -> None:
-        # Started on a freeze, it ends once idle for SEALER_IDLE_SECS (the next freeze
-        # starts another) or on stop_sealing: converting has no effect beyond the piece
-        # it replaces, so there is nothing to flush, and an idle node or a finished test
-        # keeps no thread. A piece left unconverted is converted by its encode.
-        while True:
-            if not self._seal_wanted.wait(SEALER_IDLE_SECS):
-                with self.lock:
-                    if not self._seal_wanted.is_set():
-                        self._sealer = None
-                        return
-            if not self._background_sealing:  # stop_sealing
-                with self.lock:
-                    self._sealer = None
-                return
-            self._seal_wanted.clear()
-            done = self.seal_pending()
-            hook = self.on_sealed
-            if hook is not None:
-                hook(done)
-
-    def stop_sealing(self, timeout: float) -> bool:
-        """No sealer from now on; join the running one (after the piece it is
-        converting). For shutdown: a daemon thread inside pyarrow when the interpreter
-        finalises may abort the process instead of exiting it. False if it did not
-        end within ``timeout``. What stays unconverted is converted by its encode."""
-        with self.lock:
-            self._background_sealing = False
-            sealer = self._sealer
-            self._seal_wanted.set()
-        if sealer is None:
-            return True
-        sealer.join(timeout)
-        return not sealer.is_alive()
-
-    def seal_pending(self) -> int:
-        """Convert the pieces ``add_records`` froze into Arrow chunks, outside the sink
-        lock, on the sealer thread: a conversion holds the GIL for milliseconds and, in a
-        request's own thread, measured tens of milliseconds of wall time under load, so
-        neither the serial section every turn waits for nor any one request carries it.
-        A piece already detached converts all the same: its rows are the same either
-        way, and an encode converts whatever is left. A piece that does not convert stays
-        lists for the encode to report. Returns the pieces converted."""
-        with self.lock:
-            pieces, self._unsealed = self._unsealed, []
-        done = 0
-        for piece in pieces:
-            # A piece's conversion holds the interpreter for a few milliseconds (its
-            # columns back to back); between pieces the threads waiting for it go first.
-            # Yielding between columns too left the sealer starved at full load, and
-            # the unconverted lists it left made each full collection walk them.
-            try:
-                piece.convert()
-            except EncodeError:
-                continue  # the publish's encode names the column and requeues
-            done += 1
-            time.sleep(0)  # the waiting threads go first
-        return done
 
     def add_audit(
         self,

@@ -43,24 +43,20 @@ Invariant: an object is encoded whole in memory and handed to the store as one
 ``bytes``, so a reader never sees a Parquet file without its footer; the store's atomic
 put is the only publication step.
 
-``RecordColumns`` and ``AuditColumns`` are the buffers the ingest turn appends to. The
-turn extends one Python list per column (no per-row dict, no Arrow call); every
-``sink.buffers.SEAL_ROWS`` rows it freezes a records buffer's lists into a piece, which
-the sealer thread converts into an Arrow chunk, so the publisher's encode converts
-nothing and writes with the GIL released. Converting a whole partition on the
-publisher thread instead held the interpreter for tens of milliseconds per call, and
-every turn waiting on an fsync or a lock queued behind it (p99 ack latency at half
-load: 130-400 ms before, soak/bench/ingest.py). Attributes stay the caller's sequence
-of ``(key, value)`` tuples and become a ``MapArray`` in one ``pyarrow.array`` call,
-which measured faster than building the array from flattened keys, values and
-offsets. Audit buffers are small and converted at encode time.
+``RecordColumns`` and ``AuditColumns`` are the buffers the ingest turn appends to. A
+records buffer is a list of Arrow record batches, one per frame: the decoder produces
+the ``FLAT_SCHEMA`` columns as Arrow arrays (built from flat lists, never Python rows),
+and the turn adds the tenant, template and WAL columns with ``assemble_records``. So
+buffered records are Arrow memory, which the cyclic collector never walks, and an
+encode converts nothing and writes with the GIL released. Audit buffers are small and
+converted at encode time.
 """
 
 from __future__ import annotations
 
 import enum
 import itertools
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final, NamedTuple
 
 import pyarrow as pa
@@ -70,7 +66,9 @@ import pyarrow.parquet as pq
 __all__ = [
     "AUDIT_SCHEMA",
     "COMPRESSIONS",
+    "FLAT_SCHEMA",
     "RECORDS_SCHEMA",
+    "TURN_COLUMNS",
     "Attributes",
     "AuditColumns",
     "AuditRow",
@@ -78,8 +76,10 @@ __all__ = [
     "RecordColumns",
     "RecordRow",
     "TemplateChange",
+    "assemble_records",
     "encode_audit",
     "encode_records",
+    "records_batch",
 ]
 
 #: OTLP attributes after the receiver's conversion: (key, value) pairs, values
@@ -112,6 +112,14 @@ RECORDS_SCHEMA: Final[pa.Schema] = pa.schema(
     metadata={"ourios.schema": "records/1"},
 )
 
+#: The columns the template miner and the WAL add to a decoded batch; the rest
+#: (``FLAT_SCHEMA``) come from the decoder.
+TURN_COLUMNS: Final = ("tenant", "template_id", "template_params", "wal_lsn")
+#: A decoded request's records: ``RECORDS_SCHEMA`` without ``TURN_COLUMNS``, same order.
+FLAT_SCHEMA: Final[pa.Schema] = pa.schema(
+    [field for field in RECORDS_SCHEMA if field.name not in TURN_COLUMNS]
+)
+
 AUDIT_SCHEMA: Final[pa.Schema] = pa.schema(
     [
         pa.field("tenant", pa.string(), nullable=False),
@@ -134,23 +142,10 @@ _CODECS: Final[dict[str, str | None]] = {
     "none": None,
 }
 
-# The size estimate is the Arrow form's bytes: fixed-width values, one int32 offset per
-# string, map or list value, and the string lengths. It counts code points, not UTF-8
-# bytes, and ignores Python object overhead (the heap holds several times more).
+# The audit size estimate is the Arrow form's bytes: fixed-width values, one int32
+# offset per string, and the string lengths (code points, not UTF-8 bytes).
 _OFFSET: Final = 4
-_RECORD_FIXED_BYTES: Final = (
-    8
-    + 8
-    + 4
-    + 8
-    + 8
-    + 4  # times, severity_number, template_id, wal_lsn, record_index
-    + 6 * _OFFSET  # tenant, severity_text, body, scope_name, trace_id, span_id
-    + 3 * _OFFSET  # attributes, resource_attributes, template_params
-)
 _AUDIT_FIXED_BYTES: Final = 8 + 4 + 8 + 8 + 3 * _OFFSET
-_ATTR_ENTRY_BYTES: Final = 2 * _OFFSET  # the key's and the value's offsets
-_ID_BYTES: Final = 32 + 16  # hex trace id and span id
 
 
 class EncodeError(Exception):
@@ -207,342 +202,107 @@ class AuditRow(NamedTuple):
     time_unix_nano: int
 
 
-_join = "".join
-_chain = itertools.chain.from_iterable
-# Rows sized per pass of ``RecordColumns._measure``: bounds the joined temp strings.
-_MEASURE_CHUNK: Final = 4096
-
-
-def _attributes_nbytes(attributes: Attributes) -> int:
-    return len(_join(_chain(attributes))) + _ATTR_ENTRY_BYTES * len(attributes)
-
-
 class RecordColumns:
-    """A columnar buffer of record rows in ``RECORDS_SCHEMA``: frozen pieces (each an
-    Arrow chunk once converted), then rows held as one Python list per column, in that
-    order.
+    """A records buffer: Arrow record batches in ``RECORDS_SCHEMA``, in order.
 
-    Rows arrive as lists (``extend_columns``, the ingest turn's path, a C-level extend
-    per column; ``append_row`` and ``extend`` for tests and tools); ``freeze`` moves the
-    list rows into a ``FrozenRows`` piece, which ``FrozenRows.convert`` turns into an
-    Arrow chunk. The owner freezes every ``sink.buffers.SEAL_ROWS`` rows and converts
-    off its lock, so a large buffer is Arrow memory, which the cyclic collector never
-    walks and an encode does not convert. Each column also reads as a
-    property giving its values over every row (``column``; tests and diagnostics).
+    The ingest turn appends one batch per frame (``append_batch``: the decoder's columns
+    plus the template columns, built as arrays, never as Python rows), so a buffer of
+    any size is Arrow memory: the cyclic collector never walks it and an encode
+    converts nothing. ``extend``/``append_row`` convert Python rows (tests and tools);
+    a value that does not fit its column raises ``EncodeError`` naming the column and
+    leaves the buffer unchanged.
 
-    ``nbytes`` is exact for chunks; for list rows it is kept incrementally by sizing,
-    when it is read, only the rows appended since the last read, in a few C-level
-    passes. Not thread-safe, reads of ``nbytes`` included: the owner's lock (the sink
-    lock) guards it.
-
-    ``trace_id``/``span_id`` take the raw OTLP bytes or an already-hex string; bytes
-    are hex-encoded at encode time, off the ingest path, and an empty id becomes null.
+    Each column also reads as a property giving its values over every row (``column``;
+    tests and diagnostics). A batch is immutable once appended, so buffers may share
+    batches (``merge``). Not thread-safe: the owner's lock (the sink lock) guards it.
     """
 
-    __slots__ = (
-        "_tenant",
-        "_time_unix_nano",
-        "_observed_time_unix_nano",
-        "_severity_number",
-        "_severity_text",
-        "_body",
-        "_attributes",
-        "_resource_attributes",
-        "_scope_name",
-        "_trace_id",
-        "_span_id",
-        "_template_id",
-        "_template_params",
-        "_wal_lsn",
-        "_record_index",
-        "_nbytes",
-        "_sized",
-        "_last_resource",
-        "_last_resource_nbytes",
-        "_pieces",
-        "_piece_rows",
-    )
+    __slots__ = ("_batches", "_rows", "_nbytes")
 
     def __init__(self) -> None:
-        self._tenant: list[str] = []
-        self._time_unix_nano: list[int] = []
-        self._observed_time_unix_nano: list[int] = []
-        self._severity_number: list[int] = []
-        self._severity_text: list[str] = []
-        self._body: list[str | None] = []
-        self._attributes: list[Attributes] = []
-        self._resource_attributes: list[Attributes] = []
-        self._scope_name: list[str] = []
-        self._trace_id: list[bytes | str | None] = []
-        self._span_id: list[bytes | str | None] = []
-        self._template_id: list[int] = []
-        self._template_params: list[Sequence[str]] = []
-        self._wal_lsn: list[int] = []
-        self._record_index: list[int] = []
-        self._nbytes = 0  # the size of rows [0, _sized)
-        self._sized = 0
-        # Records of one OTLP resource share its attribute sequence, so its size is
-        # computed once per run of rows rather than once per row.
-        self._last_resource: Attributes | None = None
-        self._last_resource_nbytes = 0
-        #: rows frozen out of the lists (``freeze``), in order, before the list rows
-        self._pieces: list[FrozenRows] = []
-        self._piece_rows = 0
+        self._batches: list[pa.RecordBatch] = []
+        self._rows = 0
+        self._nbytes = 0
 
     def __len__(self) -> int:
-        return self._piece_rows + len(self._wal_lsn)
+        return self._rows
 
     def __repr__(self) -> str:
-        return f"RecordColumns(rows={len(self)}, nbytes={self.nbytes})"
+        return f"RecordColumns(rows={self._rows}, nbytes={self._nbytes})"
 
     @property
     def nbytes(self) -> int:
-        """Uncompressed Arrow size of the rows: exact for chunks, approximate for the
-        list rows (see the module docstring)."""
-        rows = len(self._wal_lsn)
-        if self._sized < rows:
-            for lo in range(self._sized, rows, _MEASURE_CHUNK):
-                self._nbytes += self._measure(lo, min(rows, lo + _MEASURE_CHUNK))
-            self._sized = rows
-        return sum(piece.nbytes for piece in self._pieces) + self._nbytes
+        """The rows' Arrow size (the buffers of every batch)."""
+        return self._nbytes
 
     @property
-    def list_rows(self) -> int:
-        """Rows held in the buffer's own lists (not yet frozen)."""
-        return len(self._wal_lsn)
+    def batches(self) -> list[pa.RecordBatch]:
+        """The batches, in order (a copy of the list; the batches are immutable)."""
+        return list(self._batches)
 
-    @property
-    def arrow_rows(self) -> int:
-        """Rows held as Arrow chunks (frozen and converted)."""
-        return sum(
-            piece.data.num_rows
-            for piece in list(self._pieces)
-            if isinstance(piece.data, pa.RecordBatch)
-        )
-
-    def extend_columns(
-        self,
-        tenant: str,
-        time_unix_nano: Sequence[int],
-        observed_time_unix_nano: Sequence[int],
-        severity_number: Sequence[int],
-        severity_text: Sequence[str],
-        body: Sequence[str | None],
-        attributes: Sequence[Attributes],
-        resource_attributes: Sequence[Attributes],
-        scope_name: Sequence[str],
-        trace_id: Sequence[bytes | str | None],
-        span_id: Sequence[bytes | str | None],
-        template_id: Sequence[int],
-        template_params: Sequence[Sequence[str]],
-        wal_lsn: int,
-        record_index: Sequence[int],
-    ) -> None:
-        """Append one batch's rows given column-wise, all of ``len(record_index)``, with
-        one tenant and one LSN: the ingest turn's path, a C-level extend per column."""
-        n = len(record_index)
-        self._tenant.extend(itertools.repeat(tenant, n))
-        self._time_unix_nano.extend(time_unix_nano)
-        self._observed_time_unix_nano.extend(observed_time_unix_nano)
-        self._severity_number.extend(severity_number)
-        self._severity_text.extend(severity_text)
-        self._body.extend(body)
-        self._attributes.extend(attributes)
-        self._resource_attributes.extend(resource_attributes)
-        self._scope_name.extend(scope_name)
-        self._trace_id.extend(trace_id)
-        self._span_id.extend(span_id)
-        self._template_id.extend(template_id)
-        self._template_params.extend(template_params)
-        self._wal_lsn.extend(itertools.repeat(wal_lsn, n))
-        self._record_index.extend(record_index)
-
-    def freeze(self) -> FrozenRows:
-        """Move the list rows, as they are, into a piece after the pieces before them
-        (O(1): the lists change hands) and return it; ``FrozenRows.convert`` turns it into
-        an Arrow chunk later, outside the owner's lock. Until then it reads as lists."""
-        piece_cols = RecordColumns()
-        for name in _LIST_SLOTS:
-            setattr(piece_cols, name, getattr(self, name))
-            setattr(self, name, [])
-        piece_cols._nbytes, piece_cols._sized = self._nbytes, self._sized
-        piece_cols._last_resource = self._last_resource
-        piece_cols._last_resource_nbytes = self._last_resource_nbytes
-        self._nbytes = self._sized = 0
-        self._last_resource, self._last_resource_nbytes = None, 0
-        piece = FrozenRows(piece_cols)
-        self._pieces.append(piece)
-        self._piece_rows += len(piece_cols)
-        return piece
+    def append_batch(self, batch: pa.RecordBatch) -> None:
+        """Append a batch in ``RECORDS_SCHEMA`` (ValueError naming both schemas if not)."""
+        if not batch.schema.equals(RECORDS_SCHEMA):
+            raise ValueError(
+                f"a records batch must have RECORDS_SCHEMA, got {batch.schema} "
+                f"(expected {RECORDS_SCHEMA})"
+            )
+        if batch.num_rows:
+            self._batches.append(batch)
+            self._rows += batch.num_rows
+            self._nbytes += batch.nbytes
 
     def table(self) -> pa.Table:
-        """Every row as one Arrow table in ``RECORDS_SCHEMA`` (EncodeError naming the
-        column when a list row's value does not fit it); the buffer is unchanged."""
-        batches = [piece.batch() for piece in list(self._pieces)]
-        if self._wal_lsn:
-            batches.append(_rows_batch(self))
-        return pa.Table.from_batches(batches, schema=RECORDS_SCHEMA)
+        """Every row as one Arrow table in ``RECORDS_SCHEMA``; the buffer is unchanged."""
+        return pa.Table.from_batches(self._batches, schema=RECORDS_SCHEMA)
 
     def column(self, name: str) -> list[Any]:
         """One column's values over every row, in order, as pyarrow reads them back
         (maps as lists of pairs; for tests and diagnostics, not the hot path)."""
         if name not in _RECORD_COLUMNS:
             raise KeyError(f"no record column {name!r}")
-        out: list[Any] = []
-        for piece in list(self._pieces):
-            out.extend(piece.column(name))
-        out.extend(getattr(self, "_" + name))
-        return out
+        values: list[Any] = self.table().column(name).to_pylist()
+        return values
 
     def lsn_bounds(self) -> tuple[int, int, int, int] | None:
         """``(first_lsn, last_lsn, first_index, last_index)``: the lowest and highest
         ``wal_lsn`` among the rows, the lowest ``record_index`` among the rows at the
         first and the highest among those at the last; None when empty."""
-        if not len(self):
+        if not self._rows:
             return None
-        if self._pieces:
-            table = self.table()
-            lsn_column, index_column = table.column("wal_lsn"), table.column("record_index")
-            first, last = pc.min(lsn_column).as_py(), pc.max(lsn_column).as_py()
-            at_first = pc.filter(index_column, pc.equal(lsn_column, first))
-            at_last = pc.filter(index_column, pc.equal(lsn_column, last))
-            return first, last, pc.min(at_first).as_py(), pc.max(at_last).as_py()
-        lsns, indexes = self._wal_lsn, self._record_index
-        first, last = min(lsns), max(lsns)
-        first_index = min(i for lsn, i in zip(lsns, indexes, strict=True) if lsn == first)
-        last_index = max(i for lsn, i in zip(lsns, indexes, strict=True) if lsn == last)
-        return first, last, first_index, last_index
+        table = self.table()
+        lsn_column, index_column = table.column("wal_lsn"), table.column("record_index")
+        first, last = pc.min(lsn_column).as_py(), pc.max(lsn_column).as_py()
+        at_first = pc.filter(index_column, pc.equal(lsn_column, first))
+        at_last = pc.filter(index_column, pc.equal(lsn_column, last))
+        return first, last, pc.min(at_first).as_py(), pc.max(at_last).as_py()
 
-    def _measure(self, lo: int, hi: int) -> int:
-        attributes = self._attributes[lo:hi]
-        params = self._template_params[lo:hi]
-        total = (hi - lo) * (_RECORD_FIXED_BYTES + _ID_BYTES)
-        total += len(_join(self._tenant[lo:hi])) + len(_join(self._severity_text[lo:hi]))
-        total += len(_join(self._scope_name[lo:hi]))
-        total += len(_join([body for body in self._body[lo:hi] if body]))
-        total += len(_join(_chain(_chain(attributes))))
-        total += _ATTR_ENTRY_BYTES * sum(map(len, attributes))
-        total += len(_join(_chain(params))) + _OFFSET * sum(map(len, params))
-        last, size = self._last_resource, self._last_resource_nbytes
-        for resource in self._resource_attributes[lo:hi]:
-            if resource is not last:
-                last, size = resource, _attributes_nbytes(resource)
-            total += size
-        self._last_resource, self._last_resource_nbytes = last, size
-        return total
-
-    def append_row(
-        self,
-        tenant: str,
-        time_unix_nano: int,
-        observed_time_unix_nano: int,
-        severity_number: int,
-        severity_text: str,
-        body: str | None,
-        attributes: Attributes,
-        resource_attributes: Attributes,
-        scope_name: str,
-        trace_id: bytes | str | None,
-        span_id: bytes | str | None,
-        template_id: int,
-        template_params: Sequence[str],
-        wal_lsn: int,
-        record_index: int,
-    ) -> None:
-        """Append one row. The sequences are kept by reference and must not be mutated."""
-        self._tenant.append(tenant)
-        self._time_unix_nano.append(time_unix_nano)
-        self._observed_time_unix_nano.append(observed_time_unix_nano)
-        self._severity_number.append(severity_number)
-        self._severity_text.append(severity_text)
-        self._body.append(body)
-        self._attributes.append(attributes)
-        self._resource_attributes.append(resource_attributes)
-        self._scope_name.append(scope_name)
-        self._trace_id.append(trace_id)
-        self._span_id.append(span_id)
-        self._template_id.append(template_id)
-        self._template_params.append(template_params)
-        self._wal_lsn.append(wal_lsn)
-        self._record_index.append(record_index)
+    def append_row(self, *row: Any) -> None:
+        """Append one row given in schema order (``RecordRow``'s fields)."""
+        self.extend([RecordRow(*row)])
 
     def extend(self, rows: Iterable[RecordRow]) -> None:
-        """Append rows given as ``RecordRow`` tuples, in order."""
-        append = self.append_row
-        for row in rows:
-            append(*row)
+        """Append rows given as ``RecordRow`` tuples, in order, as one batch."""
+        rows = list(rows)
+        if rows:
+            values = zip(*rows, strict=True)
+            columns = {name: list(v) for name, v in zip(_RECORD_COLUMNS, values, strict=True)}
+            self.append_batch(records_batch(columns))
 
     def merge(self, other: RecordColumns) -> None:
         """Append every row of ``other`` after this buffer's rows; ``other`` is unchanged."""
-        if other._pieces:
-            if self._wal_lsn:
-                self.freeze()
-            self._pieces.extend(other._pieces)  # shared: a piece's rows never change
-            self._piece_rows += other._piece_rows
-        total = self._nbytes_of_lists() + other._nbytes_of_lists()
-        for name in _RECORD_COLUMNS:
-            column: list[Any] = getattr(self, "_" + name)
-            column.extend(getattr(other, "_" + name))
-        self._nbytes, self._sized = total, len(self._wal_lsn)
-
-    def _nbytes_of_lists(self) -> int:
-        return self.nbytes - sum(piece.nbytes for piece in self._pieces)
+        self._batches.extend(other._batches)  # shared: a batch never changes
+        self._rows += other._rows
+        self._nbytes += other._nbytes
 
     def rows(self) -> list[RecordRow]:
-        """The rows as tuples, in order (for tests and diagnostics, not the hot path);
-        rows held as chunks come back as pyarrow reads them (maps as lists of pairs)."""
-        out: list[RecordRow] = []
-        for piece in list(self._pieces):
-            out.extend(piece.rows())
-        columns = [getattr(self, "_" + n) for n in _RECORD_COLUMNS]
-        out.extend(RecordRow(*r) for r in zip(*columns, strict=True))
-        return out
+        """The rows as tuples, in order, as pyarrow reads them (maps as lists of pairs,
+        ids as hex strings; for tests and diagnostics, not the hot path)."""
+        return [RecordRow(**row) for row in self.table().to_pylist()]
 
 
 def _column_property(name: str) -> property:
     return property(lambda self: self.column(name), doc=f"every row's ``{name}``")
-
-
-class FrozenRows:
-    """Rows frozen out of a ``RecordColumns``: a list-only ``RecordColumns`` until
-    ``convert`` replaces it with its Arrow chunk. Both live in the one ``data``
-    attribute, so a reader on another thread sees either, never neither; both hold the
-    same rows, and a piece's rows never change, so buffers may share it (``merge``)."""
-
-    __slots__ = ("data",)
-
-    def __init__(self, data: RecordColumns) -> None:
-        self.data: RecordColumns | pa.RecordBatch = data
-
-    def convert(self) -> None:
-        """Replace the lists with the Arrow chunk (EncodeError: left as lists)."""
-        data = self.data
-        if not isinstance(data, pa.RecordBatch):
-            self.data = _rows_batch(data)
-
-    def batch(self) -> pa.RecordBatch:
-        data = self.data
-        return data if isinstance(data, pa.RecordBatch) else _rows_batch(data)
-
-    @property
-    def nbytes(self) -> int:
-        return self.data.nbytes
-
-    def column(self, name: str) -> list[Any]:
-        data = self.data
-        if isinstance(data, pa.RecordBatch):
-            values: list[Any] = data.column(name).to_pylist()
-            return values
-        return data.column(name)
-
-    def rows(self) -> list[RecordRow]:
-        data = self.data
-        if isinstance(data, pa.RecordBatch):
-            return [RecordRow(**row) for row in data.to_pylist()]
-        return data.rows()
-
-
-_LIST_SLOTS: Final = tuple("_" + name for name in RECORDS_SCHEMA.names)
 
 
 for _name in RECORDS_SCHEMA.names:
@@ -729,17 +489,51 @@ def _encode(
 
 def _convert(label: str, converters: dict[str, _Converter], name: str, values: Any) -> pa.Array:
     try:
-        return converters[name](values)
+        array = converters[name](values)
     except (pa.ArrowException, OverflowError, TypeError, ValueError) as exc:
         raise EncodeError(label, name, str(exc)) from exc
+    if array.null_count and not RECORDS_SCHEMA.field(name).nullable:
+        raise EncodeError(label, name, f"{array.null_count} null value(s) in a required column")
+    return array
 
 
-def _rows_batch(cols: RecordColumns) -> pa.RecordBatch:
-    """The list rows of ``cols`` as one chunk (EncodeError naming the column)."""
+def records_batch(columns: Mapping[str, Sequence[Any]]) -> pa.RecordBatch:
+    """A ``RECORDS_SCHEMA`` batch from Python values given column by column (tests and
+    tools; the ingest path builds its arrays directly). Ids may be raw bytes or hex
+    (empty: null), maps sequences of pairs. ``EncodeError`` names a column that does not
+    fit."""
     arrays = [
-        _convert("records", _RECORD_CONVERTERS, name, getattr(cols, "_" + name))
+        _convert("records", _RECORD_CONVERTERS, name, list(columns[name]))
         for name in _RECORD_COLUMNS
     ]
+    return pa.RecordBatch.from_arrays(arrays, schema=RECORDS_SCHEMA)
+
+
+def assemble_records(
+    tenant: str,
+    flat: pa.RecordBatch,
+    template_id: Sequence[int],
+    template_params: Sequence[Sequence[str]],
+    wal_lsn: int,
+) -> pa.RecordBatch:
+    """A frame's decoded records (``FLAT_SCHEMA``) with the turn's columns added: the
+    tenant and the frame's ``wal_lsn`` repeated, and the miner's template id and
+    parameters per row (``len(flat)`` of each), as one ``RECORDS_SCHEMA`` batch."""
+    n = flat.num_rows
+    if len(template_id) != n or len(template_params) != n:
+        raise ValueError(
+            f"{n} decoded records but {len(template_id)} template ids and "
+            f"{len(template_params)} parameter lists"
+        )
+    offsets = pa.array(itertools.accumulate(map(len, template_params), initial=0), pa.int32())
+    values = pa.array(list(itertools.chain.from_iterable(template_params)), pa.string())
+    added = {
+        "tenant": pa.repeat(pa.scalar(tenant, pa.string()), n),
+        "template_id": pa.array(template_id, pa.int64()),
+        "template_params": pa.ListArray.from_arrays(offsets, values, type=_STR_LIST),
+        "wal_lsn": pa.repeat(pa.scalar(wal_lsn, pa.uint64()), n),
+    }
+    arrays = [added[name] if name in added else flat.column(name) for name in _RECORD_COLUMNS]
     return pa.RecordBatch.from_arrays(arrays, schema=RECORDS_SCHEMA)
 
 

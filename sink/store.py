@@ -188,12 +188,19 @@ class LocalStore:
     name a temp file. Directories are created on demand, each new one's parent
     fsynced. ``put_if_absent`` needs hard links (ext4, xfs, tmpfs and most local
     filesystems have them).
+
+    On the node's own volume (the embedded default) it reports to the node's free-space
+    figure: ``on_write`` is told the bytes each object adds, and ``on_no_space`` is asked
+    when writing a temp fails with ENOSPC — True when it freed space (the emergency
+    reserve), and the temp is written once more.
     """
 
     def __init__(self, root: Path) -> None:
         if not root.is_absolute():
             raise ValueError(f"LocalStore root {str(root)!r} must be an absolute path")
         self._root = root
+        self.on_write: Callable[[int], None] | None = None
+        self.on_no_space: Callable[[str], bool] | None = None
 
     @property
     def root(self) -> Path:
@@ -227,6 +234,20 @@ class LocalStore:
             _fsync_dir(new.parent)
 
     def _write_temp(self, path: Path, data: bytes) -> Path:
+        try:
+            temp = self._write_temp_once(path, data)
+        except OSError as exc:
+            ask = self.on_no_space
+            if _local_error_type(exc) != "local_no_space" or ask is None:
+                raise
+            if not ask(f"the store's write of {path} ({len(data)} bytes): {exc}"):
+                raise
+            temp = self._write_temp_once(path, data)
+        if self.on_write is not None:
+            self.on_write(len(data))
+        return temp
+
+    def _write_temp_once(self, path: Path, data: bytes) -> Path:
         self._ensure_dir(path.parent)
         temp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -106,7 +107,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "mark_before_quiesce",
         "the cut's mark is read after the quiesce, under the exclusive exclusion",
-        "app/barrier.py",
+        "app/cadence/barrier.py",
         '        with collection_deferred(), p.exclusion.exclusive():\n            points.hit("barrier.after_quiesce")',
         '        early = p.last_durable()\n        with collection_deferred(), p.exclusion.exclusive():\n            points.hit("barrier.after_quiesce")',
         (
@@ -122,15 +123,15 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "stamp_the_sync_eof",
         "a turn's mark is its own frame end, never the covering fsync's EOF",
-        "app/pipeline.py",
-        "            offset = pending.wait().offset\n",
-        "            offset = pending.wait().durable_eof\n",
+        "app/ingest/pipeline.py",
+        "            ticket.offset = ticket.pending.wait().offset\n",
+        "            ticket.offset = ticket.pending.wait().durable_eof\n",
         ("tests/unit/app/test_barrier.py::test_rfc0052_14_own_frame_mark_across_a_two_turn_flush",),
     ),
     Sabotage(
         "skip_the_recheck",
         "the latch is rechecked after the flush and the waits, before the stamp",
-        "app/barrier.py",
+        "app/cadence/barrier.py",
         "        latched = p.failed_epoch <= cut.epoch  # the recheck, after the waits",
         "        latched = False",
         (
@@ -141,7 +142,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "pending_cut_outlives_a_failed_cut",
         "a pending cut never installs or stamps after the running cut failed",
-        "app/barrier.py",
+        "app/cadence/barrier.py",
         "        if not outcome.ok:\n            self._invalidate_pending(outcome)",
         "        if not outcome.ok:\n            pass",
         (
@@ -151,7 +152,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "replay_feeds_records_at_or_below_x",
         "replayed records reach the sink only above max(X, S)",
-        "app/recovery.py",
+        "app/node/recovery.py",
         "            publish_records=lsn > gate,",
         "            publish_records=lsn > (-1 if s is None else s.lsn),",
         (
@@ -162,7 +163,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "barrier_spins_on_failure",
         "a failing cut is retried after a backoff, never in a tight loop",
-        "app/barrier.py",
+        "app/cadence/barrier.py",
         "                    and not (self.recapture and self._clock() >= self._retry_not_before)",
         "                    and not self.recapture",
         (
@@ -227,7 +228,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "admit_below_stop_water",
         "below stop water new batches are refused (503 naming the bound)",
-        "app/admission.py",
+        "app/ingest/admission.py",
         "        if self._level is DiskLevel.STOP_WATER or self._unreclaimed_since is not None:",
         "        if self._unreclaimed_since is not None:",
         (
@@ -237,8 +238,8 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "clear_full_without_space",
         "only a sample showing free space lifts the disk-full refusal and the WAL's latch",
-        "app/admission.py",
-        "                if self._latch is not None and free_bytes > 0 and free_bytes >= stop:",
+        "app/ingest/admission.py",
+        "                if self._latch is not None and free_bytes >= max(floor, 1):",
         "                if self._latch is not None:",
         (
             "tests/unit/app/test_admission.py::test_enospc_refuses_at_the_next_request_and_the_tick_alone_lifts_it",
@@ -268,7 +269,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "checkpoint_allocates",
         "a checkpoint needs no new block (the preallocated spare), so a full disk reclaims",
         "wal/checkpoint.py",
-        "    try:\n        fs.rename(root / SPARE_NAME, tmp)\n    except FileNotFoundError:",
+        "    try:\n        fs.rename(spare, tmp)\n    except FileNotFoundError:",
         "    try:\n        raise FileNotFoundError(tmp)\n    except FileNotFoundError:",
         ("tests/unit/wal/test_no_space.py::test_a_full_filesystem_still_checkpoints_and_reclaims",),
     ),
@@ -295,7 +296,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "skip_archive_verification",
         "an archived copy is read back and compared before the unlink",
-        "app/archive.py",
+        "app/cadence/archive.py",
         "        if back == data:\n            return len(data)",
         "        if True:\n            return len(data)",
         (
@@ -305,7 +306,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "archive_into_the_wal",
         "an archive location resolving to the WAL directory is refused at start-up",
-        "app/archive.py",
+        "app/cadence/archive.py",
         "    if inside:\n        raise ArchiveLocationError(",
         "    if False:\n        raise ArchiveLocationError(",
         ("tests/unit/app/test_archive.py::test_an_archive_location_inside_the_wal_is_refused",),
@@ -333,7 +334,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "quarantine_a_sound_segment",
         "quarantine moves only a segment verify finds unreadable (or on --force)",
-        "app/walcli.py",
+        "app/cli/wal.py",
         "    if not mine and not force:",
         "    if False:",
         (
@@ -344,7 +345,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "stamp_past_clamp",
         "no barrier stamps past an unsettled entry's clamp",
-        "app/pipeline.py",
+        "app/ingest/pipeline.py",
         "        if not clamped:\n            self._last_durable = latest",
         "        if True:\n            self._last_durable = latest",
         (
@@ -355,7 +356,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "rebuild_from_directory",
         "settlement rebuilds from the SnapshotLedger's retained state, never the directory",
-        "app/settlement.py",
+        "app/ingest/settlement.py",
         "                    state = p.ledger.state(tenant)",
         "                    state = p.barrier.store.load_all_durable().states.get(tenant)  # type: ignore[union-attr]",
         (
@@ -365,7 +366,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "keep_old_tree_rows",
         "the discarded tree's buffered rows are dropped in the swap's section",
-        "app/settlement.py",
+        "app/ingest/settlement.py",
         "                dropped = p.buffers.drop_tenant(tenant)",
         "                dropped = 0",
         (
@@ -375,7 +376,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "settle_twice",
         "one claim per entry: a second trigger waits instead of rebuilding again",
-        "app/settlement.py",
+        "app/ingest/settlement.py",
         "                if busy:\n                    signal = busy[0].done",
         "                if False:\n                    signal = busy[0].done",
         (
@@ -385,7 +386,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "gate_replay_on_x",
         "a tenant's replay gate is its own PUBLISHED frontier, never the node-wide X",
-        "app/recovery.py",
+        "app/node/recovery.py",
         "        records_gate, audit_gate = gates(frontiers.get(tenant), x, lsn)",
         "        records_gate, audit_gate = x, x",
         (
@@ -396,8 +397,8 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "merge_ambiguous_retry",
         "a retry after an ambiguous PUT keeps its identity, never merged with new rows",
         "sink/buffers.py",
-        "            if part.kind is Kind.RECORDS and part.identity is not None:",
-        "            if False:",
+        "            if part.deterministic or (part.kind is Kind.RECORDS and part.identity is not None):",
+        "            if part.deterministic:",
         (
             "tests/unit/sink/test_retry_identity.py::test_rfc0055_9_3_an_ambiguous_retry_keeps_its_identity_and_never_merges_with_new_rows",
         ),
@@ -405,7 +406,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "slots_count_held_only",
         "Held + Reserved count against max_tenants: a burst never overshoots",
-        "app/tenants.py",
+        "app/ingest/tenants.py",
         "                count = self._held + self._reserved",
         "                count = self._held",
         (
@@ -415,7 +416,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "release_on_failed_sync",
         "a failed sync keeps the reservation while its frame can be replayed",
-        "app/tenants.py",
+        "app/ingest/tenants.py",
         "            if result is TurnResult.FRAME_LEFT:\n                slot.frame_pending = True",
         "            if result is TurnResult.FRAME_LEFT:\n                pass",
         (
@@ -442,35 +443,92 @@ SABOTAGES: tuple[Sabotage, ...] = (
             "tests/unit/wal/test_published.py::test_an_id_the_two_files_name_differently_fails_open_naming_both_files_and_the_id",
         ),
     ),
-    # -- the ingest path's buffers (issue 4) -----------------------------------------------
+    # -- the ingest path's buffers (issues 4 and 14) --------------------------------------
     Sabotage(
-        "freeze_drops_the_lists",
-        "every buffered record reaches the store: frozen rows stay in their partition",
+        "append_drops_the_batch",
+        "every buffered record reaches the store: an appended batch stays in its partition",
         "sink/parquet.py",
-        "        piece = FrozenRows(piece_cols)\n        self._pieces.append(piece)\n",
-        "        piece = FrozenRows(piece_cols)\n",
+        "            self._batches.append(batch)\n",
+        "            pass\n",
         (
-            "tests/unit/sink/test_buffers_sealing.py::test_a_large_buffer_keeps_at_most_seal_rows_as_lists_and_encodes_every_row",
-            "tests/unit/sink/test_parquet.py::test_frozen_and_converted_pieces_encode_the_rows_in_order",
+            "tests/unit/sink/test_parquet.py::test_batches_encode_the_rows_in_order",
+            "tests/unit/app/test_pipeline.py::test_rows_carry_the_frames_own_end_and_the_mark_follows_each_turn",
         ),
     ),
     Sabotage(
-        "merge_drops_the_pieces",
-        "a requeue puts every row back: merging keeps the other buffer's pieces, in order",
+        "merge_drops_the_batches",
+        "a requeue puts every row back: merging keeps the other buffer's batches, in order",
         "sink/parquet.py",
-        "            self._pieces.extend(other._pieces)",
-        "            pass",
-        ("tests/unit/sink/test_parquet.py::test_merge_keeps_pieces_before_later_list_rows",),
+        "        self._batches.extend(other._batches)  # shared: a batch never changes",
+        "        pass",
+        (
+            "tests/unit/sink/test_parquet.py::test_merge_appends_the_other_buffer_and_leaves_it_unchanged",
+        ),
     ),
     Sabotage(
-        "convert_reorders_rows",
-        "the sealer's chunk holds the piece's rows in their order",
+        "assemble_reorders_rows",
+        "a frame's records keep their order and their template columns line up with them",
         "sink/parquet.py",
-        "            self.data = _rows_batch(data)",
-        "            self.data = _rows_batch(data).take(pa.array(list(range(len(data)))[::-1]))",
+        '        "template_id": pa.array(template_id, pa.int64()),',
+        '        "template_id": pa.array(list(template_id)[::-1], pa.int64()),',
         (
-            "tests/unit/sink/test_buffers_sealing.py::test_a_large_buffer_keeps_at_most_seal_rows_as_lists_and_encodes_every_row",
-            "tests/unit/sink/test_parquet.py::test_frozen_and_converted_pieces_encode_the_rows_in_order",
+            "tests/unit/sink/test_parquet.py::test_assembled_records_equal_the_rows_built_from_python_values",
+        ),
+    ),
+    # -- worker processes (issue 14) ---------------------------------------------------
+    Sabotage(
+        "worker_acks_before_the_core",
+        "a worker answers its client with the core's answer, never before it",
+        "app/receive/worker.py",
+        """            answer = self._conn.call(
+                Kind.INGEST,
+                channel.encode_ingest(transport, tenant, payload, batch),
+                ANSWER_TIMEOUT_S,
+            )""",
+        """            self._conn.start(
+                Kind.INGEST, channel.encode_ingest(transport, tenant, payload, batch)
+            )
+            return IngestOutcome(len(batch))""",
+        (
+            "tests/unit/app/test_channel.py::test_the_worker_answers_only_once_the_core_has",
+            "tests/unit/app/test_channel.py::test_the_worker_relays_the_cores_refusal_as_is",
+        ),
+    ),
+    Sabotage(
+        "core_answers_before_the_fsync",
+        "the core acknowledges a worker's request only after the fsync covering its frame",
+        "app/ingest/stages.py",
+        "            self._durable.put((ticket, answer))",
+        "            answer(IngestOutcome(len(batch)), None)\n"
+        "            self._durable.put((ticket, lambda outcome, refusal: None))",
+        ("tests/unit/app/test_stages.py::test_stages_answer_only_after_the_covering_fsync",),
+    ),
+    Sabotage(
+        "worker_outlives_the_core",
+        "no worker outlives the core (the kernel kills it, and it exits when its channel closes)",
+        "app/receive/worker.py",
+        "    _arm_parent_death(args.parent)\n",
+        "",
+        (
+            "tests/integration/test_workers.py::test_workers_sigkill_of_the_core_leaves_no_orphan_and_loses_nothing",
+        ),
+        # and the second guard: a worker also exits when its channel closes
+        more=(
+            (
+                '        log.info("worker %d: channel closed (%s); exiting", args.index, exc)\n'
+                "        return 0",
+                "        threading.Event().wait()\n        return 0",
+            ),
+        ),
+    ),
+    Sabotage(
+        "scrape_without_flush",
+        "a scrape counts every request a client has had its answer to, whichever worker serves it",
+        "app/node/workers.py",
+        "                link.conn.call(Kind.FLUSH, [], 5.0)",
+        "                pass",
+        (
+            "tests/unit/app/test_workers.py::test_a_scrape_counts_every_report_sent_before_it_through_any_worker",
         ),
     ),
     # -- no wedge on a failed audit publish; truthful cadences and shutdown (issue 18) --
@@ -521,7 +579,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "cut_waits_for_queued_publishes",
         "a cut settles the publishes registered before it, writing those nobody is writing",
-        "app/pipeline.py",
+        "app/ingest/pipeline.py",
         "            self.publisher.publish(item.detached)\n            unsettled = unsettled or item.outcome is None",
         "            item.wait(self.publisher._wait_secs)\n            unsettled = unsettled or item.outcome is None",
         (
@@ -531,7 +589,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "failed_stamp_counted_ok",
         "a cut whose checkpoint or frontier write failed is never counted with outcome ok",
-        "app/barrier.py",
+        "app/cadence/barrier.py",
         '        if outcome.complete:\n            self._count("ok", "")',
         '        if outcome.ok:\n            self._count("ok", "")',
         (
@@ -551,7 +609,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "shutdown_exits_zero_with_rows_left",
         "a shutdown that leaves acknowledged rows unpublished exits non-zero",
-        "app/server.py",
+        "app/node/server.py",
         "    code = EXIT_ROWS_LEFT if left else 0",
         "    code = 0",
         (
@@ -572,7 +630,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "data_dir_lock_not_taken",
         "one writer per WAL: a node locks its data directory before anything else",
-        "app/server.py",
+        "app/node/server.py",
         "    lock = DataDirLock.acquire(server.data_dir)\n",
         '    lock = DataDirLock.acquire(Path(__import__("tempfile").mkdtemp()))\n',
         (
@@ -583,7 +641,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "data_dir_lock_after_the_wal_open",
         "the lock comes before the WAL is opened (a refused node reads and writes nothing)",
-        "app/server.py",
+        "app/node/server.py",
         "    lock = DataDirLock.acquire(server.data_dir)\n",
         "    Journal.open(server.wal_dir, settings.wal).close()\n"
         "    lock = DataDirLock.acquire(server.data_dir)\n",
@@ -595,7 +653,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "quarantine_ignores_the_lock",
         "ourios wal quarantine refuses while a node holds the data directory",
-        "app/walcli.py",
+        "app/cli/wal.py",
         '        lock = DataDirLock.acquire_existing(root.parent, command="ourios wal quarantine")\n',
         "        lock = None\n",
         (
@@ -605,7 +663,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "mining_attempts_unbounded",
         "a frame failing every time is isolated after wal.frame_mining_attempts attempts",
-        "app/settlement.py",
+        "app/ingest/settlement.py",
         "            return {lsn: a for lsn, a in frames.items() if a.failures >= self.max_attempts}",
         "            return {}",
         (
@@ -617,7 +675,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "turn_failure_not_counted",
         "the ingest turn's failure is the frame's first attempt",
-        "app/pipeline.py",
+        "app/ingest/pipeline.py",
         "        if failed:\n            self.settler.note_failure(tenant, offset, why)\n",
         "",
         (
@@ -627,7 +685,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "replay_unguarded",
         "a replayed frame whose mining raises does not fail the start",
-        "app/recovery.py",
+        "app/node/recovery.py",
         "        except Exception as exc:  # noqa: BLE001 - the guard: settled after the start",
         "        except NotImplementedError as exc:  # noqa: BLE001 - the guard, removed",
         (
@@ -638,7 +696,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "replay_mines_into_the_unknown_tree",
         "after a replay failure, the tenant's later frames are left to its settlement",
-        "app/recovery.py",
+        "app/node/recovery.py",
         "        if tenant in unmined:\n",
         "        if False:\n",
         (
@@ -648,7 +706,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "replayed_entry_ignores_its_gates",
         "a replayed entry's settlement re-emits above the gates the replay applied",
-        "app/settlement.py",
+        "app/ingest/settlement.py",
         "            if e.gates is not None:  # a start-up replay's entry: never above its gates",
         "            if False:",
         (
@@ -659,7 +717,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "intent_never_written",
         "a settlement's intent is durable in PUBLISHED before any row of its span is published",
-        "app/settlement.py",
+        "app/ingest/settlement.py",
         "            p.journal.publish_marks({tenant: PublishedMarks(lo, lo, intent=through)})",
         "            pass",
         (
@@ -671,7 +729,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "intent_ignored_by_recovery",
         "recovery republishes an unconfirmed intent's span under the names its attempt used",
-        "app/recovery.py",
+        "app/node/recovery.py",
         "        span = intent_end(frontiers.get(tenant))",
         "        span = -1",
         (
@@ -682,7 +740,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "intent_gates_on_the_intended_marks",
         "an unconfirmed intent's span is never suppressed: recovery gates at the frontier it kept",
-        "app/recovery.py",
+        "app/node/recovery.py",
         "    if marks is None:\n        return x, x\n",
         "    if marks is None:\n        return x, x\n    if marks.intent is not None:\n"
         "        return marks.intent.lsn, marks.intent.lsn\n",
@@ -694,7 +752,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "intent_without_frontier_gated_on_x",
         "an intent recorded without a frontier is replayed from the tenant's snapshot within its span",
-        "app/recovery.py",
+        "app/node/recovery.py",
         "    return marks.terminal or (marks.intent is not None and lsn <= marks.intent.lsn)",
         "    return marks.terminal",
         (
@@ -725,11 +783,101 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "cut_raises_a_replayed_tenants_frontier",
         "a cut leaves the frontier of a tenant whose replay failed where the replay found it",
-        "app/pipeline.py",
+        "app/ingest/pipeline.py",
         "        skip = self.refused | self.unmined.replayed()\n",
         "        skip = self.refused\n",
         (
             "tests/unit/app/test_poison.py::test_nowedge_4_a_replayed_entry_re_emits_above_the_gates_its_replay_applied",
+        ),
+    ),
+    # -- the volume's headroom and a volume filled to zero (issue 18) -------------------
+    Sabotage(
+        "admission_by_the_last_sample_only",
+        "admission refuses at stop water by the free space as of the last append (the "
+        "last sample less what the node wrote since), never by the sample alone",
+        "app/node/diskspace.py",
+        "        return wal + self._reported - taken.reported",
+        "        return 0",
+        (
+            "tests/unit/app/test_diskspace.py::test_nowedge_1_the_figure_is_the_last_sample_less_what_the_node_wrote_since",
+            "tests/unit/app/test_diskspace.py::test_nowedge_1_admission_refuses_at_stop_water_by_the_figure_between_two_ticks",
+            "tests/integration/test_disk_headroom.py::test_nowedge_1_a_store_outage_under_load_never_eats_the_headroom",
+        ),
+    ),
+    Sabotage(
+        "resume_at_stop_water",
+        "a refusal at stop water lifts only at the resume point above it (no flapping)",
+        "app/ingest/admission.py",
+        "                floor = self.resume_bytes if self._level is DiskLevel.STOP_WATER else stop",
+        "                floor = stop",
+        (
+            "tests/unit/app/test_admission.py::test_stop_water_refuses_new_batches_and_resumes_by_itself",
+            "tests/unit/app/test_diskspace.py::test_nowedge_1_admission_refuses_at_stop_water_by_the_figure_between_two_ticks",
+        ),
+    ),
+    Sabotage(
+        "reserve_never_released",
+        "a write that finds the volume full releases the emergency reserve and retries",
+        "app/node/diskspace.py",
+        "            if self.size == 0 or self._state is not ReserveState.IN_PLACE:\n                return 0",
+        "            if True:\n                return 0",
+        (
+            "tests/unit/app/test_diskspace.py::test_nowedge_2_the_reserve_is_made_at_start_released_on_enospc_and_made_again",
+            "tests/unit/app/test_diskspace.py::test_nowedge_2_a_snapshot_install_on_a_full_volume_takes_the_reserve",
+            "tests/integration/test_disk_headroom.py::test_nowedge_2_a_volume_filled_to_zero_recovers_without_a_restart",
+        ),
+    ),
+    Sabotage(
+        "released_reserve_not_owed",
+        "a released reserve is owed: the WAL never gets its space before it is made again",
+        "app/node/diskspace.py",
+        "        return reserve.owed if reserve is not None and self.reserve_on_volume else 0",
+        "        return 0",
+        (
+            "tests/unit/app/test_diskspace.py::test_nowedge_2_the_reserve_is_made_at_start_released_on_enospc_and_made_again",
+        ),
+    ),
+    Sabotage(
+        "snapshot_ignores_the_reserve",
+        "a snapshot install on a full volume takes the reserve (a horizon can still advance)",
+        "app/ingest/snapshots.py",
+        "            if not is_no_space(exc) or space is None:\n                raise",
+        "            if True:\n                raise",
+        (
+            "tests/unit/app/test_diskspace.py::test_nowedge_2_a_snapshot_install_on_a_full_volume_takes_the_reserve",
+            "tests/integration/test_disk_headroom.py::test_nowedge_2_a_volume_filled_to_zero_recovers_without_a_restart",
+        ),
+    ),
+    Sabotage(
+        "store_ignores_the_reserve",
+        "the embedded store's put on a full volume takes the reserve (what a cut publishes)",
+        "sink/store.py",
+        '            if _local_error_type(exc) != "local_no_space" or ask is None:\n                raise',
+        "            if True:\n                raise",
+        (
+            "tests/unit/app/test_diskspace.py::test_nowedge_2_the_embedded_store_on_a_full_volume_takes_the_reserve",
+            "tests/integration/test_disk_headroom.py::test_nowedge_2_a_volume_filled_to_zero_recovers_without_a_restart[file]",
+        ),
+    ),
+    Sabotage(
+        "checkpoint_spare_after_the_rename",
+        "a checkpoint gives up no block: the old mark's inode is the next spare",
+        "wal/checkpoint.py",
+        "    linked = _link_next_spare(fs, root)",
+        "    linked = False",
+        (
+            "tests/unit/wal/test_no_space.py::test_nowedge_2_a_checkpoint_keeps_its_spare_when_another_writer_takes_the_freed_block",
+            "tests/unit/wal/test_checkpoint.py::test_nowedge_2_the_old_mark_becomes_the_next_spare",
+        ),
+    ),
+    Sabotage(
+        "spare_shares_the_live_mark",
+        "a spare sharing the live CHECKPOINT's inode is never overwritten in place",
+        "wal/checkpoint.py",
+        "    if st.st_size == SIZE and not _is_live_mark(fs, root, st):\n        return fd",
+        "    if st.st_size == SIZE:\n        return fd",
+        (
+            "tests/unit/wal/test_checkpoint.py::test_nowedge_2_a_spare_sharing_the_live_marks_inode_is_never_overwritten_in_place",
         ),
     ),
 )
@@ -743,16 +891,27 @@ def copy_tree(dest: Path) -> None:
 
 
 def pytest_run(tree: Path, tests: tuple[str, ...]) -> subprocess.CompletedProcess[str]:
+    """Run ``tests`` in their own session, output to a file: a sabotage may leave
+    processes behind (a worker that outlives its core holds inherited pipes open), so the
+    run waits for pytest alone and then kills whatever is left of its session."""
     env = dict(os.environ, PYTHONPATH=str(tree), PYTHONDONTWRITEBYTECODE="1")
-    return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-x", "-rfE", "-p", "no:cacheprovider", *tests],
-        cwd=tree,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
+    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-rfE", "-p", "no:cacheprovider", *tests]
+    with tempfile.TemporaryFile("w+") as out:
+        proc = subprocess.Popen(
+            cmd, cwd=tree, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            code = proc.wait(timeout=900)
+        except subprocess.TimeoutExpired:
+            code = -signal.SIGKILL
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+        out.seek(0)
+        return subprocess.CompletedProcess(cmd, code, out.read(), "")
 
 
 def control(tree: Path, tests: tuple[str, ...], seen: dict[tuple[str, ...], str]) -> str:

@@ -4,6 +4,7 @@ This is what ``app`` imports (``sink`` imports nothing of ours), and nothing els
 tests import the test doubles from ``wal.testing`` and internals from their modules.
 """
 
+from .commit import Pending
 from .config import MAX_TENANT_BYTES, WalConfig
 from .errors import (
     AppendError,
@@ -14,6 +15,7 @@ from .errors import (
     FrameTooLarge,
     InvalidConfig,
     WalError,
+    is_no_space,
 )
 from .frontiers import PublishedWriteError
 from .fs import Fs, OsFs
@@ -67,6 +69,7 @@ __all__ = [
     "Known",
     "NoSpace",
     "OsFs",
+    "Pending",
     "PublishedMarks",
     "PublishedWriteError",
     "QuarantineError",
@@ -78,4 +81,5 @@ __all__ = [
     "WalConfig",
     "WalError",
     "WalOffset",
+    "is_no_space",
 ]

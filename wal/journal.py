@@ -1,7 +1,7 @@
 """The journal: the WAL's single writer, as one facade over its parts. It appends,
 group-commits, rotates, checkpoints, reclaims and replays; *when* to checkpoint, rotate
-on a timer or run a housekeeping pass is the caller's business (``app/barrier.py``,
-``app/housekeeping.py``).
+on a timer or run a housekeeping pass is the caller's business (``app/cadence/barrier.py``,
+``app/cadence/housekeeping.py``).
 
 Each concern is one part that owns its state; all of them are given the one ``Log``:
 
@@ -323,6 +323,13 @@ class Journal:
     def end_lsn(self) -> int:
         with self._log.lock:
             return self._log.end_lsn
+
+    @property
+    def segments_created(self) -> int:
+        """Segment files created since open (a failed rotation's partial included): with
+        ``end_lsn`` it is what the WAL added to its volume, for a caller estimating free
+        space between two samples of it (read differences; one int, no lock)."""
+        return self._log.segments_created
 
     def unflushed_bytes(self) -> int:
         """Bytes written but not yet covered by a successful fsync."""

@@ -110,6 +110,8 @@ class Log:
         self.end_lsn = 0
         self.synced_lsn = 0
         self.disk_bytes = 0
+        #: segment files created since open (a failed rotation's partial included)
+        self.segments_created = 0
         #: ``<uuid>.wal.partial`` files a failed rotation left (seeded at open)
         self.partials: list[Path] = []
         #: segments rotated away whose descriptors close once no sync round holds them

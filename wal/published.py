@@ -34,7 +34,12 @@ little-endian, UUIDs in RFC 4122 byte order, every WalOffset 24 bytes::
 At T = 1024: slot 192,544 B, file 385,120 B.
 
 A clear validity bit is "no frontier on that side" (recovery falls back to the
-checkpoint for it); a zeroed WalOffset is a real position, not an absence.
+checkpoint for it); a zeroed WalOffset is a real position, not an absence. An entry
+with no flag set and generation 0 was never written and is unoccupied: the position
+must then be all zero. A set flag on a position with no dictionary record, or on a
+tombstoned one, makes the slot invalid (the other slot is read), as do a non-zero
+reserved byte, an unknown flag bit, and every dictionary defect RECLAIM's reader
+refuses.
 
 The ``publishing`` bit is a settlement's intent (RFC 0055 §9.4, "intent then
 confirm"; DESIGN.md §13): the entry then holds two positions of one span instead of two
@@ -42,16 +47,12 @@ frontiers — the records offset is the frontier in force for *both* sides when 
 intent was written (records_valid clear: there was none, so within the span nothing is
 known durable and recovery replays it from the tenant's snapshot, as the settlement
 did; above it the checkpoint applies), and the audit offset, which must be valid, is
-the end of the span being published (the marks the confirm will write). The RFC gives the entry no room for both a previous and an
-intended pair, and the two sides of a frontier a settlement starts from are one
-position in every state this implementation reaches, so one offset carries it.
-``PublishedEntry.marks`` reads it as ``PublishedMarks(frontier, frontier,
-intent=end)``; a publishing entry without audit_valid makes the slot invalid. An entry
-with no flag set and generation 0 was never written and is unoccupied: the position
-must then be all zero. A set flag on a position with no dictionary record, or on a
-tombstoned one, makes the slot invalid (the other slot is read), as do a non-zero
-reserved byte, an unknown flag bit, and every dictionary defect RECLAIM's reader
-refuses.
+the end of the span being published (the marks the confirm will write). The RFC gives
+the entry no room for both a previous and an intended pair, and the two sides of a
+frontier a settlement starts from are one position in every state this implementation
+reaches, so one offset carries it. ``PublishedEntry.marks`` reads it as
+``PublishedMarks(frontier, frontier, intent=end)``; a publishing entry without
+audit_valid makes the slot invalid.
 
 Writing is RECLAIM's: the inactive slot in place at generation live + 1, fsynced, so a
 frontier write allocates nothing. The file is preallocated at open and rebuilt through

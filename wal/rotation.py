@@ -59,6 +59,7 @@ def create_segment(log: Log, header: SegmentHeader) -> Segment:
     fd: int | None = None
     try:
         fd = fs.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND)
+        log.segments_created += 1
         log.partials.append(partial)
         step = "write the header of"
         fs.write(fd, header.encode())

@@ -17,9 +17,10 @@ at any step without patching:
   ``apply_crash(power_loss=False)`` models a SIGKILL instead: the kernel keeps every
   write and every rename, so nothing is reverted.
 
-The power-loss model is the strict POSIX reading (a new name is durable only once its
-parent directory is fsynced). It is what lets a test show that a missing ``fsync`` or a
-rename before the header fsync loses data, rather than passing on a clean shutdown.
+The power-loss model is the strict POSIX reading (a new name — a creation, a rename's
+target or a hard link — is durable only once its parent directory is fsynced). It is
+what lets a test show that a missing ``fsync`` or a rename before the header fsync
+loses data, rather than passing on a clean shutdown.
 Limitation, stated: directories themselves (``mkdir``) are treated as durable at once.
 """
 
@@ -47,6 +48,7 @@ OPS = (
     "fallocate",
     "close",
     "rename",
+    "link",
     "unlink",
     "fsync_dir",
     "mkdir",
@@ -451,6 +453,15 @@ class FaultyFs(OsFs):
             self._track_dir(src.parent)
             self._track_dir(dst.parent)
             super().rename(src, dst)
+
+    def link(self, src: Path, dst: Path) -> None:
+        fault = self._before("link", dst)
+        if fault is not None:
+            self._raise(fault, "link", dst)
+        with self._mu:
+            self._track_dir(src.parent)
+            self._track_dir(dst.parent)
+            super().link(src, dst)
 
     def unlink(self, path: Path) -> None:
         fault = self._before("unlink", path)

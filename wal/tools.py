@@ -264,12 +264,18 @@ def _describe_sidecars(report: RootReport, names: list[str]) -> None:
         f"mark {report.checkpoint}" if report.checkpoint is not None else "absent (never stamped)"
     )
     if SPARE_NAME in present:
-        size = (report.root / SPARE_NAME).stat().st_size
-        report.sidecars[SPARE_NAME] = (
-            "allocated (a checkpoint can be written on a full disk)"
-            if size == CHECKPOINT_SIZE
-            else f"{size} bytes (replaced at the next open)"
-        )
+        st = (report.root / SPARE_NAME).stat()
+        live = report.root / CHECKPOINT_NAME
+        shared = live.exists() and live.stat().st_ino == st.st_ino
+        if shared:
+            report.sidecars[SPARE_NAME] = (
+                "shares CHECKPOINT's inode (a checkpoint write was interrupted between its "
+                "link and its rename; replaced at the next open, harmless)"
+            )
+        elif st.st_size == CHECKPOINT_SIZE:
+            report.sidecars[SPARE_NAME] = "allocated (a checkpoint can be written on a full disk)"
+        else:
+            report.sidecars[SPARE_NAME] = f"{st.st_size} bytes (replaced at the next open)"
     else:
         report.sidecars[SPARE_NAME] = "absent (allocated at the next open)"
     if TMP_NAME in present:

@@ -2,8 +2,8 @@
 
 The same stack as ``ourios serve`` (FastAPI on uvicorn, uvloop + httptools, lifespan
 off, access log off, a pre-bound socket) serving ``POST /v1/logs``: read the body,
-check the tenant header (``parse_tenant``), ``app.otlp.decompress`` the body, parse
-and validate it with ``app.otlp.decode_request``, and answer 200 with an empty
+check the tenant header (``parse_tenant``), ``app.receive.otlp.decompress`` the body, parse
+and validate it with ``app.receive.otlp.decode_request``, and answer 200 with an empty
 ``ExportLogsServiceResponse``. No WAL, no mining, no publishing — what the issue calls
 "parses the request and returns 200". So the ratio ``ourios serve`` / ceiling says how
 much of the stack's capacity the node's own work (WAL append + fsync, flatten,
@@ -41,7 +41,14 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsSer
 from starlette.requests import Request
 from starlette.responses import Response
 
-from app.otlp import IngestRejection, decode_request, decompress, flatten, parse_tenant, status_body
+from app.receive.otlp import (
+    IngestRejection,
+    decode_request,
+    decompress,
+    flatten,
+    parse_tenant,
+    status_body,
+)
 
 Work = Literal["null", "decode", "flatten"]
 WORKS: Final[tuple[Work, ...]] = ("null", "decode", "flatten")
@@ -57,7 +64,7 @@ def create_app(work: Work = "decode") -> FastAPI:
     if work not in WORKS:
         raise ValueError(f"work {work!r}: expected one of {', '.join(WORKS)}")
 
-    # An async Starlette route on the FastAPI app, as `app.http_receiver` registers
+    # An async Starlette route on the FastAPI app, as `app.receive.otlp_http` registers
     # its routes (no dependency solving). The parse runs on the event loop, not in
     # the node's worker thread: a ceiling should be the cheapest way to parse, so the
     # thread hop is counted as the node's cost.

@@ -6,7 +6,7 @@ history ever written, so restart time stays flat as history grows 100×. The con
 (reclamation off, everything else the same) must show the growth, or the benchmark
 could not tell a regression from a pass.
 
-The churn fixture, built in-process on the real assembly (``app.server.build_node``:
+The churn fixture, built in-process on the real assembly (``app.node.server.build_node``:
 OsFs journal, pipeline, miners, local ``file://`` store, snapshot store) with the
 timers not started, so this process drives them:
 
@@ -75,11 +75,11 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (  # noqa: E4
     ExportLogsServiceRequest,
 )
 
-from app.config import load_settings  # noqa: E402
-from app.events import EventLog  # noqa: E402
-from app.otlp import decode_request, flatten  # noqa: E402
-from app.recovery import recover  # noqa: E402
-from app.server import Node, build_node  # noqa: E402
+from app.node.config import load_settings  # noqa: E402
+from app.node.events import EventLog  # noqa: E402
+from app.node.recovery import recover  # noqa: E402
+from app.node.server import Node, build_node  # noqa: E402
+from app.receive.otlp import decode_request, flatten  # noqa: E402
 from soak.bench.ingest import (  # noqa: E402
     ServerProcess,
     _as_interrupt,

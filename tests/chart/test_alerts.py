@@ -52,6 +52,7 @@ INTERFACE: dict[str, tuple[str, frozenset[str]]] = {
     "ourios_wal_tenant_unrecoverable": ("gauge", frozenset()),
     "ourios_wal_settling_tenants": ("gauge", frozenset()),
     "ourios_wal_isolated_frames_total": ("counter", frozenset()),
+    "ourios_worker_restarts_total": ("counter", frozenset()),
     "ourios_sink_publisher_queue_depth": ("gauge", frozenset()),
     "ourios_sink_parked_partitions": ("gauge", frozenset()),
     "ourios_sink_buffered_bytes": ("gauge", frozenset()),

@@ -14,7 +14,7 @@ What is checked:
   valid for the newest Kubernetes kubernetes-validate knows and for the chart's minimum
   (CRD kinds have no schema there: their metadata is validated as ObjectMeta, the
   ServiceMonitor against the Service it selects, the PrometheusRule with promtool);
-- values.schema.json is generated from app/config.py and up to date, carries the app's
+- values.schema.json is generated from app/node/config.py and up to date, carries the app's
   ranges, refuses out-of-range values at ``helm template``, and values.yaml holds the
   app's defaults; the rules between settings refuse in the chart exactly when the app
   refuses;
@@ -50,7 +50,7 @@ from kubernetes_validate.utils import (  # type: ignore[import-untyped]
     latest_version,
 )
 
-from app.config import SETTINGS, Kind, Setting
+from app.node.config import SETTINGS, Kind, Setting
 from scripts import gen_chart_schema
 from tests.support.otel import sample_request
 from tests.support.seaweed import S3Bucket, SeaweedS3
@@ -320,6 +320,9 @@ class PodEmulator:
         exe = shutil.which("ourios", path=str(Path(sys.executable).parent))
         assert exe, "the ourios console script is not installed in this environment"
         env = {"PATH": os.defpath, **self.env(), **(overrides or {})}
+        # The console script imports this tree, not whichever checkout the venv was
+        # installed from (an editable install is one path; worktrees share the venv).
+        env["PYTHONPATH"] = str(ROOT)
         return subprocess.run(
             [exe, *args], env=env, capture_output=True, text=True, timeout=60, cwd=self.root
         )
@@ -432,7 +435,9 @@ def test_values_yaml_holds_the_app_defaults() -> None:
         section = values[row.section]
         key = gen_chart_schema.camel(row.name)
         assert key in section, f"values.yaml has no {row.section}.{key} ({row.env_var})"
-        expected = "" if row.default is None else row.default
+        expected = row.default
+        if expected is None:  # unset: null for a derived number, "" for a string
+            expected = None if row.kind is Kind.INT else ""
         assert section[key] == expected, f"{row.section}.{key}: values.yaml differs from the app"
         assert type(section[key]) is type(expected), f"{row.section}.{key}"
 
@@ -443,7 +448,7 @@ def test_the_schema_carries_the_app_ranges_and_choices() -> None:
         prop = schema["properties"][row.section]["properties"][gen_chart_schema.camel(row.name)]
         narrowed = gen_chart_schema.NARROWED.get(row.yaml_key, {})
         if row.kind is Kind.INT:
-            assert prop["type"] == "integer"
+            assert prop["type"] == ("integer" if row.default is not None else ["integer", "null"])
             assert prop.get("minimum") == narrowed.get("minimum", row.minimum), row.yaml_key
             assert prop.get("maximum") == narrowed.get("maximum", row.maximum), row.yaml_key
         elif row.kind is Kind.CHOICE:
@@ -822,6 +827,7 @@ CHANGES: dict[str, tuple[object, dict[str, object]]] = {
     "server.grpcPort": (9090, {}),
     "server.logLevel": ("debug", {}),
     "server.shutdownGraceSecs": (40, {}),
+    "server.workers": (3, {}),
     "wal.segmentMaxBytes": (32 * 2**20, {}),
     "wal.segmentAgeSecs": (120, {}),
     "wal.barrierSecs": (30, {}),
@@ -843,6 +849,7 @@ CHANGES: dict[str, tuple[object, dict[str, object]]] = {
     "store.region": ("eu-west-1", {"store.url": S3_URL}),
     "disk.lowWaterBytes": (2 * 2**30, {}),
     "disk.stopWaterBytes": (512 * 2**20, {}),
+    "disk.reserveBytes": (32 * 2**20, {}),
 }
 _ROWS = {gen_chart_schema.value_key(row): row for row in gen_chart_schema.value_rows()}
 

@@ -123,10 +123,11 @@ def test_crash_during_group_commit_recovers_the_acknowledged_frames(
         ("open", "CHECKPOINT.tmp"),
         ("write", "CHECKPOINT.tmp"),
         ("fsync", "CHECKPOINT.tmp"),
+        ("link", "CHECKPOINT.spare"),
         ("rename", "CHECKPOINT"),
         ("fsync_dir", None),
     ],
-    ids=["open_tmp", "write_tmp", "fsync_tmp", "rename", "parent_fsync"],
+    ids=["open_tmp", "write_tmp", "fsync_tmp", "link_spare", "rename", "parent_fsync"],
 )
 def test_crash_during_checkpoint_write_leaves_the_old_or_the_new_mark(
     tmp_path: Path, point: tuple[str, str | None], power_loss: bool
@@ -146,3 +147,8 @@ def test_crash_during_checkpoint_write_leaves_the_old_or_the_new_mark(
         assert mark in (old, new)
         if power_loss:
             assert mark == old  # nothing after the rename was made durable
+        # the next write works whatever the crash left (a spare sharing the live inode)
+        later = again.commit("t", payload(3)).offset
+        assert again.checkpoint(later)
+    with Journal.open(root, SMALL) as third:
+        assert third.last_checkpoint == later

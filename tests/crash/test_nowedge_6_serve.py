@@ -59,7 +59,9 @@ import threading
 
 
 def _install(hold, fail_records):
-    from app import pipeline, points, server
+    from app import points
+    from app.ingest import pipeline
+    from app.node import server
     from sink import store
     from tests.support.minerfaults import FaultPlan, FaultyMiners
 

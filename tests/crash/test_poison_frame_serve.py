@@ -61,7 +61,7 @@ import os
 
 
 def _install(marker):
-    from app import server
+    from app.node import server
     from tests.support.minerfaults import FaultPlan, FaultyMiners
 
     plan = FaultPlan()  # armed from the start: the replay fails on it too

@@ -71,9 +71,9 @@ import pyarrow.parquet as pq
 import pytest
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 
-from app.miner import CountingAllocator, TenantMiner
-from app.otlp import decode_request, flatten
-from app.snapshots import decode_snapshot
+from app.ingest.miner import CountingAllocator, TenantMiner
+from app.ingest.snapshots import decode_snapshot
+from app.receive.otlp import decode_request, flatten
 from tests.support.ackload import AckLedger, AckLoad, Outcome
 from tests.support.noderig import NodeRig
 from tests.support.serve import ROOT, ServeProcess
@@ -111,7 +111,8 @@ import threading
 
 
 def _install(address):
-    from app import barrier, points
+    from app import points
+    from app.cadence import barrier
     from sink import store
     from wal import fs as walfs
     from wal import reclamation
@@ -535,7 +536,8 @@ class Campaign:
                 got = load.wait_acked(r.kill_after, timeout=30)
                 assert got >= r.kill_after, (
                     f"seed {self.seed} round {r.number}: the load stopped after {got} acks"
-                    f" of {r.kill_after}: {self.ledger.summary()}\n{serve.tail()}"
+                    f" of {r.kill_after}: {self.ledger.summary()} {self.ledger.details()}"
+                    f"\n{serve.tail()}"
                 )
             r.segments_at_signal = _metric(serve, "ourios_wal_segments")
             r.acked_at_signal = load.acked
@@ -701,7 +703,7 @@ def _ingest(rig: NodeRig, tenant: str, tag: str, bodies: Sequence[str]) -> Frame
     rig.pipeline.ingest(tenant, data, batch, "test")
     mark = rig.pipeline.last_durable
     assert mark is not None
-    return Frame(tenant, mark.lsn, rids, tuple(batch.body))
+    return Frame(tenant, mark.lsn, rids, tuple(batch.bodies))
 
 
 #: Bodies per phase: each phase creates templates of its own and widens earlier ones,

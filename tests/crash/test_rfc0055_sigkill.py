@@ -41,7 +41,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from app.snapshots import decode_snapshot
+from app.ingest.snapshots import decode_snapshot
 from tests.support.ackload import AckLedger, AckLoad, Outcome
 from tests.support.serve import ROOT, ServeProcess
 from wal import OsFs
@@ -68,7 +68,8 @@ import zlib
 
 
 def _install(seed, every):
-    from app import pipeline, server
+    from app.ingest import pipeline
+    from app.node import server
     from tests.support.minerfaults import FaultPlan, FaultyMiners
 
     plan = FaultPlan(armed=False)

@@ -132,7 +132,6 @@ class Campaign:
                     stopped = serve.event("server.stopped")
                     assert stopped and stopped[0]["rows_left_in_wal"] == 0, serve.tail()
                     assert stopped[0]["publisher_joined"] is True, serve.tail()
-                    assert stopped[0]["sealer_joined"] is True, serve.tail()
                 else:
                     r.acked_at_signal = load.acked
                     serve.kill()

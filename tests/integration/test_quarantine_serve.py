@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from app.otlp import decode_request
+from app.receive.otlp import decode_request
 from tests.support.noderig import request
 from tests.support.parquet_read import read_kind
 from tests.support.serve import ROOT, ServeProcess

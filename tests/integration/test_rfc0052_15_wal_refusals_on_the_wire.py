@@ -21,9 +21,9 @@ from fastapi import FastAPI
 from google.rpc import status_pb2
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2_grpc
 
-from app.auth import Authenticator
-from app.grpc_receiver import create_grpc_server
-from app.http_receiver import create_http_app
+from app.receive.auth import Authenticator
+from app.receive.otlp_grpc import create_grpc_server
+from app.receive.otlp_http import create_http_app
 from tests.support.noderig import NodeRig, request
 from tests.unit.app.test_http_receiver import call
 from wal import Retrying, Terminal, WalConfig

@@ -27,9 +27,9 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from app.config import load_settings
-from app.metrics import Metrics
-from app.otlp import IngestRejection, Unavailable
+from app.node.config import load_settings
+from app.node.metrics import Metrics
+from app.receive.otlp import IngestRejection, Unavailable
 from tests.chart.test_alerts import ABSENT_WHEN_CLEAR, INTERFACE
 from tests.support.noderig import NodeRig, request
 from tests.support.serve import ServeProcess

@@ -137,6 +137,16 @@ class AckLedger:
                 out.setdefault(f"round {r.round}", Counter())[r.outcome.name.lower()] += 1
         return out
 
+    def details(self) -> dict[str, Counter[str]]:
+        """Per round: why requests ended unknown or unsent (the exceptions), for
+        failure messages."""
+        out: dict[str, Counter[str]] = {}
+        with self._lock:
+            for r in self.requests:
+                if r.detail:
+                    out.setdefault(f"round {r.round}", Counter())[r.detail[:120]] += 1
+        return out
+
 
 class _ConnectionBroken(Exception):
     pass

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from app.miner import MinerCluster, MineResult, TemplateIdAllocator, TenantMiner
+from app.ingest.miner import MinerCluster, MineResult, TemplateIdAllocator, TenantMiner
 
 
 class InjectedMiningFailure(RuntimeError):

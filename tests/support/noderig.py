@@ -22,15 +22,15 @@ from typing import cast
 import pyarrow.parquet as pq
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 
-from app.barrier import Barrier
-from app.events import EventLog
-from app.housekeeping import Housekeeper
-from app.miner import FileTemplateIdAllocator, MinerCluster, TemplateIdAllocator
-from app.otlp import decode_request, flatten
-from app.pipeline import Pipeline
-from app.recovery import RecoveryReport, recover
-from app.settlement import DEFAULT_MINING_ATTEMPTS
-from app.snapshots import SnapshotLedger, SnapshotStore
+from app.cadence.barrier import Barrier
+from app.cadence.housekeeping import Housekeeper
+from app.ingest.miner import FileTemplateIdAllocator, MinerCluster, TemplateIdAllocator
+from app.ingest.pipeline import Pipeline
+from app.ingest.settlement import DEFAULT_MINING_ATTEMPTS
+from app.ingest.snapshots import SnapshotLedger, SnapshotStore
+from app.node.events import EventLog
+from app.node.recovery import RecoveryReport, recover
+from app.receive.otlp import decode_request, flatten
 from sink.buffers import Buffers
 from sink.publisher import Publisher
 from sink.store import FailingStore, MemoryStore
@@ -151,7 +151,6 @@ class NodeRig:
             clock=self.clock,
             events=self._event,
         )
-        self.pipeline.barrier = self.barrier
         self.housekeeper = Housekeeper(
             self.journal,
             self.ledger,

@@ -5,10 +5,15 @@ given settings (ports 0 by default), reads its stderr (one JSON object per line)
 ``server.listening`` names the bound ports, then waits for ``/readyz``. ``terminate()``
 sends SIGTERM and waits for a clean exit; ``kill()`` sends SIGKILL. Every event line is
 kept in ``events`` for assertions.
+
+The emergency disk reserve defaults to 1 MiB here (``OURIOS_DISK_RESERVE_BYTES``; 64 MiB
+in production): every node a test starts allocates it for real, and the test runs keep
+their data directories. A test about the reserve sets it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -22,12 +27,14 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
+#: the disk reserve a test node allocates unless the test sets its own (docstring)
+TEST_RESERVE_BYTES = 1 << 20
 
 
 class ServeProcess:
     def __init__(self, data_dir: Path, env: Mapping[str, str] | None = None) -> None:
         self.data_dir = data_dir
-        self.env = dict(env or {})
+        self.env = {"OURIOS_DISK_RESERVE_BYTES": str(TEST_RESERVE_BYTES), **dict(env or {})}
         self.proc: subprocess.Popen[bytes] | None = None
         self.events: list[dict[str, Any]] = []
         self.lines: list[str] = []
@@ -64,6 +71,9 @@ class ServeProcess:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
+            # its own session: ``close`` can reap whatever the node left behind (a worker
+            # that outlived its core, which a test must be able to see first)
+            start_new_session=True,
         )
         self._reader = threading.Thread(target=self._read, args=(self.proc,), daemon=True)
         self._reader.start()
@@ -154,14 +164,25 @@ class ServeProcess:
         return code
 
     def kill(self) -> None:
+        """SIGKILL the node's own process (not its workers: they must die of it)."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(30)
         self._join_reader()
 
+    def close(self) -> None:
+        """Kill the node and anything left of its session, and release the pipe."""
+        self.kill()
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        self._join_reader()
+
     def _join_reader(self) -> None:
         if self._reader is not None:
             self._reader.join(10)
+            if self._reader.is_alive():
+                return  # a survivor still holds the pipe: closing it would block on it
             self._reader = None
         if self.proc is not None and self.proc.stderr is not None and self.proc.poll() is not None:
             self.proc.stderr.close()
@@ -170,5 +191,4 @@ class ServeProcess:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.kill()
+        self.close()

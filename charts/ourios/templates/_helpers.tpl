@@ -116,7 +116,7 @@ terminationGracePeriodSeconds: the preStop sleep, then SIGTERM handling's listen
 {{/*
 The settings of `ourios serve` the chart renders, as JSON {OURIOS_NAME: "text"}: every
 settings value, mapped <section>.<camelCaseName> -> OURIOS_<SECTION>_<NAME> (tests check
-the mapping against app/config.py). Integers in decimal (Helm holds numbers as float64,
+the mapping against app/node/config.py). Integers in decimal (Helm holds numbers as float64,
 which would print 6.7108864e+07), booleans as true/false, strings as they are. A removed
 (null) value or an empty optional string is left out, so the app's default applies.
 */}}
@@ -129,6 +129,7 @@ which would print 6.7108864e+07), booleans as true/false, strings as they are. A
   (list "OURIOS_SERVER_GRPC_PORT" $v.server.grpcPort)
   (list "OURIOS_SERVER_LOG_LEVEL" $v.server.logLevel)
   (list "OURIOS_SERVER_SHUTDOWN_GRACE_SECS" $v.server.shutdownGraceSecs)
+  (list "OURIOS_SERVER_WORKERS" $v.server.workers)
   (list "OURIOS_WAL_SEGMENT_MAX_BYTES" $v.wal.segmentMaxBytes)
   (list "OURIOS_WAL_SEGMENT_AGE_SECS" $v.wal.segmentAgeSecs)
   (list "OURIOS_WAL_BARRIER_SECS" $v.wal.barrierSecs)
@@ -150,6 +151,7 @@ which would print 6.7108864e+07), booleans as true/false, strings as they are. A
   (list "OURIOS_STORE_REGION" $v.store.region)
   (list "OURIOS_DISK_LOW_WATER_BYTES" $v.disk.lowWaterBytes)
   (list "OURIOS_DISK_STOP_WATER_BYTES" $v.disk.stopWaterBytes)
+  (list "OURIOS_DISK_RESERVE_BYTES" $v.disk.reserveBytes)
 }}
 {{- range $pairs }}
 {{- $name := index . 0 }}

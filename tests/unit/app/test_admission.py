@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from app.admission import Admission, Bound, DiskLevel
-from app.housekeeping import Housekeeper
-from app.otlp import Unavailable
-from app.snapshots import SnapshotLedger
+from app.cadence.housekeeping import Housekeeper
+from app.ingest.admission import Admission, Bound, DiskLevel
+from app.ingest.snapshots import SnapshotLedger
+from app.receive.otlp import Unavailable
 from tests.support.walkit import SMALL, faulty, payload
 from wal import Journal, Known
 from wal.errors import WalNoSpace
@@ -81,12 +81,17 @@ def test_stop_water_refuses_new_batches_and_resumes_by_itself(journal: Journal) 
     assert events.names() == ["disk.stop_water"]
     stop = events.last("disk.stop_water")
     assert stop["free_bytes"] == STOP - 1 and "refusing new batches" in str(stop["action"])
-    a.observe(STOP, None)  # space back (above stop, below low): admitted, no restart
+    # back at stop water is not enough: resuming there would re-enter it a few batches
+    # later; the resume point is an eighth of the way to low water above it
+    assert a.resume_bytes == STOP + (LOW - STOP) // 8
+    a.observe(STOP, None)
+    refusal(a)
+    a.observe(a.resume_bytes, None)  # space back (above stop, below low): admitted, no restart
     a.check("t")
     assert a.level is DiskLevel.LOW_WATER and a.refusing == ()
     recovered = events.last("disk.recovered")
     assert recovered["from"] == "stop_water" and recovered["to"] == "low_water"
-    assert recovered["refused_requests"] == 4
+    assert recovered["refused_requests"] == 5
     a.observe(LOW, None)
     assert events.names() == ["disk.stop_water", "disk.recovered", "disk.recovered"]
 

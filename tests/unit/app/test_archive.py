@@ -9,8 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from app import walcli
-from app.archive import ArchiveFailed, ArchiveLocationError, Archiver, check_archive_location
+from app.cadence.archive import (
+    ArchiveFailed,
+    ArchiveLocationError,
+    Archiver,
+    check_archive_location,
+)
+from app.cli import wal as walcli
 from sink.store import FailingStore, LocalStore, MemoryStore
 from tests.support.walkit import SMALL, faulty, payload
 from wal import Journal, Known, WalOffset
@@ -221,9 +226,9 @@ def test_wal_verify_checks_archived_segments_from_a_file_or_the_store(
 
 
 def test_a_node_whose_archive_resolves_to_its_wal_refuses_to_start(tmp_path: Path) -> None:
-    from app.config import load_settings
-    from app.events import EventLog
-    from app.server import build_node
+    from app.node.config import load_settings
+    from app.node.events import EventLog
+    from app.node.server import build_node
 
     data = tmp_path / "data"
     settings = load_settings(

@@ -1,11 +1,11 @@
-"""Tests for app/auth.py: open mode, bearer tokens, tenant resolution and permission."""
+"""Tests for app/receive/auth.py: open mode, bearer tokens, tenant resolution and permission."""
 
 from __future__ import annotations
 
 import pytest
 
-from app.auth import BEARER_CHALLENGE, Authenticator, BearerRejected
-from app.otlp import BadRequest, PermissionDenied
+from app.receive.auth import BEARER_CHALLENGE, Authenticator, BearerRejected
+from app.receive.otlp import BadRequest, PermissionDenied
 
 TOKENS = {
     "tok-single": frozenset({"acme"}),

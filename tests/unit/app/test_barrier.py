@@ -1,4 +1,4 @@
-"""The publication barrier (``app/barrier.py``) against RFC 0052's RFC0052.1 and
+"""The publication barrier (``app/cadence/barrier.py``) against RFC 0052's RFC0052.1 and
 RFC0052.14, on a ``NodeRig``: a real journal on a ``FaultyFs``, the real pipeline,
 buffers, publisher, snapshot store and housekeeper, a store double and a stepped clock.
 Interleavings are made with threads plus named sync points (``app.points``), store
@@ -82,7 +82,7 @@ asserted as requeues that refuse the cuts captured before them and latch nothing
 one publisher thread survives an exception in a publish, so the respawn and the
 closed-channel claim do not exist; a full queue's park is what a failed send becomes.
 The publisher is sequential, so "completing in any order" is the queue's order. A
-JoinError at shutdown belongs to ``app/server.py``'s shutdown, not to this module.
+JoinError at shutdown belongs to ``app/node/server.py``'s shutdown, not to this module.
 """
 
 from __future__ import annotations
@@ -101,11 +101,11 @@ import pytest
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 
 from app import points
-from app.barrier import Barrier, Cut, CutOutcome
-from app.otlp import Unavailable, decode_request, flatten
-from app.pipeline import LATCH_CLEAR, ReadWriteLock
-from app.server import AgeSweep
-from app.snapshots import decode_snapshot
+from app.cadence.barrier import Barrier, Cut, CutOutcome
+from app.cadence.sweep import AgeSweep
+from app.ingest.pipeline import LATCH_CLEAR, ReadWriteLock
+from app.ingest.snapshots import decode_snapshot
+from app.receive.otlp import Unavailable, decode_request, flatten
 from sink.buffers import NANOS_PER_DAY, Detached
 from sink.store import StoreError
 from tests.support.noderig import NodeRig, request, rids
@@ -827,7 +827,6 @@ def test_failed_cuts_back_off_instead_of_recapturing_at_once(
         ceiling_bytes=rig.ceiling_bytes,
         on_cut=lambda o: (outcomes.append(o), first.set()),
     )
-    rig.pipeline.barrier = barrier
     barrier.start()
     try:
         assert first.wait(WAIT_S)

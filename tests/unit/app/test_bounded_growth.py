@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from app.barrier import CutOutcome
+from app.cadence.barrier import CutOutcome
 from tests.support.noderig import NodeRig
 from wal import FloorMin, FloorPinned, HousekeepingProgress, Journal, WalConfig, WalOffset
 from wal.reclamation import ReclaimState

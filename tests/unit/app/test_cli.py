@@ -13,7 +13,7 @@ from typing import TextIO
 import pytest
 
 from app.cli import main, settings_help
-from app.config import EFFECTIVE_EVENT, SETTINGS, load_settings
+from app.node.config import EFFECTIVE_EVENT, SETTINGS, load_settings
 
 
 @pytest.fixture(autouse=True)
@@ -52,7 +52,9 @@ def test_serve_prints_effective_configuration_before_serving(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     seen: list[object] = []
-    monkeypatch.setattr("app.cli.run_serve", lambda settings: seen.append(settings) or 0)
+    monkeypatch.setattr(
+        "app.cli.run_serve", lambda settings, config_file=None: seen.append(settings) or 0
+    )
     monkeypatch.setenv("OURIOS_WAL_BARRIER_SECS", "30")
     assert main(["serve"]) == 0
     err = capsys.readouterr().err
@@ -68,7 +70,7 @@ def test_serve_reads_the_config_file_and_env_wins(
     config_file = tmp_path / "ourios.yaml"
     config_file.write_text("wal:\n  barrier_secs: 30\n  housekeeping_secs: 7\n", encoding="utf-8")
     monkeypatch.setenv("OURIOS_WAL_HOUSEKEEPING_SECS", "9")
-    monkeypatch.setattr("app.cli.run_serve", lambda settings: 0)
+    monkeypatch.setattr("app.cli.run_serve", lambda settings, config_file=None: 0)
     assert main(["serve", "--config", str(config_file)]) == 0
     config = effective_line(capsys.readouterr().err)
     assert (config["OURIOS_WAL_BARRIER_SECS"], config["OURIOS_WAL_HOUSEKEEPING_SECS"]) == (30, 9)
@@ -131,10 +133,10 @@ def test_usage_errors_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]
 
 
 class FakeWalcli(types.ModuleType):
-    """Stands in for app.walcli, recording what the CLI passed."""
+    """Stands in for app.cli.wal, recording what the CLI passed."""
 
     def __init__(self, code: int) -> None:
-        super().__init__("app.walcli")
+        super().__init__("app.cli.wal")
         self.code = code
         self.calls: list[tuple[str, Path, TextIO]] = []
 
@@ -156,7 +158,7 @@ def test_wal_subcommands_call_walcli(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     fake = FakeWalcli(code=3)
-    monkeypatch.setitem(sys.modules, "app.walcli", fake)
+    monkeypatch.setitem(sys.modules, "app.cli.wal", fake)
     assert main(["wal", command, str(tmp_path)]) == 3
     [(called, directory, out)] = fake.calls
     assert (called, directory) == (command, tmp_path)
@@ -172,7 +174,7 @@ def test_wal_subcommands_report_a_missing_walcli(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     # A None entry in sys.modules makes the import raise ImportError.
-    monkeypatch.setitem(sys.modules, "app.walcli", None)
+    monkeypatch.setitem(sys.modules, "app.cli.wal", None)
     assert main(["wal", command, str(tmp_path)]) == 70
     err = capsys.readouterr().err
     assert f"ourios: wal {command} is unavailable" in err
@@ -182,7 +184,7 @@ def test_wal_subcommands_report_a_missing_walcli(
 def test_wal_subcommand_reports_a_walcli_without_the_function(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setitem(sys.modules, "app.walcli", types.ModuleType("app.walcli"))
+    monkeypatch.setitem(sys.modules, "app.cli.wal", types.ModuleType("app.cli.wal"))
     assert main(["wal", "verify", str(tmp_path)]) == 70
     assert "has no verify()" in capsys.readouterr().err
 

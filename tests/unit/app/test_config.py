@@ -1,9 +1,10 @@
-"""Tests for app.config: the settings table, its three sources and start-up validation."""
+"""Tests for app.node.config: the settings table, its three sources and start-up validation."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from app.config import (
+from app.node.config import (
     CROSS_RULES,
     DERIVED_FIELDS,
     SECTIONS,
@@ -22,6 +23,8 @@ from app.config import (
     Setting,
     Settings,
     WalSettings,
+    available_cpus,
+    default_workers,
     is_valid_tenant,
     load_settings,
     load_tokens,
@@ -82,6 +85,7 @@ def samples(tmp_path: Path) -> dict[str, Sample]:
         "server.node_ordinal": Sample("5", 5),
         "server.log_level": Sample("debug", "debug"),
         "server.shutdown_grace_secs": Sample("10", 10),
+        "server.workers": Sample("3", 3),
         "wal.segment_max_bytes": Sample("128MiB", 128 * MiB),
         "wal.segment_age_secs": Sample("60", 60),
         "wal.barrier_secs": Sample("30", 30),
@@ -104,6 +108,7 @@ def samples(tmp_path: Path) -> dict[str, Sample]:
         "auth.tokens_file": Sample(str(tokens), tokens),
         "disk.low_water_bytes": Sample("2GiB", 2 * GiB),
         "disk.stop_water_bytes": Sample("512MiB", 512 * MiB),
+        "disk.reserve_bytes": Sample("32MiB", 32 * MiB),
     }
 
 
@@ -171,6 +176,7 @@ def test_defaults_match_design_section_8() -> None:
         "OURIOS_SERVER_NODE_ORDINAL": load_settings({}).server.node_ordinal,
         "OURIOS_SERVER_LOG_LEVEL": "info",
         "OURIOS_SERVER_SHUTDOWN_GRACE_SECS": 25,
+        "OURIOS_SERVER_WORKERS": max(1, available_cpus() - 1),
         "OURIOS_WAL_SEGMENT_MAX_BYTES": 64 * MiB,
         "OURIOS_WAL_SEGMENT_AGE_SECS": 600,
         "OURIOS_WAL_BARRIER_SECS": 300,
@@ -193,6 +199,7 @@ def test_defaults_match_design_section_8() -> None:
         "OURIOS_AUTH_TOKENS_FILE": None,
         "OURIOS_DISK_LOW_WATER_BYTES": 1 * GiB,
         "OURIOS_DISK_STOP_WATER_BYTES": 256 * MiB,
+        "OURIOS_DISK_RESERVE_BYTES": 64 * MiB,
     }
     assert load_settings({}).effective() == expected
 
@@ -915,3 +922,24 @@ def test_config_doc_lists_every_setting() -> None:
         assert f"| `{row.env_var}` | `{row.yaml_key}` |" in text
     for section in SECTIONS:
         assert f"## `{section}`" in text
+
+
+@pytest.mark.parametrize(
+    ("cpu_max", "expected"),
+    [
+        pytest.param("150000 100000\n", 2, id="quota_of_one_and_a_half_cpus"),
+        pytest.param("100000 100000\n", 1, id="quota_of_one_cpu"),
+        pytest.param("max 100000\n", None, id="no_quota"),
+        pytest.param(None, None, id="no_cgroup_file"),
+        pytest.param("garbage\n", None, id="unreadable"),
+    ],
+)
+def test_available_cpus_follows_the_cgroup_quota_else_the_affinity_mask(
+    tmp_path: Path, cpu_max: str | None, expected: int | None
+) -> None:
+    if cpu_max is not None:
+        (tmp_path / "cpu.max").write_text(cpu_max)
+    affinity = len(os.sched_getaffinity(0))
+    want = affinity if expected is None else min(affinity, expected)
+    assert available_cpus(tmp_path) == want
+    assert default_workers() >= 1

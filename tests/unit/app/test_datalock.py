@@ -1,4 +1,4 @@
-"""The data directory's lock (``app.datalock``; issue 18 item 3, DESIGN.md §5 invariant 9):
+"""The data directory's lock (``app.node.datalock``; issue 18 item 3, DESIGN.md §5 invariant 9):
 one process holds it; another is refused naming the holder; it is taken before the node
 reads or writes anything; ``ourios wal quarantine`` takes it, ``inspect`` does not."""
 
@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from app import walcli
-from app.config import load_settings
-from app.datalock import LOCK_NAME, DataDirLock, DataDirLocked, Holder, read_holder
-from app.events import EventLog
-from app.server import build_node
+from app.cli import wal as walcli
+from app.node.config import load_settings
+from app.node.datalock import LOCK_NAME, DataDirLock, DataDirLocked, Holder, read_holder
+from app.node.events import EventLog
+from app.node.server import build_node
 from tests.support.noderig import request
 from tests.support.serve import ROOT
 from tests.support.walkit import SMALL
@@ -28,7 +28,7 @@ from wal import Journal
 _HOLDER = (
     "import sys\n"
     "from pathlib import Path\n"
-    "from app.datalock import DataDirLock\n"
+    "from app.node.datalock import DataDirLock\n"
     "lock = DataDirLock.acquire(Path(sys.argv[1]), command='test holder')\n"
     "print('held', flush=True)\n"
     "sys.stdin.read()\n"

@@ -1,4 +1,4 @@
-"""Tests for app/grpc_receiver.py: LogsService/Export through real grpcio stubs against
+"""Tests for app/receive/otlp_grpc.py: LogsService/Export through real grpcio stubs against
 the real server on 127.0.0.1, with `StubPipeline` in place of the pipeline.
 
 Every refusal test checks that nothing reached the pipeline; every server a test starts
@@ -22,11 +22,11 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
 from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.logs.v1 import logs_pb2
 
-from app.auth import Authenticator
-from app.grpc_receiver import EXPORT_METHOD, create_grpc_server
-from app.ingest_api import IngestOutcome, ListenerBindError, StubPipeline
-from app.otlp import BadRequest, IngestRejection, PayloadTooLarge, Unavailable
-from app.tenants import SettlementInProgress, TenantCapacity, TenantUnrecoverable
+from app.ingest.tenants import SettlementInProgress, TenantCapacity, TenantUnrecoverable
+from app.receive.api import IngestOutcome, ListenerBindError, StubPipeline
+from app.receive.auth import Authenticator
+from app.receive.otlp import BadRequest, IngestRejection, PayloadTooLarge, Unavailable
+from app.receive.otlp_grpc import EXPORT_METHOD, create_grpc_server
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -144,7 +144,7 @@ def test_export_success_stores_the_message_bytes(client: Client) -> None:
     assert only.tenant == "team-a"
     assert only.payload == req.SerializeToString()
     assert only.transport == "grpc"
-    assert only.batch.body == [f"hello {i}" for i in range(5)]
+    assert only.batch.bodies == [f"hello {i}" for i in range(5)]
 
 
 def test_open_mode_default_tenant(client: Client) -> None:

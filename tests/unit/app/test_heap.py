@@ -1,4 +1,4 @@
-"""The collector policy (``app.heap``): captures run with automatic collection off and
+"""The collector policy (``app.node.heap``): captures run with automatic collection off and
 restore it whatever happens; start-up's heap is frozen out of the generations."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from app.barrier import Cut
-from app.heap import collection_deferred, freeze_long_lived_heap
+from app.cadence.barrier import Cut
+from app.node.heap import collection_deferred, freeze_long_lived_heap
 from tests.support.noderig import NodeRig
 
 

@@ -1,4 +1,4 @@
-"""Tests for app/http_receiver.py: POST /v1/logs, the probes, /metrics, the server.
+"""Tests for app/receive/otlp_http.py: POST /v1/logs, the probes, /metrics, the server.
 
 Most tests drive the ASGI app in-process through `_call`, a minimal ASGI client that
 also counts how many body chunks the app pulled (so "refused without reading the body"
@@ -36,17 +36,11 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
 from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.logs.v1 import logs_pb2
 
-from app import http_receiver
-from app.auth import BEARER_CHALLENGE, Authenticator
-from app.http_receiver import (
-    create_http_app,
-    http_server,
-    raw_body_cap,
-    start_in_thread,
-    stop_in_thread,
-)
-from app.ingest_api import IngestOutcome, ListenerBindError, StubPipeline
-from app.otlp import (
+from app.ingest.tenants import SettlementInProgress, TenantCapacity, TenantUnrecoverable
+from app.receive import otlp_http as http_receiver
+from app.receive.api import IngestOutcome, ListenerBindError, StubPipeline
+from app.receive.auth import BEARER_CHALLENGE, Authenticator
+from app.receive.otlp import (
     BadRequest,
     IngestRejection,
     PayloadTooLarge,
@@ -54,7 +48,14 @@ from app.otlp import (
     decode_request,
     to_wal_payload,
 )
-from app.tenants import SettlementInProgress, TenantCapacity, TenantUnrecoverable
+from app.receive.otlp_http import (
+    DISCARD_BYTES,
+    create_http_app,
+    http_server,
+    raw_body_cap,
+    start_in_thread,
+    stop_in_thread,
+)
 
 PB = "application/x-protobuf"
 JSON = "application/json"
@@ -294,7 +295,7 @@ def test_protobuf_success_stores_the_body_as_received(app: FastAPI, pipeline: St
     assert only.payload == body
     assert only.transport == "http"
     assert len(only.batch) == 5
-    assert only.batch.body == [f"hello {i}" for i in range(5)]
+    assert only.batch.bodies == [f"hello {i}" for i in range(5)]
 
 
 def test_json_success_stores_the_protobuf_it_parsed_to(
@@ -638,9 +639,11 @@ def test_raw_body_cap() -> None:
 
 
 @pytest.mark.parametrize("encoding", [None, "gzip"])
-def test_413_declared_length_over_the_cap_reads_nothing(
+def test_413_declared_length_over_the_cap_discards_the_body_then_answers(
     app: FastAPI, pipeline: StubPipeline, encoding: str | None
 ) -> None:
+    """A client that writes its whole body before reading must read the 413 (a reset
+    would make it retry): the body is read and thrown away, never buffered."""
     headers = [("content-length", str(raw_body_cap(LIMIT, encoding) + 1))]
     if encoding:
         headers.append(("content-encoding", encoding))
@@ -648,15 +651,39 @@ def test_413_declared_length_over_the_cap_reads_nothing(
     assert_status(reply, 413, grpc.StatusCode.RESOURCE_EXHAUSTED, as_json=False)
     assert str(LIMIT) in reply.status_message().message
     assert "retry-after" not in reply.headers
+    assert reply.chunks_pulled == 2000
+    assert pipeline.calls == []
+
+
+def test_413_declared_length_over_the_cap_waiting_for_100_continue_reads_nothing(
+    app: FastAPI, pipeline: StubPipeline
+) -> None:
+    headers = [("content-length", str(LIMIT + 1)), ("expect", "100-continue")]
+    reply = call(app, iter([b"x" * KiB] * 2000), headers=headers)
+    assert_status(reply, 413, grpc.StatusCode.RESOURCE_EXHAUSTED, as_json=False)
     assert reply.chunks_pulled == 0
     assert pipeline.calls == []
 
 
-def test_413_streamed_body_stops_reading_at_the_cap(app: FastAPI, pipeline: StubPipeline) -> None:
+def test_413_declared_length_beyond_the_discard_bound_reads_nothing(
+    app: FastAPI, pipeline: StubPipeline
+) -> None:
+    headers = [("content-length", str(LIMIT + DISCARD_BYTES + 1))]
+    reply = call(app, iter([b"x" * KiB] * 2000), headers=headers)
+    assert_status(reply, 413, grpc.StatusCode.RESOURCE_EXHAUSTED, as_json=False)
+    assert reply.chunks_pulled == 0
+
+
+def test_413_streamed_body_is_discarded_past_the_cap_up_to_the_bound(
+    app: FastAPI, pipeline: StubPipeline
+) -> None:
     chunk = 64 * KiB
-    reply = call(app, iter([b"\x00" * chunk] * 1000), content_type=JSON)
-    assert_status(reply, 413, grpc.StatusCode.RESOURCE_EXHAUSTED, as_json=True)
-    assert reply.chunks_pulled == LIMIT // chunk + 1
+    within = call(app, iter([b"\x00" * chunk] * 1000), content_type=JSON)
+    assert_status(within, 413, grpc.StatusCode.RESOURCE_EXHAUSTED, as_json=True)
+    assert within.chunks_pulled == 1000
+    beyond = call(app, iter([b"\x00" * chunk] * 2000), content_type=JSON)
+    assert_status(beyond, 413, grpc.StatusCode.RESOURCE_EXHAUSTED, as_json=True)
+    assert beyond.chunks_pulled == (LIMIT + DISCARD_BYTES) // chunk + 1
     assert pipeline.calls == []
 
 
@@ -664,7 +691,7 @@ def test_413_identity_body_one_byte_over(pipeline: StubPipeline) -> None:
     app = make_app(pipeline, max_frame_bytes=64 * KiB)
     reply = call(app, sized_request(64 * KiB + 1))
     assert_status(reply, 413, grpc.StatusCode.RESOURCE_EXHAUSTED, as_json=False)
-    assert reply.chunks_pulled == 0
+    assert reply.chunks_pulled == 1
     assert pipeline.calls == []
 
 
@@ -816,7 +843,7 @@ def test_real_server_declared_length_over_cap_refused_before_the_body(
         try:
             writer.write(
                 b"POST /v1/logs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                + f"Content-Length: {LIMIT + 1}\r\n\r\n".encode()
+                + f"Expect: 100-continue\r\nContent-Length: {LIMIT + 1}\r\n\r\n".encode()
             )
             await writer.drain()
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
@@ -837,6 +864,28 @@ def test_real_server_declared_length_over_cap_refused_before_the_body(
     assert head.startswith(b"HTTP/1.1 413 ")
     status = json_format.Parse(body, status_pb2.Status())
     assert status.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
+    assert real_server.pipeline.calls == []
+
+
+def test_real_server_a_client_writing_its_whole_oversize_body_first_reads_the_413(
+    real_server: RealServer,
+) -> None:
+    """A plain blocking client (as urllib, requests and the OTel exporter are) writes the
+    whole body before it reads: it must read the 413 — a connection reset is retried."""
+    body = b"\x00" * (10 * MiB)
+    with socket.create_connection(("127.0.0.1", real_server.port), 30) as sock:
+        sock.sendall(
+            b"POST /v1/logs HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        response = http.client.HTTPResponse(sock)
+        response.begin()
+        payload = response.read()
+    assert response.status == 413
+    status = status_pb2.Status.FromString(payload)
+    assert status.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
+    assert str(LIMIT) in status.message
     assert real_server.pipeline.calls == []
 
 

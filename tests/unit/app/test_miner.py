@@ -1,4 +1,4 @@
-"""Tests for app.miner: mining, parameters, events, snapshots and template ids."""
+"""Tests for app.ingest.miner: mining, parameters, events, snapshots and template ids."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from drain3.drain import Drain
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from app.miner import (
+from app.ingest.miner import (
     MAX_COUNTER,
     PARAM,
     CountingAllocator,
@@ -712,7 +712,7 @@ def test_file_allocator_survives_sigkill_mid_block(tmp_path: Path) -> None:
     script = (
         "import os, signal, sys\n"
         "from pathlib import Path\n"
-        "from app.miner import FileTemplateIdAllocator\n"
+        "from app.ingest.miner import FileTemplateIdAllocator\n"
         f"a = FileTemplateIdAllocator(Path({str(path)!r}), node_ordinal=2, block=10)\n"
         "for _ in range(25):\n"
         "    print(a.allocate(), flush=True)\n"

@@ -28,10 +28,10 @@ from pathlib import Path
 import pytest
 
 from app import points
-from app.config import load_settings
-from app.metrics import Metrics
-from app.otlp import decode_request, flatten
-from app.server import AgeSweep
+from app.cadence.sweep import AgeSweep
+from app.node.config import load_settings
+from app.node.metrics import Metrics
+from app.receive.otlp import decode_request, flatten
 from sink.buffers import Kind
 from tests.support.noderig import NodeRig, request, rids
 from tests.unit.app.test_barrier import BIG, Worker, fill_to_rotation

@@ -14,10 +14,10 @@ import pyarrow.parquet as pq
 import pytest
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 
-from app.miner import CountingAllocator, MinerCluster, MineResult
-from app.otlp import FlatBatch, PayloadTooLarge, Unavailable, decode_request, flatten
-from app.pipeline import Pipeline, ReadWriteLock, TurnGate
-from app.recovery import recover
+from app.ingest.miner import CountingAllocator, MinerCluster, MineResult
+from app.ingest.pipeline import Pipeline, ReadWriteLock, TurnGate
+from app.node.recovery import recover
+from app.receive.otlp import FlatBatch, PayloadTooLarge, Unavailable, decode_request, flatten
 from sink.buffers import Buffers
 from sink.publisher import Publisher
 from sink.store import FailingStore, MemoryStore

@@ -23,12 +23,13 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from app.barrier import CutOutcome
-from app.settlement import NO_TEMPLATE, Result
-from app.tenants import SettlementInProgress, TenantUnrecoverable
+from app.cadence.barrier import CutOutcome
+from app.ingest.settlement import NO_TEMPLATE, Result
+from app.ingest.tenants import SettlementInProgress, TenantUnrecoverable
 from tests.support.minerfaults import FaultPlan, FaultyMiners, Trigger
 from tests.support.noderig import NodeRig, rids
 from wal import WalOffset
@@ -273,11 +274,11 @@ def test_a_frame_whose_rows_cannot_be_buffered_even_untemplated_isolates_its_ten
     step(rig)
     real = rig.buffers.add_records
 
-    def add_records(tenant: str, day: int, **cols: object) -> object:
-        attrs = cols["attributes"]
-        if any(v.startswith("tx/") for a in attrs for k, v in a if k == "rid"):  # type: ignore[attr-defined]
+    def add_records(tenant: str, day: int, batch: pa.RecordBatch, **kw: object) -> object:
+        attrs = batch.column("attributes").to_pylist()
+        if any(v.startswith("tx/") for a in attrs for k, v in a if k == "rid"):
             raise RuntimeError("injected failure inside the emit of tx's rows")
-        return real(tenant, day, **cols)  # type: ignore[arg-type]
+        return real(tenant, day, batch, **kw)  # type: ignore[arg-type]
 
     monkeypatch.setattr(rig.buffers, "add_records", add_records)
     rig.ingest("T", "tx")

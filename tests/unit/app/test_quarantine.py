@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from app import walcli
-from app.snapshots import SnapshotState, SnapshotStore
+from app.cli import wal as walcli
+from app.ingest.snapshots import SnapshotState, SnapshotStore
 from tests.support.noderig import request
 from tests.support.walkit import SMALL, faulty, payload
 from wal import CorruptionError, Journal, Known, WalOffset

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from app import points
-from app.config import load_settings
-from app.events import EventLog
-from app.otlp import decode_request, flatten
-from app.recovery import recover
-from app.server import EXIT_ROWS_LEFT, Node, build_node, shutdown
+from app.node.config import load_settings
+from app.node.events import EventLog
+from app.node.recovery import recover
+from app.node.server import EXIT_ROWS_LEFT, Node, build_node, shutdown
+from app.receive.otlp import decode_request, flatten
 from sink.store import FailingStore, LocalStore
 from tests.support.noderig import request
 from wal import CheckpointError
@@ -122,7 +122,7 @@ def test_nowedge_0_a_shutdown_with_the_store_down_counts_the_rows_left_and_exits
     """The final cut cannot publish: the acknowledged rows are only in the WAL, so
     ``server.stopped`` says how many and the exit status is not 0."""
     failing = FailingStore(LocalStore(tmp_path / "objects"))
-    monkeypatch.setattr("app.server._store", lambda settings: failing)
+    monkeypatch.setattr("app.node.server._store", lambda settings: failing)
     settings = load_settings(
         {
             "OURIOS_SERVER_DATA_DIR": str(tmp_path / "data"),

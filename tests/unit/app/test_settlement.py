@@ -21,11 +21,11 @@ import pytest
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 
 from app import points
-from app.barrier import CutOutcome
-from app.otlp import PayloadTooLarge, decode_request, flatten
-from app.settlement import EntryState, Result
-from app.snapshots import decode_snapshot
-from app.tenants import SettlementInProgress, TenantCapacity, TenantUnrecoverable
+from app.cadence.barrier import CutOutcome
+from app.ingest.settlement import EntryState, Result
+from app.ingest.snapshots import decode_snapshot
+from app.ingest.tenants import SettlementInProgress, TenantCapacity, TenantUnrecoverable
+from app.receive.otlp import PayloadTooLarge, decode_request, flatten
 from tests.support.minerfaults import FaultPlan, FaultyMiners
 from tests.support.noderig import NodeRig, rids
 from wal import ConsumerMode, FloorPinned, WalConfig, WalOffset
@@ -603,11 +603,11 @@ def test_rfc0055_9_5_a_failure_after_mining_returned_is_settled_the_same_way(
     real = rig.buffers.add_records
     failures = [1]
 
-    def add_records(tenant: str, day: int, **cols: object) -> object:
+    def add_records(tenant: str, day: int, batch: object, **kw: object) -> object:
         if tenant == "T" and failures:
             failures.pop()
             raise RuntimeError("injected failure inside the emit")
-        return real(tenant, day, **cols)  # type: ignore[arg-type]
+        return real(tenant, day, batch, **kw)  # type: ignore[arg-type]
 
     monkeypatch.setattr(rig.buffers, "add_records", add_records)
     rig.ingest("T", "t1")  # its template events were buffered before the failure

@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from app import points
-from app.settlement import Result
+from app.ingest.settlement import Result
 from tests.support.minerfaults import FaultPlan, FaultyMiners
 from tests.support.noderig import NodeRig, rids
 from tests.unit.app.test_settlement import Worker, ingest_bodies, step

@@ -1,4 +1,4 @@
-"""``app.snapshots``: the OSNP v2 codec, the SnapshotStore (start-up listing trusted only
+"""``app.ingest.snapshots``: the OSNP v2 codec, the SnapshotStore (start-up listing trusted only
 after the directory fsyncs, stale temps, monotonic installs) and the SnapshotLedger as
 the only source of horizons — and RFC0052.13's start-up legs on the in-process node rig
 (a tenant without a valid snapshot pins, never reads as NoConsumer).
@@ -15,10 +15,9 @@ from pathlib import Path
 import crc32c
 import pytest
 
-from app.barrier import CutOutcome
-from app.miner import CountingAllocator, MinerCluster, TenantMiner
-from app.recovery import RecoveryReport
-from app.snapshots import (
+from app.cadence.barrier import CutOutcome
+from app.ingest.miner import CountingAllocator, MinerCluster, TenantMiner
+from app.ingest.snapshots import (
     HEADER_SIZE,
     MAGIC,
     VERSION,
@@ -30,6 +29,7 @@ from app.snapshots import (
     decode_snapshot,
     encode_snapshot,
 )
+from app.node.recovery import RecoveryReport
 from tests.support.noderig import NodeRig, rids
 from wal import FloorMin, FloorNone, FloorPinned, HousekeepingProgress, WalConfig, WalOffset
 from wal.reclamation import UnrecoverableTenant

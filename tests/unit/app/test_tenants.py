@@ -15,9 +15,8 @@ from pathlib import Path
 import pytest
 
 from app import points
-from app.otlp import PayloadTooLarge, Unavailable, decode_request, flatten
-from app.pipeline import LATCH_CLEAR
-from app.tenants import (
+from app.ingest.pipeline import LATCH_CLEAR
+from app.ingest.tenants import (
     SettlementInProgress,
     SlotState,
     TenantCapacity,
@@ -26,6 +25,7 @@ from app.tenants import (
     TenantUnrecoverable,
     TurnResult,
 )
+from app.receive.otlp import PayloadTooLarge, Unavailable, decode_request, flatten
 from tests.support.noderig import NodeRig, rids
 from wal import AppendError, RotationKind, Terminal, WalConfig
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from app import walcli
+from app.cli import wal as walcli
 from tests.support.walkit import SMALL, payload
 from wal import Journal, PublishedMarks
 from wal.segment import HEADER_SIZE, segment_name
@@ -139,7 +139,7 @@ def test_verify_finds_damage_below_the_checkpoint_in_the_newest_segment(wal_root
 
 
 def test_inspect_reads_horizons_from_the_snapshots_beside_the_wal(wal_root: Path) -> None:
-    from app.snapshots import SnapshotState, SnapshotStore
+    from app.ingest.snapshots import SnapshotState, SnapshotStore
     from wal.tools import verify_root
 
     report = verify_root(wal_root)
@@ -156,6 +156,21 @@ def test_inspect_reads_horizons_from_the_snapshots_beside_the_wal(wal_root: Path
     assert "snapshots: 2 tenant horizon(s)" in text and "UNDECODABLE broken.snap" in text
     assert "CHECKPOINT.spare: allocated" in text and "RECLAIM: mode" in text
     assert "retain floor: min" in text
+
+
+def test_nowedge_2_inspect_shows_the_disk_reserve_beside_the_wal(wal_root: Path) -> None:
+    """Issue 18: ``$DATA/disk-reserve`` is named for what it is and inspect reads past it."""
+    code, text = run(walcli.inspect, wal_root.parent)
+    assert code == 0 and "disk reserve:" in text and "absent" in text.split("disk reserve:")[1]
+    reserve = wal_root.parent / "disk-reserve"
+    reserve.write_bytes(bytes(8192))
+    for where in (wal_root.parent, wal_root):
+        code, text = run(walcli.inspect, where)
+        assert code == 0 and f"{reserve} in place, 8192 bytes" in text
+        others = [line for line in text.splitlines() if line.startswith("other files:")]
+        assert all("disk-reserve" not in line for line in others)  # not in the WAL directory
+    code, text = run(walcli.verify, wal_root.parent)
+    assert code == 0 and "clean" in text
 
 
 def test_nowedge_6_inspect_names_an_unconfirmed_settlement_intent(wal_root: Path) -> None:

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from sink.parquet import (
     AUDIT_SCHEMA,
     COMPRESSIONS,
+    FLAT_SCHEMA,
     RECORDS_SCHEMA,
     AuditColumns,
     AuditRow,
@@ -24,8 +25,10 @@ from sink.parquet import (
     RecordColumns,
     RecordRow,
     TemplateChange,
+    assemble_records,
     encode_audit,
     encode_records,
+    records_batch,
 )
 
 T0 = 1_714_521_600_000_000_000  # 2024-05-01T00:00:00Z
@@ -238,11 +241,11 @@ def test_an_empty_buffer_encodes_to_an_empty_file() -> None:
 )
 def test_a_value_that_does_not_fit_names_its_column(column: str, value: Any) -> None:
     rows = [sample_rows()[0]._replace(**{column: value})]
-    cols = buffer(rows)
+    cols = buffer(sample_rows()[1:2])
     with pytest.raises(EncodeError, match=column) as info:
-        encode_records(cols)
-    assert info.value.column in (column, "*") and info.value.error_type == "parquet_encode"
-    assert cols.rows() == rows  # the buffer is untouched: the caller can requeue it
+        cols.extend(rows)
+    assert info.value.column == column and info.value.error_type == "parquet_encode"
+    assert len(cols) == 1  # the buffer is untouched: the caller can requeue it
 
 
 def test_shared_and_distinct_resource_attributes_both_encode() -> None:
@@ -292,8 +295,8 @@ def test_append_row_and_extend_agree() -> None:
     for row in rows:
         a.append_row(*row)
     b = buffer(rows)
-    assert a.rows() == b.rows() == rows
-    assert len(a) == 3 and a.nbytes == b.nbytes > 0
+    assert a.rows() == b.rows() == [RecordRow(**r) for r in expected_pylist(rows)]
+    assert len(a) == 3 and a.nbytes > 0 and b.nbytes > 0
 
 
 def test_merge_appends_the_other_buffer_and_leaves_it_unchanged() -> None:
@@ -301,26 +304,24 @@ def test_merge_appends_the_other_buffer_and_leaves_it_unchanged() -> None:
     a, b = buffer(rows[:1]), buffer(rows[1:])
     a_bytes, b_bytes = a.nbytes, b.nbytes
     a.merge(b)
-    assert a.rows() == rows and b.rows() == rows[1:]
-    assert a.nbytes == a_bytes + b_bytes == buffer(rows).nbytes
-    a.append_row(*rows[0])
-    assert a.nbytes == buffer([*rows, rows[0]]).nbytes
+    assert a.rows() == buffer(rows).rows() and b.rows() == buffer(rows[1:]).rows()
+    assert a.nbytes == a_bytes + b_bytes and len(a) == 3 and len(b) == 2
+    assert a.batches[1:] == b.batches  # shared, not copied: a batch never changes
 
 
-def test_nbytes_is_the_same_however_often_it_is_read() -> None:
-    rng = random.Random(5)
-    rows = [
-        sample_rows()[rng.randrange(3)]._replace(resource_attributes=rng.choice([RESOURCE, []]))
-        for _ in range(10_000)
-    ]
-    eager = RecordColumns()
-    readings = []
-    for row in rows:
-        eager.append_row(*row)
-        if rng.random() < 0.01:
-            readings.append(eager.nbytes)
-    assert readings == sorted(readings)
-    assert eager.nbytes == buffer(rows).nbytes
+def test_nbytes_is_the_arrow_size_of_the_batches() -> None:
+    cols = RecordColumns()
+    for row in sample_rows():
+        cols.append_row(*row)
+    assert cols.nbytes == sum(batch.nbytes for batch in cols.batches) > 0
+
+
+def test_a_batch_of_another_schema_is_refused() -> None:
+    cols = RecordColumns()
+    other = pa.RecordBatch.from_pydict({"tenant": ["t"]})
+    with pytest.raises(ValueError, match="RECORDS_SCHEMA"):
+        cols.append_batch(other)
+    assert len(cols) == 0
 
 
 def test_nbytes_approximates_the_arrow_size() -> None:
@@ -389,7 +390,7 @@ def test_audit_compression_options(compression: str) -> None:
     assert read(data).num_rows == 3
 
 
-# --- frozen pieces (the ingest path: lists frozen, converted by the sealer) ------------
+# --- batches (the ingest path: one batch per frame) -----------------------------------
 
 
 def many_rows(n: int, seed_value: int = 11) -> list[RecordRow]:
@@ -400,74 +401,36 @@ def many_rows(n: int, seed_value: int = 11) -> list[RecordRow]:
     ]
 
 
-def pieces_of(rows: list[RecordRow], cuts: list[int], convert: set[int]) -> RecordColumns:
-    """``rows`` appended, frozen at each cut; the pieces numbered in ``convert`` converted."""
-    cols = RecordColumns()
-    pieces = []
-    last = 0
-    for cut in [*cuts, len(rows)]:
-        cols.extend(rows[last:cut])
-        last = cut
-        if cut < len(rows):
-            pieces.append(cols.freeze())
-    for i in convert:
-        pieces[i].convert()
-    return cols
-
-
-@seed(20261202)
+@seed(20261203)
 @settings(max_examples=40, deadline=None)
-@given(
-    n=st.integers(1, 60),
-    data=st.data(),
-)
-def test_frozen_and_converted_pieces_encode_the_rows_in_order(n: int, data: Any) -> None:
+@given(n=st.integers(1, 60), data=st.data())
+def test_batches_encode_the_rows_in_order(n: int, data: Any) -> None:
     rows = many_rows(n)
-    cuts = sorted(set(data.draw(st.lists(st.integers(0, n - 1), max_size=5))))
-    convert = set(data.draw(st.lists(st.integers(0, max(len(cuts) - 1, 0)), max_size=5)))
-    convert = {i for i in convert if i < len(cuts)}
-    cols = pieces_of(rows, cuts, convert)
-    assert len(cols) == n
+    cuts = sorted(set(data.draw(st.lists(st.integers(1, n), max_size=5))))
+    cols = RecordColumns()
+    last = 0
+    for cut in [*cuts, n]:
+        cols.extend(rows[last:cut])
+        last = max(last, cut)
+    assert len(cols) == n and len(cols.batches) == len({*cuts, n})
     assert read(encode_records(cols)).to_pylist() == expected_pylist(rows)
     assert cols.lsn_bounds() == buffer(rows).lsn_bounds()
-    assert cols.wal_lsn == [r.wal_lsn for r in rows]  # a column reads over every piece
-    assert cols.arrow_rows == sum(
-        b - a for i, (a, b) in enumerate(zip([0, *cuts], cuts, strict=False)) if i in convert
+    assert cols.wal_lsn == [r.wal_lsn for r in rows]  # a column reads over every batch
+
+
+def test_assembled_records_equal_the_rows_built_from_python_values() -> None:
+    rows = many_rows(9)
+    flat = records_batch({name: [getattr(r, name) for r in rows] for name in RecordRow._fields})
+    decoded = flat.select(FLAT_SCHEMA.names)
+    built = assemble_records(
+        "acme",
+        pa.RecordBatch.from_arrays(decoded.columns, schema=FLAT_SCHEMA),
+        [r.template_id for r in rows],
+        [r.template_params for r in rows],
+        4096,
     )
-
-
-def test_freeze_moves_the_lists_and_convert_makes_an_arrow_chunk() -> None:
-    rows = many_rows(20)
-    cols = buffer(rows)
-    before = cols.nbytes
-    piece = cols.freeze()
-    assert cols.list_rows == 0 and len(cols) == 20 and cols.arrow_rows == 0
-    assert cols.nbytes == before  # the lists' estimate until converted
-    piece.convert()
-    assert isinstance(piece.data, pa.RecordBatch) and cols.arrow_rows == 20
-    assert cols.nbytes == piece.data.nbytes  # exact once converted
-    cols.extend(rows[:3])
-    assert cols.list_rows == 3 and len(cols) == 23
-    assert read(encode_records(cols)).to_pylist() == expected_pylist([*rows, *rows[:3]])
-
-
-def test_merge_keeps_pieces_before_later_list_rows() -> None:
-    rows = many_rows(30)
-    a = buffer(rows[:5])  # list rows only
-    b = pieces_of(rows[5:25], [10], {0})  # a converted piece, a list piece... then lists
-    b.extend(rows[25:])
-    a.merge(b)
-    assert len(a) == 30 and len(b) == 25
-    assert read(encode_records(a)).to_pylist() == expected_pylist(rows)
-    assert read(encode_records(b)).to_pylist() == expected_pylist(rows[5:])
-
-
-def test_a_piece_that_does_not_convert_stays_lists_and_its_encode_names_the_column() -> None:
-    rows = [sample_rows()[0]._replace(severity_number=2**40)]
-    cols = buffer(rows)
-    piece = cols.freeze()
-    with pytest.raises(EncodeError, match="severity_number"):
-        piece.convert()
-    assert isinstance(piece.data, RecordColumns) and cols.rows() == rows
-    with pytest.raises(EncodeError, match="severity_number"):
-        encode_records(cols)
+    expected = [r._replace(tenant="acme", wal_lsn=4096) for r in rows]
+    assert built.schema.equals(RECORDS_SCHEMA)
+    assert built.to_pylist() == expected_pylist(expected)
+    with pytest.raises(ValueError, match="9 decoded records but 8 template ids"):
+        assemble_records("acme", decoded, [1] * 8, [[]] * 9, 1)

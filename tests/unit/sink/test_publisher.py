@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from sink.buffers import Buffers, Detached, Kind
+from sink.parquet import records_batch
 from sink.publisher import Publisher
 from sink.store import FailingStore, MemoryStore
 
@@ -37,23 +38,30 @@ def add_events(buffers: Buffers, tenant: str, n: int, lsn: int) -> list[Detached
 
 
 def add_rows(buffers: Buffers, tenant: str, n: int, lsn: int, nbytes: int = 10) -> Detached | None:
+    index = list(range(n))
     return buffers.add_records(
         tenant,
         20_000,
-        time_unix_nano=[DAY_NS] * n,
-        observed_time_unix_nano=[DAY_NS] * n,
-        severity_number=[9] * n,
-        severity_text=["INFO"] * n,
-        body=[f"row {k}" for k in range(n)],
-        attributes=[[] for _ in range(n)],
-        resource_attributes=[[] for _ in range(n)],
-        scope_name=[""] * n,
-        trace_id=[None] * n,
-        span_id=[None] * n,
-        template_id=[lsn * 100] * n,
-        template_params=[[str(k)] for k in range(n)],
+        records_batch(
+            {
+                "tenant": [tenant] * len(index),
+                "time_unix_nano": [DAY_NS] * n,
+                "observed_time_unix_nano": [DAY_NS] * n,
+                "severity_number": [9] * n,
+                "severity_text": ["INFO"] * n,
+                "body": [f"row {k}" for k in range(n)],
+                "attributes": [[] for _ in range(n)],
+                "resource_attributes": [[] for _ in range(n)],
+                "scope_name": [""] * n,
+                "trace_id": [None] * n,
+                "span_id": [None] * n,
+                "template_id": [lsn * 100] * n,
+                "template_params": [[str(k)] for k in range(n)],
+                "record_index": list(range(n)),
+                "wal_lsn": [lsn] * len(index),
+            }
+        ),
         wal_lsn=lsn,
-        record_index=list(range(n)),
         nbytes=nbytes,
     )
 

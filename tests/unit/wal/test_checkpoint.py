@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -9,8 +10,15 @@ import pytest
 
 from tests.support.walkit import SMALL, faulty, payload
 from tests.unit.wal.golden import DATA, SEGMENT_UUID, golden_checkpoint
-from wal import CheckpointError, CorruptionError, Journal, WalOffset
-from wal.checkpoint import NAME, decode_checkpoint
+from wal import CheckpointError, CorruptionError, Journal, OsFs, WalOffset
+from wal.checkpoint import (
+    NAME,
+    SPARE_NAME,
+    TMP_NAME,
+    decode_checkpoint,
+    read_checkpoint,
+    write_checkpoint,
+)
 
 
 def test_golden_checkpoint_bytes_are_stable() -> None:
@@ -84,3 +92,45 @@ def test_failed_write_leaves_the_previous_mark_in_force(tmp_path: Path, step: st
     if step != "fsync_dir":  # the rename had not happened
         with Journal.open(root, SMALL) as j:
             assert j.last_checkpoint == first
+
+
+def _ino(path: Path) -> int:
+    return os.stat(path).st_ino
+
+
+def test_nowedge_2_the_old_mark_becomes_the_next_spare(tmp_path: Path) -> None:
+    """Issue 18 item 2: a write gives up no block — the old CHECKPOINT's inode is the
+    next spare, linked before the rename (see ``wal/checkpoint.py``)."""
+    fs = OsFs()
+    a, b = WalOffset(SEGMENT_UUID, 100), WalOffset(SEGMENT_UUID, 200)
+    write_checkpoint(fs, tmp_path, a)
+    live = _ino(tmp_path / NAME)
+    write_checkpoint(fs, tmp_path, b)
+    assert _ino(tmp_path / SPARE_NAME) == live != _ino(tmp_path / NAME)
+    assert read_checkpoint(fs, tmp_path) == b
+    assert sorted(os.listdir(tmp_path)) == [NAME, SPARE_NAME]
+
+
+def test_nowedge_2_a_spare_sharing_the_live_marks_inode_is_never_overwritten_in_place(
+    tmp_path: Path,
+) -> None:
+    """A crash between the link and the rename leaves the spare as a second name of the
+    live CHECKPOINT: the next write must not overwrite that inode in place (a rename of
+    a name onto another name of the same inode does nothing), and open replaces it."""
+    fs = OsFs()
+    a, b = WalOffset(SEGMENT_UUID, 100), WalOffset(SEGMENT_UUID, 200)
+    write_checkpoint(fs, tmp_path, a)
+    (tmp_path / SPARE_NAME).unlink()
+    os.link(tmp_path / NAME, tmp_path / SPARE_NAME)  # what the crash leaves
+    write_checkpoint(fs, tmp_path, b)
+    assert read_checkpoint(fs, tmp_path) == b
+    assert not (tmp_path / TMP_NAME).exists()
+    assert _ino(tmp_path / SPARE_NAME) != _ino(tmp_path / NAME)
+    with Journal.open(tmp_path / "wal", SMALL) as j:
+        j.checkpoint(j.commit("t", payload(1)).offset)
+        root = j.root
+    (root / SPARE_NAME).unlink()
+    os.link(root / NAME, root / SPARE_NAME)
+    with Journal.open(root, SMALL) as j:  # open makes a spare of its own
+        assert _ino(root / SPARE_NAME) != _ino(root / NAME)
+        j.checkpoint(j.commit("t", payload(2)).offset)

@@ -22,7 +22,7 @@ import pytest
 
 from tests.support.tmpfs import TmpfsMounts
 from tests.support.walkit import SMALL, Ledger, assert_recovers, faulty, payload, seeded
-from wal import AppendError, Journal, Known, Retrying, WalConfig, WalOffset
+from wal import AppendError, Journal, Known, OsFs, Retrying, WalConfig, WalOffset
 from wal.checkpoint import SPARE_NAME
 from wal.errors import OpenIoError, WalNoSpace
 from wal.types import Healthy
@@ -242,3 +242,44 @@ def test_a_full_disk_at_open_names_the_file_and_opens_once_space_is_freed(
     ballast.unlink()
     with Journal.open(full_root, TINY) as j:
         assert [f.payload for f in j.replay()] == [payload(1, 100)]
+
+
+class _FillAfterRename(OsFs):
+    """The real filesystem, plus one outside writer: armed, the first directory fsync of
+    the WAL root after a CHECKPOINT rename (no temp left) first fills every free block
+    of the volume — another writer taking the block the rename may just have freed."""
+
+    def __init__(self, root: Path, ballast: Path) -> None:
+        self.root = root
+        self.ballast = ballast
+        self.armed = False
+
+    def fsync_dir(self, path: Path) -> None:
+        if self.armed and path == self.root and not (path / "CHECKPOINT.tmp").exists():
+            self.armed = False
+            _fill(self.ballast)
+        super().fsync_dir(path)
+
+
+def test_nowedge_2_a_checkpoint_keeps_its_spare_when_another_writer_takes_the_freed_block(
+    full_root: Path,
+) -> None:
+    """Issue 18 item 2: at 0 free bytes ``writing CHECKPOINT … failed: [Errno 28]``
+    although a spare exists. The spare used to be allocated after the rename over
+    CHECKPOINT, from the block that rename freed; a writer filling the volume in between
+    took it, and every later checkpoint had to create its temp on a full disk. The old
+    mark's inode is now linked as the next spare before the rename, so no block is ever
+    given up."""
+    fs = _FillAfterRename(full_root, full_root.parent / "ballast")
+    with Journal.open(full_root, TINY, fs=fs) as j:
+        marks = [j.commit("t", payload(i, 100)).offset for i in range(5)]
+        assert j.checkpoint(marks[0])
+        fs.armed = True
+        assert j.checkpoint(marks[1])
+        assert not fs.armed and _free(full_root) == 0
+        for mark in marks[2:]:  # every later checkpoint on the full volume
+            assert j.checkpoint(mark)
+        assert j.last_checkpoint == marks[-1]
+        assert (full_root / SPARE_NAME).stat().st_size == 32
+    with Journal.open(full_root, TINY) as again:  # the spare is not the live mark
+        assert again.last_checkpoint == marks[-1]

@@ -14,10 +14,8 @@ ingest path (soak/bench/barrier.py measures both):
   it would have triggered runs at the next allocation after it, outside the
   exclusion. Only the capture uses it, and captures never overlap (the exclusion).
 
-A large buffer does not grow the scan either: a records partition holds at most
-``sink.buffers.SEAL_ROWS`` rows as Python objects (their nested values tuples, which
-the collector untracks), and the sealer thread turns the rest into Arrow memory, which
-the collector never sees.
+A large buffer does not grow the scan either: buffered records are Arrow record
+batches (one Python object per frame, not per row), which the collector never walks.
 """
 
 from __future__ import annotations

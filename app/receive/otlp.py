@@ -67,14 +67,16 @@ from __future__ import annotations
 
 import base64
 import functools
+import itertools
 import json
 import math
 import re
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar, Final
 
 import grpc
+import pyarrow as pa
 from google.protobuf import json_format  # type: ignore[import-untyped]
 from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 from google.rpc import error_details_pb2, status_pb2
@@ -83,12 +85,13 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
     ExportLogsServiceResponse,
 )
 
+from sink.parquet import FLAT_SCHEMA
+
 __all__ = [
     "DEFAULT_TENANT",
     "JSON_CONTENT_TYPE",
     "MAX_TENANT_BYTES",
     "PROTOBUF_CONTENT_TYPE",
-    "Attributes",
     "BadRequest",
     "FlatBatch",
     "IngestRejection",
@@ -100,6 +103,7 @@ __all__ = [
     "count_records",
     "decode_request",
     "decompress",
+    "empty_batch",
     "flatten",
     "parse_tenant",
     "status_body",
@@ -119,6 +123,10 @@ _IDENTITY_CODINGS: Final = frozenset({"", "identity"})
 _GZIP_MAGIC: Final = b"\x1f\x8b"
 # Error messages quote at most this much of anything the client sent.
 _ECHO_CHARS: Final = 32
+_STR_MAP: Final = FLAT_SCHEMA.field("attributes").type
+_EMPTY: Final = pa.RecordBatch.from_arrays(
+    [pa.array([], field.type) for field in FLAT_SCHEMA], schema=FLAT_SCHEMA
+)
 # A parser's message can nest one clause per level; the client needs the first few.
 _MAX_MESSAGE_CHARS: Final = 512
 
@@ -504,75 +512,94 @@ def count_records(req: ExportLogsServiceRequest) -> int:
 # ── flattening ──────────────────────────────────────────────────────────────────────
 
 
-#: One row's attribute map: unique keys, in first-seen order, as a tuple of (key,
-#: value) pairs. Not a list: a tuple of strings leaves the cyclic collector's care
-#: after its first young collection, while a list stays tracked for as long as its row
-#: is buffered — a buffer of a million rows made every full collection (which holds
-#: the GIL, stalling every turn) rescan a million lists. pyarrow converts tuples to a
-#: map column about 1.2–1.5× slower than lists (measured on pyarrow 26), which costs
-#: the publisher thread, not an ingest turn. Shared per resource: never mutated.
-Attributes = tuple[tuple[str, str], ...]
-
-
-@dataclass(slots=True, eq=True)
+@dataclass(frozen=True, eq=False, slots=True)
 class FlatBatch:
-    """The records of one request as the sink's record columns (DESIGN.md §3), one list
-    per column, all of the same length, in request order.
+    """The records of one request as Arrow columns (``sink.parquet.FLAT_SCHEMA``, the
+    record columns the decoder fills; DESIGN.md §3), in request order.
 
     `body` and attribute values are strings: a non-string AnyValue is JSON-encoded
     (ints as numbers, doubles as numbers or "NaN"/"Infinity"/"-Infinity", bytes as
     base64 strings, arrays as arrays, kvlists as objects, an unset value as null), and
-    an unset top-level body or attribute value is "". An attribute map is a tuple of
-    `(key, value)` pairs (what `sink.parquet` takes and pyarrow converts to
-    `map<string,string>`) with unique keys: a duplicated key keeps its first
-    position and its last value, because a map column with duplicate keys is not
-    readable by every engine. Every row of one resource shares one immutable
-    `resource_attributes` tuple. `trace_id`/`span_id` are lower-case hex, None when
-    empty. `record_index` is the record's position in the whole request. The tenant
-    is the same for every row, so it is kept once.
+    an unset top-level body or attribute value is "". An attribute map has unique keys:
+    a duplicated key keeps its first position and its last value, because a map column
+    with duplicate keys is not readable by every engine. `trace_id`/`span_id` are
+    lower-case hex, null when empty. `record_index` is the record's position in the
+    whole request. The tenant is the same for every row, so it is kept once; the turn
+    adds it with the template and WAL columns (``sink.parquet.assemble_records``).
     """
 
     tenant: str
-    time_unix_nano: list[int] = field(default_factory=list)
-    observed_time_unix_nano: list[int] = field(default_factory=list)
-    severity_number: list[int] = field(default_factory=list)
-    severity_text: list[str] = field(default_factory=list)
-    body: list[str] = field(default_factory=list)
-    attributes: list[Attributes] = field(default_factory=list)
-    resource_attributes: list[Attributes] = field(default_factory=list)
-    scope_name: list[str] = field(default_factory=list)
-    trace_id: list[str | None] = field(default_factory=list)
-    span_id: list[str | None] = field(default_factory=list)
-    record_index: list[int] = field(default_factory=list)
+    columns: pa.RecordBatch
 
     def __len__(self) -> int:
-        return len(self.record_index)
+        return int(self.columns.num_rows)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, FlatBatch):
+            return NotImplemented
+        return self.tenant == other.tenant and bool(self.columns.equals(other.columns))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def column(self, name: str) -> list[Any]:
+        """One column's values as Python objects (maps as lists of pairs): the miner's
+        bodies, and tests; the turn itself keeps the Arrow arrays."""
+        values: list[Any] = self.columns.column(name).to_pylist()
+        return values
+
+    @property
+    def bodies(self) -> list[str]:
+        """The bodies as strings, in order: what the tenant's miner takes."""
+        return self.column("body")
+
+
+def empty_batch(tenant: str) -> FlatBatch:
+    """A request with no records."""
+    return FlatBatch(tenant, _EMPTY)
 
 
 def flatten(req: ExportLogsServiceRequest, tenant: str) -> FlatBatch:
-    """Every log record of `req` as a row of the record columns, in request order."""
-    batch = FlatBatch(tenant)
-    # The protobuf walk is the ingest path's main cost, and with upb every attribute
-    # access creates a Python object, so each field is read exactly once, bound
-    # methods are hoisted out of the loops, and the common case (a non-empty string
-    # value) is tested with the string itself instead of WhichOneof.
-    add_time = batch.time_unix_nano.append
-    add_observed = batch.observed_time_unix_nano.append
-    add_severity = batch.severity_number.append
-    add_severity_text = batch.severity_text.append
-    add_body = batch.body.append
-    add_attributes = batch.attributes.append
-    add_trace = batch.trace_id.append
-    add_span = batch.span_id.append
-    resource_column = batch.resource_attributes
-    scope_column = batch.scope_name
+    """Every log record of `req` as a row of the decoder's Arrow columns, in request
+    order. The walk fills flat Python lists (values, and offsets for the maps) and each
+    column becomes an Arrow array in one call; no per-row Python object outlives it.
+    A resource's attributes and a scope's name are converted once and gathered by row
+    index (``take``)."""
+    # With upb every attribute access creates a Python object, so each field is read
+    # exactly once, bound methods are hoisted out of the loops, and the common case (a
+    # non-empty string value) is tested with the string itself instead of WhichOneof.
+    times: list[int] = []
+    observed: list[int] = []
+    severities: list[int] = []
+    severity_texts: list[str] = []
+    bodies: list[str] = []
+    traces: list[str | None] = []
+    spans: list[str | None] = []
+    keys: list[str] = []
+    values: list[str] = []
+    ends: list[int] = [0]
+    resource_keys: list[str] = []
+    resource_values: list[str] = []
+    resource_ends: list[int] = [0]
+    resource_rows: list[int] = []
+    scopes: list[str] = []
+    scope_rows: list[int] = []
+    add_time, add_observed = times.append, observed.append
+    add_severity, add_severity_text = severities.append, severity_texts.append
+    add_body, add_trace, add_span = bodies.append, traces.append, spans.append
+    add_key, add_value, add_end = keys.append, values.append, ends.append
     value_text = _value_text
     for rl in req.resource_logs:
-        resource_attributes = _attribute_map(rl.resource.attributes)
+        resource = _attribute_dict(rl.resource.attributes)
+        resource_index = len(resource_ends) - 1
+        resource_keys.extend(resource)
+        resource_values.extend(resource.values())
+        resource_ends.append(len(resource_keys))
         for sl in rl.scope_logs:
             records = sl.log_records
             if not records:
                 continue
+            scope_index = len(scopes)
+            scopes.append(sl.scope.name)
             for lr in records:
                 add_time(lr.time_unix_nano)
                 add_observed(lr.observed_time_unix_nano)
@@ -581,34 +608,84 @@ def flatten(req: ExportLogsServiceRequest, tenant: str) -> FlatBatch:
                 body = lr.body
                 text = body.string_value
                 add_body(text if text else value_text(body))
-                # The dict makes keys unique (last value wins); slicing builds the
-                # element wrappers in one C loop, measured ~15% faster than iterating
-                # the repeated field itself.
-                attributes: dict[str, str] = {}
+                # Slicing builds the element wrappers in one C loop, measured ~15% faster
+                # than iterating the repeated field itself.
+                start = len(keys)
                 for kv in lr.attributes[:]:
                     value = kv.value
                     text = value.string_value
-                    attributes[kv.key] = text if text else value_text(value)
-                add_attributes(tuple(attributes.items()))
+                    add_key(kv.key)
+                    add_value(text if text else value_text(value))
+                end = len(keys)
+                if end - start > 1 and len(set(keys[start:])) != end - start:
+                    _unique_keys(keys, values, start)  # rare: a duplicated key
+                    end = len(keys)
+                add_end(end)
                 trace_id = lr.trace_id
                 add_trace(trace_id.hex() if trace_id else None)
                 span_id = lr.span_id
                 add_span(span_id.hex() if span_id else None)
-            # Per group, not per record: one tuple and one string shared by its rows.
             count = len(records)
-            resource_column.extend([resource_attributes] * count)
-            scope_column.extend([sl.scope.name] * count)
-    batch.record_index = list(range(len(batch.time_unix_nano)))
-    return batch
+            resource_rows.extend(itertools.repeat(resource_index, count))
+            scope_rows.extend(itertools.repeat(scope_index, count))
+    n = len(times)
+    if n == 0:
+        return FlatBatch(tenant, _EMPTY)
+    resources = pa.MapArray.from_arrays(
+        pa.array(resource_ends, pa.int32()),
+        pa.array(resource_keys, pa.string()),
+        pa.array(resource_values, pa.string()),
+        type=_STR_MAP,
+    )
+    arrays = [
+        pa.array(times, pa.uint64()),
+        pa.array(observed, pa.uint64()),
+        pa.array(severities, pa.int32()),
+        pa.array(severity_texts, pa.string()),
+        pa.array(bodies, pa.string()),
+        pa.MapArray.from_arrays(
+            pa.array(ends, pa.int32()),
+            pa.array(keys, pa.string()),
+            pa.array(values, pa.string()),
+            type=_STR_MAP,
+        ),
+        resources.take(pa.array(resource_rows, pa.int32())),
+        pa.array(scopes, pa.string()).take(pa.array(scope_rows, pa.int32())),
+        pa.array(traces, pa.string()),
+        pa.array(spans, pa.string()),
+        _record_indexes(n),
+    ]
+    return FlatBatch(tenant, pa.RecordBatch.from_arrays(arrays, schema=FLAT_SCHEMA))
 
 
-def _attribute_map(attributes: Any) -> Attributes:
+#: 0, 1, 2, …: every batch's ``record_index`` is a zero-copy slice of it (an Arrow array
+#: is immutable, so batches may share its buffer).
+_INDEXES: list[pa.Array] = [pa.array(range(1024), pa.int32())]
+
+
+def _record_indexes(n: int) -> pa.Array:
+    indexes = _INDEXES[0]
+    if n > len(indexes):
+        indexes = _INDEXES[0] = pa.array(range(max(n, 2 * len(indexes))), pa.int32())
+    return indexes.slice(0, n)
+
+
+def _unique_keys(keys: list[str], values: list[str], start: int) -> None:
+    """Make the keys from ``start`` on unique: a duplicated key keeps its first position
+    and its last value (a dict's rule)."""
+    unique = dict(zip(keys[start:], values[start:], strict=True))
+    del keys[start:], values[start:]
+    keys.extend(unique)
+    values.extend(unique.values())
+
+
+def _attribute_dict(attributes: Any) -> dict[str, str]:
     out: dict[str, str] = {}
     for kv in attributes[:]:
         value = kv.value
         text = value.string_value
         out[kv.key] = text if text else _value_text(value)
-    return tuple(out.items())
+    return out
 
 
 _dumps: Final = json.JSONEncoder(

@@ -51,16 +51,18 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
-from app.miner import FileTemplateIdAllocator, MinerCluster, TenantMiner
-from app.otlp import IngestRejection, decode_request, flatten
-from app.pipeline import Pipeline
-from app.settlement import ReplayGates
-from app.snapshots import SnapshotLedger, SnapshotState, SnapshotStore
+from app.ingest.miner import FileTemplateIdAllocator, MinerCluster, TenantMiner
+from app.ingest.pipeline import Pipeline
+from app.ingest.settlement import ReplayGates
+from app.ingest.snapshots import SnapshotLedger, SnapshotState, SnapshotStore
+from app.receive.otlp import FlatBatch, IngestRejection, decode_request, flatten
 from wal import (
     CorruptionError,
+    Frame,
     FrameKind,
     Journal,
     PublishedMarks,
@@ -69,6 +71,10 @@ from wal import (
 )
 
 log = logging.getLogger("ourios.recovery")
+
+#: Decodes replayed payloads ``(tenant, payload)`` into batches, yielded in input order
+#: (a payload that does not decode yields its refusal).
+Decoder = Callable[[Iterable[tuple[str, bytes]]], Iterator[FlatBatch | IngestRejection]]
 
 #: The counter bits of a template id (node ordinal << 48 | counter).
 COUNTER_MASK = (1 << 48) - 1
@@ -131,7 +137,10 @@ def recover(
     pipeline: Pipeline,
     store: SnapshotStore | None = None,
     ledger: SnapshotLedger | None = None,
+    decode: Decoder | None = None,
 ) -> RecoveryReport:
+    """Recovery (module docstring). ``decode`` turns the replayed frames' payloads into
+    batches, in order (``decode_here`` by default; the workers' with ``server.workers``)."""
     start = time.monotonic()
     report = RecoveryReport()
     miners = pipeline.miners
@@ -159,29 +168,36 @@ def recover(
     #: tenants whose replay failed (the guard), with the gates it applied to them
     unmined: dict[str, ReplayGates] = {}
     replay = journal.replay()
-    for frame in replay:
-        if frame.kind is not FrameKind.TENANT_BATCH:
-            report.audit_frames_ignored += 1  # nothing writes them; RFC 0052 §3.7
-            continue
-        report.frames += 1
+    waiting: deque[tuple[Frame, WalOffset | None]] = deque()
+
+    def to_decode() -> Iterator[tuple[str, bytes]]:
+        for frame in replay:
+            if frame.kind is not FrameKind.TENANT_BATCH:
+                report.audit_frames_ignored += 1  # nothing writes them; RFC 0052 §3.7
+                continue
+            report.frames += 1
+            report.tenants.add(frame.tenant)
+            s = restored.get(frame.tenant)
+            if s is not None and frame.offset.lsn <= s.lsn:
+                report.frames_skipped += 1
+                continue
+            waiting.append((frame, s))
+            yield frame.tenant, frame.payload
+
+    # Decoding may run ahead (on the workers, in WAL order); mining below stays serial.
+    for decoded in (decode or decode_here)(to_decode()):
+        frame, s = waiting.popleft()
         tenant = frame.tenant
-        report.tenants.add(tenant)
         lsn = frame.offset.lsn
-        s = restored.get(tenant)
-        if s is not None and lsn <= s.lsn:
-            report.frames_skipped += 1
-            continue
-        try:
-            request = decode_request(frame.payload, "application/x-protobuf")
-        except IngestRejection as exc:
+        if not isinstance(decoded, FlatBatch):
             # The receiver validated these bytes before the frame was written and the
             # frame's CRC holds: an undecodable payload is damage, not a torn write.
             raise CorruptionError(
                 journal.root,
                 frame.start_lsn,
-                f"frame at LSN {frame.start_lsn} no longer decodes: {exc}",
-            ) from exc
-        batch = flatten(request, tenant)
+                f"frame at LSN {frame.start_lsn} no longer decodes: {decoded}",
+            ) from decoded
+        batch = decoded
         if tenant in unmined:
             # An earlier frame of it failed: the tree is unknown; its settlement mines it.
             pipeline.replay_deferred(frame, unmined[tenant], mark)
@@ -230,6 +246,16 @@ def recover(
         pipeline.tenants.set_settling(tenant, True, still=_has_entry(pipeline, tenant))
     report.seconds = time.monotonic() - start
     return report
+
+
+def decode_here(frames: Iterable[tuple[str, bytes]]) -> Iterator[FlatBatch | IngestRejection]:
+    """Decode replayed payloads on this thread, in order (``server.workers`` 0); with
+    workers, ``app.node.workers.Workers.decode_in_order`` decodes them there instead."""
+    for tenant, payload in frames:
+        try:
+            yield flatten(decode_request(payload, "application/x-protobuf"), tenant)
+        except IngestRejection as exc:
+            yield exc
 
 
 def _has_entry(pipeline: Pipeline, tenant: str) -> Callable[[], bool]:

@@ -40,14 +40,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from app import points
-from app.heap import collection_deferred
-from app.settlement import Result, SettleOutcome
-from app.snapshots import SnapshotLedger, SnapshotState, SnapshotStore
-from sink.buffers import Detached
+from app.ingest.cuts import Cut
+from app.ingest.settlement import Result, SettleOutcome
+from app.ingest.snapshots import SnapshotLedger, SnapshotStore
+from app.node.heap import collection_deferred
 from wal import (
     AppendError,
     CheckpointError,
@@ -57,34 +57,12 @@ from wal import (
 )
 
 if TYPE_CHECKING:
-    from app.pipeline import Pipeline
+    from app.ingest.pipeline import Pipeline
 
 log = logging.getLogger("ourios.barrier")
 
 #: The first retry delay after a failed cut (seconds); it doubles up to barrier_secs.
 RETRY_FIRST_SECS = 0.5
-
-
-@dataclass
-class Cut:
-    epoch: int
-    mark: WalOffset | None
-    batches: list[Detached]
-    #: publishes registered up to this id were registered before the capture
-    prior_upto: int
-    reason: str
-    snaps: dict[str, SnapshotState] = field(default_factory=dict)
-    #: tenants frozen for this cut whose state is not serialised yet
-    frozen: set[str] = field(default_factory=set)
-    captured_at: float = 0.0
-
-    @property
-    def nbytes(self) -> int:
-        return sum(d.partition.nbytes for d in self.batches)
-
-    @property
-    def own_ids(self) -> set[int]:
-        return {d.id for d in self.batches}
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +145,11 @@ class Barrier:
         #: when the timer fires next (the settling hint reads it)
         self.next_tick_at = self._clock() + barrier_secs
         self.settlements: list[SettleOutcome] = []
+        # The pipeline and its settler learn of this barrier through callbacks only: a
+        # turn hands it the cut of a rotation it observed, and a refused tenant's hint
+        # reads when the next tick settles it.
+        pipeline.on_rotation = self.offer_cut
+        pipeline.settler.schedule = self.schedule
 
     # -- the rotation hook (inside an ingest turn: no I/O, never blocks) ---------------
 
@@ -189,6 +172,10 @@ class Barrier:
             pending.reason = f"{pending.reason}+{cut.reason}"
             self.pipeline.move_frozen(cut, pending)
             pending.snaps.update(cut.snaps)
+
+    def schedule(self) -> tuple[float, float]:
+        """(the cadence in seconds, when the timer fires next): the settling hint."""
+        return self.barrier_secs, self.next_tick_at
 
     def request_cut(self) -> None:
         """Capture and run a cut now rather than at the next timer (the housekeeper
@@ -297,7 +284,7 @@ class Barrier:
         p = self.pipeline
         started = time.perf_counter()
         # A collection the capture would trigger runs after the exclusion is released,
-        # not inside the hold (app/heap.py).
+        # not inside the hold (app/node/heap.py).
         with collection_deferred(), p.exclusion.exclusive():
             points.hit("barrier.after_quiesce")
             if rotate_idle:
@@ -395,8 +382,7 @@ class Barrier:
                 installed += 1
                 self.ledger.record(cut.snaps[tenant])
             elif result.reason != "not above the installed horizon":
-                failed += 1
-                log.warning("snapshot of tenant %r not installed: %s", tenant, result.reason)
+                failed += 1  # the store reports a tenant's failing installs once, not per cut
         assert cut.mark is not None
         mark = cut.mark
         published = p.cut_frontiers(mark)

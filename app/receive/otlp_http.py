@@ -6,7 +6,11 @@ refusal (DESIGN.md §7 gives the codes)::
     headers      one pass over the raw ASGI header list
     auth         Authenticator.authorize: 401 / 403 / 400 (tenant)
     media type   415 unless protobuf or JSON; decides the reply's encoding
-    raw body     413 past the raw cap (Content-Length first, then while streaming)
+    raw body     413 past the raw cap: at once when Content-Length says so and the
+                 client waits for `100 Continue`; otherwise after reading and
+                 discarding the body (up to DISCARD_BYTES more), so a client that
+                 writes its whole body before reading gets the 413, not a reset
+                 (which OTLP clients retry)
     worker       decompress (limit max_frame_bytes) → decode_request → WAL payload →
                  flatten → Pipeline.ingest, in one worker thread
     reply        ExportLogsServiceResponse 200, or a google.rpc.Status
@@ -20,7 +24,7 @@ The raw cap (`raw_body_cap`) bounds what is buffered before decompression: exact
 case is stored blocks, 5 bytes per block of up to 64 KiB (under 0.01 %); the rest is
 room for gzip header fields and concatenated members. A larger compressed body cannot
 be a frame a legitimate client meant to send. A gzip bomb under the cap is stopped by
-`app.otlp.decompress` at `max_frame_bytes + 1` inflated bytes.
+`app.receive.otlp.decompress` at `max_frame_bytes + 1` inflated bytes.
 
 The CPU work (inflate, parse, flatten) runs in the same worker thread as the blocking
 `Pipeline.ingest`, so a large request does not hold the event loop and `/healthz`
@@ -67,9 +71,9 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app.auth import Authenticator, BearerRejected
-from app.ingest_api import NO_OBSERVER, IngestObserver, IngestOutcome, ListenerBindError, Pipeline
-from app.otlp import (
+from app.receive.api import NO_OBSERVER, IngestObserver, IngestOutcome, ListenerBindError, Pipeline
+from app.receive.auth import Authenticator, BearerRejected
+from app.receive.otlp import (
     JSON_CONTENT_TYPE,
     PROTOBUF_CONTENT_TYPE,
     BadRequest,
@@ -87,6 +91,7 @@ from app.otlp import (
 
 __all__ = [
     "DEFAULT_INGEST_CONCURRENCY",
+    "DISCARD_BYTES",
     "LOGS_PATH",
     "create_http_app",
     "http_server",
@@ -97,10 +102,13 @@ __all__ = [
 
 LOGS_PATH: Final = "/v1/logs"
 DEFAULT_INGEST_CONCURRENCY: Final = 256
+#: A body over the cap is read and thrown away up to this many bytes more before the 413
+#: is sent, so a client that writes its whole body before reading the answer gets it.
+DISCARD_BYTES: Final = 64 * 1024 * 1024
 
 _log = logging.getLogger("ourios.http")
 
-#: The media types `app.otlp.decode_request` reads as protobuf (a test pins this).
+#: The media types `app.receive.otlp.decode_request` reads as protobuf (a test pins this).
 _PROTOBUF_MEDIA_TYPES: Final = frozenset({PROTOBUF_CONTENT_TYPE, "application/protobuf"})
 _IDENTITY_CODINGS: Final = frozenset({"", "identity"})
 _CODED_SLACK_BYTES: Final = 64 * 1024
@@ -121,13 +129,21 @@ class _Headers:
     """The request headers the route reads, from one pass over the raw list. A field
     given more than once is combined as RFC 9110 §5.3 does (``", "``-joined)."""
 
-    __slots__ = ("authorization", "content_encoding", "content_length", "content_type", "tenant")
+    __slots__ = (
+        "authorization",
+        "content_encoding",
+        "content_length",
+        "content_type",
+        "expect",
+        "tenant",
+    )
 
     def __init__(self, raw: list[tuple[bytes, bytes]]) -> None:
         self.authorization: str | None = None
         self.content_encoding: str | None = None
         self.content_length: str | None = None
         self.content_type: str | None = None
+        self.expect: str | None = None
         self.tenant: str | None = None
         for name, value in raw:
             # ASGI servers lower-case header names.
@@ -141,6 +157,8 @@ class _Headers:
                 self.authorization = _combine(self.authorization, value)
             elif name == b"x-ourios-tenant":
                 self.tenant = _combine(self.tenant, value)
+            elif name == b"expect":
+                self.expect = _combine(self.expect, value)
 
 
 def _combine(seen: str | None, value: bytes) -> str:
@@ -167,14 +185,21 @@ def _rejection_response(rejection: IngestRejection, as_json: bool) -> Response:
 
 
 async def _read_body(request: Request, cap: int, max_frame_bytes: int) -> bytes:
-    """The whole body, refusing it once it passes `cap` bytes without reading on."""
+    """The whole body; past `cap` bytes, `PayloadTooLarge` — after reading and
+    discarding the rest of the body, up to `DISCARD_BYTES`, so the client that is still
+    writing it reads the 413 instead of a connection reset (which it would retry)."""
     chunks: list[bytes] = []
     size = 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > cap:
-            raise PayloadTooLarge(max_frame_bytes)
+            if size - cap > DISCARD_BYTES:
+                break  # not worth reading on: answer and close
+            chunks.clear()
+            continue
         chunks.append(chunk)
+    if size > cap:
+        raise PayloadTooLarge(max_frame_bytes)
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
@@ -240,7 +265,10 @@ def create_http_app(
                     declared = int(headers.content_length)
                 except ValueError:
                     raise BadRequest("Content-Length is not a number") from None
-                if declared > cap:
+                waiting = (headers.expect or "").strip().lower() == "100-continue"
+                if declared > cap and (waiting or declared > cap + DISCARD_BYTES):
+                    # A client waiting for 100 Continue sends no body: answer now. One
+                    # beyond the discard bound is not worth reading: answer and close.
                     raise PayloadTooLarge(max_frame_bytes)
             body = await _read_body(request, cap, max_frame_bytes)
             outcome = await anyio.to_thread.run_sync(

@@ -40,7 +40,7 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from app.otlp import Unavailable
+from app.receive.otlp import Unavailable
 
 
 class TenantCapacity(Unavailable):

@@ -16,7 +16,7 @@
   can start. Only on this explicit command; it refuses a segment that verifies clean
   (``--force`` overrides, for a segment whose frames verify but whose payloads do not
   decode) and a WAL a running node holds: it takes the data directory's lock
-  (``app.datalock``) for the move, so it refuses while a node holds it and no node
+  (``app.node.datalock``) for the move, so it refuses while a node holds it and no node
   starts half-way through it.
 
 ``inspect`` and ``verify`` only read and take no lock, so they are safe against a
@@ -36,10 +36,11 @@ import time
 from pathlib import Path
 from typing import TextIO
 
-from app.datalock import LOCK_NAME, DataDirLock, DataDirLocked, DataDirLockError, read_holder
-from app.otlp import IngestRejection, count_records, decode_request
-from app.snapshots import SUFFIX as SNAP_SUFFIX
-from app.snapshots import SnapshotError, decode_snapshot
+from app.ingest.snapshots import SUFFIX as SNAP_SUFFIX
+from app.ingest.snapshots import SnapshotError, decode_snapshot
+from app.node.datalock import LOCK_NAME, DataDirLock, DataDirLocked, DataDirLockError, read_holder
+from app.node.diskspace import RESERVE_NAME
+from app.receive.otlp import IngestRejection, count_records, decode_request
 from wal import OsFs, QuarantineError, WalOffset
 from wal.quarantine import quarantine_segment
 from wal.segment import SEGMENT_RE
@@ -117,6 +118,7 @@ def inspect(directory: Path, out: TextIO) -> int:
     print("sidecars:", file=out)
     for name, state in sorted(report.sidecars.items()):
         print(f"  {name}: {state}", file=out)
+    print(f"disk reserve: {_reserve_state(root.parent / RESERVE_NAME)}", file=out)
     if horizons is None:
         print("snapshots: none beside this WAL (tenant horizons unknown)", file=out)
     else:
@@ -179,6 +181,18 @@ def inspect(directory: Path, out: TextIO) -> int:
     return EXIT_OK
 
 
+def _reserve_state(path: Path) -> str:
+    """The emergency reserve beside the WAL (``app.node.diskspace``), as an operator needs it."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return (
+            f"{path} absent (released on a full volume, disabled, or the node never ran "
+            f"here; a running node makes it again when there is room)"
+        )
+    return f"{path} in place, {st.st_size} bytes (released to reclamation if the volume fills)"
+
+
 def verify(directory: Path, out: TextIO) -> int:
     if directory.is_file():
         return verify_file(directory, out)
@@ -224,7 +238,7 @@ def verify_archive(
     names: list[str], out: TextIO, *, config_file: Path | None = None, node: str | None = None
 ) -> int:
     """Fetch this node's archived segments from the configured store and verify each."""
-    from app.config import ConfigError, load_settings
+    from app.node.config import ConfigError, load_settings
     from sink.keys import archive_key, node_identity
     from sink.store import ObjectNotFound, StoreError, from_url
 

@@ -20,6 +20,14 @@ every writer (the barrier, the post-recovery write, shutdown), and only when the
 horizon is above the installed one (monotonic per tenant). A writer removes its own temp
 on any failure. Creating the directory fsyncs its parent.
 
+A full volume: a write that fails with ENOSPC asks ``app.node.diskspace`` to release the
+emergency reserve and, when that freed space, writes once more — snapshots are what
+reclamation needs most, and at zero free bytes nothing else would let a horizon advance.
+What a snapshot adds to the volume (less the one it replaced) is reported to the same
+figure admission uses. A tenant whose installs fail is reported once when they start
+failing (``snapshot.install.failed``) and once when one succeeds again
+(``snapshot.install.recovered``), not at every cut.
+
 Reading at start-up (``load_all_durable``): fsync the directory and its parent before
 trusting a listing (a failed fsync fails start-up: a horizon whose entry may not be
 durable must never govern reclamation), remove stale ``*.snap.tmp``, and admit a
@@ -33,6 +41,7 @@ from __future__ import annotations
 import os
 import struct
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,8 +49,9 @@ from typing import Final
 
 import crc32c
 
+from app.node.diskspace import DiskSpace
 from sink.keys import decode_tenant, encode_tenant
-from wal import Fs, Known, OsFs, WalOffset
+from wal import Fs, Known, OsFs, WalOffset, is_no_space
 
 MAGIC: Final = b"OSNP"
 VERSION: Final = 2
@@ -126,11 +136,25 @@ class InstallOutcome:
 class SnapshotStore:
     """The ``snapshots/`` directory, written through the WAL's filesystem seam."""
 
-    def __init__(self, root: Path, fs: Fs | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        fs: Fs | None = None,
+        *,
+        space: DiskSpace | None = None,
+        events: Callable[[str, Mapping[str, object]], None] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.root = root
         self._fs = fs or OsFs()
+        self._space = space
+        self._events = events or (lambda name, fields: None)
+        self._clock = clock
         self._install_lock = threading.Lock()
         self._installed: dict[str, int] = {}  # tenant -> installed horizon LSN
+        self._sizes: dict[str, int] = {}  # tenant -> bytes of its installed snapshot
+        #: tenant -> (first failure time, failures) while its installs keep failing
+        self._failing: dict[str, tuple[float, int]] = {}
         #: the directory's own entry in its parent is durable (a parent fsync succeeded
         #: after it was created or seen at start-up); until then no install is OK
         self._root_durable = False
@@ -196,6 +220,7 @@ class SnapshotStore:
                 continue
             result.states[tenant] = state
             self._installed[tenant] = state.horizon.lsn
+            self._sizes[tenant] = HEADER_SIZE + len(state.tenant) + len(state.miner)
         return result
 
     # -- installs ------------------------------------------------------------------------
@@ -208,9 +233,48 @@ class SnapshotStore:
             try:
                 self._write(state)
             except OSError as exc:
-                return InstallOutcome(state.tenant, False, f"{type(exc).__name__}: {exc}")
+                reason = f"{type(exc).__name__}: {exc}"
+                self._install_failed(state.tenant, reason)
+                return InstallOutcome(state.tenant, False, reason)
             self._installed[state.tenant] = state.horizon.lsn
-            return InstallOutcome(state.tenant, True)
+            failing = self._failing.pop(state.tenant, None)
+        if failing is not None:
+            since, failures = failing
+            self._events(
+                "snapshot.install.recovered",
+                {
+                    "tenant": state.tenant,
+                    "failures": failures,
+                    "seconds": round(self._clock() - since, 3),
+                    "horizon": str(state.horizon),
+                },
+            )
+        return InstallOutcome(state.tenant, True)
+
+    def _install_failed(self, tenant: str, reason: str) -> None:
+        """Count a failed install; the first of a run is one event (the install lock is
+        held: events are cheap and never call back)."""
+        failing = self._failing.get(tenant)
+        if failing is not None:
+            self._failing[tenant] = (failing[0], failing[1] + 1)
+            return
+        self._failing[tenant] = (self._clock(), 1)
+        self._events(
+            "snapshot.install.failed",
+            {
+                "tenant": tenant,
+                "error": reason,
+                "action": "the tenant's horizon stays at its installed snapshot, so the WAL "
+                "keeps its segments; every cut retries, and snapshot.install.recovered "
+                "follows the first install that succeeds",
+            },
+        )
+
+    @property
+    def failing(self) -> dict[str, int]:
+        """Tenants whose installs are failing now, with how many failed in a row."""
+        with self._install_lock:
+            return {tenant: n for tenant, (_, n) in self._failing.items()}
 
     def install_all(self, states: Mapping[str, SnapshotState]) -> dict[str, InstallOutcome]:
         """Install each; a failure for one tenant never stops the others."""
@@ -222,6 +286,34 @@ class SnapshotStore:
         final = self.path_of(state.tenant)
         tmp = self.root / f"{encode_tenant(state.tenant)}.{state.horizon.lsn}{TMP_SUFFIX}"
         data = encode_snapshot(state)
+        space = self._space
+        try:
+            self._write_temp(tmp, data)
+        except OSError as exc:
+            # A full volume: the reserve exists for exactly this write; once more if it
+            # freed space.
+            if not is_no_space(exc) or space is None:
+                raise
+            if not space.no_space(
+                f"writing the snapshot of tenant {state.tenant!r} "
+                f"({tmp.name}, {len(data)} bytes): {exc}"
+            ):
+                raise
+            self._write_temp(tmp, data)
+        try:
+            fs.rename(tmp, final)
+        except OSError:
+            _unlink_quietly(fs, tmp)
+            raise
+        if space is not None:
+            space.wrote(len(data))
+            space.freed(self._sizes.get(state.tenant, 0))
+        self._sizes[state.tenant] = len(data)
+        fs.fsync_dir(self.root)
+
+    def _write_temp(self, tmp: Path, data: bytes) -> None:
+        """Write and fsync ``tmp``; on a failure it is removed."""
+        fs = self._fs
         fd = fs.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         try:
             try:
@@ -229,14 +321,9 @@ class SnapshotStore:
                 fs.fsync(fd)
             finally:
                 fs.close(fd)
-            fs.rename(tmp, final)
         except OSError:
-            try:
-                fs.unlink(tmp)
-            except OSError:
-                pass
+            _unlink_quietly(fs, tmp)
             raise
-        fs.fsync_dir(self.root)
 
     def _ensure_root(self) -> None:
         """Create the directory if needed and make its entry durable: a failed parent
@@ -247,6 +334,13 @@ class SnapshotStore:
             self._fs.mkdir(self.root)
         self._fs.fsync_dir(self.root.parent)
         self._root_durable = True
+
+
+def _unlink_quietly(fs: Fs, path: Path) -> None:
+    try:
+        fs.unlink(path)
+    except OSError:
+        pass
 
 
 def _read(fs: Fs, path: Path) -> bytes:

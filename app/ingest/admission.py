@@ -6,10 +6,16 @@ of the housekeeping cadence) and nothing is written. ``check`` reads state and n
 makes a system call: free space is sampled by the housekeeping tick (``observe``),
 never on the append path (segment-set seed §12.9).
 
+Free space means the figure of ``app.node.diskspace``: the last sample less what the node
+wrote since (WAL frames and segment files, snapshots, the embedded store's objects) and
+less the emergency reserve while it is released — the free space as of the last
+append. ``check`` reads it per request, so a WAL written faster than the cadence still
+stops at stop water instead of filling the volume between two ticks.
+
 Three bounds, each refusing the same way:
 
-* ``disk_stop_water`` — free space on the WAL's filesystem, as last sampled, is below
-  ``disk.stop_water_bytes`` (0 never refuses on the sample);
+* ``disk_stop_water`` — that figure, less the batch about to be written, is below
+  ``disk.stop_water_bytes`` (0 never refuses on the figure);
 * ``disk_full`` — the WAL itself hit ENOSPC/EDQUOT (its no-space latch,
   ``Journal.no_space``). ``check`` sees it on the very next request, so a disk that
   filled between two samples refuses at once, not one cadence later;
@@ -17,11 +23,14 @@ Three bounds, each refusing the same way:
   ``wal.unreclaimed_bytes_limit`` (0 = off). ``check`` compares it live (one int read).
 
 A refusal is *entered* wherever it is first seen (``check`` or the tick) and *left*
-only by the tick: when the sample shows free space at or above stop water the tick
-clears the WAL's latch it observed before sampling (a newer one stays), and when the
-unreclaimed figure is back at or below its limit the bound lifts. So admission resumes
-by itself — no restart, and no append needed to find out — and it cannot flap faster
-than the cadence.
+only by the tick: when a sample shows free space at or above the resume point (stop
+water plus an eighth of the gap to low water, ``resume_bytes``; above zero when stop
+water is 0) the tick clears the WAL's latch it observed before sampling (a newer one
+stays), and when the unreclaimed figure is back at or below its limit the bound lifts.
+So admission resumes by itself — no restart, and no append needed to find out — and it
+cannot flap faster than the cadence. The margin above stop water is what keeps it from
+flapping at all: resuming exactly at stop water would re-enter it a few batches later,
+two events a tick, while nothing is being reclaimed.
 
 The disk has three levels, ``healthy`` → ``low_water`` → ``stop_water``; each change of
 level emits exactly one event (``disk.low_water`` entering low water from healthy,
@@ -29,7 +38,7 @@ level emits exactly one event (``disk.low_water`` entering low water from health
 level downwards), and the unreclaimed bound ``wal.unreclaimed.limit`` /
 ``wal.unreclaimed.recovered``. While a level is below healthy, or a bound refuses, the
 tick is *urgent*: the housekeeper asks the barrier for a cut now and runs another pass
-as soon as that cut ends (``app.housekeeping``). Each event says what the node is doing
+as soon as that cut ends (``app.cadence.housekeeping``). Each event says what the node is doing
 about it, and only what the code does.
 """
 
@@ -42,7 +51,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.otlp import Unavailable
+from app.node.diskspace import DiskSpace
+from app.receive.otlp import Unavailable
 from wal import Journal, NoSpace
 
 
@@ -87,8 +97,11 @@ class Admission:
         retry_after_secs: int = 60,
         clock: Callable[[], float] = time.monotonic,
         events: Callable[[str, Mapping[str, object]], None] | None = None,
+        space: DiskSpace | None = None,
     ) -> None:
         self._journal = journal
+        #: the free space as of the last write (``app.node.diskspace``); None: samples only
+        self.space = space
         self.low_water_bytes = low_water_bytes
         self.stop_water_bytes = stop_water_bytes
         self.unreclaimed_bytes_limit = unreclaimed_bytes_limit
@@ -109,7 +122,7 @@ class Admission:
         #: housekeeper runs a pass now instead of at its next tick
         self.on_urgent: Callable[[], None] | None = None
         #: what the housekeeper does on an urgent tick, in the events' words; the
-        #: housekeeper that acts on ``TickDecision.urgent`` sets it (``app.housekeeping``)
+        #: housekeeper that acts on ``TickDecision.urgent`` sets it (``app.cadence.housekeeping``)
         self.hurry = "housekeeping runs at its next tick"
 
     @property
@@ -118,9 +131,20 @@ class Admission:
 
     # -- the request path -----------------------------------------------------------------
 
-    def check(self, tenant: str) -> None:
-        """Raise ``Unavailable`` naming the bound when a batch must be refused; return
-        when it may be appended. Reads state only (no system call, no sample)."""
+    @property
+    def resume_bytes(self) -> int:
+        """Free space at which a tick leaves stop water (and clears the WAL's latch):
+        stop water plus an eighth of the gap to low water, so admitting again does not
+        put the volume straight back under stop water; 1 when stop water is 0."""
+        stop = self.stop_water_bytes
+        if not stop:
+            return 1
+        return stop + max(0, self.low_water_bytes - stop) // 8
+
+    def check(self, tenant: str, nbytes: int = 0) -> None:
+        """Raise ``Unavailable`` naming the bound when a batch of ``nbytes`` must be
+        refused; return when it may be appended. Reads state only (no system call, no
+        sample)."""
         journal = self._journal
         if journal is not None:
             latch = journal.no_space
@@ -129,12 +153,19 @@ class Admission:
             limit = self.unreclaimed_bytes_limit
             if limit and self._unreclaimed_since is None and journal.unreclaimed_bytes > limit:
                 self._enter_unreclaimed(journal.unreclaimed_bytes)
+        space = self.space
+        if space is not None and self.stop_water_bytes and self._level is not DiskLevel.STOP_WATER:
+            free = space.free_bytes
+            if free is not None and free - nbytes < self.stop_water_bytes:
+                self._enter_stop_water(free, nbytes)
         if self._level is DiskLevel.STOP_WATER or self._unreclaimed_since is not None:
             refusal = self._refusal()
             if refusal is not None:
                 raise refusal
 
     def _refusal(self) -> Unavailable | None:
+        # read outside the lock: the figure takes the journal's mutex for its end LSN
+        figure = self.space.free_bytes if self.space is not None else None
         with self._lock:
             bound: Bound | None
             if self._level is DiskLevel.STOP_WATER:
@@ -144,26 +175,27 @@ class Admission:
             else:
                 return None
             self._refused[bound] = self._refused.get(bound, 0) + 1
-            message = self._message(bound)
+            message = self._message(bound, figure)
         return Unavailable(message, retry_after=self.retry_after_secs, error_type=bound.value)
 
-    def _message(self, bound: Bound) -> str:
+    def _message(self, bound: Bound, figure: int | None) -> str:
         cadence = self.retry_after_secs
-        free = "unknown" if self._free is None else f"{self._free}"
+        figure = self._free if figure is None else figure
+        free = "unknown" if figure is None else f"{figure}"
         if bound is Bound.DISK_FULL:
             latch = self._latch
             assert latch is not None
             return (
                 f"disk full: the WAL's {latch.op} of {Path(latch.path).name} failed with "
-                f"{latch.error}; {free} bytes free at the last sample, "
+                f"{latch.error}; {free} bytes free as of the last append, "
                 f"disk.stop_water_bytes={self.stop_water_bytes}; new batches are refused until "
                 f"housekeeping frees space (retry after {cadence} s)"
             )
         if bound is Bound.DISK_STOP_WATER:
             return (
-                f"disk below stop water: {free} bytes free on the WAL's filesystem, under "
-                f"disk.stop_water_bytes={self.stop_water_bytes}; new batches are refused until "
-                f"housekeeping frees space (retry after {cadence} s)"
+                f"disk below stop water: {free} bytes free on the WAL's filesystem as of the "
+                f"last append, under disk.stop_water_bytes={self.stop_water_bytes}; new batches "
+                f"are refused until housekeeping frees space (retry after {cadence} s)"
             )
         unreclaimed = 0 if self._journal is None else self._journal.unreclaimed_bytes
         return (
@@ -183,6 +215,24 @@ class Admission:
             self._emit_stop_water(f"the WAL's {latch.op} of {latch.path} failed: {latch.error}")
         if wake:
             self._urgent()
+
+    def _enter_stop_water(self, free: int, nbytes: int) -> None:
+        """The figure fell below stop water between two ticks (``check``)."""
+        with self._lock:
+            if self._level is DiskLevel.STOP_WATER:
+                return
+            self._free = free
+            self._set_level_locked(DiskLevel.STOP_WATER)
+        space = self.space
+        written = space.written_since_sample() if space is not None else 0
+        owed = space.owed if space is not None else 0
+        self._emit_stop_water(
+            f"free space as of the last append, {free} bytes (the last sample less {written} "
+            f"bytes written since"
+            + (f" and the {owed}-byte reserve owed" if owed else "")
+            + f"), would fall below disk.stop_water_bytes with a {nbytes}-byte batch"
+        )
+        self._urgent()
 
     def _enter_unreclaimed(self, unreclaimed: int, *, wake: bool = True) -> None:
         with self._lock:
@@ -208,9 +258,10 @@ class Admission:
     # -- the tick -------------------------------------------------------------------------
 
     def observe(self, free_bytes: int | None, latch: NoSpace | None) -> TickDecision:
-        """The housekeeping tick: ``latch`` is ``Journal.no_space`` read *before*
-        ``free_bytes`` was sampled (None when the sample failed). Moves the levels,
-        clears what the sample shows is over, and says whether to hurry."""
+        """The housekeeping tick: ``free_bytes`` is the figure just after the sample
+        (``DiskSpace.free_bytes``; None when the sample failed) and ``latch`` is
+        ``Journal.no_space`` read *before* it was sampled. Moves the levels, clears what
+        the sample shows is over, and says whether to hurry."""
         journal = self._journal
         if latch is not None and self._latch is None:
             self._enter_full(latch, wake=False)  # this tick is the hurry
@@ -221,13 +272,15 @@ class Admission:
                 self._free = free_bytes
                 self._sampled_at = now
                 stop = self.stop_water_bytes
-                if self._latch is not None and free_bytes > 0 and free_bytes >= stop:
+                # Entering stop water is at stop water; leaving it needs the resume point.
+                floor = self.resume_bytes if self._level is DiskLevel.STOP_WATER else stop
+                if self._latch is not None and free_bytes >= max(floor, 1):
                     # The sample shows room again: clear the latch seen before sampling.
                     # One set after the sample was taken is newer evidence and stays.
                     if journal is not None and latch is not None:
                         journal.clear_no_space(latch.seq)
                     self._latch = None if journal is None else journal.no_space
-                if self._latch is not None or (stop and free_bytes < stop):
+                if self._latch is not None or (stop and free_bytes < floor):
                     level = DiskLevel.STOP_WATER
                 elif free_bytes < self.low_water_bytes:
                     level = DiskLevel.LOW_WATER
@@ -284,6 +337,8 @@ class Admission:
         }
         if after is DiskLevel.STOP_WATER:
             cause = "free space sampled below disk.stop_water_bytes"
+            if self.space is not None and self.space.owed:
+                cause += f" (less the {self.space.owed}-byte reserve owed)"
             return [("disk.stop_water", {**base, **self._stop_fields(cause)})]
         if before is DiskLevel.STOP_WATER:
             refused = self._refused.pop(Bound.DISK_FULL, 0) + self._refused.pop(

@@ -45,7 +45,7 @@ of the batch. From then on:
      span. A crash between the two leaves the bit: recovery gates the tenant at W and
      republishes the span staged from the same snapshot, under the same names, with the
      store's conditional create — what landed is not written again, what did not is
-     (``app/recovery.py``; the crash cases are argued in docs/ARCHITECTURE.md). One
+     (``app/node/recovery.py``; the crash cases are argued in docs/ARCHITECTURE.md). One
      intent at a time: a settlement that finds one in force stages exactly its span and
      writes none of its own; a turn's settlement stages it too and never writes one.
      No intent can be written (the write failed, or the sides start apart): nothing is
@@ -87,29 +87,104 @@ import logging
 import math
 import threading
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from app import points
-from app.config import WalSettings
-from app.miner import MineResult, TenantMiner
-from app.otlp import FlatBatch, decode_request, flatten
-from app.snapshots import SnapshotState
-from sink.buffers import Detached
+from app.ingest.miner import MinerCluster, MineResult, TenantMiner
+from app.ingest.snapshots import SnapshotLedger, SnapshotState
+from app.ingest.tenants import TenantTable
+from app.node.config import WalSettings
+from app.receive.otlp import FlatBatch, decode_request, flatten
+from sink.buffers import Buffers, Detached
+from sink.publisher import Publisher
 from wal import (
     ConsumerMode,
     Frame,
     FrameCursor,
     FrameSpan,
+    Journal,
     PublishedMarks,
     PublishedWriteError,
     WalOffset,
 )
 
-if TYPE_CHECKING:
-    from app.pipeline import Pipeline
-
 log = logging.getLogger("ourios.settlement")
+
+
+class _Exclusion(Protocol):
+    """The barrier exclusion (the pipeline's reader–writer lock)."""
+
+    def shared(self) -> AbstractContextManager[None]: ...
+
+    def exclusive(self) -> AbstractContextManager[None]: ...
+
+
+class Host(Protocol):
+    """What a settlement works with — the pipeline's journal, miners, buffers,
+    publisher, tenant table, unmined entries, locks and emit steps — named here so this
+    module needs no import of the pipeline (which owns the settler)."""
+
+    @property
+    def journal(self) -> Journal: ...
+
+    @property
+    def miners(self) -> MinerCluster: ...
+
+    @property
+    def buffers(self) -> Buffers: ...
+
+    @property
+    def publisher(self) -> Publisher: ...
+
+    @property
+    def ledger(self) -> SnapshotLedger: ...
+
+    @property
+    def tenants(self) -> TenantTable: ...
+
+    @property
+    def unmined(self) -> UnminedSet: ...
+
+    @property
+    def exclusion(self) -> _Exclusion: ...
+
+    @property
+    def miner_lock(self) -> threading.Lock: ...
+
+    @property
+    def folded(self) -> dict[str, WalOffset]: ...
+
+    # replaced whole by the settler (turns read them without a lock)
+    refused: frozenset[str]
+    refused_details: Mapping[str, str]
+
+    def clock(self) -> float: ...
+
+    def recompute_durable(self) -> None: ...
+
+    def replace_tenant(self, tenant: str, miner: TenantMiner) -> None: ...
+
+    def buffer_audit(
+        self,
+        tenant: str,
+        batch: FlatBatch,
+        result: MineResult,
+        offset: WalOffset,
+        staged: Callable[[int], bool] | None = None,
+    ) -> list[Detached]: ...
+
+    def buffer_records(
+        self,
+        tenant: str,
+        batch: FlatBatch,
+        result: MineResult,
+        offset: WalOffset,
+        nbytes: int,
+        staged: bool = False,
+    ) -> list[Detached]: ...
+
 
 #: frames per ``read_frames_from`` call: the longest the journal mutex is held
 READ_LIMIT = 64
@@ -283,7 +358,7 @@ class Settler:
 
     def __init__(
         self,
-        pipeline: Pipeline,
+        pipeline: Host,
         *,
         events: Callable[[str, Mapping[str, object]], None] | None = None,
         read_limit: int = READ_LIMIT,
@@ -294,6 +369,9 @@ class Settler:
         self.pipeline = pipeline
         self._events = events or (lambda name, fields: None)
         self.read_limit = read_limit
+        #: (cadence seconds, next tick time) of the barrier that settles refused tenants,
+        #: installed by it; None: no barrier (the hint is one second)
+        self.schedule: Callable[[], tuple[float, float]] | None = None
         #: failed attempts at one frame after which it is isolated (its rows published
         #: without templates), and failed settlements no frame explains after which the
         #: tenant is refused as unrecoverable (``wal.frame_mining_attempts``)
@@ -352,12 +430,13 @@ class Settler:
         """The hint a refused request gets: about a second while a rebuild runs, else
         until the next barrier tick retries it; at least 1 s, at most the cadence."""
         p = self.pipeline
-        cadence = p.barrier.barrier_secs if p.barrier is not None else 1.0
+        schedule = self.schedule() if self.schedule is not None else None
+        cadence = 1.0 if schedule is None else schedule[0]
         entries = p.unmined.of(tenant)
-        if any(e.state is EntryState.SETTLING for e in entries) or p.barrier is None:
+        if any(e.state is EntryState.SETTLING for e in entries) or schedule is None:
             remaining = 1.0
         else:
-            remaining = p.barrier.next_tick_at - p._clock()
+            remaining = schedule[1] - p.clock()
         return int(max(1, min(math.ceil(cadence), math.ceil(remaining))))
 
     # -- one settlement ------------------------------------------------------------------
@@ -554,7 +633,7 @@ class Settler:
                     )
                     continue
                 try:
-                    mined = tree.mine(batch.body)
+                    mined = tree.mine(batch.bodies)
                 except Exception as exc:  # noqa: BLE001 - counted against this frame
                     raise FrameFailed(frame.offset, exc, isolated=False) from exc
                 events = [e for e in mined.events if lsn > w_audit or e.change == "created"]

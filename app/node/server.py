@@ -27,90 +27,33 @@ from pathlib import Path
 
 import uvicorn
 
-from app.admission import Admission
-from app.archive import ArchiveLocationError, Archiver, check_archive_location
-from app.auth import Authenticator
-from app.barrier import Barrier, CutOutcome
-from app.config import Settings
-from app.datalock import DataDirLock, DataDirLocked, DataDirLockError
-from app.events import EventLog, configure_logging
-from app.grpc_receiver import create_grpc_server
-from app.heap import freeze_long_lived_heap
-from app.housekeeping import Housekeeper
-from app.http_receiver import create_http_app
-from app.metrics import Metrics
-from app.miner import FileTemplateIdAllocator, MinerCluster
-from app.pipeline import Pipeline
-from app.recovery import recover
-from app.snapshots import SnapshotLedger, SnapshotStore, SnapshotStoreError
+from app.cadence.archive import ArchiveLocationError, Archiver, check_archive_location
+from app.cadence.barrier import Barrier, CutOutcome
+from app.cadence.housekeeping import Housekeeper
+from app.cadence.sweep import AgeSweep
+from app.ingest.admission import Admission
+from app.ingest.miner import FileTemplateIdAllocator, MinerCluster
+from app.ingest.pipeline import Pipeline
+from app.ingest.snapshots import SnapshotLedger, SnapshotStore, SnapshotStoreError
+from app.ingest.stages import Stages
+from app.node.config import Settings
+from app.node.datalock import DataDirLock, DataDirLocked, DataDirLockError
+from app.node.diskspace import open_disk_space
+from app.node.events import EventLog, configure_logging
+from app.node.heap import freeze_long_lived_heap
+from app.node.metrics import Metrics
+from app.node.recovery import Decoder, RecoveryReport, recover
+from app.node.workers import Listeners, NodeState, Workers, worker_launcher
+from app.receive.auth import Authenticator
+from app.receive.otlp_grpc import create_grpc_server
+from app.receive.otlp_http import create_http_app
 from sink.buffers import Buffers
 from sink.keys import node_identity
 from sink.publisher import Publisher
-from sink.store import ObjectStore, from_url
+from sink.store import LocalStore, ObjectStore, from_url
 from wal import Journal, WalError
 
 log = logging.getLogger("ourios.server")
-
-
-class AgeSweep:
-    """Publishes partitions older than ``flush_age_secs``: drained under the shared
-    exclusion, written outside it."""
-
-    def __init__(
-        self,
-        pipeline: Pipeline,
-        max_age: float,
-        tick: float,
-        on_run: Callable[[str, str], None] | None = None,
-    ) -> None:
-        self._on_run = on_run or (lambda outcome, error_type: None)
-        self._pipeline = pipeline
-        self._max_age = max_age
-        self._tick = tick
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="ourios-age-sweep", daemon=True)
-        self._thread.start()
-
-    def close(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(30)
-
-    def sweep_once(self) -> int:
-        """One sweep; returns the partitions it drained. Counted ``ok`` only when every
-        one of them reached the store."""
-        p = self._pipeline
-        with p.exclusion.shared():
-            detached = p.buffers.drain_aged(self._max_age)
-        failed = done = 0
-        try:
-            for d in detached:
-                if self._stop.is_set():
-                    break  # shutting down: the final cut takes the rest from the buffers
-                if not p.publisher.publish(d).ok:
-                    failed += 1
-                done += 1
-        finally:
-            # Whatever an exception left unwritten goes back (a no-op for a partition
-            # another thread claimed), so nothing drained here stays registered for good.
-            for d in detached[done:]:
-                p.buffers.requeue(d, "sweep_failed")
-        if done < len(detached):
-            self._on_run("refused", "stopped")
-        elif detached:
-            self._on_run("ok" if not failed else "refused", "" if not failed else "publish_failed")
-        return len(detached)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._tick):
-            try:
-                self.sweep_once()
-            except Exception:  # noqa: BLE001 - counted; the next tick retries
-                log.exception("age sweep failed")
-                self._on_run("error", "cadence_panic")
 
 
 @dataclass
@@ -170,7 +113,19 @@ def _build_node(
         on_fsync=metrics.fsync_seconds.observe,
         archive=archiver,
     )
+    space = open_disk_space(
+        server.wal_dir,
+        server.data_dir,
+        journal,
+        reserve_bytes=settings.disk.reserve_bytes,
+        stop_water_bytes=settings.disk.stop_water_bytes,
+        events=events,
+    )
     allocator = FileTemplateIdAllocator(server.data_dir / "template-ids", server.node_ordinal)
+    allocator.on_no_space = space.no_space
+    if isinstance(store, LocalStore):  # the embedded store: usually on this volume
+        store.on_write = space.wrote if space.on_volume(store.root) else None
+        store.on_no_space = space.no_space
     miners = MinerCluster(allocator)
     holder: dict[str, Pipeline] = {}
     buffers = Buffers(
@@ -193,6 +148,7 @@ def _build_node(
         unreclaimed_bytes_limit=settings.wal.unreclaimed_bytes_limit,
         retry_after_secs=settings.wal.housekeeping_secs,
         events=events,
+        space=space,
     )
     pipeline = Pipeline(
         journal,
@@ -206,7 +162,7 @@ def _build_node(
         mining_attempts=settings.wal.frame_mining_attempts,
     )
     holder["p"] = pipeline
-    snapshots = SnapshotStore(server.snapshots_dir)
+    snapshots = SnapshotStore(server.snapshots_dir, space=space, events=events)
     wal = settings.wal
     barrier = Barrier(
         pipeline,
@@ -220,7 +176,6 @@ def _build_node(
         on_cut=lambda outcome: housekeeper.after_cut(),
         on_run=metrics.cadence_observer("barrier"),
     )
-    pipeline.barrier = barrier
     housekeeper = Housekeeper(
         journal,
         ledger,
@@ -275,15 +230,21 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def run_serve(settings: Settings) -> int:
+def run_serve(settings: Settings, config_file: Path | None = None) -> int:
     configure_logging(settings.server.log_level)
     events = EventLog()
     # uvicorn restores the handler it found and re-raises the signal once it has
     # stopped; with this one in place the re-raise records a request instead of killing
     # the process before the final flush. A signal during recovery is kept too.
     stop = threading.Event()
+    received: list[int] = []
+
+    def on_signal(signum: int, frame: object) -> None:
+        received.append(signum)  # reported by the thread that stops (no I/O in here)
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda signum, frame: stop.set())
+        signal.signal(sig, on_signal)
     if settings.auth.open_mode:
         events.emit(
             "auth.open_mode",
@@ -297,20 +258,13 @@ def run_serve(settings: Settings) -> int:
         node = build_node(settings, events)
     except (WalError, ArchiveLocationError, DataDirLocked, DataDirLockError, OSError) as exc:
         return _start_failed(events, exc)
+    if settings.server.workers > 0:
+        return _serve_with_workers(node, stop, received, config_file)
     pipeline = node.pipeline
     pipeline.publisher.start()
-    try:
-        report = recover(node.journal, pipeline, node.snapshots, node.ledger)
-    except (WalError, SnapshotStoreError) as exc:
-        pipeline.publisher.close()
-        node.journal.close()
-        _release(node)
-        return _start_failed(events, exc)
-    events.emit("recovery.done", report.fields())
-    node.metrics.recovery_seconds = report.seconds
-    node.metrics.records_suppressed = report.records_suppressed
-    node.metrics.audit_suppressed = report.audit_events_suppressed
-    freeze_long_lived_heap()
+    report = _recover(node)
+    if report is None:
+        return 1
     node.sweep.start()
     node.barrier.start()
     node.housekeeper.start()
@@ -348,16 +302,7 @@ def run_serve(settings: Settings) -> int:
     if stop.is_set():
         http.should_exit = True  # asked to stop while recovering: start nothing new
     pipeline.set_ready(True)
-    events.emit(
-        "server.listening",
-        {
-            "http_port": http_port,
-            "grpc_port": grpc_port,
-            "node": node_identity(settings.server.node_id),
-            "wal": str(settings.server.wal_dir),
-            "store": node.store.describe(),
-        },
-    )
+    _listening(node, http_port, grpc_port, workers=[])
     try:
         http.run(sockets=[sock])  # returns on SIGTERM/SIGINT once requests in flight finish
     finally:
@@ -365,6 +310,105 @@ def run_serve(settings: Settings) -> int:
         grpc_server.stop(grace=max(1, settings.server.shutdown_grace_secs // 2)).wait()
         code = shutdown(node)
     return code
+
+
+def _serve_with_workers(
+    node: Node, stop: threading.Event, received: list[int], config_file: Path | None
+) -> int:
+    """``server.workers`` > 0 (DESIGN.md §5): the listeners are bound here and served by
+    worker processes, which hand each decoded request to the stages on this process's
+    threads; recovery runs with the workers up (they refuse ingest until it is done)."""
+    settings = node.settings
+    pipeline = node.pipeline
+    try:
+        listeners = Listeners(
+            settings.server.host, settings.server.http_port, settings.server.grpc_port
+        )
+    except OSError as exc:
+        node.journal.close()
+        _release(node)
+        return _start_failed(node.events, exc)
+    stages = Stages(pipeline)
+    workers = Workers(
+        settings.server.workers,
+        stages,
+        NodeState(lambda: pipeline.ready, lambda: pipeline.alive),
+        observe=node.metrics.observe,
+        exposition=node.metrics.exposition,
+        events=node.events,
+        launch=worker_launcher(listeners, config_file),
+    )
+    node.metrics.workers = workers
+    grace = max(1, settings.server.shutdown_grace_secs // 2)
+    pipeline.publisher.start()
+    try:
+        workers.start()
+    except RuntimeError as exc:
+        workers.stop(grace)
+        listeners.close()
+        pipeline.publisher.close()
+        node.journal.close()
+        _release(node)
+        return _start_failed(node.events, exc)
+    report = _recover(node, workers.decode_in_order)
+    if report is None:
+        workers.stop(grace)
+        listeners.close()
+        return 1
+    stages.start()
+    node.sweep.start()
+    node.barrier.start()
+    node.housekeeper.start()
+    workers.accepting = True
+    pipeline.set_ready(True)
+    _listening(node, listeners.http_port, listeners.grpc_port, workers=workers.pids())
+    try:
+        stop.wait()
+        node.events.emit("server.stopping", {"signals": [signal.Signals(n).name for n in received]})
+    finally:
+        pipeline.set_ready(False)
+        workers_clean = workers.stop(grace)
+        stages_joined = stages.close(grace + 30)
+        listeners.close()
+        node.events.emit(
+            "workers.stopped", {"clean": workers_clean, "stages_joined": stages_joined}
+        )
+        code = shutdown(node)
+    return code
+
+
+def _recover(node: Node, decode: Decoder | None = None) -> RecoveryReport | None:
+    """Recovery, its start-up line and its figures; None when it refused the start."""
+    pipeline = node.pipeline
+    try:
+        report = recover(node.journal, pipeline, node.snapshots, node.ledger, decode)
+    except (WalError, SnapshotStoreError) as exc:
+        pipeline.publisher.close()
+        node.journal.close()
+        _release(node)
+        _start_failed(node.events, exc)
+        return None
+    node.events.emit("recovery.done", report.fields())
+    node.metrics.recovery_seconds = report.seconds
+    node.metrics.records_suppressed = report.records_suppressed
+    node.metrics.audit_suppressed = report.audit_events_suppressed
+    freeze_long_lived_heap()
+    return report
+
+
+def _listening(node: Node, http_port: int, grpc_port: int, *, workers: list[int]) -> None:
+    settings = node.settings
+    node.events.emit(
+        "server.listening",
+        {
+            "http_port": http_port,
+            "grpc_port": grpc_port,
+            "node": node_identity(settings.server.node_id),
+            "wal": str(settings.server.wal_dir),
+            "store": node.store.describe(),
+            "workers": workers,
+        },
+    )
 
 
 def _start_failed(events: EventLog, exc: BaseException) -> int:
@@ -409,7 +453,6 @@ def shutdown(node: Node, join_timeout: float = 60.0) -> int:
     # publish reached the store. Not the buffers alone — a publish whose thread never
     # returned holds its rows outside them.
     rows_left, events_left = node.pipeline.buffers.unpublished_rows()
-    sealer_joined = node.pipeline.buffers.stop_sealing(join_timeout)
     if hk_joined:
         node.journal.close()
         _release(node)  # a WAL still open keeps its lock until the process exits
@@ -424,7 +467,6 @@ def shutdown(node: Node, join_timeout: float = 60.0) -> int:
             "template_events_left_in_wal": events_left,
             "exit_code": code,
             "publisher_joined": joined,
-            "sealer_joined": sealer_joined,
             "final_cut_ok": final_ok,
             "final_cut_error": _final_error(final, barrier_joined),
             "checkpoint": None if final is None or final.mark is None else str(final.mark),

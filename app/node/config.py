@@ -65,6 +65,8 @@ __all__ = [
     "SinkSettings",
     "StoreSettings",
     "WalSettings",
+    "available_cpus",
+    "default_workers",
     "human_bytes",
     "is_valid_tenant",
     "load_settings",
@@ -88,6 +90,8 @@ _MAX_BYTES = 2**62
 _MAX_PORT = 65_535
 #: Ordinals are folded into template ids next to a per-node counter; 16 bits.
 _MAX_ORDINAL = 65_535
+#: Worker processes at most: more than a pod has CPUs only adds contention.
+_MAX_WORKERS = 256
 
 Compression = Literal["zstd", "snappy", "gzip", "none"]
 LogLevel = Literal["debug", "info", "warning", "error"]
@@ -457,6 +461,20 @@ _SERVER_ROWS = (
         maximum=3600,
         unit="seconds",
     ),
+    Setting(
+        "server",
+        "workers",
+        Kind.INT,
+        None,
+        "Worker processes doing the per-request work (the HTTP and gRPC receivers, auth, "
+        "decompression, decoding, flattening to Arrow) beside the core process, which "
+        "keeps the WAL, the miners and the publisher; 0 runs everything in one process "
+        "(tests, tiny pods).",
+        minimum=0,
+        maximum=_MAX_WORKERS,
+        optional=True,
+        default_text="the CPUs the container may use minus one, at least 1",
+    ),
 )
 
 _SINK_ROWS = (
@@ -584,6 +602,20 @@ _DISK_ROWS = (
         maximum=_MAX_BYTES,
         unit="bytes",
     ),
+    Setting(
+        "disk",
+        "reserve_bytes",
+        Kind.INT,
+        64 * MiB,
+        "Size of the emergency reserve file <data_dir>/disk-reserve, allocated at start-up "
+        "and released when a write fails for lack of space, so a full volume can still be "
+        "reclaimed (snapshots, the embedded store's objects); allocated again once there is "
+        "room for it and stop water beside it. At least the largest snapshot (plus, with the "
+        "embedded store, what one cut publishes); 0 disables it.",
+        minimum=0,
+        maximum=_MAX_BYTES,
+        unit="bytes",
+    ),
 )
 
 #: Every setting, in section order. The only place defaults and ranges are declared
@@ -610,6 +642,7 @@ class ServerSettings:
     node_ordinal: int
     log_level: LogLevel
     shutdown_grace_secs: int
+    workers: int
 
     @property
     def wal_dir(self) -> Path:
@@ -680,6 +713,7 @@ class DiskSettings:
 
     low_water_bytes: int
     stop_water_bytes: int
+    reserve_bytes: int
 
 
 _SECTION_TYPES: dict[str, type[Any]] = {
@@ -863,10 +897,35 @@ def _resolve(values: dict[str, Any]) -> None:
                 f"set {row.env_var} explicitly",
             )
         values["server.node_ordinal"] = ordinal
+    if values["server.workers"] is None:
+        values["server.workers"] = default_workers()
     if values["store.url"] is None:
         values["store.url"] = (data_dir / "objects").as_uri()
     if values["auth.tokens_file"] is not None:
         values["auth.tokens_file"] = values["auth.tokens_file"].absolute()
+
+
+def default_workers() -> int:
+    """``server.workers``'s default: the CPUs this container may use minus one (the core
+    process's), at least 1."""
+    return max(1, available_cpus() - 1)
+
+
+def available_cpus(cgroup_root: Path = Path("/sys/fs/cgroup")) -> int:
+    """The CPUs this process may use: the affinity mask, capped by a cgroup v2
+    ``cpu.max`` quota (a fraction of a CPU counts as one)."""
+    cpus = len(os.sched_getaffinity(0))
+    try:
+        quota, period = (cgroup_root / "cpu.max").read_text().split()[:2]
+    except (OSError, ValueError):
+        return cpus
+    if quota == "max":
+        return cpus
+    try:
+        limit = -(-int(quota) // int(period))
+    except (ValueError, ZeroDivisionError):
+        return cpus
+    return max(1, min(cpus, limit))
 
 
 def _read_env(env: Mapping[str, str]) -> dict[str, str]:

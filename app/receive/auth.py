@@ -11,7 +11,7 @@ Two modes (DESIGN.md §3):
   a token with several tenants must say which (400, as a missing header).
 
 Invariant: a token never writes another tenant's data. The tenant is validated
-(`app.otlp.parse_tenant`) before it is compared with the token's set, so the set
+(`app.receive.otlp.parse_tenant`) before it is compared with the token's set, so the set
 membership test sees only well-formed names.
 
 Order of checks: the token first, then the tenant. A request without a valid token
@@ -28,10 +28,10 @@ malformed `Authorization` (401) and two tenants contain a space (400).
 
 Errors::
 
-    Unauthenticated (app.otlp)   401  UNAUTHENTICATED
+    Unauthenticated (app.receive.otlp)   401  UNAUTHENTICATED
     └── BearerRejected                 .challenge: the WWW-Authenticate value
-    PermissionDenied (app.otlp)  403  PERMISSION_DENIED
-    BadRequest (app.otlp)        400  INVALID_ARGUMENT   tenant missing or invalid
+    PermissionDenied (app.receive.otlp)  403  PERMISSION_DENIED
+    BadRequest (app.receive.otlp)        400  INVALID_ARGUMENT   tenant missing or invalid
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ import hmac
 from collections.abc import Mapping
 from typing import Final
 
-from app.otlp import PermissionDenied, Unauthenticated, parse_tenant
+from app.receive.otlp import PermissionDenied, Unauthenticated, parse_tenant
 
 __all__ = ["BEARER_CHALLENGE", "Authenticator", "BearerRejected"]
 

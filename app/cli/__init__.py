@@ -32,7 +32,7 @@ from importlib import metadata
 from pathlib import Path
 from types import ModuleType
 
-from .config import SECTIONS, SETTINGS, ConfigError, Settings, load_settings
+from app.node.config import SECTIONS, SETTINGS, ConfigError, Settings, load_settings
 
 __all__ = ["main", "run_serve", "settings_help"]
 
@@ -57,11 +57,12 @@ def main(argv: list[str] | None = None) -> int:
     return handler(args)
 
 
-def run_serve(settings: Settings) -> int:
-    """The body of ``ourios serve`` once the settings are valid."""
-    from app.server import run_serve as serve
+def run_serve(settings: Settings, config_file: Path | None = None) -> int:
+    """The body of ``ourios serve`` once the settings are valid (``config_file`` is
+    handed to the worker processes, which load the same settings)."""
+    from app.node.server import run_serve as serve
 
-    return serve(settings)
+    return serve(settings, config_file)
 
 
 def settings_help() -> str:
@@ -182,7 +183,7 @@ def _serve(args: argparse.Namespace) -> int:
     if settings is None:
         return EXIT_USAGE
     print(settings.effective_json(), file=sys.stderr, flush=True)
-    return run_serve(settings)
+    return run_serve(settings, args.config)
 
 
 def _config(args: argparse.Namespace) -> int:
@@ -194,16 +195,16 @@ def _config(args: argparse.Namespace) -> int:
 
 
 def _walcli(command: str, directory: Path) -> int:
-    # Imported here so the rest of the CLI works whatever state app.walcli is in.
+    # Imported here so the rest of the CLI works whatever state app.cli.wal is in.
     try:
-        module: ModuleType = importlib.import_module("app.walcli")
+        module: ModuleType = importlib.import_module("app.cli.wal")
     except ImportError as exc:
         print(f"ourios: wal {command} is unavailable: {exc}", file=sys.stderr)
         return EXIT_UNAVAILABLE
     run: Callable[..., int] | None = getattr(module, command, None)
     if run is None:
         print(
-            f"ourios: wal {command} is unavailable: app.walcli has no {command}()", file=sys.stderr
+            f"ourios: wal {command} is unavailable: app.cli.wal has no {command}()", file=sys.stderr
         )
         return EXIT_UNAVAILABLE
     return run(directory, sys.stdout)
@@ -235,7 +236,7 @@ def _quarantine(args: argparse.Namespace) -> int:
 
 def _walcli_module(command: str) -> ModuleType | None:
     try:
-        return importlib.import_module("app.walcli")
+        return importlib.import_module("app.cli.wal")
     except ImportError as exc:
         print(f"ourios: wal {command} is unavailable: {exc}", file=sys.stderr)
         return None

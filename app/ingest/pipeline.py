@@ -14,10 +14,10 @@ buffers, append the rows to the record buffers, and set ``last_durable`` to this
 turn's own frame end — never the fsync's EOF (RFC 0052 §3.1). A failed append or sync
 still passes its turn (with nothing to ingest), so the gate never stalls on it.
 
-Before the append, under the admission mutex (``app.tenants``): a settling or
+Before the append, under the admission mutex (``app.ingest.tenants``): a settling or
 unrecoverable tenant is refused, and a tenant not yet held takes a slot (refused at
 ``max_tenants``); after the turn, with nothing else held, the slot's transition is
-recorded. A mining failure inside a turn records an unmined entry (``app.settlement``)
+recorded. A mining failure inside a turn records an unmined entry (``app.ingest.settlement``)
 instead of latching the barrier: the frame is durable and acknowledged, the mark is
 clamped below it, and the tenant is rebuilt by settlement.
 """
@@ -31,24 +31,29 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import Final
+
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from app import points
-from app.admission import Admission
-from app.heap import collection_deferred
-from app.ingest_api import IngestOutcome
-from app.miner import MinerCluster, MineResult, TenantMiner
-from app.otlp import BadRequest, FlatBatch, IngestRejection, PayloadTooLarge, Unavailable
-from app.settlement import (
+from app.ingest.admission import Admission
+from app.ingest.cuts import Cut
+from app.ingest.miner import MinerCluster, MineResult, TenantMiner
+from app.ingest.settlement import (
     DEFAULT_MINING_ATTEMPTS,
     ReplayGates,
     Settler,
     UnminedEntry,
     UnminedSet,
 )
-from app.snapshots import SnapshotLedger, SnapshotState
-from app.tenants import Reservation, TenantTable, TenantUnrecoverable, TurnResult
+from app.ingest.snapshots import SnapshotLedger, SnapshotState
+from app.ingest.tenants import Reservation, TenantTable, TenantUnrecoverable, TurnResult
+from app.node.heap import collection_deferred
+from app.receive.api import IngestOutcome
+from app.receive.otlp import BadRequest, FlatBatch, IngestRejection, PayloadTooLarge, Unavailable
 from sink.buffers import NANOS_PER_DAY, Buffers, Detached
+from sink.parquet import assemble_records
 from sink.publisher import Publisher
 from wal import (
     AppendError,
@@ -58,14 +63,12 @@ from wal import (
     FrameSpan,
     FrameTooLarge,
     Journal,
+    Pending,
     PublishedMarks,
     Terminal,
     WalOffset,
 )
 from wal.segment import uuid7_time
-
-if TYPE_CHECKING:
-    from app.barrier import Barrier, Cut
 
 log = logging.getLogger("ourios.pipeline")
 
@@ -161,8 +164,21 @@ class PipelineState:
     folded: dict[str, WalOffset] | None = None
 
 
+@dataclass(slots=True)
+class Ticket:
+    """One request between its stages: appended, then durable (or failed), then turned."""
+
+    tenant: str
+    batch: FlatBatch
+    nbytes: int  # the frame's payload bytes (the buffers' size estimate)
+    reservation: Reservation | None
+    pending: Pending
+    offset: WalOffset | None = None
+    error: AppendError | None = None
+
+
 class Pipeline:
-    """Implements ``app.ingest_api.Pipeline`` for the receivers."""
+    """Implements ``app.receive.api.Pipeline`` for the receivers."""
 
     def __init__(
         self,
@@ -182,7 +198,7 @@ class Pipeline:
         self.miners = miners
         self.buffers = buffers
         self.publisher = publisher
-        self._clock = clock
+        self.clock = clock
         self._events = events or (lambda name, fields: None)
         self.gate = TurnGate()
         self.exclusion = ReadWriteLock()
@@ -213,7 +229,9 @@ class Pipeline:
         #: durable snapshot installs: a tenant whose folded horizon moved past its
         #: installed one is frozen at the next capture
         self.ledger = ledger if ledger is not None else SnapshotLedger()
-        self.barrier: Barrier | None = None
+        #: the barrier's hand-off of a cut a turn captured at a rotation (None: no
+        #: barrier, the rotation is left to the next timer cut)
+        self.on_rotation: Callable[[Cut], None] | None = None
         #: tenant -> (the cut waiting for its state, the horizon it was frozen at)
         self._frozen: dict[str, tuple[Cut, WalOffset]] = {}
         #: how long each capture held the exclusion (seconds): the latest ones, and an
@@ -239,7 +257,15 @@ class Pipeline:
         self, tenant: str, payload: bytes, batch: FlatBatch, transport: str
     ) -> IngestOutcome:
         """Append, wait for the covering fsync, run the turn; raises an ``IngestRejection``
-        when nothing was acknowledged.
+        when nothing was acknowledged. The three stages on the caller's thread (the
+        in-process receivers); the core's ``app.ingest.stages`` runs them on its own threads."""
+        ticket = self.admit_and_append(tenant, payload, batch)
+        self.await_durable(ticket)
+        return self.turn_and_finish(ticket)
+
+    def admit_and_append(self, tenant: str, payload: bytes, batch: FlatBatch) -> Ticket:
+        """Stage 1: admission, then the WAL append; raises an ``IngestRejection`` when
+        refused (nothing written).
 
         Order of the checks (RFC 0055 §9.5): an oversize batch is TooLarge and a terminal
         WAL reports the WAL's state before any tenant state; then the tenant's admission
@@ -255,10 +281,9 @@ class Pipeline:
             except Unavailable as refusal:
                 refusal.records = len(batch)
                 raise
-        result = TurnResult.NO_FRAME
         try:
             try:
-                self.admission.check(tenant)  # the bounds: a refusal writes nothing
+                self.admission.check(tenant, len(payload))  # the bounds: refusing writes nothing
             except IngestRejection as exc:
                 exc.records = len(batch)  # the refused-records counter
                 raise
@@ -270,32 +295,45 @@ class Pipeline:
                 raise BadRequest(str(exc)) from exc
             except AppendError as exc:
                 raise _unavailable(exc, len(batch)) from exc
-            result = TurnResult.FRAME_LEFT
-            seq = pending.seq
-            points.hit("ingest.appended")
-            error: AppendError | None = None
-            offset: WalOffset | None = None
-            try:
-                offset = pending.wait().offset
-            except AppendError as exc:
-                error = exc
-            # Every sequence passes the gate, a failed one with nothing to ingest, so the
-            # turns behind it never stall.
+        except BaseException:
+            if reservation is not None:
+                self.tenants.finish(reservation, TurnResult.NO_FRAME)
+            raise
+        points.hit("ingest.appended")
+        return Ticket(tenant, batch, len(payload), reservation, pending)
+
+    def await_durable(self, ticket: Ticket) -> None:
+        """Stage 2: wait for the fsync covering the ticket's frame (group commit)."""
+        try:
+            ticket.offset = ticket.pending.wait().offset
+        except AppendError as exc:
+            ticket.error = exc
+
+    def turn_and_finish(self, ticket: Ticket) -> IngestOutcome:
+        """Stage 3, in commit order: the turn (a failed sync passes its turn with nothing
+        to ingest, so the turns behind it never stall), then the slot's transition;
+        raises the refusal when nothing was acknowledged."""
+        tenant, batch = ticket.tenant, ticket.batch
+        result = TurnResult.FRAME_LEFT
+        try:
+            seq = ticket.pending.seq
             self.gate.enter(seq)
             try:
-                if offset is not None:
-                    result = self._turn(tenant, batch, offset, len(payload), pending.span)
+                if ticket.offset is not None:
+                    result = self._turn(
+                        tenant, batch, ticket.offset, ticket.nbytes, ticket.pending.span
+                    )
             finally:
                 self.gate.leave(seq)
         finally:
             # The slot's transition, with nothing else held (RFC 0055 §9.1).
-            if reservation is not None:
-                self.tenants.finish(reservation, result)
+            if ticket.reservation is not None:
+                self.tenants.finish(ticket.reservation, result)
             if result is TurnResult.UNMINED:
                 # refused until settled — unless a settler got there first
                 self.tenants.set_settling(tenant, True, still=lambda: self.unmined.has(tenant))
-        if error is not None:
-            raise _unavailable(error, len(batch)) from error
+        if ticket.error is not None:
+            raise _unavailable(ticket.error, len(batch)) from ticket.error
         return IngestOutcome(records=len(batch))
 
     # -- the turn ------------------------------------------------------------------------
@@ -319,7 +357,8 @@ class Pipeline:
         detached: list[Detached] = []
         with self.exclusion.shared():
             prev = self._last_durable
-            if prev is not None and prev.segment != offset.segment and self.barrier is not None:
+            on_rotation = self.on_rotation
+            if prev is not None and prev.segment != offset.segment and on_rotation is not None:
                 # This turn observed the rotation: capture a cut at the closed segment's
                 # mark (the previous turn's own frame end) and hand it to the barrier
                 # thread. Capture only: the store I/O runs there.
@@ -327,7 +366,7 @@ class Pipeline:
                 with collection_deferred():
                     cut = self.capture_cut_locked("rotation")
                 self.record_cut_stall(time.perf_counter() - started)
-                self.barrier.offer_cut(cut)
+                on_rotation(cut)
             points.hit("turn.before_mine")
             with self.miner_lock:
                 # Re-tested under the miner lock (a settler refuses a tenant inside the
@@ -343,7 +382,7 @@ class Pipeline:
                 if tenant in self._frozen:
                     self._serialize_locked(tenant)
                 try:
-                    result = self.miners.mine(tenant, batch.body)
+                    result = self.miners.mine(tenant, batch.bodies)
                 except Exception as exc:  # noqa: BLE001 - the frame is durable; settled
                     self._record_unmined(tenant, span, offset, f"{type(exc).__name__}: {exc}")
                     return TurnResult.UNMINED
@@ -437,8 +476,8 @@ class Pipeline:
         attempt's event binds them) and are buffered as usual."""
         if not result.events:
             return []
-        times = batch.time_unix_nano
-        observed = batch.observed_time_unix_nano
+        times = batch.column("time_unix_nano")
+        observed = batch.column("observed_time_unix_nano")
         fallback = int(uuid7_time(offset.segment) * 1e9)  # as records: deterministic
         events = [
             (
@@ -466,53 +505,22 @@ class Pipeline:
         nbytes: int,
         staged: bool = False,
     ) -> list[Detached]:
+        """The frame's rows with the template columns added, one Arrow batch per UTC day
+        (the usual frame is one day and is buffered as it is)."""
         out: list[Detached] = []
         lsn = offset.lsn
+        records = assemble_records(
+            tenant, batch.columns, result.template_ids, result.template_params, lsn
+        )
         rows = len(batch) or 1
         for day, index in _days(batch, offset):
             if index is None:
-                cols = batch
-                d = self.buffers.add_records(
-                    tenant,
-                    day,
-                    time_unix_nano=cols.time_unix_nano,
-                    observed_time_unix_nano=cols.observed_time_unix_nano,
-                    severity_number=cols.severity_number,
-                    severity_text=cols.severity_text,
-                    body=cols.body,
-                    attributes=cols.attributes,
-                    resource_attributes=cols.resource_attributes,
-                    scope_name=cols.scope_name,
-                    trace_id=cols.trace_id,
-                    span_id=cols.span_id,
-                    template_id=result.template_ids,
-                    template_params=result.template_params,
-                    wal_lsn=lsn,
-                    record_index=cols.record_index,
-                    nbytes=nbytes,
-                    staged=staged,
-                )
+                part, share = records, nbytes
             else:
-                d = self.buffers.add_records(
-                    tenant,
-                    day,
-                    time_unix_nano=[batch.time_unix_nano[i] for i in index],
-                    observed_time_unix_nano=[batch.observed_time_unix_nano[i] for i in index],
-                    severity_number=[batch.severity_number[i] for i in index],
-                    severity_text=[batch.severity_text[i] for i in index],
-                    body=[batch.body[i] for i in index],
-                    attributes=[batch.attributes[i] for i in index],
-                    resource_attributes=[batch.resource_attributes[i] for i in index],
-                    scope_name=[batch.scope_name[i] for i in index],
-                    trace_id=[batch.trace_id[i] for i in index],
-                    span_id=[batch.span_id[i] for i in index],
-                    template_id=[result.template_ids[i] for i in index],
-                    template_params=[result.template_params[i] for i in index],
-                    wal_lsn=lsn,
-                    record_index=[batch.record_index[i] for i in index],
-                    nbytes=nbytes * len(index) // rows,
-                    staged=staged,
-                )
+                part, share = records.take(pa.array(index, pa.int32())), nbytes * len(index) // rows
+            d = self.buffers.add_records(
+                tenant, day, part, wal_lsn=lsn, nbytes=share, staged=staged
+            )
             if d is not None:
                 out.append(d)
         return out
@@ -527,12 +535,11 @@ class Pipeline:
     def capture_cut_locked(self, reason: str) -> Cut:
         """Capture a cut. The caller holds the exclusion exclusively, or is the ingest
         turn (the gate keeps every other turn out): no turn is mining or buffering."""
-        from app.barrier import Cut
 
         epoch = self.epoch
         batches = self.buffers.drain_all("barrier")  # registered in flight at ``epoch``
         mark = self._last_durable
-        cut = Cut(epoch, mark, batches, self.buffers.last_id, reason, captured_at=self._clock())
+        cut = Cut(epoch, mark, batches, self.buffers.last_id, reason, captured_at=self.clock())
         self.epoch = epoch + 1  # a publish registered from now on belongs to later cuts
         installed = self.ledger.horizons()
         # No snapshot of a tenant with an unmined entry (its live tree is unknown) or of
@@ -674,7 +681,7 @@ class Pipeline:
             self._staging.discard(tenant)
             self.buffers.seal_staged(tenant)
         with self.miner_lock:
-            result = self.miners.mine(tenant, batch.body)
+            result = self.miners.mine(tenant, batch.bodies)
         self.folded[tenant] = offset
         detached: list[Detached] = []
         events_suppressed = 0
@@ -779,29 +786,21 @@ def _days(batch: FlatBatch, offset: WalOffset) -> list[tuple[int, list[int] | No
     """Partition a batch by UTC day of each record's time (its observed time when unset,
     the segment's creation time when both are — deterministic on replay). The usual
     batch is one day: returned as ``[(day, None)]`` without building index lists."""
-    times = batch.time_unix_nano
-    if not times:
+    if not len(batch):
         return []
-    lo = min(times)
-    if lo and lo // NANOS_PER_DAY == max(times) // NANOS_PER_DAY:
+    bounds = pc.min_max(batch.columns.column("time_unix_nano")).as_py()
+    lo, hi = bounds["min"], bounds["max"]
+    if lo and lo // NANOS_PER_DAY == hi // NANOS_PER_DAY:
         return [(lo // NANOS_PER_DAY, None)]  # the usual batch: one day, every time set
+    times = batch.column("time_unix_nano")
     fallback = int(uuid7_time(offset.segment) * 1e9)
-    observed = batch.observed_time_unix_nano
+    observed = batch.column("observed_time_unix_nano")
     days: dict[int, list[int]] = {}
-    first: int | None = None
-    same = True
     for i, t in enumerate(times):
         ns = t or observed[i] or fallback
-        day = ns // NANOS_PER_DAY
-        if first is None:
-            first = day
-        elif day != first:
-            same = False
-        days.setdefault(day, []).append(i)
-    if first is None:
-        return []
-    if same:
-        return [(first, None)]
+        days.setdefault(ns // NANOS_PER_DAY, []).append(i)
+    if len(days) == 1:
+        return [(next(iter(days)), None)]
     return sorted(days.items())
 
 

@@ -17,11 +17,12 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from app.admission import Admission, Bound
-from app.archive import Archiver
-from app.config import Settings
-from app.housekeeping import Housekeeper
-from app.pipeline import LATCH_CLEAR, Pipeline
+from app.cadence.archive import Archiver
+from app.cadence.housekeeping import Housekeeper
+from app.ingest.admission import Admission, Bound
+from app.ingest.pipeline import LATCH_CLEAR, Pipeline
+from app.node.config import Settings
+from app.node.workers import Workers
 from wal import (
     FloorMin,
     FloorNone,
@@ -171,11 +172,14 @@ class _StateCollector(Collector):
         )
         isolated.add_metric([], p.settler.isolated_frames)
         yield isolated
-        if self._m.housekeeper is not None and self._m.housekeeper.disk_free_bytes is not None:
+        free = None if self._m.housekeeper is None else self._m.housekeeper.space.free_bytes
+        if free is not None:
             yield gauge(
                 "ourios_disk_free_bytes",
-                "Free bytes on the WAL's filesystem (sampled each housekeeping tick).",
-                self._m.housekeeper.disk_free_bytes,
+                "Free bytes on the WAL's filesystem as of the last write: the last sample "
+                "less what the node wrote since, less the emergency reserve while released "
+                "(the figure admission compares with the water marks).",
+                free,
             )
         disk = self._m.settings.disk
         yield gauge(
@@ -189,6 +193,14 @@ class _StateCollector(Collector):
             disk.stop_water_bytes,
         )
         yield from self._m.disk_and_archive(p.journal.quarantined)
+        workers = self._m.workers
+        restarts = CounterMetricFamily(
+            "ourios_worker_restarts",
+            "Worker processes restarted after they exited (each also logs worker.exited); "
+            "0 with server.workers 0.",
+        )
+        restarts.add_metric([], 0 if workers is None else workers.restarts)
+        yield restarts
         stats = p.publisher.stats
         objects = CounterMetricFamily(
             "ourios_sink_objects", "Objects written to the store.", labels=["kind"]
@@ -316,6 +328,8 @@ class Metrics:
         self.housekeeper: Housekeeper | None = None
         self.admission: Admission | None = None
         self.archiver: Archiver | None = None
+        #: the worker processes (their restarts), when server.workers > 0
+        self.workers: Workers | None = None
         self.extra: list[Callable[[], Iterator[GaugeMetricFamily]]] = []
 
     def disk_and_archive(

@@ -9,8 +9,8 @@ re-parses is byte-for-byte what was parsed here. Per request, in this order::
                  which auth refuses, as on HTTP)
     auth         Authenticator.authorize: UNAUTHENTICATED / PERMISSION_DENIED /
                  INVALID_ARGUMENT (tenant)
-    decode       app.otlp.decode_request as protobuf (parse + validate_request)
-    flatten      zero records: acknowledged without a WAL frame (app.ingest_api)
+    decode       app.receive.otlp.decode_request as protobuf (parse + validate_request)
+    flatten      zero records: acknowledged without a WAL frame (app.receive.api)
     ingest       Pipeline.ingest(..., "grpc") in the handler thread
     reply        serialized ExportLogsServiceResponse (partial_success only when the
                  pipeline rejected records)
@@ -31,7 +31,8 @@ that much memory (a 900 MiB bomb left the peak RSS unchanged, measured with 1.85
 Unlike HTTP, the message is decompressed by grpcio before the handler can check the
 token; the limit above bounds what an unauthenticated client can make it inflate.
 `grpc.so_reuseport` is off so a second server on a taken port fails to bind instead of
-silently sharing it.
+silently sharing it — except in worker processes (`reuse_port`), which share the port
+the core reserved with the option set, so only they and the core can share it.
 
 `create_grpc_server` returns the server unstarted; call `start()`. The handler pool is
 owned by the returned server: the event `stop(grace)` returns is set only after grpcio
@@ -49,9 +50,9 @@ from typing import Any, Final
 
 import grpc
 
-from app.auth import Authenticator
-from app.ingest_api import NO_OBSERVER, IngestObserver, ListenerBindError, Pipeline
-from app.otlp import (
+from app.receive.api import NO_OBSERVER, IngestObserver, ListenerBindError, Pipeline
+from app.receive.auth import Authenticator
+from app.receive.otlp import (
     PROTOBUF_CONTENT_TYPE,
     IngestRejection,
     PayloadTooLarge,
@@ -211,10 +212,13 @@ def create_grpc_server(
     max_workers: int = 64,
     logger: logging.Logger = _log,
     observer: IngestObserver = NO_OBSERVER,
+    reuse_port: bool = False,
 ) -> tuple[grpc.Server, int]:
     """The LogsService server bound to `host:port` (0 picks a free port) and the bound
     port; not started. `max_workers` handler threads may wait in `Pipeline.ingest` at
-    once (further RPCs queue). Raises `ListenerBindError` when the address is taken."""
+    once (further RPCs queue). `reuse_port` binds with ``SO_REUSEPORT`` (a worker
+    process beside its siblings and the core's reservation of the port). Raises
+    `ListenerBindError` when the address is taken."""
     if max_frame_bytes < 1:
         raise ValueError(f"max_frame_bytes must be >= 1, got {max_frame_bytes}")
     if max_workers < 1:
@@ -233,7 +237,7 @@ def create_grpc_server(
             # grpcio stops inflating at this bound; the handler applies the exact limit
             # itself so the refusal names it (DESIGN.md §7).
             ("grpc.max_receive_message_length", _GRPC_BOUND_FACTOR * max_frame_bytes + _GRPC_SLACK),
-            ("grpc.so_reuseport", 0),
+            ("grpc.so_reuseport", 1 if reuse_port else 0),
         ),
     )
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

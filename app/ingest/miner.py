@@ -99,6 +99,7 @@ under the pipeline's miner lock (DESIGN.md §5.3).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import struct
@@ -442,6 +443,9 @@ class FileTemplateIdAllocator:
         self._lock = threading.Lock()
         self._reserved = self._load()
         self._next = self._reserved + 1
+        #: asked when the file's write fails with ENOSPC; True when it freed space (the
+        #: node's emergency reserve, ``app.node.diskspace``) and the reservation is tried again
+        self.on_no_space: Callable[[str], bool] | None = None
 
     @property
     def path(self) -> Path:
@@ -497,6 +501,19 @@ class FileTemplateIdAllocator:
                 self._path, f"node ordinal {self._ordinal} used all {MAX_COUNTER} counters"
             )
         target = min(self._reserved + self._block, MAX_COUNTER)
+        try:
+            self._write_state(target)
+        except TemplateIdError as exc:
+            cause = exc.__cause__
+            ask = self.on_no_space
+            if not (isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT)):
+                raise
+            if ask is None or not ask(str(exc)):
+                raise
+            self._write_state(target)
+        self._reserved = target
+
+    def _write_state(self, target: int) -> None:
         data = encode_allocator_state(self._ordinal, target)
         step = "open"
         try:
@@ -518,7 +535,6 @@ class FileTemplateIdAllocator:
             raise TemplateIdError(
                 self._path, f"reserving counters up to {target}: {step} failed: {exc}"
             ) from exc
-        self._reserved = target
 
 
 # -- typed views of drain3 --------------------------------------------------------------

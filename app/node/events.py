@@ -46,6 +46,8 @@ _LEVELS = {
     "barrier.latch.set": "error",
     "disk.low_water": "warning",
     "disk.stop_water": "error",
+    "disk.reserve.released": "warning",
+    "snapshot.install.failed": "warning",
     "wal.unreclaimed.limit": "error",
     "wal.archive.failed": "error",
     "wal.segment.quarantined": "error",

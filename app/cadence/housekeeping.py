@@ -10,19 +10,21 @@ the single emitter of the floor's transitions (``wal.floor.pinned``/``wal.floor.
 exactly once each, when the categorical state changes).
 
 Each tick first samples free space on the WAL's filesystem (statfs; the only place it is
-sampled, never the append path) and hands it to ``Admission.observe`` with the WAL's
-no-space latch read just before. When the tick is *urgent* (below low water, or a bound
-refusing batches) it asks the barrier for a cut now (``request_cut``) and, when that cut
-ends (``after_cut``, the barrier's hook), runs one more pass at once — so the checkpoint
-a reclamation needs is not left to the barrier's own timer. Reclamation needs no new
-block (RECLAIM is preallocated, CHECKPOINT has a spare), so it keeps running on a full
-disk; the pass never depends on the sample succeeding.
+sampled, never the append path) through ``app.node.diskspace.DiskSpace`` — which also
+re-creates a released emergency reserve once the sample shows room for it — and hands
+the figure (the sample less the reserve still owed) to ``Admission.observe`` with the
+WAL's no-space latch read just before; a latch it has not seen yet releases the reserve
+first, so what reclamation writes next finds room. When the tick is *urgent* (below low
+water, or a bound refusing batches) it asks the barrier for a cut now (``request_cut``)
+and, when that cut ends (``after_cut``, the barrier's hook), runs one more pass at once
+— so the checkpoint a reclamation needs is not left to the barrier's own timer. The
+pass itself needs no new block (RECLAIM is preallocated, CHECKPOINT has a spare), so it
+keeps running on a full disk; it never depends on the sample succeeding.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections import Counter, deque
@@ -30,8 +32,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from app import points
-from app.admission import Admission, TickDecision
-from app.snapshots import SnapshotLedger
+from app.ingest.admission import Admission, TickDecision
+from app.ingest.snapshots import SnapshotLedger
+from app.node.diskspace import DiskSpace, statvfs_free
 from wal import FloorPinned, HousekeepingProgress, Journal, ReclaimError, WalError
 
 log = logging.getLogger("ourios.housekeeping")
@@ -50,11 +53,16 @@ class Housekeeper:
         admission: Admission | None = None,
         request_cut: Callable[[], None] | None = None,
         disk_free: Callable[[Path], int] | None = None,
+        space: DiskSpace | None = None,
     ) -> None:
         self.journal = journal
         self.admission = admission
         self._request_cut = request_cut
-        self._disk_free = disk_free or _statvfs_free
+        if space is None and admission is not None:
+            space = admission.space
+        #: the WAL volume's figure: sampled here, read by admission and the metrics
+        self.space = space or DiskSpace(journal.root, journal, measure=disk_free or statvfs_free)
+        self._latch_seen = 0  # the last no-space latch that released the reserve
         self._follow_up = threading.Event()  # a requested cut ended: pass again now
         self._cut_requested = False
         self.last_decision: TickDecision | None = None
@@ -84,25 +92,27 @@ class Housekeeper:
         self.on_pass: Callable[[float], None] | None = None
         self.on_run: Callable[[str, str], None] | None = None
         self.last: HousekeepingProgress | None = None
-        #: free bytes on the WAL's filesystem, sampled each tick (never on the append path)
+        #: free bytes on the WAL's filesystem as statvfs last said (the figure admission
+        #: uses is ``space.free_bytes``)
         self.disk_free_bytes: int | None = None
 
     def sample_disk(self) -> int | None:
         """Free bytes on the WAL's filesystem now, or None when statfs failed."""
-        try:
-            free = self._disk_free(self.journal.root)
-        except OSError as exc:
-            log.warning("statvfs of %s failed: %s", self.journal.root, exc)
-            return None
-        self.disk_free_bytes = free
+        free = self.space.sample()
+        if free is not None:
+            self.disk_free_bytes = free
         return free
 
     def observe_disk(self) -> TickDecision | None:
         """Sample, and let admission move its levels (the latch is read first)."""
         latch = self.journal.no_space
-        free = self.sample_disk()
+        if latch is not None and latch.seq != self._latch_seen:
+            self._latch_seen = latch.seq
+            self.space.no_space(f"the WAL's {latch.op} of {latch.path} failed: {latch.error}")
+        raw = self.sample_disk()
         if self.admission is None:
             return None
+        free = None if raw is None else self.space.free_bytes
         decision = self.admission.observe(free, latch)
         self.last_decision = decision
         return decision
@@ -207,8 +217,3 @@ class Housekeeper:
         joined = not self._thread.is_alive()
         self._thread = None
         return joined
-
-
-def _statvfs_free(path: Path) -> int:
-    st = os.statvfs(path)
-    return st.f_bavail * st.f_frsize

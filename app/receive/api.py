@@ -1,11 +1,11 @@
-"""The seam between the receivers (`app.http_receiver`, `app.grpc_receiver`) and the
-ingest pipeline (`app.pipeline`).
+"""The seam between the receivers (`app.receive.otlp_http`, `app.receive.otlp_grpc`) and the
+ingest pipeline (`app.ingest.pipeline`).
 
 A receiver decodes, validates and authorizes a request, then hands the pipeline three
 things: the tenant, the WAL payload (the protobuf `ExportLogsServiceRequest` bytes the
 frame stores) and the flattened rows. `Pipeline.ingest` blocks until the covering fsync
 and the ingest turn are done, so a return value is the acknowledgement DESIGN.md §5.1
-requires ("WAL before ack") and a raised `app.otlp.IngestRejection` is what the client
+requires ("WAL before ack") and a raised `app.receive.otlp.IngestRejection` is what the client
 is told. Any other exception is a bug in the pipeline: the receivers answer it with
 500 / INTERNAL, log it, and keep serving.
 
@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from app.otlp import FlatBatch
+from app.receive.otlp import FlatBatch
 
 __all__ = [
     "NO_OBSERVER",
@@ -92,7 +92,7 @@ class Pipeline(Protocol):
 
         Blocking; the HTTP receiver calls it from a worker thread, the gRPC receiver
         from its handler thread. `transport` is ``"http"`` or ``"grpc"`` (a metrics
-        label). Raises `app.otlp.IngestRejection` subclasses for refusals:
+        label). Raises `app.receive.otlp.IngestRejection` subclasses for refusals:
         `PayloadTooLarge` for a frame over `max_frame_bytes`, `Unavailable` for WAL
         failures and backpressure (`retry_after` set where DESIGN.md §7 gives a hint),
         `BadRequest`.

@@ -1,0 +1,3 @@
+"""The background cadences: the barrier, housekeeping, the age sweep and archival
+(DESIGN.md §5, §12).
+"""

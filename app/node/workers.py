@@ -1,0 +1,457 @@
+"""The core's side of the worker processes (DESIGN.md §5): listeners, supervision and
+the channels.
+
+``Listeners`` binds the two ports once, in the core: the HTTP socket listens here and
+is inherited by every worker (one accept queue: a worker that dies loses no queued
+connection), and the gRPC port is reserved by a bound, non-listening socket with
+``SO_REUSEPORT``, beside which each worker binds its own gRPC listener (grpcio cannot
+adopt a descriptor). Nothing else can take either port while the core lives.
+
+``Workers`` starts ``server.workers`` processes (``python -m app.receive.worker``) from its
+supervising thread and restarts one that exits, with a short back-off when one keeps
+dying at start; the kernel kills every worker when that thread ends
+(``PR_SET_PDEATHSIG``, armed by the worker), so no worker outlives the core. Each
+worker's channel has a reader thread here that
+
+* hands an ``INGEST`` to the stages (``app.ingest.stages``; a refusal is answered at once,
+  nothing written) and answers with what they say — acknowledged only after the
+  covering fsync and the turn;
+* answers ``STATE`` (ready, alive) and ``METRICS`` (first ``FLUSH``-ing every worker,
+  so a scrape counts every request a client has had its answer to);
+* counts each ``OBSERVED`` report in the core's registry (one series per name and
+  label set, whatever the number of workers, and a worker's death loses no count);
+* delivers the answers to the core's own calls (``FLUSH``, ``DECODE``, ``STOP``).
+
+A request in flight when its worker dies is answered to nobody: its client sees the
+connection drop and retries; if its frame was appended it is durable and turned like
+any other (at most a second copy when the retry lands too, as with any lost answer).
+
+``stop`` sends ``STOP`` to every worker (each stops accepting, finishes its requests —
+the stages still answer them — and exits), waits for them, then kills any straggler.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import queue
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final, Protocol
+
+from app.ingest.stages import Stages
+from app.receive import channel
+from app.receive.api import IngestOutcome, ListenerBindError
+from app.receive.channel import ChannelClosed, Connection, Kind
+from app.receive.otlp import FlatBatch, IngestRejection, Unavailable
+
+__all__ = ["Launcher", "Listeners", "NodeState", "Process", "Workers", "worker_launcher"]
+
+log = logging.getLogger("ourios.workers")
+
+#: A worker that exits within this long of its start is restarted only after it.
+RESTART_BACKOFF_S: Final = 1.0
+#: How long ``start`` waits for the workers' listeners.
+START_TIMEOUT_S: Final = 120.0
+_RECOVERING: Final = "the node is recovering (replaying its WAL); retry shortly"
+
+EventSink = Callable[[str, dict[str, object]], None]
+
+
+class Listeners:
+    """The HTTP listening socket and the gRPC port's reservation (module docstring)."""
+
+    def __init__(self, host: str, http_port: int, grpc_port: int) -> None:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.http = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            self.http.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self.http.bind((host, http_port))
+            self.http.listen(2048)
+        except OSError as exc:
+            self.http.close()
+            raise ListenerBindError("HTTP", host, http_port, exc.strerror or str(exc)) from exc
+        self.grpc = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            self.grpc.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            self.grpc.bind((host, grpc_port))
+        except OSError as exc:
+            self.http.close()
+            self.grpc.close()
+            raise ListenerBindError("gRPC", host, grpc_port, exc.strerror or str(exc)) from exc
+        self.http_port: int = self.http.getsockname()[1]
+        self.grpc_port: int = self.grpc.getsockname()[1]
+
+    def close(self) -> None:
+        self.http.close()
+        self.grpc.close()
+
+
+class NodeState:
+    """What the workers' ``STATE`` calls read (the pipeline's ``ready``/``alive``)."""
+
+    def __init__(self, ready: Callable[[], bool], alive: Callable[[], bool]) -> None:
+        self.ready = ready
+        self.alive = alive
+
+
+@dataclass
+class _Link:
+    index: int
+    proc: Process
+    conn: Connection
+    started_at: float
+    hello: threading.Event = field(default_factory=threading.Event)
+    reader: threading.Thread | None = None
+
+
+class Process(Protocol):
+    """What the supervisor needs of a worker process (``subprocess.Popen`` has it)."""
+
+    @property
+    def pid(self) -> int: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def kill(self) -> None: ...
+
+
+#: Starts worker ``index`` on its end of the channel (which the caller closes after).
+Launcher = Callable[[int, socket.socket], Process]
+
+
+def worker_launcher(listeners: Listeners, config_file: Path | None) -> Launcher:
+    """``python -m app.receive.worker`` with the channel and the HTTP socket inherited."""
+
+    def launch(index: int, worker_end: socket.socket) -> Process:
+        http_fd = listeners.http.fileno()
+        cmd = [
+            sys.executable,
+            "-m",
+            "app.receive.worker",
+            "--index",
+            str(index),
+            "--parent",
+            str(os.getpid()),
+            "--channel-fd",
+            str(worker_end.fileno()),
+            "--http-fd",
+            str(http_fd),
+            "--grpc-port",
+            str(listeners.grpc_port),
+        ]
+        if config_file is not None:
+            cmd += ["--config", str(config_file)]
+        return subprocess.Popen(
+            cmd, pass_fds=(worker_end.fileno(), http_fd), stdin=subprocess.DEVNULL
+        )
+
+    return launch
+
+
+class Workers:
+    """The worker processes and their channels (module docstring)."""
+
+    def __init__(
+        self,
+        count: int,
+        stages: Stages,
+        state: NodeState,
+        *,
+        observe: Callable[[str, str, str, int, float], None],
+        exposition: Callable[[], tuple[bytes, str]],
+        events: EventSink,
+        launch: Launcher,
+        backoff: float = RESTART_BACKOFF_S,
+    ) -> None:
+        if count < 1:
+            raise ValueError(f"workers must be >= 1, got {count}")
+        self.count = count
+        self._stages = stages
+        self._state = state
+        self._observe = observe
+        self._exposition = exposition
+        self._events = events
+        self._launch = launch
+        #: a worker that exits sooner than this after its start is restarted this late
+        self._backoff = backoff
+        self._links: dict[int, _Link] = {}
+        self._lock = threading.Lock()
+        self._todo: queue.SimpleQueue[tuple[str, int] | None] = queue.SimpleQueue()
+        self._supervisor: threading.Thread | None = None
+        self._stopping = threading.Event()
+        #: INGEST is refused (503, retry) until the core has recovered
+        self.accepting = False
+        self.restarts = 0
+        self._next = itertools.count()
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def start(self, timeout: float = START_TIMEOUT_S) -> None:
+        """Start the workers and wait until each has its listeners up (RuntimeError
+        naming the worker otherwise)."""
+        self._supervisor = threading.Thread(
+            target=self._supervise, name="ourios-supervisor", daemon=True
+        )
+        self._supervisor.start()
+        for index in range(self.count):
+            self._todo.put(("spawn", index))
+        deadline = time.monotonic() + timeout
+        for index in range(self.count):
+            while True:
+                with self._lock:
+                    link = self._links.get(index)
+                if link is not None and link.hello.wait(0.05):
+                    break
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"worker {index} did not start within {timeout:g} s")
+
+    def stop(self, grace: float) -> bool:
+        """Stop every worker (module docstring); True when each exited by itself."""
+        self._stopping.set()
+        with self._lock:
+            links = list(self._links.values())
+        clean = True
+        stoppers = [
+            threading.Thread(target=_stop_link, args=(link, grace), daemon=True) for link in links
+        ]
+        for t in stoppers:
+            t.start()
+        for t, link in zip(stoppers, links, strict=True):
+            t.join(grace + 15)
+            try:
+                link.proc.wait(max(0.1, grace + 15))
+            except subprocess.TimeoutExpired:
+                clean = False
+                link.proc.kill()
+                link.proc.wait()
+            link.conn.close("the core stopped")
+        self._todo.put(None)
+        if self._supervisor is not None:
+            self._supervisor.join(10)
+        for link in links:
+            if link.reader is not None:
+                link.reader.join(10)
+        return clean
+
+    def pids(self) -> list[int]:
+        with self._lock:
+            return [link.proc.pid for link in self._links.values()]
+
+    # -- supervision ---------------------------------------------------------------------
+
+    def _supervise(self) -> None:
+        # Spawning happens here only: the kernel kills a worker when the thread that
+        # started it ends, and this thread lives until ``stop``.
+        while True:
+            item = self._todo.get()
+            if item is None:
+                return
+            what, index = item
+            if what == "spawn":
+                if not self._stopping.is_set():
+                    self._spawn(index)
+            else:
+                self._reap(index)
+
+    def _spawn(self, index: int) -> None:
+        core_end, worker_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            proc = self._launch(index, worker_end)
+        except OSError as exc:
+            core_end.close()
+            self._events("worker.spawn_failed", {"index": index, "error": str(exc)})
+            self._retry_later(index)
+            return
+        finally:
+            worker_end.close()  # the worker has its own copy now
+        link = _Link(index, proc, Connection(core_end), time.monotonic())
+        link.reader = threading.Thread(
+            target=self._read, args=(link,), name=f"ourios-link-{index}", daemon=True
+        )
+        with self._lock:
+            self._links[index] = link
+        link.reader.start()
+
+    def _reap(self, index: int) -> None:
+        with self._lock:
+            link = self._links.get(index)
+        if link is None:
+            return
+        link.conn.close("the worker exited")
+        try:
+            code = link.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            link.proc.kill()
+            code = link.proc.wait()
+        if self._stopping.is_set():
+            return
+        lived = time.monotonic() - link.started_at
+        self.restarts += 1
+        self._events(
+            "worker.exited",
+            {
+                "index": index,
+                "pid": link.proc.pid,
+                "returncode": code,
+                "lived_seconds": round(lived, 3),
+                "restarting": True,
+            },
+        )
+        if lived < self._backoff:
+            self._retry_later(index)
+        else:
+            self._todo.put(("spawn", index))
+
+    def _retry_later(self, index: int) -> None:
+        def later() -> None:
+            if not self._stopping.wait(self._backoff):
+                self._todo.put(("spawn", index))
+
+        threading.Thread(target=later, name="ourios-respawn", daemon=True).start()
+
+    # -- a channel's reader ----------------------------------------------------------------
+
+    def _read(self, link: _Link) -> None:
+        conn = link.conn
+        try:
+            while True:
+                kind, ident, body = conn.receive()
+                if kind is Kind.INGEST:
+                    self._ingest(conn, ident, body)
+                elif kind is Kind.OBSERVED:
+                    self._observe(*channel.decode_observed(body))
+                elif kind is Kind.STATE:
+                    flags = (1 if self._state.ready() else 0) | (2 if self._state.alive() else 0)
+                    conn.send(Kind.STATE_IS, ident, [bytes([flags])])
+                elif kind is Kind.METRICS:
+                    threading.Thread(
+                        target=self._metrics, args=(conn, ident), name="ourios-scrape", daemon=True
+                    ).start()
+                elif kind is Kind.HELLO:
+                    link.hello.set()
+                    self._events("worker.ready", {"index": link.index, "pid": link.proc.pid})
+                elif kind in (Kind.FLUSHED, Kind.DECODED, Kind.REFUSAL, Kind.STOPPING):
+                    conn.deliver(kind, ident, body)
+                else:
+                    raise ChannelClosed(f"the core does not take {kind.name}")
+        except ChannelClosed as exc:
+            if not self._stopping.is_set():
+                log.warning("worker %d: %s", link.index, exc)
+        except Exception:  # noqa: BLE001 - the worker is replaced; the core lives on
+            log.exception("worker %d: the channel reader failed", link.index)
+        conn.close("the reader ended")
+        if not self._stopping.is_set():
+            self._todo.put(("reap", link.index))
+
+    def _ingest(self, conn: Connection, ident: int, body: memoryview) -> None:
+        transport, tenant, payload, batch = channel.decode_ingest(body)
+
+        def answer(outcome: IngestOutcome | None, refusal: IngestRejection | None) -> None:
+            if outcome is not None:
+                conn.send(
+                    Kind.ACK,
+                    ident,
+                    channel.encode_ack(outcome.records, outcome.rejected, outcome.message),
+                )
+            else:
+                assert refusal is not None
+                conn.send(Kind.REFUSAL, ident, channel.encode_refusal(refusal))
+
+        try:
+            if not self.accepting:
+                refusal = Unavailable(_RECOVERING, retry_after=1, error_type="recovering")
+                refusal.records = len(batch)
+                raise refusal
+            self._stages.submit(tenant, payload, batch, answer)
+        except IngestRejection as exc:
+            if not exc.records:
+                exc.records = len(batch)
+            answer(None, exc)
+
+    def _metrics(self, conn: Connection, ident: int) -> None:
+        with self._lock:
+            links = list(self._links.values())
+        for link in links:
+            try:
+                link.conn.call(Kind.FLUSH, [], 5.0)
+            except (ChannelClosed, TimeoutError):
+                pass  # a dying worker's last reports may be missing; its counts stay
+        text, content_type = self._exposition()
+        try:
+            conn.send(Kind.TEXT, ident, channel.encode_text(content_type, text))
+        except ChannelClosed:
+            pass
+
+    # -- replay's decoding ------------------------------------------------------------------
+
+    def decode_in_order(
+        self, frames: Iterable[tuple[str, bytes]], window: int = 64
+    ) -> Iterator[FlatBatch | IngestRejection]:
+        """Decode WAL payloads on the workers, keeping up to ``window`` in flight, and
+        yield the batches (or the refusal of one that does not decode) in input order.
+        A worker that dies takes its calls with it: they are decoded again elsewhere."""
+        pending: list[tuple[str, bytes, _Decode]] = []
+        rr = itertools.cycle(range(self.count))
+        it = iter(frames)
+        exhausted = False
+        while pending or not exhausted:
+            while not exhausted and len(pending) < window:
+                try:
+                    tenant, payload = next(it)
+                except StopIteration:
+                    exhausted = True
+                    break
+                pending.append((tenant, payload, self._decode_call(next(rr), tenant, payload)))
+            if not pending:
+                break
+            tenant, payload, call = pending.pop(0)
+            result = call.result()
+            while result is None:  # its worker died: decode it on another
+                result = self._decode_call(next(rr), tenant, payload).result()
+            yield result
+
+    def _decode_call(self, index: int, tenant: str, payload: bytes) -> _Decode:
+        with self._lock:
+            link = self._links.get(index)
+        call = None
+        if link is not None:
+            try:
+                call = link.conn.start(Kind.DECODE, channel.encode_decode_request(tenant, payload))
+            except ChannelClosed:
+                call = None
+        return _Decode(tenant, call)
+
+
+@dataclass(frozen=True, slots=True)
+class _Decode:
+    """One DECODE in flight on a worker's channel (None: no worker took it)."""
+
+    tenant: str
+    call: channel.Call | None
+
+    def result(self) -> FlatBatch | IngestRejection | None:
+        if self.call is None:
+            time.sleep(0.05)  # no live worker right now: the supervisor is starting one
+            return None
+        try:
+            answer = self.call.wait(60.0)
+        except (ChannelClosed, TimeoutError):
+            return None
+        if answer.kind is Kind.DECODED:
+            return FlatBatch(self.tenant, channel.decode_batch(answer.body))
+        return channel.decode_refusal(answer.body)
+
+
+def _stop_link(link: _Link, grace: float) -> None:
+    try:
+        link.conn.call(Kind.STOP, [], grace + 10)
+    except (ChannelClosed, TimeoutError):
+        pass

@@ -1,0 +1,280 @@
+"""A worker process: the per-request work of ``ourios serve`` (DESIGN.md §5).
+
+The core starts ``python -m app.receive.worker`` with, as inherited descriptors, its end of the
+channel (``app.receive.channel``) and the HTTP listening socket (bound and listening in the
+core, so every worker accepts from one queue and a worker that dies loses no queued
+connection); the gRPC port is bound here with ``SO_REUSEPORT`` beside the core's
+reservation of it. A worker serves the same receivers as the in-process node
+(``app.receive.otlp_http``, ``app.receive.otlp_grpc``) over a ``RemotePipeline``: auth,
+decompression, decoding and flattening to Arrow run here, and ``ingest`` hands the core
+(tenant, WAL payload, batch) and blocks until the core's answer, which it relays as is.
+It keeps no state of its own: the core counts every request (``OBSERVED`` reports), and
+a worker that dies loses only the requests it had not answered.
+
+The worker never outlives the core: the kernel sends it SIGKILL when the core's
+supervising thread ends (``PR_SET_PDEATHSIG``), and it exits at once if the core died
+before that was armed. It ignores SIGTERM and SIGINT — the core orchestrates shutdown
+with ``STOP``: stop accepting, finish the requests in flight (the core still answers
+them), then exit 0. Its main thread reads the channel; uvicorn runs in a thread of its
+own, so it installs no signal handlers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import logging
+import os
+import queue
+import signal
+import socket
+import sys
+import threading
+from pathlib import Path
+from typing import Final
+
+import uvicorn
+
+from app.node.config import ConfigError, load_settings
+from app.node.events import EventLog, configure_logging
+from app.receive import channel
+from app.receive.api import IngestOutcome
+from app.receive.auth import Authenticator
+from app.receive.channel import ChannelClosed, Connection, Kind
+from app.receive.otlp import FlatBatch, IngestRejection, Unavailable, decode_request, flatten
+from app.receive.otlp_grpc import create_grpc_server
+from app.receive.otlp_http import create_http_app
+
+__all__ = ["RemotePipeline", "main"]
+
+log = logging.getLogger("ourios.worker")
+
+_PR_SET_PDEATHSIG: Final = 1
+#: How long a request waits for the core's answer before the client is told to retry.
+#: The core answers every request it accepted; this only bounds a wedged core.
+ANSWER_TIMEOUT_S: Final = 300.0
+
+
+class RemotePipeline:
+    """The receivers' ``Pipeline`` in a worker: every call goes to the core."""
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+
+    def ingest(
+        self, tenant: str, payload: bytes, batch: FlatBatch, transport: str
+    ) -> IngestOutcome:
+        try:
+            answer = self._conn.call(
+                Kind.INGEST,
+                channel.encode_ingest(transport, tenant, payload, batch),
+                ANSWER_TIMEOUT_S,
+            )
+        except (ChannelClosed, TimeoutError) as exc:
+            refusal = Unavailable(f"the core did not answer (retry): {exc}", retry_after=1)
+            refusal.records = len(batch)
+            raise refusal from exc
+        if answer.kind is Kind.ACK:
+            records, rejected, message = channel.decode_ack(answer.body)
+            return IngestOutcome(records, rejected, message)
+        if answer.kind is Kind.REFUSAL:
+            raise channel.decode_refusal(answer.body)
+        raise ChannelClosed(f"the core answered INGEST with {answer.kind.name}")
+
+    def _state(self) -> int:
+        try:
+            answer = self._conn.call(Kind.STATE, [], 10.0)
+        except (ChannelClosed, TimeoutError):
+            return 0
+        return answer.body[0] if answer.kind is Kind.STATE_IS and len(answer.body) else 0
+
+    @property
+    def ready(self) -> bool:
+        return bool(self._state() & 1)
+
+    @property
+    def alive(self) -> bool:
+        return bool(self._state() & 2)
+
+    def metrics_text(self) -> tuple[bytes, str]:
+        answer = self._conn.call(Kind.METRICS, [], 30.0)
+        content_type, text = channel.decode_text(answer.body)
+        return text, content_type
+
+
+class ReportingObserver:
+    """The receivers' observer in a worker: each finished request is reported to the
+    core, which keeps the counters (``OBSERVED``, no answer)."""
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+
+    def observe(
+        self, transport: str, outcome: str, error_type: str, records: int, seconds: float
+    ) -> None:
+        try:
+            self._conn.send(
+                Kind.OBSERVED,
+                0,
+                channel.encode_observed(transport, outcome, error_type, records, seconds),
+            )
+        except ChannelClosed:
+            pass  # the core is gone; so is this worker, momentarily
+
+
+def _arm_parent_death(parent: int) -> None:
+    """SIGKILL when the core's supervising thread ends; exit now if it already has."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != parent:
+        os._exit(0)  # the core died before the signal was armed: no orphan
+
+
+class _Decoder:
+    """Decodes WAL payloads for the core's replay on a thread of its own, so the channel
+    reader stays free to deliver answers."""
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+        self._jobs: queue.SimpleQueue[tuple[int, memoryview] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="ourios-decode", daemon=True)
+        self._thread.start()
+
+    def put(self, ident: int, body: memoryview) -> None:
+        self._jobs.put((ident, body))
+
+    def close(self) -> None:
+        self._jobs.put(None)
+
+    def _run(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            ident, body = job
+            try:
+                tenant, payload = channel.decode_decode_request(body)
+                batch = flatten(decode_request(payload, "application/x-protobuf"), tenant)
+            except IngestRejection as exc:
+                parts, kind = channel.encode_refusal(exc), Kind.REFUSAL
+            except Exception as exc:  # noqa: BLE001 - reported to the core, which refuses
+                parts = channel.encode_refusal(IngestRejection(f"decode failed: {exc}"))
+                kind = Kind.REFUSAL
+            else:
+                parts, kind = [batch.columns.serialize()], Kind.DECODED
+            try:
+                self._conn.send(kind, ident, parts)
+            except ChannelClosed:
+                return
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m app.receive.worker")
+    parser.add_argument("--index", type=int, required=True)
+    parser.add_argument("--parent", type=int, required=True)
+    parser.add_argument("--channel-fd", type=int, required=True)
+    parser.add_argument("--http-fd", type=int, required=True)
+    parser.add_argument("--grpc-port", type=int, required=True)
+    parser.add_argument("--config", type=Path, default=None)
+    args = parser.parse_args(argv)
+    _arm_parent_death(args.parent)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)  # the core orchestrates shutdown (STOP)
+    try:
+        settings = load_settings(os.environ, args.config)
+    except ConfigError as exc:
+        print(f"worker {args.index}: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(settings.server.log_level)
+    events = EventLog()
+    conn = Connection(socket.socket(fileno=args.channel_fd))
+    remote = RemotePipeline(conn)
+    observer = ReportingObserver(conn)
+    auth = Authenticator(settings.auth.tokens or None)
+    grace = max(1, settings.server.shutdown_grace_secs // 2)
+    grpc_server, _ = create_grpc_server(
+        remote,
+        max_frame_bytes=settings.wal.max_frame_bytes,
+        authenticator=auth,
+        host=settings.server.host,
+        port=args.grpc_port,
+        observer=observer,
+        reuse_port=True,
+    )
+    grpc_server.start()
+    app = create_http_app(
+        remote,
+        max_frame_bytes=settings.wal.max_frame_bytes,
+        authenticator=auth,
+        metrics_text=remote.metrics_text,
+        observer=observer,
+    )
+    http = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            loop="uvloop",
+            http="httptools",
+            lifespan="off",
+            access_log=False,
+            log_config=None,
+            proxy_headers=False,
+            server_header=False,
+            timeout_graceful_shutdown=grace,
+        )
+    )
+    sock = socket.socket(fileno=args.http_fd)
+    http_thread = threading.Thread(
+        target=http.run, kwargs={"sockets": [sock]}, name="ourios-http", daemon=True
+    )
+    http_thread.start()
+    decoder = _Decoder(conn)
+    conn.send(Kind.HELLO, 0, [os.getpid().to_bytes(4, "little")])
+    stop_ident: int | None = None
+    try:
+        while True:
+            kind, ident, body = conn.receive()
+            if kind in (Kind.ACK, Kind.REFUSAL, Kind.STATE_IS, Kind.TEXT):
+                conn.deliver(kind, ident, body)
+            elif kind is Kind.FLUSH:
+                conn.send(Kind.FLUSHED, ident, [])
+            elif kind is Kind.DECODE:
+                decoder.put(ident, body)
+            elif kind is Kind.STOP:
+                stop_ident = ident
+                break
+            else:
+                raise ChannelClosed(f"a worker does not take {kind.name}")
+    except ChannelClosed as exc:
+        # The core closed the channel: it is exiting or replacing this worker.
+        log.info("worker %d: channel closed (%s); exiting", args.index, exc)
+        return 0
+    # STOP: stop accepting, let the requests in flight finish (their answers still
+    # arrive: a reader keeps delivering them), then say so and exit.
+    reader = threading.Thread(target=_deliver_forever, args=(conn,), daemon=True)
+    reader.start()
+    http.should_exit = True
+    stopped = grpc_server.stop(grace)
+    http_thread.join(grace + 5)
+    stopped.wait(grace + 5)
+    decoder.close()
+    try:
+        conn.send(Kind.STOPPING, stop_ident, [])
+    except ChannelClosed:
+        pass
+    events.emit("worker.stopped", {"index": args.index, "pid": os.getpid()})
+    conn.close("the worker stopped")
+    return 0
+
+
+def _deliver_forever(conn: Connection) -> None:
+    try:
+        while True:
+            kind, ident, body = conn.receive()
+            conn.deliver(kind, ident, body)
+    except (ChannelClosed, OSError, ValueError):
+        return
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,182 @@
+"""app.node.workers: the core's side of the worker processes, driven by in-process fake
+workers (a thread on the worker's end of the channel, through the ``launch`` seam), so
+each interleaving is placed with events, not timing. The real processes are
+tests/integration/test_workers.py's."""
+
+from __future__ import annotations
+
+import itertools
+import socket
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from app.ingest.stages import Stages
+from app.node.workers import NodeState, Workers
+from app.receive import channel
+from app.receive.channel import ChannelClosed, Connection, Kind
+from tests.support.noderig import NodeRig
+
+_PIDS = itertools.count(900_000)
+
+
+class FakeWorker:
+    """A worker's end of the channel on a thread: says HELLO, answers FLUSH and STOP,
+    hands every answer to the call waiting for it. ``exit()`` ends it as a crash would."""
+
+    def __init__(self, index: int, sock: socket.socket) -> None:
+        self.index = index
+        self.pid = next(_PIDS)
+        self.conn = Connection(sock)
+        self.returncode: int | None = None
+        self._ended = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.conn.send(Kind.HELLO, 0, [self.pid.to_bytes(4, "little")])
+            while True:
+                kind, ident, body = self.conn.receive()
+                if kind is Kind.FLUSH:
+                    self.conn.send(Kind.FLUSHED, ident, [])
+                elif kind is Kind.STOP:
+                    self.conn.send(Kind.STOPPING, ident, [])
+                    self.returncode = 0
+                    break
+                else:
+                    self.conn.deliver(kind, ident, body)
+        except ChannelClosed:
+            if self.returncode is None:
+                self.returncode = -9
+        finally:
+            self.conn.close()
+            self._ended.set()
+
+    def exit(self) -> None:
+        self.returncode = -9
+        self.conn.close()
+
+    # -- what the supervisor needs of a process ---------------------------------------
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self._ended.wait(timeout):
+            raise subprocess.TimeoutExpired("fake worker", timeout or 0)
+        assert self.returncode is not None
+        return self.returncode
+
+    def kill(self) -> None:
+        self.exit()
+
+
+class Fleet:
+    """The fake workers launched so far, by index (the latest one of each)."""
+
+    def __init__(self) -> None:
+        self.launched: list[FakeWorker] = []
+        self._cond = threading.Condition()
+
+    def launch(self, index: int, worker_end: socket.socket) -> FakeWorker:
+        worker = FakeWorker(index, worker_end.dup())
+        with self._cond:
+            self.launched.append(worker)
+            self._cond.notify_all()
+        return worker
+
+    def wait_launched(self, n: int) -> None:
+        with self._cond:
+            assert self._cond.wait_for(lambda: len(self.launched) >= n, 30), self.launched
+
+
+class Observed:
+    """The core's counter callback; ``block`` holds it (a busy core reading late)."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, str, int, float]] = []
+        self.block = threading.Event()
+        self.block.set()
+        self.entered = threading.Event()
+
+    def __call__(self, *report: object) -> None:
+        self.entered.set()
+        assert self.block.wait(30)
+        self.seen.append(report)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def rig(tmp_path: Path) -> Iterator[NodeRig]:
+    rig = NodeRig(tmp_path)
+    try:
+        yield rig
+    finally:
+        rig.close()
+
+
+Events = list[tuple[str, dict[str, object]]]
+
+
+def make(rig: NodeRig, fleet: Fleet, observed: Observed) -> tuple[Workers, Events]:
+    events: Events = []
+    workers = Workers(
+        2,
+        Stages(rig.pipeline),
+        NodeState(lambda: True, lambda: True),
+        observe=observed,
+        exposition=lambda: (f"observed {len(observed.seen)}\n".encode(), "text/plain"),
+        events=lambda name, fields: events.append((name, fields)),
+        launch=fleet.launch,
+        backoff=0.0,
+    )
+    return workers, events
+
+
+def test_a_scrape_counts_every_report_sent_before_it_through_any_worker(rig: NodeRig) -> None:
+    fleet, observed = Fleet(), Observed()
+    workers, _ = make(rig, fleet, observed)
+    workers.start()
+    try:
+        reporter, scraper = fleet.launched
+        observed.block.clear()  # the core reads worker 0's reports late
+        report = channel.encode_observed("http", "ok", "", 2, 0.01)
+        reporter.conn.send(Kind.OBSERVED, 0, report)
+        assert observed.entered.wait(10)
+        reporter.conn.send(Kind.OBSERVED, 0, report)
+        scrape = scraper.conn.start(Kind.METRICS, [])
+        # The scrape is answered only after worker 0's reports were counted.
+        with pytest.raises(TimeoutError):
+            scrape.wait(0.3)
+        observed.block.set()
+        _, text = channel.decode_text(scrape.wait(10).body)
+        assert text == b"observed 2\n"
+    finally:
+        observed.block.set()
+        assert workers.stop(5)
+
+
+def test_a_worker_that_exits_is_replaced_and_the_exit_is_reported(rig: NodeRig) -> None:
+    fleet, observed = Fleet(), Observed()
+    workers, events = make(rig, fleet, observed)
+    workers.start()
+    try:
+        first = fleet.launched[0]
+        first.exit()
+        fleet.wait_launched(3)
+        replacement = fleet.launched[2]
+        assert replacement.index == 0 and replacement.pid != first.pid
+        names = [name for name, _ in events]
+        exited = [f for name, f in events if name == "worker.exited"]
+        assert exited == [
+            {
+                "index": 0,
+                "pid": first.pid,
+                "returncode": -9,
+                "lived_seconds": exited[0]["lived_seconds"],
+                "restarting": True,
+            }
+        ]
+        assert workers.restarts == 1 and "worker.ready" in names
+    finally:
+        assert workers.stop(5)
