@@ -387,7 +387,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "gate_replay_on_x",
         "a tenant's replay gate is its own PUBLISHED frontier, never the node-wide X",
         "app/node/recovery.py",
-        "        records_gate, audit_gate = gates(self._frontiers.get(tenant), self._x)",
+        "        records_gate, audit_gate = gates(self._frontiers.get(tenant), self._x, lsn)",
         "        records_gate, audit_gate = self._x, self._x",
         (
             "tests/unit/app/test_settlement.py::test_rfc0055_9_5_an_unrecoverable_tenant_is_isolated_and_the_checkpoint_advances_for_others",
@@ -397,8 +397,8 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "merge_ambiguous_retry",
         "a retry after an ambiguous PUT keeps its identity, never merged with new rows",
         "sink/buffers.py",
-        "            if part.kind is Kind.RECORDS and part.identity is not None:",
-        "            if False:",
+        "            if part.deterministic or (part.kind is Kind.RECORDS and part.identity is not None):",
+        "            if part.deterministic:",
         (
             "tests/unit/sink/test_retry_identity.py::test_rfc0055_9_3_an_ambiguous_retry_keeps_its_identity_and_never_merges_with_new_rows",
         ),
@@ -881,6 +881,73 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "            result = self.miners.mine(tenant, batch.bodies)\n        self.folded[tenant] = offset\n"
         "        self._last_durable = self._latest = offset\n",
         ("tests/unit/app/test_recovery.py::test_issue15_nothing_replayed_is_a_mark",),
+    ),
+    # -- issue 18 item 6: settlement's intent is durable (RFC 0055 §9.4) ---------------
+    Sabotage(
+        "intent_never_written",
+        "a settlement's intent is durable in PUBLISHED before any row of its span is published",
+        "app/ingest/settlement.py",
+        "            p.journal.publish_marks({tenant: PublishedMarks(lo, lo, intent=through)})",
+        "            pass",
+        (
+            "tests/unit/app/test_settlement_intent.py::test_nowedge_6_a_sigkill_between_a_settlements_publish_and_its_marks_adds_no_copy",
+            "tests/unit/app/test_settlement_intent.py::test_nowedge_6_settlement_records_its_intent_before_the_publish_and_clears_it_with_the_marks",
+            "tests/crash/test_nowedge_6_serve.py::test_nowedge_6_sigkill_between_a_settlements_publish_and_its_marks_adds_no_copy",
+        ),
+    ),
+    Sabotage(
+        "intent_ignored_by_recovery",
+        "recovery republishes an unconfirmed intent's span under the names its attempt used",
+        "app/node/recovery.py",
+        "        span = intent_end(self._frontiers.get(tenant))",
+        "        span = -1",
+        (
+            "tests/unit/app/test_settlement_intent.py::test_nowedge_6_a_sigkill_between_a_settlements_publish_and_its_marks_adds_no_copy",
+            "tests/unit/app/test_settlement_intent.py::test_nowedge_6_repeated_crashes_inside_the_republish_add_no_copy",
+        ),
+    ),
+    Sabotage(
+        "intent_gates_on_the_intended_marks",
+        "an unconfirmed intent's span is never suppressed: recovery gates at the frontier it kept",
+        "app/node/recovery.py",
+        "    if marks is None:\n        return x, x\n",
+        "    if marks is None:\n        return x, x\n    if marks.intent is not None:\n"
+        "        return marks.intent.lsn, marks.intent.lsn\n",
+        (
+            "tests/unit/app/test_settlement_intent.py::test_nowedge_6_a_sigkill_after_a_partial_publish_loses_nothing_and_duplicates_nothing",
+            "tests/crash/test_nowedge_6_serve.py::test_nowedge_6_sigkill_between_a_settlements_publish_and_its_marks_adds_no_copy",
+        ),
+    ),
+    Sabotage(
+        "intent_without_frontier_gated_on_x",
+        "an intent recorded without a frontier is replayed from the tenant's snapshot within its span",
+        "app/node/recovery.py",
+        "    return marks.terminal or (marks.intent is not None and lsn <= marks.intent.lsn)",
+        "    return marks.terminal",
+        (
+            "tests/unit/app/test_settlement_intent.py::test_nowedge_6_an_intent_without_a_frontier_is_replayed_from_the_tenants_first_frame",
+        ),
+    ),
+    Sabotage(
+        "intent_events_named_afresh",
+        "an intent span's known-template events are named by their content, so a retry finds them",
+        "sink/publisher.py",
+        "        return audit_object_name(self._node, part.tenant, day, rows)",
+        "        return new_object_name(self._node)",
+        (
+            "tests/unit/app/test_settlement_intent.py::test_nowedge_6_a_sigkill_between_a_settlements_publish_and_its_marks_adds_no_copy",
+        ),
+    ),
+    Sabotage(
+        "intent_cleared_short_of_its_end",
+        "an intent stays in PUBLISHED until a write's marks reach the end of its span",
+        "wal/frontiers.py",
+        "        if m.intent is None and _reaches(m, old.intent):",
+        "        if m.intent is None:",
+        (
+            "tests/unit/app/test_settlement_intent.py::test_nowedge_6_a_publish_the_store_refused_keeps_the_intent_until_a_cut_covers_the_span",
+            "tests/unit/wal/test_published.py::test_nowedge_6_an_intent_is_recorded_with_its_frontier_and_kept_until_marks_reach_its_end",
+        ),
     ),
 )
 

@@ -101,8 +101,11 @@ class PublishedSummary:
     """The live PUBLISHED slot, for operators (RFC 0055)."""
 
     max_tenants: int
-    #: tenant -> (records frontier, audit frontier, flags "terminal"/"publishing")
+    #: tenant -> (records frontier, audit frontier, flags "terminal"/"publishing"); a
+    #: publishing entry's frontiers are the ones in force before its settlement
     frontiers: dict[str, tuple[WalOffset | None, WalOffset | None, str]]
+    #: tenant -> the end of the span a settlement's unconfirmed intent covers
+    intents: dict[str, WalOffset] = field(default_factory=dict)
 
 
 @dataclass
@@ -426,14 +429,19 @@ def _read_published_into(fs: Fs, report: RootReport) -> None:
         return
     t, record = loaded
     frontiers: dict[str, tuple[WalOffset | None, WalOffset | None, str]] = {}
+    intents: dict[str, WalOffset] = {}
     for slot, entry in record.entries.items():
         flags = ",".join(
             name
             for name, on in (("terminal", entry.terminal), ("publishing", entry.publishing))
             if on
         )
-        frontiers[record.dictionary[slot].tenant] = (entry.records, entry.audit, flags)
-    report.published = PublishedSummary(t, frontiers)
+        tenant = record.dictionary[slot].tenant
+        marks = entry.marks
+        frontiers[tenant] = (marks.records, marks.audit, flags)
+        if marks.intent is not None:
+            intents[tenant] = marks.intent
+    report.published = PublishedSummary(t, frontiers, intents)
 
 
 def _read_reclaim_into(fs: Fs, report: RootReport) -> None:

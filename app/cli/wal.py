@@ -141,6 +141,11 @@ def inspect(directory: Path, out: TextIO) -> int:
         )
         for tenant, (records, audit, flags) in sorted(pub.frontiers.items()):
             extra = f" [{flags}]" if flags else ""
+            if tenant in pub.intents:
+                extra += (
+                    f" — a settlement's publish through {pub.intents[tenant]} is not confirmed;"
+                    f" the next start republishes that span under its deterministic names"
+                )
             print(
                 f"  published through for {tenant}: records {records}, audit {audit}{extra}",
                 file=out,

@@ -20,11 +20,23 @@
      the rest are suppressed and counted — except an event of a template this replay
      minted afresh (an id above the allocator's high-water at start), which no published
      event binds and which is forwarded once (RFC0052.10, 2026-10-06). Stored audit
-     frames are never replayed.
+     frames are never replayed;
+   * a tenant whose entry has the ``publishing`` bit (a settlement's intent, RFC 0055
+     §9.4, not confirmed) has R = A = the frontier in force *before* that settlement:
+     none of its span (R, E] is known to be in the store, so none of it is suppressed.
+     Some of it may be — the settlement was killed between its publish and its marks —
+     so the span's frames are forwarded *staged* (``sink.buffers``), exactly as the
+     settlement staged them: their records, and the events of templates the snapshot
+     holds, under names those rows derive, written with the conditional create; what
+     the settlement's attempt wrote is found there and not written again, what it did
+     not write is written now. The events of templates this replay mints are its own
+     (fresh ids no stored row names) and are forwarded as above.
 
 3. ``check_restorable``: a tenant that still has frames and whose restorable horizon is
    below what RECLAIM says was reclaimed from under it refuses the start, naming it;
-4. publish what replay buffered, and only if all of it reached the store write
+4. publish what replay buffered, and only if all of it reached the store confirm each
+   intent (its tenant's marks raised to the span's end, the bit cleared: the span is
+   in the store; a tenant whose replay failed is left to its settlement) and write
    post-recovery snapshots at each tenant's own folded horizon (a snapshot above X
    suppresses (X, S] on the next replay, so those rows must be in the store first; a
    tenant replay did not touch keeps its restored one); the SnapshotLedger is seeded
@@ -37,6 +49,7 @@ A restarted node has no mark until its first acknowledged turn: replay sets none
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -47,7 +60,18 @@ from app.ingest.pipeline import Pipeline
 from app.ingest.settlement import ReplayGates
 from app.ingest.snapshots import SnapshotLedger, SnapshotState, SnapshotStore
 from app.receive.otlp import FlatBatch, IngestRejection, decode_request, flatten
-from wal import CorruptionError, Frame, FrameKind, Journal, PublishedMarks, Replay, WalOffset
+from wal import (
+    CorruptionError,
+    Frame,
+    FrameKind,
+    Journal,
+    PublishedMarks,
+    PublishedWriteError,
+    Replay,
+    WalOffset,
+)
+
+log = logging.getLogger("ourios.recovery")
 
 #: Decodes replayed payloads ``(tenant, payload)`` into batches, yielded in input order
 #: (a payload that does not decode yields its refusal).
@@ -79,6 +103,10 @@ class RecoveryReport:
     checkpoint: WalOffset | None = None
     #: tenants PUBLISHED holds frontiers for (their gates are their own)
     frontiers: int = 0
+    #: tenant -> the span of its unconfirmed settlement intent, republished staged
+    intents: dict[str, str] = field(default_factory=dict)
+    #: tenants whose intent this start confirmed
+    intents_confirmed: int = 0
     seconds: float = 0.0
 
     def fields(self) -> dict[str, object]:
@@ -99,6 +127,8 @@ class RecoveryReport:
             "torn_segments": self.torn_segments,
             "checkpoint": None if self.checkpoint is None else str(self.checkpoint),
             "frontiers": self.frontiers,
+            "intents": dict(sorted(self.intents.items())),
+            "intents_confirmed": self.intents_confirmed,
             "seconds": round(self.seconds, 3),
         }
 
@@ -198,6 +228,11 @@ class Recovery:
         self._x = -1 if self._mark is None else self._mark.lsn
         self._frontiers = journal.published_marks()
         report.frontiers = len(self._frontiers)
+        report.intents = {
+            t: f"({m.records}, {m.intent}]"
+            for t, m in self._frontiers.items()
+            if m.intent is not None
+        }
         self._replay = journal.replay()
         # The whole log's CRC walk and high-water checks before the node serves (damage
         # refuses the start, naming file and offset), which also walks the frame headers
@@ -269,8 +304,9 @@ class Recovery:
             pipeline.replay_deferred(frame, unmined[tenant], self._mark)
             report.frames_unmined += 1
             return
-        records_gate, audit_gate = gates(self._frontiers.get(tenant), self._x)
+        records_gate, audit_gate = gates(self._frontiers.get(tenant), self._x, lsn)
         gate = max(records_gate, -1 if s is None else s.lsn)
+        span = intent_end(self._frontiers.get(tenant))
         try:
             records, events = pipeline.replay_frame(
                 tenant,
@@ -280,9 +316,10 @@ class Recovery:
                 publish_audit=lsn > audit_gate,
                 nbytes=len(frame.payload),
                 is_fresh=self._fresh_above,
+                intent=lsn <= span,
             )
         except Exception as exc:  # noqa: BLE001 - the guard: settled after the start
-            unmined[tenant] = gate_offsets(self._frontiers.get(tenant), self._mark, s)
+            unmined[tenant] = gate_offsets(self._frontiers.get(tenant), self._mark, s, lsn)
             pipeline.replay_failed(frame, exc, unmined[tenant], self._mark)
             report.frames_unmined += 1
             report.unmined[tenant] = str(frame.offset)
@@ -309,6 +346,7 @@ class Recovery:
             # suppress on the next replay are in the store: publish what replay buffered
             # first, and write no snapshot when any of it failed (the barrier retries).
             if pipeline.publish_all_now("recovery"):
+                _confirm_intents(self.journal, self._frontiers, set(self._unmined), report)
                 _install(self.store, self.ledger, self._states, report)
             else:
                 report.snapshot_failures += 1
@@ -330,18 +368,55 @@ def _has_entry(pipeline: Pipeline, tenant: str) -> Callable[[], bool]:
     return lambda: pipeline.unmined.has(tenant)
 
 
+def intent_end(marks: PublishedMarks | None) -> int:
+    """The LSN a tenant's unconfirmed settlement intent ends at (-1: none): its frames
+    above the gates and at or below it are replayed staged (module docstring)."""
+    return -1 if marks is None or marks.intent is None else marks.intent.lsn
+
+
+def _confirm_intents(
+    journal: Journal,
+    frontiers: dict[str, PublishedMarks],
+    unsettled: set[str],
+    report: RecoveryReport,
+) -> None:
+    """Everything replay buffered is in the store, so is each intent's span: record its
+    end as the tenant's frontier (clearing the bit). A tenant whose replay failed is not
+    confirmed (its staged rows were dropped with its tree; its settlement re-stages the
+    span). A failed write leaves the intent in force: the next cut, whose flush covers
+    the span, confirms it."""
+    for tenant, marks in sorted(frontiers.items()):
+        if marks.intent is None or tenant in unsettled:
+            continue
+        try:
+            journal.publish_marks({tenant: PublishedMarks(marks.intent, marks.intent)})
+        except PublishedWriteError as exc:
+            log.warning("tenant %r: its settlement intent was not confirmed: %s", tenant, exc)
+            continue
+        report.intents_confirmed += 1
+
+
+def _nothing_below(marks: PublishedMarks, lsn: int) -> bool:
+    """Whether a side of ``marks`` without a frontier means "nothing of it is published"
+    for the frame ending at ``lsn`` rather than "consult X": a terminal entry, or a frame
+    in the span of an intent recorded without a frontier (its settlement re-emitted every
+    frame of the span, so its staged units start at the tenant's snapshot)."""
+    return marks.terminal or (marks.intent is not None and lsn <= marks.intent.lsn)
+
+
 def gate_offsets(
-    marks: PublishedMarks | None, x: WalOffset | None, s: WalOffset | None
+    marks: PublishedMarks | None, x: WalOffset | None, s: WalOffset | None, lsn: int
 ) -> ReplayGates:
-    """``gates`` as offsets, the records side maxed with the snapshot horizon S: what a
-    replay published the tenant's rows and events above (None: everything)."""
+    """``gates`` as offsets for the frame ending at ``lsn``, the records side maxed with
+    the snapshot horizon S: what a replay published the tenant's rows and events above
+    (None: everything)."""
 
     def side(offset: WalOffset | None) -> WalOffset | None:
         if marks is None:
             return x
         if offset is not None:
             return offset
-        return None if marks.terminal else x
+        return None if _nothing_below(marks, lsn) else x
 
     records = side(None if marks is None else marks.records)
     if s is not None and (records is None or s.lsn > records.lsn):
@@ -349,17 +424,20 @@ def gate_offsets(
     return ReplayGates(records, side(None if marks is None else marks.audit))
 
 
-def gates(marks: PublishedMarks | None, x: int) -> tuple[int, int]:
-    """(records, audit) LSNs at or below which a tenant's replay publishes nothing
-    (DESIGN.md §13): its own frontier where PUBLISHED has one, never maxed with X; X
-    where it has none; nothing (-1) for a side of a terminal entry that has none."""
+def gates(marks: PublishedMarks | None, x: int, lsn: int) -> tuple[int, int]:
+    """(records, audit) LSNs at or below which a tenant's replay publishes nothing of the
+    frame ending at ``lsn`` (DESIGN.md §13): its own frontier where PUBLISHED has one,
+    never maxed with X — for an entry with an unconfirmed intent, the frontier the
+    intent kept, never its end; X where it has none; nothing (-1) for a side of a
+    terminal entry that has none, and for one of an intent without a frontier within its
+    span."""
     if marks is None:
         return x, x
 
     def side(offset: WalOffset | None) -> int:
         if offset is not None:
             return offset.lsn
-        return -1 if marks.terminal else x
+        return -1 if _nothing_below(marks, lsn) else x
 
     return side(marks.records), side(marks.audit)
 
