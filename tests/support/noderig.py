@@ -24,6 +24,7 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsSer
 
 from app.cadence.barrier import Barrier
 from app.cadence.housekeeping import Housekeeper
+from app.ingest.landed import intent_hook
 from app.ingest.miner import FileTemplateIdAllocator, MinerCluster, TemplateIdAllocator
 from app.ingest.pipeline import Pipeline
 from app.ingest.settlement import DEFAULT_MINING_ATTEMPTS
@@ -34,8 +35,8 @@ from app.receive.otlp import decode_request, flatten
 from sink.buffers import Buffers
 from sink.publisher import Publisher
 from sink.store import FailingStore, MemoryStore
-from wal import Journal, OsFs, WalConfig, WalOffset
-from wal.testing import FaultyFs
+from wal import IntentLog, Journal, OsFs, WalConfig, WalOffset
+from wal.testing import FaultyFs, SimulatedCrash
 
 
 class SteppedClock:
@@ -88,6 +89,9 @@ class NodeRig:
     miners_factory: Callable[[TemplateIdAllocator], MinerCluster] | None = None
     #: ``wal.frame_mining_attempts``
     mining_attempts: int = DEFAULT_MINING_ATTEMPTS
+    #: False: no publish intents (the node before issue 16: a restart republishes what
+    #: was published above the frontiers)
+    intents: bool = True
 
     def __post_init__(self) -> None:
         self.fs: FaultyFs = (
@@ -112,6 +116,9 @@ class NodeRig:
         self.journal = Journal.open(
             data / "wal", self.config, fs=self.fs, clock=self.clock, events=self._event
         )
+        self.intent_log: IntentLog | None = (
+            IntentLog.open(self.fs, data / "wal") if self.intents else None
+        )
         holder: dict[str, Pipeline] = {}
         self.buffers = Buffers(
             flush_bytes=self.flush_bytes,
@@ -124,6 +131,7 @@ class NodeRig:
             node="rig-0",
             queue_depth=self.queue_depth,
             wait_secs=self.publish_wait_secs,
+            intents=intent_hook(self.intent_log) if self.intent_log is not None else None,
         )
         self.allocator = FileTemplateIdAllocator(data / "template-ids", 0)
         factory = self.miners_factory
@@ -152,6 +160,7 @@ class NodeRig:
             ceiling_bytes=self.ceiling_bytes,
             clock=self.clock,
             events=self._event,
+            intents=self.intent_log,
         )
         self.housekeeper = Housekeeper(
             self.journal,
@@ -161,7 +170,14 @@ class NodeRig:
             clock=self.clock,
             events=self._event,
         )
-        self.recovery = Recovery(self.journal, self.pipeline, self.snapshots, self.ledger)
+        self.recovery = Recovery(
+            self.journal,
+            self.pipeline,
+            self.snapshots,
+            self.ledger,
+            intents=self.intent_log.records() if self.intent_log is not None else None,
+            objects=self.store,
+        )
         self.recovery.prepare()
         self.pipeline.set_ready(True)
         if not replay:
@@ -188,6 +204,8 @@ class NodeRig:
     def close(self) -> None:
         self.publisher.close()
         self.journal.close()
+        if self.intent_log is not None:
+            self.intent_log.close()
 
     def restart(
         self, *, crash: bool = False, power_loss: bool = False, replay: bool = True
@@ -195,6 +213,11 @@ class NodeRig:
         """Stop (cleanly, or by abandoning the process) and start again on the disk."""
         if crash:
             self.fs.crash_now()
+            if self.intent_log is not None:
+                try:  # the dead process's log: no later publish may append to it
+                    self.intent_log.close()
+                except SimulatedCrash:
+                    pass
             self.fs.apply_crash(power_loss=power_loss)
             self.publisher.close(timeout=5)
         else:
