@@ -62,6 +62,7 @@ import logging
 import queue
 import threading
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
@@ -90,6 +91,10 @@ WAIT_SECS: Final = 300.0
 WAIT_TIMEOUT: Final = "publish_wait_timeout"
 
 
+def _no_step(name: str) -> None:
+    return None
+
+
 @dataclass
 class PublishStats:
     """Counters (primary state, not copies): objects and bytes written, failures."""
@@ -115,10 +120,16 @@ class Publisher:
         queue_depth: int = 64,
         wait_secs: float = WAIT_SECS,
         intents: IntentHook | None = None,
+        step: Callable[[str], None] | None = None,
     ) -> None:
         self._store = store
         #: makes each object's claim durable before its PUT (module docstring)
         self.intents = intents
+        #: told each step of a publish by name (``publish.intended``: the claim is
+        #: durable, the PUT not started; ``publish.stored``: the PUT returned, nothing
+        #: settled yet) — the node passes its named sync points, so a test can hold or
+        #: kill a publish between the two
+        self._step = step or _no_step
         self._buffers = buffers
         self._node = node
         self._compression = compression
@@ -209,11 +220,13 @@ class Publisher:
         try:
             name, key, data = self._encode(d)
             self._intend(key, d)
+            self._step("publish.intended")
             if d.partition.identity is None:
                 self._store.put(key, data)
             else:
                 # a retry of rows whose earlier attempt may have landed: never replace
                 created = self._store.put_if_absent(key, data)
+            self._step("publish.stored")
         except StoreError as exc:
             # The store may hold the object: every later attempt at these rows writes
             # this very key, conditionally (module docstring), so none adds a copy.

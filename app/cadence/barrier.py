@@ -356,6 +356,7 @@ class Barrier:
             outcome = self._stamp(cut, outcome)
         self.last = outcome
         if outcome.complete and cut.mark is not None:
+            points.hit("barrier.stamped")  # CHECKPOINT and PUBLISHED written
             self._trim_intents()
         if outcome.complete:
             self.last_ok_at = self._clock()

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import uvicorn
 
+from app import points
 from app.cadence.archive import ArchiveLocationError, Archiver, check_archive_location
 from app.cadence.barrier import Barrier, CutOutcome
 from app.cadence.housekeeping import Housekeeper
@@ -161,6 +162,7 @@ def _build_node(
         compression=settings.sink.parquet_compression,
         queue_depth=settings.sink.publisher_queue_depth,
         intents=intent_hook(intents),
+        step=lambda name: points.hit(name),
     )
     ledger = SnapshotLedger()
     admission = Admission(

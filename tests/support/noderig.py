@@ -22,6 +22,7 @@ from typing import cast
 import pyarrow.parquet as pq
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 
+from app import points
 from app.cadence.barrier import Barrier
 from app.cadence.housekeeping import Housekeeper
 from app.ingest.landed import intent_hook
@@ -132,6 +133,7 @@ class NodeRig:
             queue_depth=self.queue_depth,
             wait_secs=self.publish_wait_secs,
             intents=intent_hook(self.intent_log) if self.intent_log is not None else None,
+            step=lambda name: points.hit(name),
         )
         self.allocator = FileTemplateIdAllocator(data / "template-ids", 0)
         factory = self.miners_factory
