@@ -163,9 +163,7 @@ def assert_exactly_once(objects_root: Path, ledger: AckLedger, context: str) -> 
     acked = ledger.rids(Outcome.ACKED)
     missing = sorted(acked - rids.keys())
     duplicated = sorted(rid for rid, n in rids.items() if n > 1)
-    events = Counter(
-        (e["tenant"], e["template_id"], e["template_version"]) for e in audit
-    )
+    events = Counter((e["tenant"], e["template_id"], e["template_version"]) for e in audit)
     twice = sorted(k for k, n in events.items() if n > 1)  # type: ignore[type-var]
     created = {(e["tenant"], e["template_id"]) for e in audit if e["change"] == "created"}
     orphans = sorted(
