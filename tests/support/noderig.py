@@ -210,9 +210,15 @@ class NodeRig:
             self.intent_log.close()
 
     def restart(
-        self, *, crash: bool = False, power_loss: bool = False, replay: bool = True
+        self,
+        *,
+        crash: bool = False,
+        power_loss: bool = False,
+        replay: bool = True,
+        store_faults: Callable[[FailingStore], object] | None = None,
     ) -> RecoveryReport | None:
-        """Stop (cleanly, or by abandoning the process) and start again on the disk."""
+        """Stop (cleanly, or by abandoning the process) and start again on the disk;
+        ``store_faults`` arms the store of the new start before it opens."""
         if crash:
             self.fs.crash_now()
             if self.intent_log is not None:
@@ -225,6 +231,8 @@ class NodeRig:
         else:
             self.close()
         self.store.clear()  # the store recovers with the process
+        if store_faults is not None:
+            store_faults(self.store)
         return self.start(replay=replay)
 
     # -- traffic -------------------------------------------------------------------------
