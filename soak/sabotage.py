@@ -397,7 +397,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "merge_ambiguous_retry",
         "a retry after an ambiguous PUT keeps its identity, never merged with new rows",
         "sink/buffers.py",
-        "            if part.deterministic or (part.kind is Kind.RECORDS and part.identity is not None):",
+        "            if part.deterministic or part.identity is not None:",
         "            if part.deterministic:",
         (
             "tests/unit/sink/test_retry_identity.py::test_rfc0055_9_3_an_ambiguous_retry_keeps_its_identity_and_never_merges_with_new_rows",
@@ -985,7 +985,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         (
             (
                 '            self._step("publish.stored")\n',
-                '            self._intend(key, d)\n            self._step("publish.stored")\n',
+                '            self._step("publish.stored")\n            self._intend(key, d)\n',
             ),
         ),
     ),
