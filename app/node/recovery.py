@@ -32,6 +32,13 @@
      not write is written now. The events of templates this replay mints are its own
      (fresh ids no stored row names) and are forwarded as above.
 
+   * nothing an object published before the restart holds is forwarded again (issue
+     16, ``app.ingest.landed``): ``prepare`` starts asking the store which objects the
+     publish intents above the gates name exist, and the replay waits for the answer
+     before its first frame; a frame's rows of a day a present records object claims,
+     and a template event (same id, same version) a present audit object claims, are
+     suppressed and counted (``records_landed``, ``audit_events_landed``);
+
 3. ``check_restorable``: a tenant that still has frames and whose restorable horizon is
    below what RECLAIM says was reclaimed from under it refuses the start, naming it;
 4. publish what replay buffered, and only if all of it reached the store confirm each
