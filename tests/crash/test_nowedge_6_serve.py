@@ -60,7 +60,7 @@ import threading
 
 def _install(hold, fail_records):
     from app import points
-    from app.ingest import pipeline
+    from app.cadence import barrier
     from app.node import server
     from sink import store
     from tests.support.minerfaults import FaultPlan, FaultyMiners
@@ -68,13 +68,13 @@ def _install(hold, fail_records):
     plan = FaultPlan(armed=False)
     plan.fail_at("disk sda2 ", "after")
     server.MinerCluster = lambda allocator: FaultyMiners(allocator, plan)
-    set_ready = pipeline.Pipeline.set_ready
+    start = barrier.Barrier.start
 
-    def armed_when_ready(self, ready):
-        set_ready(self, ready)
-        plan.armed = bool(ready)  # recovery's replay never fails
+    def armed_after_recovery(self):
+        plan.armed = True  # the barrier starts after the replay: which never fails
+        start(self)
 
-    pipeline.Pipeline.set_ready = armed_when_ready
+    barrier.Barrier.start = armed_after_recovery
 
     if hold:
         hit = points.hit
