@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -102,6 +102,25 @@ class Landed:
         return (tenant, lsn, template_id, version) in self.events
 
 
+def _agreed(intents: Iterable[IntentRecord]) -> list[IntentRecord]:
+    """One claim per key: what every intent recorded for it agrees on. Attempts at one
+    key hold the same rows (module docstring), but should two ever state different
+    claims, only what both state is certainly in the object — suppressing less can cost
+    a copy, suppressing more could lose a row."""
+    by_key: dict[str, IntentRecord] = {}
+    for rec in intents:
+        seen = by_key.get(rec.key)
+        if seen is None:
+            by_key[rec.key] = rec
+        elif seen != rec:
+            frames = tuple(f for f in seen.frames if f in set(rec.frames))
+            events = tuple(e for e in seen.events if e in set(rec.events))
+            by_key[rec.key] = IntentRecord(
+                seen.kind, seen.tenant, seen.key, seen.day, frames, events
+            )
+    return list(by_key.values())
+
+
 class LandedCheck:
     """Asks the store which intended objects exist, on threads of its own, so the node
     is ready meanwhile; the replay waits for ``result`` before its first frame."""
@@ -168,9 +187,8 @@ class LandedCheck:
                         if found:
                             present.add(key)
             landed = Landed(checked=len(keys), present=len(present))
-            for rec in self._intents:
-                if rec.key in present:
-                    landed.add(rec)
+            for rec in _agreed(r for r in self._intents if r.key in present):
+                landed.add(rec)
             if not self._cancel.is_set():
                 self._landed = landed
         except BaseException as exc:  # noqa: BLE001 - handed to the waiter

@@ -21,11 +21,12 @@ from typing import Any
 import pytest
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 
+from app.ingest.landed import LandedCheck
 from app.receive.otlp import decode_request, flatten
 from sink.buffers import Detached, Kind
-from sink.store import FailingStore
+from sink.store import FailingStore, MemoryStore
 from tests.support.noderig import NodeRig, rids
-from wal import IntentLog, OsFs
+from wal import IntentKind, IntentLog, IntentRecord, OsFs
 
 NANOS_PER_DAY = 86_400 * 1_000_000_000
 
@@ -295,3 +296,20 @@ def test_issue16_a_shutdown_while_the_replay_waits_for_the_store_leaves_the_back
     cancel.join(10)
     held[0].release()
     assert rig.recovery.backlog_bytes > 0  # nothing turned: the next start replays it
+
+
+def test_issue16_two_intents_for_one_key_suppress_only_what_both_claim() -> None:
+    """Should two attempts at one key ever state different claims, the object holds
+    one of them: only what both state is certainly in it."""
+    store = MemoryStore()
+    key = "records/tenant=acme/date=2025-11-24/n-1.parquet"
+    store.put(key, b"x")
+    absent = "records/tenant=acme/date=2025-11-24/n-2.parquet"
+    intents = [
+        IntentRecord(IntentKind.RECORDS, "acme", key, 7, frames=(10, 20, 30)),
+        IntentRecord(IntentKind.RECORDS, "acme", key, 7, frames=(10, 30, 40)),
+        IntentRecord(IntentKind.RECORDS, "acme", absent, 7, frames=(50,)),
+    ]
+    landed = LandedCheck(store, intents).run()
+    assert landed is not None and (landed.checked, landed.present) == (2, 1)
+    assert [lsn for lsn in (10, 20, 30, 40, 50) if landed.days("acme", lsn)] == [10, 30]
