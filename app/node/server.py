@@ -300,7 +300,8 @@ class _Recovering:
         if self._error is None and self._recovery.backlog_bytes == 0:
             try:
                 report = self._recovery.finish()
-            except (WalError, SnapshotStoreError) as exc:
+            except Exception as exc:  # noqa: BLE001 - a node without its cadences must stop
+                log.exception("recovery could not finish")
                 self._error = exc
             else:
                 node.events.emit("recovery.done", report.fields())
