@@ -525,6 +525,16 @@ SABOTAGES: tuple[Sabotage, ...] = (
         ),
     ),
     Sabotage(
+        "signal_handler_takes_the_stop_lock",
+        "SIGTERM always stops the node (the handler takes no lock the main thread may hold)",
+        "app/node/server.py",
+        "        os.write(write_end, bytes([signum]))\n",
+        "        received.append(signum)\n        stop.set()\n",
+        (
+            "tests/unit/app/test_server_shutdown.py::test_sigterm_while_the_main_thread_holds_the_stop_lock_still_stops_the_node",
+        ),
+    ),
+    Sabotage(
         "scrape_without_flush",
         "a scrape counts every request a client has had its answer to, whichever worker serves it",
         "app/node/workers.py",

@@ -17,6 +17,7 @@ otherwise: the rows are in the WAL, and the next start replays them).
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import socket
 import threading
@@ -264,13 +265,7 @@ def run_serve(settings: Settings, config_file: Path | None = None) -> int:
     # the process before the final flush. A signal during recovery is kept too.
     stop = threading.Event()
     received: list[int] = []
-
-    def on_signal(signum: int, frame: object) -> None:
-        received.append(signum)  # reported by the thread that stops (no I/O in here)
-        stop.set()
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, on_signal)
+    _relay_signals(stop, received)
     if settings.auth.open_mode:
         events.emit(
             "auth.open_mode",
@@ -285,6 +280,31 @@ def run_serve(settings: Settings, config_file: Path | None = None) -> int:
     except (WalError, ArchiveLocationError, DataDirLocked, DataDirLockError, OSError) as exc:
         return _start_failed(events, exc)
     return _serve(node, stop, received, config_file)
+
+
+def _relay_signals(stop: threading.Event, received: list[int]) -> None:
+    """SIGTERM/SIGINT set ``stop`` from a thread of their own, never from the handler:
+    a handler runs on the main thread between two bytecodes, and one that took
+    ``stop``'s lock while the main thread held it inside ``stop.wait()`` would wait for
+    itself forever — a node that ignores SIGTERM. The handler only writes the signal's
+    number to a pipe (one ``os.write``, no lock); the relay thread reads it, records it
+    and sets ``stop``."""
+    read_end, write_end = os.pipe()
+
+    def on_signal(signum: int, frame: object) -> None:
+        os.write(write_end, bytes([signum]))
+
+    def relay() -> None:
+        while True:
+            got = os.read(read_end, 16)
+            if not got:
+                return
+            received.extend(got)
+            stop.set()
+
+    threading.Thread(target=relay, name="ourios-signals", daemon=True).start()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
 
 
 class _Recovering:
@@ -325,7 +345,8 @@ class _Recovering:
         if self._error is None and self._recovery.backlog_bytes == 0:
             try:
                 report = self._recovery.finish()
-            except (WalError, SnapshotStoreError) as exc:
+            except Exception as exc:  # noqa: BLE001 - a node without its cadences must stop
+                log.exception("recovery could not finish")
                 self._error = exc
             else:
                 node.events.emit("recovery.done", report.fields())
