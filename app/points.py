@@ -21,7 +21,11 @@ two bounded reads: no lock held), ``settlement.before_swap``; for issue 18 item 
 yet) and ``settlement.published`` (the span's publish returned, its marks not written);
 for the core's stages (``app.ingest.stages``): ``stages.acknowledged`` (a frame durable,
 before its answer is sent) and ``stages.turn`` (the turn thread about to turn an
-acknowledged frame).
+acknowledged frame); for issue 16 (exactly once in the store): ``publish.intended`` (an
+object's claim is durable in PUBLISHING, its PUT not started), ``publish.stored`` (the
+PUT returned, the publish not settled: its rows are still registered in flight),
+``barrier.stamped`` (a cut's CHECKPOINT and PUBLISHED are written, its intents not yet
+trimmed) and ``barrier.after_trim``.
 """
 
 from __future__ import annotations

@@ -10,11 +10,11 @@ store (DESIGN.md §5.5). A publish that fails is *requeued*: its rows go back in
 buffers (never lost), tagged with the barrier epoch current at the requeue, so the
 barrier can tell which cuts it invalidates.
 
-A records publish requeued after an *ambiguous* failure (the store may have accepted
-it) keeps its identity (RFC 0055 §9.3): it is held as its own unit, never merged with
-rows that arrived meanwhile, carrying the deterministic object name its rows derive
-(``Partition.identity``), so every later attempt writes the same key. A clean failure
-wrote nothing and merges freely.
+A publish requeued after an *ambiguous* failure (the store may have accepted it),
+records or audit, keeps its identity (RFC 0055 §9.3): it is held as its own unit, never
+merged with rows that arrived meanwhile, carrying the object name that attempt used
+(``Partition.identity``), so every later attempt writes the same key and none adds a
+copy. A clean failure wrote nothing and merges freely.
 
 A settlement's intent span (RFC 0055 §9.4, "intent then confirm") is buffered *staged*:
 its records, and the template events of templates the tree had before the rebuild, go
@@ -96,7 +96,8 @@ class Partition:
     #: rows may reach the store only once every event up to it is durable
     audit_watermark: int = 0
     #: the object name every attempt must use, set when a publish of these rows was
-    #: ambiguous (RFC 0055 §9.2); None: a fresh name per attempt
+    #: ambiguous (the name that attempt used) or derived for an intent span; None: a
+    #: fresh name per attempt
     identity: str | None = None
     #: the tenant's tree generation its rows came from (``drop_tenant`` starts a new one)
     gen: int = 0
@@ -441,8 +442,8 @@ class Buffers:
         thread holds it or it has settled, nothing is put back (that thread settles it, or
         its rows are in the store or the buffers already) and None is returned.
 
-        ``identity`` (an ambiguous records failure: the store may hold the object) keeps
-        the rows as their own unit under that name; a partition that already has one
+        ``identity`` (an ambiguous failure: the store may hold the object) keeps the rows
+        as their own unit under that name; a partition that already has one
         keeps it whatever the failure, since an earlier attempt may have landed."""
         if not claimed and not self.in_flight.claim(d):
             return None
@@ -459,7 +460,7 @@ class Buffers:
                 return outcome
             if identity is not None and part.identity is None:
                 part.identity = identity
-            if part.deterministic or (part.kind is Kind.RECORDS and part.identity is not None):
+            if part.deterministic or part.identity is not None:
                 self._units.append(part)
             elif part.kind is Kind.RECORDS:
                 key = (part.tenant, part.day)

@@ -27,8 +27,10 @@ operator which replica wrote an object, and keeps later name-based (RFC 4122 v5)
 take the name as an argument, so a different naming scheme is a different
 ``name``-producing function, nothing else.
 
-A records publish retried after an *ambiguous* failure is named deterministically
-instead (RFC 0055 §9.2): ``<node>-<uuid5>``, the RFC 4122 version-5 UUID (SHA-1) in
+A publish retried after an *ambiguous* failure keeps the name its failed attempt used
+(the publish intent recorded it: ``sink.publisher``). The records of a settlement's
+intent span are named deterministically instead, by RFC 0055 §9.2's derivation (which
+the RFC made for every ambiguous retry): ``<node>-<uuid5>``, the RFC 4122 version-5 UUID (SHA-1) in
 the namespace ``6f757269-6f73-5055-424c-000000000001`` (fixed for the life of the
 format; its bytes spell "ourios" and "PUBL") of this serialisation, the normative one
 the seed's missing table leaves to us — integers little-endian, every variable-length

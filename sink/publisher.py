@@ -32,12 +32,20 @@ waits only for a write another thread is executing, and an audit write waits for
 nothing, so no wait can close a cycle; each is bounded besides (``wait_secs``) and a
 timeout refuses the waiting records (requeued: nothing is lost, the next cut retries).
 
-A records publish that fails *ambiguously* (the store may have accepted the object) is
-requeued as its own unit under a deterministic name (``sink.keys.retry_object_name``,
-RFC 0055 §9.2): every later attempt writes that same key, with the store's conditional
-create, so a retry never adds a second object for the same rows and never replaces an
-object holding other rows. A key that already exists was written by an earlier attempt
-of these very rows (the name is derived from them), so the publish is complete.
+Every object's *claim* — its key and exactly which rows it holds (``sink.claims``) —
+goes to the ``intents`` hook before its PUT, which makes it durable (the node's
+``wal.IntentLog``): after a crash recovery asks the store which of those objects
+exist and suppresses exactly the rows they hold, so nothing published is published
+again (docs/ARCHITECTURE.md "Exactly once in the store").
+
+A publish that fails *ambiguously* (the store may have accepted the object), records or
+audit, is requeued as its own unit under the name that attempt used (RFC 0055 §9.3:
+never merged with rows that arrived meanwhile), and every later attempt writes that
+same key with the store's conditional create: a key that already exists was written by
+an earlier attempt of these very rows, so the publish is complete and no attempt adds a
+copy. (RFC 0055 §9.2 renamed the retry by a UUIDv5 over the rows because nothing
+recorded the first attempt's name and accepted the one extra object; the intent now
+records it.) A clean failure wrote nothing and merges freely.
 
 A *deterministic* partition (a settlement's intent span, RFC 0055 §9.4; see
 ``sink.buffers``) is named the same way from its first attempt: its records by the
@@ -54,10 +62,12 @@ import logging
 import queue
 import threading
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
 from sink.buffers import Buffers, Detached, Kind, PublishOutcome
+from sink.claims import IntentHook, claim_of
 from sink.keys import (
     audit_key,
     audit_object_name,
@@ -81,6 +91,10 @@ WAIT_SECS: Final = 300.0
 WAIT_TIMEOUT: Final = "publish_wait_timeout"
 
 
+def _no_step(name: str) -> None:
+    return None
+
+
 @dataclass
 class PublishStats:
     """Counters (primary state, not copies): objects and bytes written, failures."""
@@ -90,6 +104,9 @@ class PublishStats:
     failures: Counter[tuple[str, str]]  # (kind, error_type)
     #: retries under a deterministic name whose object an earlier attempt had written
     already_present: int = 0
+    #: publishes whose intent could not be made durable (written anyway: after a crash
+    #: their rows may be published a second time, never lost)
+    intent_failures: int = 0
 
 
 class Publisher:
@@ -102,8 +119,17 @@ class Publisher:
         compression: str = "zstd",
         queue_depth: int = 64,
         wait_secs: float = WAIT_SECS,
+        intents: IntentHook | None = None,
+        step: Callable[[str], None] | None = None,
     ) -> None:
         self._store = store
+        #: makes each object's claim durable before its PUT (module docstring)
+        self.intents = intents
+        #: told each step of a publish by name (``publish.intended``: the claim is
+        #: durable, the PUT not started; ``publish.stored``: the PUT returned, nothing
+        #: settled yet) — the node passes its named sync points, so a test can hold or
+        #: kill a publish between the two
+        self._step = step or _no_step
         self._buffers = buffers
         self._node = node
         self._compression = compression
@@ -190,17 +216,21 @@ class Publisher:
             if refusal:
                 return self._failed(d, kind, "audit_not_durable", RuntimeError(refusal))
         created = True
+        name = ""
         try:
-            key, data = self._encode(d)
+            name, key, data = self._encode(d)
+            self._intend(key, d)
+            self._step("publish.intended")
             if d.partition.identity is None:
                 self._store.put(key, data)
             else:
                 # a retry of rows whose earlier attempt may have landed: never replace
                 created = self._store.put_if_absent(key, data)
+            self._step("publish.stored")
         except StoreError as exc:
-            identity = None
-            if exc.ambiguous and d.partition.kind is Kind.RECORDS:
-                identity = self._retry_name(d)
+            # The store may hold the object: every later attempt at these rows writes
+            # this very key, conditionally (module docstring), so none adds a copy.
+            identity = name if exc.ambiguous and name else None
             return self._failed(d, kind, exc.error_type, exc, identity)
         except Exception as exc:  # noqa: BLE001 - requeued and counted, never lost
             return self._failed(d, kind, "unexpected", exc)
@@ -213,6 +243,25 @@ class Publisher:
         outcome = PublishOutcome(d.id, True)
         self._buffers.in_flight.settle(outcome)
         return outcome
+
+    def _intend(self, key: str, d: Detached) -> None:
+        """Make the object's claim durable before its PUT (module docstring). A claim
+        that cannot be recorded does not stop the publish — the store must keep taking
+        rows, or the WAL could never be reclaimed — it only gives up, for this object,
+        the suppression a restart would have applied: counted, and logged."""
+        if self.intents is None:
+            return
+        try:
+            self.intents(claim_of(key, d.partition))
+        except Exception as exc:  # noqa: BLE001 - the publish goes on (docstring)
+            with self._stats_lock:
+                self.stats.intent_failures += 1
+            log.warning(
+                "the publish intent for %s was not recorded (%s): a crash before the next "
+                "checkpoint may publish its rows again",
+                key,
+                exc,
+            )
 
     def _events_durable(self, d: Detached) -> str:
         """Make the template events ``d``'s rows reference durable; "" when they are,
@@ -293,20 +342,20 @@ class Publisher:
         assert outcome is not None  # this thread holds the claim
         return outcome
 
-    def _encode(self, d: Detached) -> tuple[str, bytes]:
+    def _encode(self, d: Detached) -> tuple[str, str, bytes]:
+        """(name, key, bytes) of ``d``'s object."""
         part = d.partition
         if part.identity is None and part.deterministic:
             part.identity = self._deterministic_name(d)
         name = part.identity if part.identity is not None else new_object_name(self._node)
+        day = dt.date(1970, 1, 1) + dt.timedelta(days=part.day)
         if part.kind is Kind.RECORDS:
             assert part.records is not None
-            day = dt.date(1970, 1, 1) + dt.timedelta(days=part.day)
-            return records_key(part.tenant, day, name), encode_records(
-                part.records, self._compression
-            )
+            data = encode_records(part.records, self._compression)
+            return name, records_key(part.tenant, day, name), data
         assert part.audit is not None
-        day = dt.date(1970, 1, 1) + dt.timedelta(days=part.day)
-        return audit_key(part.tenant, day, name), encode_audit(part.audit, self._compression)
+        data = encode_audit(part.audit, self._compression)
+        return name, audit_key(part.tenant, day, name), data
 
     # -- the thread ----------------------------------------------------------------------
 

@@ -10,6 +10,9 @@ Contract (``ObjectStore``), the same for every implementation:
   bytes: True when this call created the object, False when the key already existed,
   whatever its content (also when an earlier attempt of the same call created it and
   its reply was lost; ``get`` and compare if it matters);
+- ``exists`` says whether a key holds an object, durably: True only for an object a
+  crash of this node can no longer take away (``LocalStore`` fsyncs its directory
+  first); recovery relies on it to suppress what an object holds;
 - ``get`` of a missing key raises ``ObjectNotFound``; ``delete`` of a missing key is a
   no-op (as in S3); ``list(prefix)`` returns every key starting with ``prefix``,
   sorted;
@@ -79,7 +82,7 @@ __all__ = [
     "from_url",
 ]
 
-Op = Literal["put", "put_if_absent", "get", "list", "delete"]
+Op = Literal["put", "put_if_absent", "get", "exists", "list", "delete"]
 _WRITE_OPS: Final[frozenset[Op]] = frozenset({"put", "put_if_absent"})
 _MUTATING_OPS: Final[frozenset[Op]] = frozenset({"put", "put_if_absent", "delete"})
 _T = TypeVar("_T")
@@ -150,6 +153,10 @@ class ObjectStore(Protocol):
 
     def get(self, key: str) -> bytes:
         """The object's bytes; ``ObjectNotFound`` when there is none."""
+        ...
+
+    def exists(self, key: str) -> bool:
+        """Whether ``key`` holds an object (durably: module docstring)."""
         ...
 
     def list(self, prefix: str) -> builtins.list[str]:
@@ -308,6 +315,18 @@ class LocalStore:
             raise ObjectNotFound("get", key, "local_not_found", "no such object") from exc
         except OSError as exc:
             raise self._error("get", key, exc, ambiguous=False) from exc
+
+    def exists(self, key: str) -> bool:
+        path = self._path("exists", key)
+        try:
+            if not path.is_file():
+                return False
+            # A put killed between its rename and its directory fsync left a name that
+            # a power loss could still take: make it durable before anyone relies on it.
+            _fsync_dir(path.parent)
+        except OSError as exc:
+            raise self._error("exists", key, exc, ambiguous=False) from exc
+        return True
 
     def list(self, prefix: str) -> builtins.list[str]:
         _check_list_prefix(prefix)
@@ -594,6 +613,16 @@ class S3Store:
 
         return self._call("get", key, request)
 
+    def exists(self, key: str) -> bool:
+        full = self._full("exists", key)
+        try:
+            self._call(
+                "exists", key, lambda: self._client.head_object(Bucket=self._bucket, Key=full)
+            )
+        except ObjectNotFound:
+            return False
+        return True
+
     def list(self, prefix: str) -> builtins.list[str]:
         _check_list_prefix(prefix)
         full = (
@@ -657,6 +686,11 @@ class MemoryStore:
                 return self._objects[key]
             except KeyError:
                 raise ObjectNotFound("get", key, "memory_not_found", "no such object") from None
+
+    def exists(self, key: str) -> bool:
+        _checked("exists", key)
+        with self._lock:
+            return key in self._objects
 
     def list(self, prefix: str) -> builtins.list[str]:
         _check_list_prefix(prefix)
@@ -834,6 +868,9 @@ class FailingStore:
 
     def get(self, key: str) -> bytes:
         return self._run("get", key, lambda: self.inner.get(key))
+
+    def exists(self, key: str) -> bool:
+        return self._run("exists", key, lambda: self.inner.exists(key))
 
     def list(self, prefix: str) -> builtins.list[str]:
         return self._run("list", prefix, lambda: self.inner.list(prefix))

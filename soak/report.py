@@ -160,6 +160,7 @@ class Summary:
     never_sent: int
     wrong_tenant: int
     duplicates: int
+    template_event_duplicates: int
     kills: int
     max_down_s: float | None
     max_recovery_s: float | None
@@ -210,7 +211,8 @@ class Summary:
             ("**lost** (acknowledged, not published)", num(self.lost)),
             ("never sent (published, not in a ledger)", num(self.never_sent)),
             ("published under the wrong tenant", num(self.wrong_tenant)),
-            ("duplicates (extra copies)", num(self.duplicates)),
+            ("**duplicates** (extra copies of a record)", num(self.duplicates)),
+            ("**template events published twice**", num(self.template_event_duplicates)),
             ("SIGKILLs", num(self.kills)),
             ("longest kill → ready", num(self.max_down_s, " s", 1)),
             ("longest recovery (recovery.done)", num(self.max_recovery_s, " s", 2)),
@@ -312,6 +314,7 @@ def summarise(
         never_sent=int(verified.get("never_sent", 0)),
         wrong_tenant=int(verified.get("wrong_tenant", 0)),
         duplicates=int(verified.get("duplicates", 0)),
+        template_event_duplicates=int(verified.get("audit_duplicates", 0)),
         kills=len(kills),
         max_down_s=max(downs) if downs else None,
         max_recovery_s=max(recoveries) if recoveries else None,

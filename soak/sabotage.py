@@ -397,7 +397,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "merge_ambiguous_retry",
         "a retry after an ambiguous PUT keeps its identity, never merged with new rows",
         "sink/buffers.py",
-        "            if part.deterministic or (part.kind is Kind.RECORDS and part.identity is not None):",
+        "            if part.deterministic or part.identity is not None:",
         "            if part.deterministic:",
         (
             "tests/unit/sink/test_retry_identity.py::test_rfc0055_9_3_an_ambiguous_retry_keeps_its_identity_and_never_merges_with_new_rows",
@@ -957,6 +957,58 @@ SABOTAGES: tuple[Sabotage, ...] = (
         (
             "tests/unit/app/test_settlement_intent.py::test_nowedge_6_a_publish_the_store_refused_keeps_the_intent_until_a_cut_covers_the_span",
             "tests/unit/wal/test_published.py::test_nowedge_6_an_intent_is_recorded_with_its_frontier_and_kept_until_marks_reach_its_end",
+        ),
+    ),
+    # -- exactly once in the store (issue 16) -------------------------------------------
+    Sabotage(
+        "landed_ignored_by_recovery",
+        "recovery suppresses what an object published above the frontier already holds",
+        "app/node/recovery.py",
+        "        wanted = [rec for rec in self._intents if needed(rec)]",
+        "        wanted: list[IntentRecord] = []",
+        (
+            "tests/unit/app/test_exactly_once.py::test_issue16_rows_published_above_the_frontier_are_not_published_again",
+            "tests/unit/app/test_exactly_once.py::test_issue16_template_events_published_before_a_crash_are_not_published_again",
+            "tests/crash/test_exactly_once_serve.py::test_issue16_a_sigkill_at_each_step_of_a_publish_adds_no_copy",
+        ),
+    ),
+    Sabotage(
+        "claim_wider_than_held",
+        "an object's claim names exactly the frames it holds, never a range wider than them",
+        "sink/claims.py",
+        "        return Claim(key, part.kind, part.tenant, part.day, frames=tuple(sorted(frames)))",
+        "        return Claim(key, part.kind, part.tenant, part.day,"
+        " frames=tuple(range(min(frames), max(frames) + 1)))",
+        (
+            "tests/unit/app/test_exactly_once.py::test_issue16_an_object_states_exactly_the_frames_it_holds_after_a_merge",
+        ),
+    ),
+    Sabotage(
+        "intent_after_the_put",
+        "an object's claim is durable before its PUT starts",
+        "sink/publisher.py",
+        '            self._intend(key, d)\n            self._step("publish.intended")\n',
+        '            self._step("publish.intended")\n',
+        (
+            "tests/crash/test_exactly_once_serve.py::test_issue16_a_sigkill_at_each_step_of_a_publish_adds_no_copy",
+        ),
+        (
+            (
+                '            self._step("publish.stored")\n',
+                '            self._step("publish.stored")\n            self._intend(key, d)\n',
+            ),
+        ),
+    ),
+    Sabotage(
+        "ambiguous_retry_renamed",
+        "an ambiguous publish is retried under the key its attempt used",
+        "sink/publisher.py",
+        "            identity = name if exc.ambiguous and name else None",
+        "            identity = (self._retry_name(d) if d.partition.kind is Kind.RECORDS else None)"
+        " if exc.ambiguous else None",
+        (
+            "tests/unit/app/test_exactly_once.py::test_issue16_an_ambiguous_put_retried_in_process_is_stored_once",
+            "tests/unit/sink/test_retry_identity.py::test_rfc0055_9_3_an_ambiguous_retry_keeps_its_identity_and_never_merges_with_new_rows",
         ),
     ),
 )

@@ -10,12 +10,16 @@ its ``tenant``, and reads every ``*.ledger`` file under the ledger directory
   outcome the node promises never happens;
 - **never sent**: ids in the store that no ``S`` line announced (a phantom record);
 - **wrong tenant**: rows published under another tenant than their request's;
-- **duplicates**: extra copies of an id (at-least-once after a SIGKILL: recovery may
-  republish what was already published above the checkpoint); counted, not a failure;
+- **duplicates**: extra copies of an id — a failure: after any SIGKILL the node
+  publishes every acknowledged record exactly once (issue 16: the publish intents);
+- **template events twice**: an audit row whose (tenant, template_id, template_version)
+  another audit row has too — a failure, for the same reason (the audit objects are
+  read as well);
 - rows without an id (another client wrote to the store), ledger anomalies and torn
   lines.
 
-Exit status: 0 when nothing is lost, never sent or under the wrong tenant; 1 otherwise
+Exit status: 0 when nothing is lost, never sent, under the wrong tenant or published
+twice (records or template events); 1 otherwise
 (2 when the ledgers were not closed in time, see below).
 ``--settle-timeout S`` re-reads the store (new objects only: objects are immutable)
 until the verdict is clean or S seconds passed, for a node that keeps running (in
@@ -67,13 +71,15 @@ __all__ = [
 ]
 
 RECORDS_PREFIX: Final = "records/"
+AUDIT_PREFIX: Final = "audit/"
 SAMPLE: Final = 20  # ids shown per finding
 _READERS: Final = 8
 
 
 class ObjectSource(Protocol):
-    def keys(self) -> list[str]:
-        """Keys of the record objects, relative to the store root."""
+    def keys(self, prefix: str = RECORDS_PREFIX) -> list[str]:
+        """Keys of the objects under ``prefix`` (records or audit), relative to the
+        store root."""
         ...
 
     def read(self, key: str) -> bytes: ...
@@ -87,8 +93,8 @@ class LocalObjects:
     def __init__(self, root: Path) -> None:
         self.root = root
 
-    def keys(self) -> list[str]:
-        base = self.root / RECORDS_PREFIX
+    def keys(self, prefix: str = RECORDS_PREFIX) -> list[str]:
+        base = self.root / prefix
         # Final names only: a publish in progress writes a dot-named temp and renames it.
         return sorted(
             str(p.relative_to(self.root))
@@ -109,12 +115,12 @@ class S3Objects:
         self.bucket = bucket
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
 
-    def keys(self) -> list[str]:
+    def keys(self, prefix: str = RECORDS_PREFIX) -> list[str]:
         paginator = self.client.get_paginator("list_objects_v2")
         start = len(self.prefix)
         return sorted(
             obj["Key"][start:]
-            for page in paginator.paginate(Bucket=self.bucket, Prefix=self.prefix + RECORDS_PREFIX)
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=self.prefix + prefix)
             for obj in page.get("Contents", [])
             if obj["Key"].endswith(".parquet")
         )
@@ -160,6 +166,21 @@ class PublishedIds:
     rows: int = 0
     rows_without_id: int = 0
     unreadable: list[str] = field(default_factory=list)
+    #: audit objects read, and one "tenant|template_id|template_version" per event row
+    audit_objects: set[str] = field(default_factory=set)
+    events: list[pa.Array] = field(default_factory=list)
+
+    def add_audit(self, key: str, data: bytes) -> None:
+        try:
+            table = pq.read_table(
+                io.BytesIO(data), columns=["tenant", "template_id", "template_version"]
+            )
+        except (pa.ArrowException, OSError) as exc:
+            self.unreadable.append(f"{key}: {exc!r}")
+            return
+        self.audit_objects.add(key)
+        parts = [table.column(n).cast(pa.string()) for n in table.column_names]
+        self.events.append(pc.binary_join_element_wise(*parts, "|").combine_chunks())
 
     def add(self, key: str, data: bytes) -> None:
         try:
@@ -185,12 +206,16 @@ def read_published(
     """Read the objects not yet in ``into`` (all of them the first time)."""
     published = into if into is not None else PublishedIds()
     todo = [k for k in source.keys() if k not in published.objects]
+    todo += [k for k in source.keys(AUDIT_PREFIX) if k not in published.audit_objects]
     lock = threading.Lock()
 
     def fetch(key: str) -> None:
         data = source.read(key)
         with lock:
-            published.add(key, data)
+            if key.startswith(AUDIT_PREFIX):
+                published.add_audit(key, data)
+            else:
+                published.add(key, data)
 
     with ThreadPoolExecutor(max_workers=readers, thread_name_prefix="soak-verify") as pool:
         for _ in pool.map(fetch, todo):
@@ -226,6 +251,11 @@ class VerifyReport:
     duplicated_ids: int
     duplicated_sample: list[str]
     maybe_published: int  # ids of refused/error/in-flight requests found in the store
+    #: audit objects read, template events in them, and extra copies of an event
+    audit_objects: int = 0
+    template_events: int = 0
+    audit_duplicates: int = 0
+    audit_duplicated_sample: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
     @property
@@ -234,6 +264,8 @@ class VerifyReport:
             self.lost == 0
             and self.never_sent == 0
             and self.wrong_tenant == 0
+            and self.duplicates == 0
+            and self.audit_duplicates == 0
             and not self.unreadable_objects
         )
 
@@ -253,6 +285,8 @@ class VerifyReport:
             f"  never sent (in the store, no S line): {self.never_sent}",
             f"  wrong tenant: {self.wrong_tenant}",
             f"  duplicates: {self.duplicates} extra copies of {self.duplicated_ids} ids",
+            f"  template events: {self.template_events} in {self.audit_objects} objects,"
+            f" {self.audit_duplicates} published more than once",
             f"  unacknowledged but published: {self.maybe_published};"
             f" rows without an id: {self.rows_without_id}",
         ]
@@ -264,6 +298,8 @@ class VerifyReport:
             out.append(f"  wrong tenant, first: {self.wrong_tenant_sample}")
         if self.duplicated_sample:
             out.append(f"  duplicated, first: {self.duplicated_sample}")
+        if self.audit_duplicated_sample:
+            out.append(f"  template events twice, first: {self.audit_duplicated_sample}")
         if self.ledger_anomalies:
             out.append(f"  ledger anomalies ({len(self.ledger_anomalies)}):")
             out.extend(f"    {a}" for a in self.ledger_anomalies[:SAMPLE])
@@ -338,6 +374,11 @@ def verify(ledger: LedgerIndex, published: PublishedIds, store: str = "") -> Ver
     not_acked = all_ids.filter(pc.invert(acked_mask))
     maybe = pc.sum(pc.is_in(not_acked, value_set=unique)).as_py() or 0
 
+    events = pa.chunked_array(published.events, pa.string()).combine_chunks()
+    event_counts = pc.value_counts(events)
+    twice = pc.greater(event_counts.field("counts"), 1)
+    audit_extra = (pc.sum(event_counts.field("counts")).as_py() or 0) - len(event_counts)
+
     records = ledger.record_counts()
     report = VerifyReport(
         store=store,
@@ -366,6 +407,10 @@ def verify(ledger: LedgerIndex, published: PublishedIds, store: str = "") -> Ver
         duplicated_ids=int(pc.sum(duplicated).as_py() or 0),
         duplicated_sample=_sample(unique.filter(duplicated)),
         maybe_published=int(maybe),
+        audit_objects=len(published.audit_objects),
+        template_events=len(events),
+        audit_duplicates=int(audit_extra),
+        audit_duplicated_sample=_sample(event_counts.field("values").filter(twice)),
     )
     report.seconds = time.monotonic() - began
     return report

@@ -19,6 +19,7 @@ from .errors import (
 )
 from .frontiers import PublishedWriteError
 from .fs import Fs, OsFs
+from .intents import IntentKind, IntentLog, IntentRecord, IntentWriteError
 from .journal import Journal
 from .ledger import (
     FloorMin,
@@ -65,6 +66,10 @@ __all__ = [
     "FrameTooLarge",
     "Fs",
     "HousekeepingProgress",
+    "IntentKind",
+    "IntentLog",
+    "IntentRecord",
+    "IntentWriteError",
     "InvalidConfig",
     "Journal",
     "Known",

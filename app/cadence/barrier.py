@@ -45,12 +45,15 @@ from typing import TYPE_CHECKING
 
 from app import points
 from app.ingest.cuts import Cut
+from app.ingest.landed import live_intent
 from app.ingest.settlement import Result, SettleOutcome
 from app.ingest.snapshots import SnapshotLedger, SnapshotStore
 from app.node.heap import collection_deferred
 from wal import (
     AppendError,
     CheckpointError,
+    IntentLog,
+    IntentWriteError,
     PublishedWriteError,
     RotationKind,
     WalOffset,
@@ -114,8 +117,11 @@ class Barrier:
         events: Callable[[str, Mapping[str, object]], None] | None = None,
         on_cut: Callable[[CutOutcome], None] | None = None,
         on_run: Callable[[str, str], None] | None = None,
+        intents: IntentLog | None = None,
     ) -> None:
         self.pipeline = pipeline
+        #: the publish intents, trimmed to what lies above the frontiers after each cut
+        self.intents = intents
         self.store = store
         self.ledger = ledger
         self.barrier_secs = barrier_secs
@@ -349,6 +355,9 @@ class Barrier:
         elif cut.mark is not None:
             outcome = self._stamp(cut, outcome)
         self.last = outcome
+        if outcome.complete and cut.mark is not None:
+            points.hit("barrier.stamped")  # CHECKPOINT and PUBLISHED written
+            self._trim_intents()
         if outcome.complete:
             self.last_ok_at = self._clock()
             self._retry_delay = 0.0
@@ -411,6 +420,21 @@ class Barrier:
             failed,
             error_type,
         )
+
+    def _trim_intents(self) -> None:
+        """The frontiers just moved: drop the publish intents wholly at or below them,
+        which no restart will consult (``app.ingest.landed``). A failure keeps them all
+        (a restart asks about more objects, nothing else)."""
+        if self.intents is None:
+            return
+        journal = self.pipeline.journal
+        mark = journal.last_checkpoint
+        keep = live_intent(journal.published_marks(), -1 if mark is None else mark.lsn)
+        try:
+            self.intents.trim(keep)
+        except IntentWriteError as exc:
+            log.warning("publish intents not trimmed: %s", exc)
+        points.hit("barrier.after_trim")
 
     def _invalidate_pending(self, outcome: CutOutcome) -> None:
         """The running cut failed: a pending cut folded frames whose only durable copy

@@ -31,7 +31,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, NamedTuple
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -39,7 +39,7 @@ import pyarrow.compute as pc
 from app import points
 from app.ingest.admission import Admission
 from app.ingest.cuts import Cut
-from app.ingest.miner import MinerCluster, MineResult, TenantMiner
+from app.ingest.miner import MinerCluster, MineResult, TemplateEvent, TenantMiner
 from app.ingest.settlement import (
     DEFAULT_MINING_ATTEMPTS,
     ReplayGates,
@@ -509,9 +509,11 @@ class Pipeline:
         offset: WalOffset,
         nbytes: int,
         staged: bool = False,
+        skip_days: frozenset[int] = frozenset(),
     ) -> list[Detached]:
         """The frame's rows with the template columns added, one Arrow batch per UTC day
-        (the usual frame is one day and is buffered as it is)."""
+        (the usual frame is one day and is buffered as it is); the rows of ``skip_days``
+        are not buffered (already in the store: ``replay_frame``)."""
         out: list[Detached] = []
         lsn = offset.lsn
         records = assemble_records(
@@ -519,6 +521,8 @@ class Pipeline:
         )
         rows = len(batch) or 1
         for day, index in _days(batch, offset):
+            if day in skip_days:
+                continue
             if index is None:
                 part, share = records, nbytes
             else:
@@ -667,7 +671,9 @@ class Pipeline:
         nbytes: int = 0,
         is_fresh: Callable[[int], bool] | None = None,
         intent: bool = False,
-    ) -> tuple[int, int]:
+        landed_days: frozenset[int] = frozenset(),
+        landed_event: Callable[[int, int], bool] | None = None,
+    ) -> ReplayCounts:
         """Feed a replayed frame (above the tenant's snapshot horizon) to its miner;
         forward its rows only when ``publish_records`` and the template events it
         regenerates only when ``publish_audit`` — except an event of a template this
@@ -679,7 +685,12 @@ class Pipeline:
         intent (RFC 0055 §9.4): what it forwards is staged as the settlement staged it —
         its records, and the events of ids not minted by this replay — so the span is
         republished under the names the settlement's attempt used (``sink.buffers``).
-        The tenant's first frame past the span seals it."""
+        The tenant's first frame past the span seals it.
+
+        ``landed_days`` and ``landed_event`` (``app.ingest.landed``): what an object
+        published before the restart already holds of this frame — its rows of those
+        UTC days, those template events (by id and version; never an id this replay
+        minted) — and is therefore not forwarded again, whatever the gates say."""
         if intent:
             self._staging.add(tenant)
         elif tenant in self._staging:
@@ -689,26 +700,39 @@ class Pipeline:
             result = self.miners.mine(tenant, batch.bodies)
         self.folded[tenant] = offset
         detached: list[Detached] = []
-        events_suppressed = 0
+        counts = ReplayCounts(0 if publish_records else len(batch), 0, 0, 0)
         if result.events:
-            if not publish_audit:
-                fresh = [
-                    e for e in result.events if is_fresh is not None and is_fresh(e.template_id)
-                ]
-                events_suppressed = len(result.events) - len(fresh)
-                result = MineResult(result.template_ids, result.template_params, fresh)
+            forwarded: list[TemplateEvent] = []
+            gated = landed = 0
+            for e in result.events:
+                if is_fresh is not None and is_fresh(e.template_id):
+                    forwarded.append(e)  # minted by this replay: no stored event binds it
+                elif landed_event is not None and landed_event(e.template_id, e.version):
+                    landed += 1
+                elif publish_audit:
+                    forwarded.append(e)
+                else:
+                    gated += 1
+            if gated or landed:
+                result = MineResult(result.template_ids, result.template_params, forwarded)
+            counts = counts._replace(events=gated + landed, events_landed=landed)
             known = (lambda tid: not is_fresh(tid)) if is_fresh is not None else (lambda tid: True)
             detached.extend(
                 self.buffer_audit(tenant, batch, result, offset, known if intent else None)
             )
         if publish_records:
+            if landed_days:
+                skipped = _rows_in_days(batch, offset, landed_days)
+                counts = counts._replace(records=skipped, records_landed=skipped)
             detached.extend(
-                self.buffer_records(tenant, batch, result, offset, nbytes, staged=intent)
+                self.buffer_records(
+                    tenant, batch, result, offset, nbytes, staged=intent, skip_days=landed_days
+                )
             )
         for d in detached:
             if not self.publisher.offer(d):
                 self.publisher.park(d)
-        return (0 if publish_records else len(batch)), events_suppressed
+        return counts
 
     def cut_frontiers(self, mark: WalOffset) -> dict[str, PublishedMarks]:
         """The frontiers a cut stamping ``mark`` writes to PUBLISHED: the mark for every
@@ -807,6 +831,26 @@ def _days(batch: FlatBatch, offset: WalOffset) -> list[tuple[int, list[int] | No
     if len(days) == 1:
         return [(next(iter(days)), None)]
     return sorted(days.items())
+
+
+class ReplayCounts(NamedTuple):
+    """What ``replay_frame`` did not forward: records and template events suppressed
+    in all (by the gates or because the store holds them), and of those the ones an
+    object published before the restart holds (``app.ingest.landed``)."""
+
+    records: int
+    events: int
+    records_landed: int
+    events_landed: int
+
+
+def _rows_in_days(batch: FlatBatch, offset: WalOffset, days: frozenset[int]) -> int:
+    """How many of ``batch``'s rows fall on ``days`` (``_days``'s split)."""
+    rows = 0
+    for day, index in _days(batch, offset):
+        if day in days:
+            rows += len(batch) if index is None else len(index)
+    return rows
 
 
 def _unavailable(exc: AppendError, records: int) -> Unavailable:

@@ -247,6 +247,13 @@ class _StateCollector(Collector):
         for (kind, error_type), count in sorted(stats.failures.items()):
             failures.add_metric([kind, error_type], count)
         yield failures
+        intents = CounterMetricFamily(
+            "ourios_sink_intent_failures",
+            "Publishes whose intent (PUBLISHING) could not be made durable: written anyway; "
+            "a crash before the next checkpoint may publish their rows again.",
+        )
+        intents.add_metric([], stats.intent_failures)
+        yield intents
         yield gauge(
             "ourios_recovery_duration_seconds",
             "How long the start-up replay took.",

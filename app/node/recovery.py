@@ -32,6 +32,13 @@
      not write is written now. The events of templates this replay mints are its own
      (fresh ids no stored row names) and are forwarded as above.
 
+   * nothing an object published before the restart holds is forwarded again (issue
+     16, ``app.ingest.landed``): ``prepare`` starts asking the store which objects the
+     publish intents above the gates name exist, and the replay waits for the answer
+     before its first frame; a frame's rows of a day a present records object claims,
+     and a template event (same id, same version) a present audit object claims, are
+     suppressed and counted (``records_landed``, ``audit_events_landed``);
+
 3. ``check_restorable``: a tenant that still has frames and whose restorable horizon is
    below what RECLAIM says was reclaimed from under it refuses the start, naming it;
 4. publish what replay buffered, and only if all of it reached the store confirm each
@@ -55,15 +62,19 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
+from app.ingest.landed import Landed, LandedCheck
 from app.ingest.miner import FileTemplateIdAllocator, MinerCluster, TenantMiner
 from app.ingest.pipeline import Pipeline
 from app.ingest.settlement import ReplayGates
 from app.ingest.snapshots import SnapshotLedger, SnapshotState, SnapshotStore
 from app.receive.otlp import FlatBatch, IngestRejection, decode_request, flatten
+from sink.store import ObjectStore, StoreError
 from wal import (
     CorruptionError,
     Frame,
     FrameKind,
+    IntentKind,
+    IntentRecord,
     Journal,
     PublishedMarks,
     PublishedWriteError,
@@ -107,6 +118,13 @@ class RecoveryReport:
     intents: dict[str, str] = field(default_factory=dict)
     #: tenants whose intent this start confirmed
     intents_confirmed: int = 0
+    #: objects published above their tenants' gates before the restart (publish
+    #: intents) that recovery asked the store about, and those it found
+    objects_checked: int = 0
+    objects_found: int = 0
+    #: of the suppressed records and events, those such an object already holds
+    records_landed: int = 0
+    audit_events_landed: int = 0
     seconds: float = 0.0
 
     def fields(self) -> dict[str, object]:
@@ -129,6 +147,10 @@ class RecoveryReport:
             "frontiers": self.frontiers,
             "intents": dict(sorted(self.intents.items())),
             "intents_confirmed": self.intents_confirmed,
+            "objects_checked": self.objects_checked,
+            "objects_found": self.objects_found,
+            "records_landed": self.records_landed,
+            "audit_events_landed": self.audit_events_landed,
             "seconds": round(self.seconds, 3),
         }
 
@@ -139,10 +161,13 @@ def recover(
     store: SnapshotStore | None = None,
     ledger: SnapshotLedger | None = None,
     decode: Decoder | None = None,
+    *,
+    intents: list[IntentRecord] | None = None,
+    objects: ObjectStore | None = None,
 ) -> RecoveryReport:
     """Recovery on the calling thread, start to end (module docstring): what ``ourios
     serve`` does in steps on its threads (``Recovery``), run in one go (tests, tools)."""
-    recovery = Recovery(journal, pipeline, store, ledger, decode)
+    recovery = Recovery(journal, pipeline, store, ledger, decode, intents=intents, objects=objects)
     recovery.prepare()
     for item in recovery.items():
         recovery.turn(item)
@@ -186,12 +211,23 @@ class Recovery:
         store: SnapshotStore | None = None,
         ledger: SnapshotLedger | None = None,
         decode: Decoder | None = None,
+        *,
+        intents: list[IntentRecord] | None = None,
+        objects: ObjectStore | None = None,
+        on_store_unavailable: Callable[[str, StoreError], None] | None = None,
     ) -> None:
         self.journal = journal
         self.pipeline = pipeline
         self.store = store
         self.ledger = ledger
         self._decode = decode or decode_here
+        #: the publish intents in force at start, and the store to ask about them
+        self._intents = intents or []
+        self._objects = objects
+        self._on_store_unavailable = on_store_unavailable
+        self._check: LandedCheck | None = None
+        self._landed = Landed()
+        self._cancelled = False
         self.report = RecoveryReport()
         self._started = time.monotonic()
         self._restored: dict[str, WalOffset] = {}
@@ -244,9 +280,51 @@ class Recovery:
         journal.check_restorable(restorable)
         self._end = self._replay.end_lsn
         self._position = self._replay.start_lsn
+        self._start_check()
         # Every tenant the node holds state or frames for has its slot before the first
         # request (more than max_tenants refuses the start), as after a full replay.
         pipeline.tenants.seed(sorted({*miners.tenants(), *journal.tenants_with_frames()}))
+
+    def _start_check(self) -> None:
+        """Ask the store, on threads of its own, which objects published above their
+        tenants' gates before the restart exist (``app.ingest.landed``); the replay
+        waits for the answer before its first frame, the node is ready meanwhile."""
+        if self._objects is None or not self._intents:
+            return
+        restored, frontiers, x = self._restored, self._frontiers, self._x
+
+        def needed(rec: IntentRecord) -> bool:
+            s = restored.get(rec.tenant)
+            above = -1 if s is None else s.lsn
+            marks = frontiers.get(rec.tenant)
+            if rec.kind is IntentKind.RECORDS:
+                return any(lsn > max(above, gates(marks, x, lsn)[0]) for lsn in rec.frames)
+            return any(lsn > max(above, gates(marks, x, lsn)[1]) for lsn, _, _ in rec.events)
+
+        wanted = [rec for rec in self._intents if needed(rec)]
+        if wanted:
+            self._check = LandedCheck(
+                self._objects, wanted, on_unavailable=self._on_store_unavailable
+            ).start()
+
+    def cancel(self) -> None:
+        """Shutdown during the replay: stop waiting for the store (the replay then ends
+        before its first frame, which leaves everything in the WAL for the next start)."""
+        self._cancelled = True
+        if self._check is not None:
+            self._check.cancel()
+
+    def _await_check(self) -> bool:
+        """The check's answer into ``_landed``; False when cancelled first."""
+        if self._check is None:
+            return not self._cancelled
+        landed = self._check.result()
+        if landed is None:
+            return False
+        self._landed = landed
+        self.report.objects_checked = landed.checked
+        self.report.objects_found = landed.present
+        return True
 
     @property
     def backlog_bytes(self) -> int:
@@ -258,6 +336,8 @@ class Recovery:
     def items(self) -> Iterator[ReplayItem]:
         """The frames to turn, decoded in WAL order (ahead of the turns, by ``decode``)."""
         assert self._replay is not None, "prepare() first"
+        if not self._await_check():
+            return  # cancelled: nothing turned, the backlog stays (the next start replays)
         replay, report, restored = self._replay, self.report, self._restored
         waiting: deque[tuple[Frame, WalOffset | None]] = deque()
 
@@ -307,8 +387,9 @@ class Recovery:
         records_gate, audit_gate = gates(self._frontiers.get(tenant), self._x, lsn)
         gate = max(records_gate, -1 if s is None else s.lsn)
         span = intent_end(self._frontiers.get(tenant))
+        landed = self._landed
         try:
-            records, events = pipeline.replay_frame(
+            counts = pipeline.replay_frame(
                 tenant,
                 batch,
                 frame.offset,
@@ -317,6 +398,12 @@ class Recovery:
                 nbytes=len(frame.payload),
                 is_fresh=self._fresh_above,
                 intent=lsn <= span,
+                landed_days=landed.days(tenant, lsn),
+                landed_event=(
+                    (lambda tid, ver: landed.has_event(tenant, lsn, tid, ver))
+                    if landed.events
+                    else None
+                ),
             )
         except Exception as exc:  # noqa: BLE001 - the guard: settled after the start
             unmined[tenant] = gate_offsets(self._frontiers.get(tenant), self._mark, s, lsn)
@@ -326,9 +413,11 @@ class Recovery:
             # refused at admission until its settlement (the barrier's tick) has run
             pipeline.tenants.set_settling(tenant, True, still=_has_entry(pipeline, tenant))
             return
-        report.records_suppressed += records
-        report.records_replayed += len(batch) - records
-        report.audit_events_suppressed += events
+        report.records_suppressed += counts.records
+        report.records_replayed += len(batch) - counts.records
+        report.audit_events_suppressed += counts.events
+        report.records_landed += counts.records_landed
+        report.audit_events_landed += counts.events_landed
 
     def replayed(self) -> None:
         """The last replayed frame is turned: capture each replayed tenant's snapshot

@@ -31,11 +31,13 @@ from pathlib import Path
 
 import uvicorn
 
+from app import points
 from app.cadence.archive import ArchiveLocationError, Archiver, check_archive_location
 from app.cadence.barrier import Barrier, CutOutcome
 from app.cadence.housekeeping import Housekeeper
 from app.cadence.sweep import AgeSweep
 from app.ingest.admission import Admission
+from app.ingest.landed import intent_hook
 from app.ingest.miner import FileTemplateIdAllocator, MinerCluster
 from app.ingest.pipeline import Pipeline
 from app.ingest.snapshots import SnapshotLedger, SnapshotStore, SnapshotStoreError
@@ -56,7 +58,7 @@ from sink.buffers import Buffers
 from sink.keys import node_identity
 from sink.publisher import Publisher
 from sink.store import LocalStore, ObjectStore, from_url
-from wal import CorruptionError, Journal, WalError
+from wal import CorruptionError, IntentLog, Journal, OsFs, WalError
 
 log = logging.getLogger("ourios.server")
 
@@ -80,6 +82,9 @@ class Node:
     archiver: Archiver | None = None
     #: the data directory's lock, held from before the first read until the WAL closes
     lock: DataDirLock | None = None
+    #: the publish intents (PUBLISHING in the WAL root): every object's claim before
+    #: its PUT, so a restart publishes nothing twice
+    intents: IntentLog | None = None
 
 
 def build_node(
@@ -118,6 +123,22 @@ def _build_node(
         on_fsync=metrics.fsync_seconds.observe,
         archive=archiver,
     )
+    try:
+        intents = IntentLog.open(OsFs(), server.wal_dir)
+    except BaseException:
+        journal.close()
+        raise
+    if intents.opened.dropped_bytes:
+        events.emit(
+            "intents.tail_dropped",
+            {
+                "path": str(intents.path),
+                "bytes": intents.opened.dropped_bytes,
+                "reason": intents.opened.dropped_reason,
+                "intents": len(intents),
+            },
+            "warning",
+        )
     space = open_disk_space(
         server.wal_dir,
         server.data_dir,
@@ -144,6 +165,8 @@ def _build_node(
         node=node,
         compression=settings.sink.parquet_compression,
         queue_depth=settings.sink.publisher_queue_depth,
+        intents=intent_hook(intents),
+        step=lambda name: points.hit(name),
     )
     ledger = SnapshotLedger()
     admission = Admission(
@@ -180,6 +203,7 @@ def _build_node(
         events=events,
         on_cut=lambda outcome: housekeeper.after_cut(),
         on_run=metrics.cadence_observer("barrier"),
+        intents=intents,
     )
     housekeeper = Housekeeper(
         journal,
@@ -217,6 +241,7 @@ def _build_node(
         admission,
         archiver,
         lock,
+        intents,
     )
 
 
@@ -397,6 +422,19 @@ def _serve(node: Node, stop: threading.Event, received: list[int], config_file: 
         node.snapshots,
         node.ledger,
         workers.decode_in_order if workers is not None else None,
+        intents=node.intents.records() if node.intents is not None else None,
+        objects=node.store,
+        on_store_unavailable=lambda key, exc: node.events.emit(
+            "recovery.store_unavailable",
+            {
+                "key": key,
+                "error": str(exc),
+                "error_type": exc.error_type,
+                "action": "the replay waits for the store to say which objects published "
+                "before the restart exist; the node acknowledges meanwhile",
+            },
+            "warning",
+        ),
     )
     try:
         recovery.prepare()
@@ -478,6 +516,8 @@ def _serve(node: Node, stop: threading.Event, received: list[int], config_file: 
         # A replay still running is cut short: what it did not turn stays in the WAL
         # for the next start; frames acknowledged behind it are durable there too.
         replaying = not recovering.done.is_set()
+        if replaying:
+            recovery.cancel()  # a replay still waiting for the store stops waiting
         stages_joined = stages.close(grace + 30, drain=not replaying)
         recovering.stop(30)
         if listeners is not None:
@@ -606,6 +646,8 @@ def _final_error(final: CutOutcome | None, barrier_joined: bool) -> str:
 
 
 def _release(node: Node) -> None:
+    if node.intents is not None:
+        node.intents.close()
     if node.lock is not None:
         node.lock.release()
 

@@ -63,6 +63,7 @@ INTERFACE: dict[str, tuple[str, frozenset[str]]] = {
     "ourios_sink_objects_total": ("counter", frozenset({"kind"})),
     "ourios_sink_bytes_total": ("counter", frozenset({"kind"})),
     "ourios_sink_publish_failures_total": ("counter", frozenset({"kind", "error_type"})),
+    "ourios_sink_intent_failures_total": ("counter", frozenset()),
     "ourios_recovery_records_suppressed_total": ("counter", frozenset()),
     "ourios_recovery_audit_events_suppressed_total": ("counter", frozenset()),
     "ourios_recovery_duration_seconds": ("gauge", frozenset()),

@@ -8,8 +8,9 @@ in every record), and SIGKILLs it after a random number of acknowledged requests
 from the seed. The last round stops the load and sends SIGTERM, which flushes every
 buffered row. Then every Parquet object under ``objects/records`` is read:
 
-- every acknowledged id is present (at least once: replay without a checkpoint
-  republishes, so duplicates are counted and printed, not failed on);
+- every acknowledged id is present, exactly once (issue 16: a restart asks the store
+  which objects its publish intents name and republishes nothing they hold, so a
+  duplicate is a failure);
 - every present id was sent (acknowledged, refused or unanswered — never one whose
   connection was refused), under the tenant it was sent to, with its body and its
   ``rid`` attribute agreeing;
@@ -246,6 +247,11 @@ def _check(campaign: Campaign) -> Counter[str]:
             f" published (missing per round: {dict(by_round)}); first: {shown}",
             pytrace=False,
         )
+    duplicated = sorted(rid for rid, c in counts.items() if c > 1)
+    assert not duplicated, (
+        f"{report}\n{len(duplicated)} ids published more than once"
+        f" ({_duplicates(counts)} extra copies): {duplicated[:20]}"
+    )
     maybe = ledger.rids(Outcome.ACKED, Outcome.REFUSED, Outcome.UNKNOWN)
     never_sent = sorted(counts.keys() - maybe)
     assert not never_sent, (

@@ -5,7 +5,8 @@ of 50 records) against a real ``ourios serve`` publishing to a real SeaweedFS bu
 SIGKILLed three times by pid at seeded intervals and restarted on its data directory,
 then SIGTERMed for the final cut. It must end with:
 
-- zero acknowledged records lost (and none published that were never sent, none under
+- zero acknowledged records lost, zero published twice, zero template events published
+  twice (and none published that were never sent, none under
   the wrong tenant), over tens of thousands of acknowledged records;
 - three kills, each followed by a new process that recovered and became ready;
 - WAL segments never above the bound derived from the node's settings
@@ -69,6 +70,9 @@ def test_short_soak_with_three_sigkills(tmp_path: Path, s3_bucket: S3Bucket) -> 
     # Nothing acknowledged was lost, over a load that really ran.
     assert verified["lost"] == 0, context
     assert verified["never_sent"] == 0 and verified["wrong_tenant"] == 0, context
+    # ... and nothing was published twice, records or template events (issue 16).
+    assert verified["duplicates"] == 0 and verified["audit_duplicates"] == 0, context
+    assert verified["template_events"] > 0, context
     assert not verified["unreadable_objects"] and not verified["ledger_anomalies"], context
     assert verified["records_acked"] >= 30_000, context
     assert verified["distinct_ids"] >= verified["records_acked"]

@@ -11,6 +11,8 @@ import json
 import threading
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from sink.parquet import RecordColumns, RecordRow, encode_records
@@ -177,6 +179,43 @@ def test_lost_phantom_wrong_tenant_and_duplicates_are_found(tmp_path: Path) -> N
     assert "FAILED" in text and "r.1.1" in text
 
 
+def test_issue16_a_duplicate_alone_fails_the_verdict(tmp_path: Path) -> None:
+    _ledger(tmp_path / "ledger")
+    objects = tmp_path / "objects"
+    _put_local(objects, "a", [*_ids("r.1", "t1"), *_ids("r.2", "t1")])
+    _put_local(objects, "b", _ids("r.2", "t1")[:1])  # a second copy, nothing else wrong
+    report = verify(read_ledgers(tmp_path / "ledger"), read_published(LocalObjects(objects)))
+    assert (report.lost, report.never_sent, report.wrong_tenant) == (0, 0, 0)
+    assert report.duplicates == 1 and not report.ok
+    assert "FAILED" in "\n".join(report.lines())
+
+
+def _put_audit(root: Path, name: str, events: list[tuple[str, int, int]]) -> None:
+    path = root / "audit" / "tenant=t1" / "date=2026-12-02" / f"{name}.parquet"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table = pa.table(
+        {
+            "tenant": [t for t, _, _ in events],
+            "template_id": pa.array([i for _, i, _ in events], pa.int64()),
+            "template_version": pa.array([v for _, _, v in events], pa.int32()),
+        }
+    )
+    pq.write_table(table, path)
+
+
+def test_issue16_a_template_event_published_twice_fails_the_verdict(tmp_path: Path) -> None:
+    _ledger(tmp_path / "ledger")
+    objects = tmp_path / "objects"
+    _put_local(objects, "a", [*_ids("r.1", "t1"), *_ids("r.2", "t1")])
+    _put_audit(objects, "e1", [("t1", 7, 1), ("t1", 7, 2)])
+    report = verify(read_ledgers(tmp_path / "ledger"), read_published(LocalObjects(objects)))
+    assert report.ok and report.template_events == 2 and report.audit_objects == 1
+    _put_audit(objects, "e2", [("t1", 7, 2)])  # the same version of the same template
+    report = verify(read_ledgers(tmp_path / "ledger"), read_published(LocalObjects(objects)))
+    assert not report.ok and report.audit_duplicates == 1
+    assert report.audit_duplicated_sample == ["t1|7|2"]
+
+
 def test_an_unreadable_object_fails_the_verdict(tmp_path: Path) -> None:
     _ledger(tmp_path / "ledger")
     objects = tmp_path / "objects"
@@ -229,8 +268,8 @@ def test_the_cli_waits_for_the_ledger_then_settles(tmp_path: Path) -> None:
     first_read = threading.Event()
 
     class Listing(LocalObjects):
-        def keys(self) -> list[str]:
-            found = super().keys()
+        def keys(self, prefix: str = "records/") -> list[str]:
+            found = super().keys(prefix)
             first_read.set()
             return found
 

@@ -22,8 +22,10 @@ from typing import cast
 import pyarrow.parquet as pq
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 
+from app import points
 from app.cadence.barrier import Barrier
 from app.cadence.housekeeping import Housekeeper
+from app.ingest.landed import intent_hook
 from app.ingest.miner import FileTemplateIdAllocator, MinerCluster, TemplateIdAllocator
 from app.ingest.pipeline import Pipeline
 from app.ingest.settlement import DEFAULT_MINING_ATTEMPTS
@@ -34,8 +36,8 @@ from app.receive.otlp import decode_request, flatten
 from sink.buffers import Buffers
 from sink.publisher import Publisher
 from sink.store import FailingStore, MemoryStore
-from wal import Journal, OsFs, WalConfig, WalOffset
-from wal.testing import FaultyFs
+from wal import IntentLog, Journal, OsFs, WalConfig, WalOffset
+from wal.testing import FaultyFs, SimulatedCrash
 
 
 class SteppedClock:
@@ -88,6 +90,9 @@ class NodeRig:
     miners_factory: Callable[[TemplateIdAllocator], MinerCluster] | None = None
     #: ``wal.frame_mining_attempts``
     mining_attempts: int = DEFAULT_MINING_ATTEMPTS
+    #: False: no publish intents (the node before issue 16: a restart republishes what
+    #: was published above the frontiers)
+    intents: bool = True
 
     def __post_init__(self) -> None:
         self.fs: FaultyFs = (
@@ -112,6 +117,9 @@ class NodeRig:
         self.journal = Journal.open(
             data / "wal", self.config, fs=self.fs, clock=self.clock, events=self._event
         )
+        self.intent_log: IntentLog | None = (
+            IntentLog.open(self.fs, data / "wal") if self.intents else None
+        )
         holder: dict[str, Pipeline] = {}
         self.buffers = Buffers(
             flush_bytes=self.flush_bytes,
@@ -124,6 +132,8 @@ class NodeRig:
             node="rig-0",
             queue_depth=self.queue_depth,
             wait_secs=self.publish_wait_secs,
+            intents=intent_hook(self.intent_log) if self.intent_log is not None else None,
+            step=lambda name: points.hit(name),
         )
         self.allocator = FileTemplateIdAllocator(data / "template-ids", 0)
         factory = self.miners_factory
@@ -152,6 +162,7 @@ class NodeRig:
             ceiling_bytes=self.ceiling_bytes,
             clock=self.clock,
             events=self._event,
+            intents=self.intent_log,
         )
         self.housekeeper = Housekeeper(
             self.journal,
@@ -161,7 +172,14 @@ class NodeRig:
             clock=self.clock,
             events=self._event,
         )
-        self.recovery = Recovery(self.journal, self.pipeline, self.snapshots, self.ledger)
+        self.recovery = Recovery(
+            self.journal,
+            self.pipeline,
+            self.snapshots,
+            self.ledger,
+            intents=self.intent_log.records() if self.intent_log is not None else None,
+            objects=self.store,
+        )
         self.recovery.prepare()
         self.pipeline.set_ready(True)
         if not replay:
@@ -188,18 +206,33 @@ class NodeRig:
     def close(self) -> None:
         self.publisher.close()
         self.journal.close()
+        if self.intent_log is not None:
+            self.intent_log.close()
 
     def restart(
-        self, *, crash: bool = False, power_loss: bool = False, replay: bool = True
+        self,
+        *,
+        crash: bool = False,
+        power_loss: bool = False,
+        replay: bool = True,
+        store_faults: Callable[[FailingStore], object] | None = None,
     ) -> RecoveryReport | None:
-        """Stop (cleanly, or by abandoning the process) and start again on the disk."""
+        """Stop (cleanly, or by abandoning the process) and start again on the disk;
+        ``store_faults`` arms the store of the new start before it opens."""
         if crash:
             self.fs.crash_now()
+            if self.intent_log is not None:
+                try:  # the dead process's log: no later publish may append to it
+                    self.intent_log.close()
+                except SimulatedCrash:
+                    pass
             self.fs.apply_crash(power_loss=power_loss)
             self.publisher.close(timeout=5)
         else:
             self.close()
         self.store.clear()  # the store recovers with the process
+        if store_faults is not None:
+            store_faults(self.store)
         return self.start(replay=replay)
 
     # -- traffic -------------------------------------------------------------------------

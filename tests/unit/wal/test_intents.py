@@ -1,0 +1,214 @@
+"""PUBLISHING (issue 16, ``wal/intents.py``): golden layout, what a crash can leave and
+how open repairs it, refusals, appends that fail, trims that crash."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.unit.wal.golden_intents import DATA, golden_intents_file, golden_records
+from wal import CorruptionError, OsFs
+from wal.intents import (
+    HEADER_SIZE,
+    IntentKind,
+    IntentLog,
+    IntentRecord,
+    IntentWriteError,
+    encode_header,
+    encode_record,
+    scan,
+)
+from wal.testing import FaultyFs, SimulatedCrash
+
+
+def rec(lsn: int, tenant: str = "acme", key: str = "") -> IntentRecord:
+    key = key or f"records/tenant={tenant}/date=2025-11-24/n-{lsn}.parquet"
+    return IntentRecord(IntentKind.RECORDS, tenant, key, 20_416, frames=(lsn, lsn + 100))
+
+
+def test_golden_intents_bytes_are_stable() -> None:
+    raw = (DATA / "publishing_v1.bin").read_bytes()
+    assert golden_intents_file() == raw
+    assert raw[:4] == b"OWPI" and len(raw) > HEADER_SIZE
+
+
+def test_golden_file_reads_back_every_record(tmp_path: Path) -> None:
+    (tmp_path / IntentLog.NAME).write_bytes((DATA / "publishing_v1.bin").read_bytes())
+    log = IntentLog.open(OsFs(), tmp_path)
+    try:
+        assert log.records() == golden_records()
+        assert log.opened.dropped_bytes == 0
+    finally:
+        log.close()
+
+
+def test_an_absent_file_is_created_and_appends_survive_a_reopen(tmp_path: Path) -> None:
+    log = IntentLog.open(OsFs(), tmp_path)
+    assert log.records() == []
+    log.append(rec(10))
+    log.append(rec(10))  # already durable: nothing written
+    log.append(rec(20))
+    log.close()
+    data = (tmp_path / IntentLog.NAME).read_bytes()
+    assert data == encode_header() + encode_record(rec(10)) + encode_record(rec(20))
+    again = IntentLog.open(OsFs(), tmp_path)
+    assert again.records() == [rec(10), rec(20)]
+    again.close()
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        pytest.param(lambda b: b[:-3], id="torn_body"),
+        pytest.param(lambda b: b[: -len(encode_record(rec(30))) + 5], id="torn_length"),
+        pytest.param(lambda b: b[:-1] + bytes([b[-1] ^ 1]), id="bad_crc"),
+        pytest.param(lambda b: b + b"\xff\xff\xff\xff\0\0\0\0", id="absurd_length"),
+    ],
+)
+def test_a_damaged_tail_is_dropped_and_the_file_rewritten_without_it(
+    tmp_path: Path, damage: object
+) -> None:
+    good = encode_header() + encode_record(rec(10)) + encode_record(rec(20))
+    whole = good + encode_record(rec(30))
+    raw = damage(whole)  # type: ignore[operator]
+    (tmp_path / IntentLog.NAME).write_bytes(raw)
+    log = IntentLog.open(OsFs(), tmp_path)
+    try:
+        kept = log.records()
+        assert kept[:2] == [rec(10), rec(20)]
+        assert log.opened.dropped_bytes > 0 and log.opened.dropped_reason
+        # nothing is ever appended behind damage: the file holds the good prefix only
+        on_disk = (tmp_path / IntentLog.NAME).read_bytes()
+        assert scan(on_disk, tmp_path / IntentLog.NAME).dropped_bytes == 0
+        log.append(rec(40))
+    finally:
+        log.close()
+    assert IntentLog.open(OsFs(), tmp_path).records()[-1] == rec(40)
+
+
+@pytest.mark.parametrize(
+    "offset, value, reason",
+    [
+        pytest.param(0, b"XWPI", "magic", id="bad_magic"),
+        pytest.param(4, b"\x02\x00", "CRC", id="bad_version_breaks_crc"),
+        pytest.param(12, b"\0\0\0\0", "CRC", id="bad_crc"),
+    ],
+)
+def test_a_damaged_header_refuses_naming_the_file(
+    tmp_path: Path, offset: int, value: bytes, reason: str
+) -> None:
+    raw = bytearray(encode_header() + encode_record(rec(10)))
+    raw[offset : offset + len(value)] = value
+    (tmp_path / IntentLog.NAME).write_bytes(bytes(raw))
+    with pytest.raises(CorruptionError, match=reason) as caught:
+        IntentLog.open(OsFs(), tmp_path)
+    assert str(tmp_path / IntentLog.NAME) in str(caught.value)
+
+
+def test_an_unknown_version_with_a_valid_crc_is_refused(tmp_path: Path) -> None:
+    import struct
+
+    import crc32c
+
+    head = struct.pack("<4sHHI", b"OWPI", 2, 0, 0)
+    (tmp_path / IntentLog.NAME).write_bytes(head + struct.pack("<I", crc32c.crc32c(head)))
+    with pytest.raises(CorruptionError, match="version 2"):
+        IntentLog.open(OsFs(), tmp_path)
+
+
+def test_a_failed_append_changes_nothing_and_the_next_overwrites_its_bytes(
+    tmp_path: Path,
+) -> None:
+    fs = FaultyFs(tmp_path / ".shadow")
+    root = tmp_path / "wal"
+    root.mkdir()
+    log = IntentLog.open(fs, root)
+    log.append(rec(10))
+    fs.fail("fsync", "PUBLISHING", errno=errno.EIO)
+    with pytest.raises(IntentWriteError, match="PUBLISHING"):
+        log.append(rec(20))
+    assert log.records() == [rec(10)]
+    log.append(rec(30))
+    log.close()
+    assert IntentLog.open(OsFs(), root).records() == [rec(10), rec(30)]
+
+
+def test_fsynced_intents_survive_a_power_loss(tmp_path: Path) -> None:
+    fs = FaultyFs(tmp_path / ".shadow")
+    root = tmp_path / "wal"
+    root.mkdir()
+    fs.fsync_dir(tmp_path)
+    log = IntentLog.open(fs, root)
+    log.append(rec(10))
+    log.append(rec(20))
+    fs.crash_now()
+    fs.apply_crash(power_loss=True)
+    assert IntentLog.open(fs, root).records() == [rec(10), rec(20)]
+
+
+@pytest.mark.parametrize("step", ["write", "fsync", "rename", "fsync_dir"])
+def test_a_crash_inside_a_trim_leaves_the_old_file_or_the_new_one(
+    tmp_path: Path, step: str
+) -> None:
+    fs = FaultyFs(tmp_path / ".shadow")
+    root = tmp_path / "wal"
+    root.mkdir()
+    fs.fsync_dir(tmp_path)
+    log = IntentLog.open(fs, root)
+    for lsn in (10, 20, 30):
+        log.append(rec(lsn))
+    glob = {"fsync_dir": "wal", "rename": "PUBLISHING"}.get(step, "PUBLISHING.tmp")
+    fs.crash_at(step, glob)
+    with pytest.raises(SimulatedCrash):
+        log.trim(lambda r: r.frames[0] > 15)
+    fs.apply_crash(power_loss=True)
+    found = IntentLog.open(fs, root).records()
+    assert found in ([rec(10), rec(20), rec(30)], [rec(20), rec(30)])
+
+
+def test_trim_keeps_what_the_predicate_keeps_and_appends_continue(tmp_path: Path) -> None:
+    log = IntentLog.open(OsFs(), tmp_path)
+    for lsn in (10, 20, 30):
+        log.append(rec(lsn))
+    assert log.trim(lambda r: r.frames[0] >= 20) == 1
+    assert log.trim(lambda r: True) == 0
+    log.append(rec(40))
+    log.close()
+    assert IntentLog.open(OsFs(), tmp_path).records() == [rec(20), rec(30), rec(40)]
+    assert not (tmp_path / IntentLog.TEMP).exists()
+
+
+def test_a_trim_temp_left_by_a_crash_is_removed_at_open(tmp_path: Path) -> None:
+    IntentLog.open(OsFs(), tmp_path).close()
+    (tmp_path / IntentLog.TEMP).write_bytes(b"half a trim")
+    IntentLog.open(OsFs(), tmp_path).close()
+    assert not (tmp_path / IntentLog.TEMP).exists()
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        pytest.param(IntentRecord(IntentKind.RECORDS, "acme", "k", 1, frames=()), id="no_claim"),
+        pytest.param(
+            IntentRecord(IntentKind.RECORDS, "acme", "k", 1, frames=(20, 10)), id="unordered"
+        ),
+        pytest.param(
+            IntentRecord(IntentKind.AUDIT, "acme", "k", 1, frames=(1,), events=((1, 2, 3),)),
+            id="audit_with_frames",
+        ),
+        pytest.param(IntentRecord(IntentKind.RECORDS, "", "k", 1, frames=(1,)), id="no_tenant"),
+        pytest.param(IntentRecord(IntentKind.RECORDS, "a", "", 1, frames=(1,)), id="no_key"),
+    ],
+)
+def test_an_intent_that_cannot_be_stated_is_refused_before_anything_is_written(
+    tmp_path: Path, bad: IntentRecord
+) -> None:
+    log = IntentLog.open(OsFs(), tmp_path)
+    size = os.path.getsize(tmp_path / IntentLog.NAME)
+    with pytest.raises(ValueError):
+        log.append(bad)
+    log.close()
+    assert os.path.getsize(tmp_path / IntentLog.NAME) == size
