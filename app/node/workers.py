@@ -215,8 +215,8 @@ class Workers:
 
     def stop(self, grace: float) -> bool:
         """Stop every worker (module docstring); True when each exited by itself."""
-        self._stopping.set()
         with self._lock:
+            self._stopping.set()
             links = list(self._links.values())
         clean = True
         stoppers = [
@@ -277,7 +277,16 @@ class Workers:
             target=self._read, args=(link,), name=f"ourios-link-{index}", daemon=True
         )
         with self._lock:
-            self._links[index] = link
+            # ``stop`` snapshots the links under this lock after setting the flag: a
+            # worker launched while it ran is either in its snapshot or ended here.
+            stopping = self._stopping.is_set()
+            if not stopping:
+                self._links[index] = link
+        if stopping:
+            link.conn.close("the core is stopping")
+            proc.kill()
+            proc.wait()
+            return
         link.reader.start()
 
     def _reap(self, index: int) -> None:

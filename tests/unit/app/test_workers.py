@@ -180,3 +180,36 @@ def test_a_worker_that_exits_is_replaced_and_the_exit_is_reported(rig: NodeRig) 
         assert workers.restarts == 1 and "worker.ready" in names
     finally:
         assert workers.stop(5)
+
+
+def test_a_worker_launched_while_stopping_is_ended_not_left_running(rig: NodeRig) -> None:
+    # A replacement whose launch is under way when ``stop`` takes its list of links:
+    # it must not be left running outside that list (its reader and process leaked).
+    fleet, observed = Fleet(), Observed()
+    workers, _ = make(rig, fleet, observed)
+    workers.start()
+    release = threading.Event()
+    plain = fleet.launch
+
+    def held_launch(index: int, worker_end: socket.socket) -> FakeWorker:
+        worker = plain(index, worker_end)
+        assert release.wait(30)  # the supervisor is inside the launch meanwhile
+        return worker
+
+    workers._launch = held_launch
+    stopper: threading.Thread | None = None
+    try:
+        fleet.launched[0].exit()
+        fleet.wait_launched(3)  # the replacement exists; its launch has not returned
+        stopper = threading.Thread(target=workers.stop, args=(5,), daemon=True)
+        stopper.start()
+        # Worker 1 answering STOP shows that stop has taken its list of links.
+        assert fleet.launched[1].wait(10) == 0
+        release.set()
+        stopper.join(30)
+        assert not stopper.is_alive()
+        assert fleet.launched[2].wait(5) == -9  # ended by the core, not left running
+    finally:
+        release.set()
+        if stopper is None:
+            workers.stop(5)
