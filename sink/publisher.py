@@ -47,12 +47,13 @@ import logging
 import queue
 import threading
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
 from sink.buffers import Buffers, Detached, Kind, PublishOutcome
 from sink.keys import audit_key, new_object_name, records_key, retry_object_name
-from sink.parquet import encode_audit, encode_records
+from sink.parquet import RecordColumns, encode_audit, encode_records
 from sink.store import ObjectStore, StoreError
 
 log = logging.getLogger("ourios.sink")
@@ -100,6 +101,10 @@ class Publisher:
         self._stop = threading.Event()
         self.stats = PublishStats(Counter(), Counter(), Counter())
         self._stats_lock = threading.Lock()
+        #: turns a records partition into its Parquet object: ``encode_records`` here,
+        #: or (with worker processes) a worker's encode with the same result, so the
+        #: encode's CPU is not the node's serial process's
+        self.records_encoder: Callable[[RecordColumns, str], bytes] = encode_records
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -265,7 +270,7 @@ class Publisher:
         if part.kind is Kind.RECORDS:
             assert part.records is not None
             day = dt.date(1970, 1, 1) + dt.timedelta(days=part.day)
-            return records_key(part.tenant, day, name), encode_records(
+            return records_key(part.tenant, day, name), self.records_encoder(
                 part.records, self._compression
             )
         assert part.audit is not None

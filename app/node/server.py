@@ -350,6 +350,9 @@ def _serve_with_workers(
         node.journal.close()
         _release(node)
         return _start_failed(node.events, exc)
+    # The workers encode the publisher's records partitions (the core's CPU is the
+    # node's bound); one that cannot leaves the core to encode them itself.
+    pipeline.publisher.records_encoder = workers.encode_records
     report = _recover(node, workers.decode_in_order)
     if report is None:
         workers.stop(grace)

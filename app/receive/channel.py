@@ -28,6 +28,8 @@ Bodies (``str8``/``str16``/``str32``: UTF-8 prefixed by a u8/u16/u32 length)::
                 (no answer: a finished request, for the core's counters)
     FLUSH       (empty)  →  FLUSHED   (every OBSERVED sent before it has been read)
     DECODE      str8 tenant | the WAL payload  →  DECODED  Arrow message | REFUSAL
+    ENCODE      str8 compression | Arrow IPC stream (``RECORDS_SCHEMA``)
+                →  ENCODED  the Parquet object | REFUSAL
     STOP        (empty)  →  STOPPING  (the worker stops listening, finishes, exits)
     HELLO       u32 pid (no answer: the worker's listeners are up)
 
@@ -51,7 +53,7 @@ import grpc
 import pyarrow as pa
 
 from app.receive.otlp import FlatBatch, IngestRejection
-from sink.parquet import FLAT_SCHEMA
+from sink.parquet import FLAT_SCHEMA, RECORDS_SCHEMA
 
 __all__ = [
     "MAX_FRAME",
@@ -69,8 +71,10 @@ __all__ = [
     "decode_observed",
     "decode_refusal",
     "decode_text",
+    "decode_encode_request",
     "encode_ack",
     "encode_decode_request",
+    "encode_encode_request",
     "encode_ingest",
     "encode_observed",
     "encode_refusal",
@@ -112,6 +116,8 @@ class Kind(enum.IntEnum):
     STOP = 13
     STOPPING = 14
     HELLO = 15
+    ENCODE = 16
+    ENCODED = 17
 
 
 class Transport(enum.IntEnum):
@@ -523,3 +529,25 @@ def decode_decode_request(body: memoryview) -> tuple[str, bytes]:
     c = _Cursor(body)
     tenant = c.str8()
     return tenant, bytes(c.rest())
+
+
+def encode_encode_request(compression: str, table: pa.Table) -> list[bytes | pa.Buffer]:
+    """An ENCODE body: the compression and the partition's rows as an Arrow IPC stream
+    (written without the interpreter lock; the record batches are copied once)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, RECORDS_SCHEMA) as writer:
+        writer.write_table(table)
+    return [_str8(compression), sink.getvalue()]
+
+
+def decode_encode_request(body: memoryview) -> tuple[str, pa.Table]:
+    """(compression, rows) of an ENCODE body (the table reads zero-copy over ``body``)."""
+    c = _Cursor(body)
+    compression = c.str8()
+    try:
+        table = pa.ipc.open_stream(pa.py_buffer(c.rest())).read_all()
+    except (pa.ArrowException, ValueError) as exc:
+        raise ChannelClosed(f"an Arrow stream on the channel does not read: {exc}") from exc
+    if not table.schema.equals(RECORDS_SCHEMA):
+        raise ChannelClosed(f"an ENCODE stream has schema {table.schema}, not RECORDS_SCHEMA")
+    return compression, table

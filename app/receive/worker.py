@@ -33,6 +33,7 @@ import threading
 from pathlib import Path
 from typing import Final
 
+import pyarrow as pa
 import uvicorn
 
 from app.node.config import ConfigError, load_settings
@@ -44,6 +45,7 @@ from app.receive.channel import ChannelClosed, Connection, Kind
 from app.receive.otlp import FlatBatch, IngestRejection, Unavailable, decode_request, flatten
 from app.receive.otlp_grpc import create_grpc_server
 from app.receive.otlp_http import create_http_app
+from sink.parquet import encode_table
 
 __all__ = ["RemotePipeline", "main"]
 
@@ -131,18 +133,19 @@ def _arm_parent_death(parent: int) -> None:
         os._exit(0)  # the core died before the signal was armed: no orphan
 
 
-class _Decoder:
-    """Decodes WAL payloads for the core's replay on a thread of its own, so the channel
-    reader stays free to deliver answers."""
+class _Jobs:
+    """The core's calls that take CPU — decoding WAL payloads for its replay, encoding
+    its records partitions as Parquet — on a thread of their own, so the channel reader
+    stays free to deliver answers."""
 
     def __init__(self, conn: Connection) -> None:
         self._conn = conn
-        self._jobs: queue.SimpleQueue[tuple[int, memoryview] | None] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name="ourios-decode", daemon=True)
+        self._jobs: queue.SimpleQueue[tuple[Kind, int, memoryview] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="ourios-jobs", daemon=True)
         self._thread.start()
 
-    def put(self, ident: int, body: memoryview) -> None:
-        self._jobs.put((ident, body))
+    def put(self, kind: Kind, ident: int, body: memoryview) -> None:
+        self._jobs.put((kind, ident, body))
 
     def close(self) -> None:
         self._jobs.put(None)
@@ -152,19 +155,23 @@ class _Decoder:
             job = self._jobs.get()
             if job is None:
                 return
-            ident, body = job
+            kind, ident, body = job
+            parts: list[bytes | pa.Buffer]
             try:
-                tenant, payload = channel.decode_decode_request(body)
-                batch = flatten(decode_request(payload, "application/x-protobuf"), tenant)
+                if kind is Kind.DECODE:
+                    tenant, payload = channel.decode_decode_request(body)
+                    batch = flatten(decode_request(payload, "application/x-protobuf"), tenant)
+                    parts, answer = [batch.columns.serialize()], Kind.DECODED
+                else:
+                    compression, table = channel.decode_encode_request(body)
+                    parts, answer = [encode_table(table, compression)], Kind.ENCODED
             except IngestRejection as exc:
-                parts, kind = channel.encode_refusal(exc), Kind.REFUSAL
+                parts, answer = list(channel.encode_refusal(exc)), Kind.REFUSAL
             except Exception as exc:  # noqa: BLE001 - reported to the core, which refuses
-                parts = channel.encode_refusal(IngestRejection(f"decode failed: {exc}"))
-                kind = Kind.REFUSAL
-            else:
-                parts, kind = [batch.columns.serialize()], Kind.DECODED
+                failed = IngestRejection(f"{kind.name.lower()} failed: {exc}")
+                parts, answer = list(channel.encode_refusal(failed)), Kind.REFUSAL
             try:
-                self._conn.send(kind, ident, parts)
+                self._conn.send(answer, ident, parts)
             except ChannelClosed:
                 return
 
@@ -228,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         target=http.run, kwargs={"sockets": [sock]}, name="ourios-http", daemon=True
     )
     http_thread.start()
-    decoder = _Decoder(conn)
+    jobs = _Jobs(conn)
     conn.send(Kind.HELLO, 0, [os.getpid().to_bytes(4, "little")])
     stop_ident: int | None = None
     try:
@@ -238,8 +245,8 @@ def main(argv: list[str] | None = None) -> int:
                 conn.deliver(kind, ident, body)
             elif kind is Kind.FLUSH:
                 conn.send(Kind.FLUSHED, ident, [])
-            elif kind is Kind.DECODE:
-                decoder.put(ident, body)
+            elif kind in (Kind.DECODE, Kind.ENCODE):
+                jobs.put(kind, ident, body)
             elif kind is Kind.STOP:
                 stop_ident = ident
                 break
@@ -257,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     stopped = grpc_server.stop(grace)
     http_thread.join(grace + 5)
     stopped.wait(grace + 5)
-    decoder.close()
+    jobs.close()
     try:
         conn.send(Kind.STOPPING, stop_ident, [])
     except ChannelClosed:
