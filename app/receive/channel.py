@@ -92,8 +92,8 @@ _OUTCOMES: Final = ("ok", "refused", "error")
 #: A frame's bound: a WAL frame's payload (``wal.max_frame_bytes`` tops out well below)
 #: plus its decoded batch, with room to spare. A longer length is a broken peer.
 MAX_FRAME: Final = 1 << 30
-#: What one ``recv`` asks for, and the size from which a frame body is received into a
-#: buffer of its own instead.
+#: The reader's receive buffer, and the size above which a frame body is received into
+#: a buffer of its own instead (at most a quarter of it, so a small frame always fits).
 _RECV_BYTES: Final = 1 << 16
 _DIRECT_BYTES: Final = 1 << 14
 #: How long ``close`` waits for the reader thread to leave the socket.
@@ -145,10 +145,10 @@ class Connection:
 
     def __init__(self, sock: socket.socket) -> None:
         self._sock = sock
-        # What the reader thread received beyond the frames it returned (from
-        # ``_at``): small frames arrive several to a ``recv``.
-        self._buffer = bytearray()
-        self._at = 0
+        # What the reader thread received and has not returned yet: ``_buf[_start:_end]``.
+        self._buf = bytearray(_RECV_BYTES)
+        self._start = 0
+        self._end = 0
         # Held while the reader thread reads: ``close`` takes it after its shutdown has
         # woken the reader and before it closes the descriptor, so a reader can never
         # call ``recv`` on a number the kernel has already handed to a new socket.
@@ -237,26 +237,22 @@ class Connection:
             raise ChannelClosed(f"unknown frame kind {kind}") from None
 
     def _take(self, n: int, eof: str) -> memoryview:
-        """The next ``n`` bytes of the stream. A frame body that has not arrived yet is
-        received straight into its own buffer with ``MSG_WAITALL``: one system call (one
-        release of the interpreter lock) for an ingest batch instead of one per chunk,
-        and no copy through a stream buffer (measured under the benchmark's load: the
-        link reader's time was mostly these reads)."""
-        buffer, at = self._buffer, self._at
-        have = len(buffer) - at
-        if have >= n:
-            out = buffer[at : at + n]  # a copy: the buffer moves on
-            at += n
-            if at == len(buffer):
-                buffer.clear()
-                at = 0
-            self._at = at
-            return memoryview(out)
-        if n - have >= _DIRECT_BYTES:
+        """The next ``n`` bytes of the stream. Reads go into a fixed buffer (``recv_into``,
+        no allocation): a frame the peer wrote with one ``sendmsg`` usually arrives whole
+        with its head, and several small frames arrive with one call. A larger body is
+        received into its own buffer: what already arrived is copied once and the rest
+        is read straight into it with ``MSG_WAITALL`` — one system call, one release of
+        the interpreter lock. (A stream buffer cost the link reader's interpreter time
+        in copies and reallocations, measured under the ingest benchmark's load.)"""
+        buf, start, end = self._buf, self._start, self._end
+        if end - start >= n:
+            self._start = start + n
+            return memoryview(buf[start : start + n])  # a copy: the buffer is reused
+        if n > _DIRECT_BYTES:
             out = bytearray(n)
-            out[:have] = buffer[at:]
-            buffer.clear()
-            self._at = 0
+            have = end - start
+            out[:have] = buf[start:end]
+            self._start = self._end = 0
             view = memoryview(out)[have:]
             while view:
                 got = self._sock.recv_into(view, len(view), socket.MSG_WAITALL)
@@ -264,14 +260,20 @@ class Connection:
                     raise ChannelClosed(eof)
                 view = view[got:]
             return memoryview(out)
-        del buffer[:at]
-        self._at = 0
-        while len(buffer) < n:
-            chunk = self._sock.recv(_RECV_BYTES)
-            if not chunk:
+        if start:  # move the partial frame to the front, so it has room to complete
+            buf[: end - start] = buf[start:end]
+            end -= start
+            self._start = start = 0
+        view = memoryview(buf)
+        while end < n:
+            got = self._sock.recv_into(view[end:], len(buf) - end)
+            if not got:
+                self._end = end
                 raise ChannelClosed(eof)
-            buffer += chunk
-        return self._take(n, eof)
+            end += got
+        self._end = end
+        self._start = n
+        return memoryview(buf[:n])
 
     def deliver(self, kind: Kind, ident: int, body: memoryview) -> bool:
         """Hand an answer to the ``call`` waiting for it; False when none waits (it
