@@ -45,7 +45,7 @@ import itertools
 import socket
 import struct
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -177,11 +177,18 @@ class Connection:
             except OSError as exc:
                 raise ChannelClosed(f"sending on the channel failed: {exc}") from exc
 
-    def start(self, kind: Kind, parts: Sequence[bytes | memoryview | pa.Buffer]) -> Call:
+    def start(
+        self,
+        kind: Kind,
+        parts: Sequence[bytes | memoryview | pa.Buffer],
+        on_done: Callable[[], None] | None = None,
+    ) -> Call:
         """Send a request; its answer is ``Call.wait``'s (``ChannelClosed`` when the
-        channel is closed)."""
+        channel is closed). ``on_done`` is called, on the reader's thread, once the answer
+        is there or the channel has closed (an event loop's wake-up)."""
         ident = next(self._ids)
         slot = _Slot()
+        slot.on_done = on_done
         with self._calls_lock:
             if self._closed is not None:
                 raise ChannelClosed(str(self._closed))
@@ -283,7 +290,7 @@ class Connection:
         if slot is None:
             return False
         slot.answer = Answer(kind, body)
-        slot.done.set()
+        slot.finish()
         return True
 
     def close(self, why: str = "the channel closed") -> None:
@@ -310,7 +317,7 @@ class Connection:
             waiting = list(self._calls.values())
             self._calls.clear()
         for slot in waiting:
-            slot.done.set()
+            slot.finish()
 
     @property
     def closed(self) -> bool:
@@ -346,11 +353,17 @@ class Call:
 
 
 class _Slot:
-    __slots__ = ("done", "answer")
+    __slots__ = ("done", "answer", "on_done")
 
     def __init__(self) -> None:
         self.done = threading.Event()
         self.answer: Answer | None = None
+        self.on_done: Callable[[], None] | None = None
+
+    def finish(self) -> None:
+        self.done.set()
+        if self.on_done is not None:
+            self.on_done()
 
 
 def _send_all(sock: socket.socket, views: list[memoryview]) -> None:

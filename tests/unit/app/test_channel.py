@@ -4,6 +4,7 @@ before it."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 import socket
 import struct
@@ -241,3 +242,58 @@ def test_frames_of_every_size_arrive_whole_and_in_order_however_the_bytes_are_cu
     finally:
         conn.close()
         writer.join()
+
+
+def test_an_ingest_awaited_on_an_event_loop_gets_the_cores_answer(
+    pair: tuple[FakeCore, Connection],
+) -> None:
+    # The worker's HTTP receiver awaits the core's answer on its event loop (no thread
+    # per request): the reader thread wakes the loop when the answer arrives.
+    core, worker = pair
+    data, batch = batch_of("e", 4)
+
+    async def go() -> tuple[IngestOutcome, int]:
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:  # the loop stays free while the call is out
+                ticks += 1
+                await asyncio.sleep(0.001)
+
+        beat = asyncio.ensure_future(ticker())
+        ingest = asyncio.ensure_future(
+            RemotePipeline(worker).ingest_async("acme", data, batch, "http")
+        )
+        while not core.ingests:
+            await asyncio.sleep(0.001)
+        ((ident, *_),) = core.ingests
+        seen = ticks
+        core.conn.send(Kind.ACK, ident, channel.encode_ack(4, 1, "one refused"))
+        outcome = await asyncio.wait_for(ingest, 10)
+        beat.cancel()
+        return outcome, seen
+
+    outcome, ticks = asyncio.run(go())
+    assert outcome == IngestOutcome(4, 1, "one refused")
+    assert ticks > 0
+
+
+def test_an_ingest_awaited_on_an_event_loop_is_unavailable_when_the_core_goes(
+    pair: tuple[FakeCore, Connection],
+) -> None:
+    core, worker = pair
+    data, batch = batch_of("f")
+
+    async def go() -> None:
+        ingest = asyncio.ensure_future(
+            RemotePipeline(worker).ingest_async("acme", data, batch, "grpc")
+        )
+        while not core.ingests:
+            await asyncio.sleep(0.001)
+        core.close()
+        await asyncio.wait_for(ingest, 10)
+
+    with pytest.raises(Unavailable) as raised:
+        asyncio.run(go())
+    assert raised.value.retry_after == 1 and raised.value.records == 3
