@@ -432,8 +432,8 @@ class Workers:
                     channel.encode_encode_request(compression, cols.table()),
                     ENCODE_TIMEOUT_S,
                 )
-            except (ChannelClosed, TimeoutError):
-                pass
+            except (ChannelClosed, TimeoutError, ValueError):
+                pass  # ValueError: a partition over the channel's frame bound
             else:
                 if answer.kind is Kind.ENCODED:
                     return bytes(answer.body)

@@ -273,3 +273,19 @@ def test_the_core_encodes_a_partition_itself_when_no_worker_answers(rig: NodeRig
     assert workers.stop(5)  # every channel closed
     cols = _partition()
     assert workers.encode_records(cols, "zstd") == encode_records(cols, "zstd")
+
+
+def test_a_partition_over_the_channels_frame_bound_is_encoded_by_the_core(
+    rig: NodeRig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fleet, observed = Fleet(), Observed()
+    workers, _ = make(rig, fleet, observed)
+    workers.start()
+    try:
+        cols = _partition()
+        monkeypatch.setattr(channel, "MAX_FRAME", 64)  # every ENCODE is too large to send
+        assert workers.encode_records(cols, "zstd") == encode_records(cols, "zstd")
+        assert all(not w.encoded for w in fleet.launched)
+    finally:
+        monkeypatch.undo()
+        assert workers.stop(5)
