@@ -256,17 +256,19 @@ class Connection:
             self._start = start + n
             return memoryview(buf[start : start + n])  # a copy: the buffer is reused
         if n > _DIRECT_BYTES:
-            out = bytearray(n)
+            # From Arrow's memory pool: reused memory, not zero-filled (a fresh bytearray
+            # of this size was, under load, a page-faulting allocation on every batch).
+            out = memoryview(pa.allocate_buffer(n)).cast("B")
             have = end - start
-            out[:have] = buf[start:end]
+            out[:have] = memoryview(buf)[start:end]
             self._start = self._end = 0
-            view = memoryview(out)[have:]
-            while view:
-                got = self._sock.recv_into(view, len(view), socket.MSG_WAITALL)
+            rest = out[have:]
+            while rest:
+                got = self._sock.recv_into(rest, len(rest), socket.MSG_WAITALL)
                 if not got:
                     raise ChannelClosed(eof)
-                view = view[got:]
-            return memoryview(out)
+                rest = rest[got:]
+            return out
         if start:  # move the partial frame to the front, so it has room to complete
             buf[: end - start] = buf[start:end]
             end -= start
