@@ -16,7 +16,12 @@ running), ``turn.before_mine`` (inside an ingest turn), ``housekeeping.before_pa
 for RFC 0055: ``ingest.appended`` (a request's frame written, before its sync wait),
 ``turn.settling`` (a turn about to settle its tenant's entry), ``settlement.claimed``,
 ``settlement.lost`` (a trigger that found the claim taken), ``settlement.read`` (between
-two bounded reads: no lock held), ``settlement.before_swap``.
+two bounded reads: no lock held), ``settlement.before_swap``; for issue 18 item 6:
+``settlement.intent`` (the intent is durable in PUBLISHED, nothing of the span published
+yet) and ``settlement.published`` (the span's publish returned, its marks not written);
+for the core's stages (``app.ingest.stages``): ``stages.acknowledged`` (a frame durable,
+before its answer is sent) and ``stages.turn`` (the turn thread about to turn an
+acknowledged frame).
 """
 
 from __future__ import annotations

@@ -16,6 +16,16 @@ rows that arrived meanwhile, carrying the deterministic object name its rows der
 (``Partition.identity``), so every later attempt writes the same key. A clean failure
 wrote nothing and merges freely.
 
+A settlement's intent span (RFC 0055 §9.4, "intent then confirm") is buffered *staged*:
+its records, and the template events of templates the tree had before the rebuild, go
+into partitions of their own (one per kind and day, no size trigger), which become
+*deterministic* units when sealed — never merged with other rows, requeued as
+themselves, published under a name their rows derive (``sink.keys``) with the store's
+conditional create. Every attempt at the span (the settlement's publish, a cut's
+retry, the recovery that replays the span after a crash) builds the same units and so
+writes the same keys: what landed is not written again. A drain seals what is staged;
+the settlement and recovery seal at the end of the span.
+
 A settlement (RFC 0055 §9.4) replaces a tenant's miner tree and re-emits, from the
 WAL, everything of it that is not known durable; the rows and template events the
 discarded tree produced are then superseded. ``drop_tenant``, in the section that swaps
@@ -90,6 +100,9 @@ class Partition:
     identity: str | None = None
     #: the tenant's tree generation its rows came from (``drop_tenant`` starts a new one)
     gen: int = 0
+    #: a settlement's intent span (module docstring): a unit of its own, named by its
+    #: rows (the publisher derives ``identity`` from them), never merged
+    deterministic: bool = False
 
     @property
     def nbytes(self) -> int:
@@ -255,8 +268,11 @@ class Buffers:
         self._last_id = 0
         self._bytes = 0  # bytes of buffered partitions as of their last append
         self._audit_seq: dict[str, int] = {}  # tenant -> template events accepted
-        #: records publishes requeued after an ambiguous failure, each its own unit
+        #: units published as themselves: records publishes requeued after an ambiguous
+        #: failure, and sealed intent partitions (records and audit)
         self._units: list[Partition] = []
+        #: (kind, tenant, day) -> an intent span's partition being filled (unsealed)
+        self._staged: dict[tuple[Kind, str, int], Partition] = {}
         #: tenant -> tree generation (a settlement's swap starts the next one)
         self._gen: dict[str, int] = {}
         #: tenant -> the lowest sequence number among template events a settlement
@@ -268,22 +284,34 @@ class Buffers:
     # -- appends (the ingest turn) -------------------------------------------------------
 
     def add_records(
-        self, tenant: str, day: int, batch: pa.RecordBatch, *, wal_lsn: int, nbytes: int
+        self,
+        tenant: str,
+        day: int,
+        batch: pa.RecordBatch,
+        *,
+        wal_lsn: int,
+        nbytes: int,
+        staged: bool = False,
     ) -> Detached | None:
         """Append one frame's rows of one day (a ``RECORDS_SCHEMA`` batch whose rows all
         carry ``wal_lsn``); returns the partition, detached, when it reached
         ``flush_bytes`` (the size trigger). ``nbytes`` is the caller's estimate of the
         rows' size (the pipeline passes the frame's payload bytes). O(1) in the rows: the
-        batch is kept as it is."""
+        batch is kept as it is. ``staged``: the rows belong to an intent span (module
+        docstring): its own partition, never size-triggered."""
         if batch.num_rows == 0:
             return None
         with self.lock:
             key = (tenant, day)
-            part = self._records.get(key)
+            part = self._staged.get((Kind.RECORDS, *key)) if staged else self._records.get(key)
             if part is None:
                 part = Partition(Kind.RECORDS, tenant, day, RecordColumns(), None, self._clock())
                 part.gen = self._gen.get(tenant, 0)
-                self._records[key] = part
+                if staged:
+                    part.deterministic = True
+                    self._staged[(Kind.RECORDS, *key)] = part
+                else:
+                    self._records[key] = part
             cols = part.records
             assert cols is not None
             cols.append_batch(batch)
@@ -291,7 +319,7 @@ class Buffers:
             part.audit_watermark = self._audit_seq.get(tenant, 0)
             part.est_bytes += nbytes
             self._bytes += nbytes
-            if part.est_bytes >= self.flush_bytes:
+            if not staged and part.est_bytes >= self.flush_bytes:
                 del self._records[key]
                 return self._detach_locked(part, "size")
             return None
@@ -301,9 +329,11 @@ class Buffers:
         tenant: str,
         events: Sequence[tuple[int, int, str, str, int]],  # id, version, template, change, time
         wal_lsn: int,
+        staged: bool = False,
     ) -> list[Detached]:
         """Append template events, each to its tenant × UTC-day partition (the day of the
-        event's time, as for records); returns the partitions the size trigger detached."""
+        event's time, as for records); returns the partitions the size trigger detached.
+        ``staged``: events of an intent span (module docstring), never size-triggered."""
         out: list[Detached] = []
         if not events:
             return out
@@ -312,21 +342,25 @@ class Buffers:
             for template_id, version, template, change, ts in events:
                 seq += 1
                 key = (tenant, ts // NANOS_PER_DAY)
-                part = self._audit.get(key)
+                part = self._staged.get((Kind.AUDIT, *key)) if staged else self._audit.get(key)
                 if part is None:
                     part = Partition(
                         Kind.AUDIT, tenant, key[1], None, AuditColumns(), self._clock()
                     )
                     part.first_seq = seq
                     part.gen = self._gen.get(tenant, 0)
-                    self._audit[key] = part
+                    if staged:
+                        part.deterministic = True
+                        self._staged[(Kind.AUDIT, *key)] = part
+                    else:
+                        self._audit[key] = part
                 cols = part.audit
                 assert cols is not None
                 before = cols.nbytes
                 cols.append_row(tenant, template_id, version, template, change, wal_lsn, ts)
                 part.max_lsn = max(part.max_lsn, wal_lsn)
                 self._bytes += cols.nbytes - before
-                if cols.nbytes >= self.flush_bytes:
+                if not staged and cols.nbytes >= self.flush_bytes:
                     del self._audit[key]
                     out.append(self._detach_locked(part, "size"))
             self._audit_seq[tenant] = seq
@@ -343,9 +377,22 @@ class Buffers:
 
     def drain_all(self, reason: str) -> list[Detached]:
         """Every buffered partition, audit first (template events land before the records
-        that reference them), then the ambiguous units (each alone, under its own name,
-        before the rows that arrived after it), detached and registered in flight."""
+        that reference them: audit partitions, then audit units), then the records units
+        (each alone, under its own name, before the rows that arrived after it), detached
+        and registered in flight; what is staged is sealed first."""
         return self._drain(reason, lambda part: True)
+
+    def seal_staged(self, tenant: str) -> int:
+        """End ``tenant``'s intent span: its staged partitions become units (module
+        docstring). Returns how many."""
+        with self.lock:
+            return self._seal_locked(lambda part: part.tenant == tenant)
+
+    def _seal_locked(self, take: Callable[[Partition], bool]) -> int:
+        sealed = [k for k, part in self._staged.items() if take(part)]
+        for k in sealed:
+            self._units.append(self._staged.pop(k))
+        return len(sealed)
 
     def drain_tenant(self, tenant: str, reason: str) -> list[Detached]:
         """Every buffered partition of ``tenant`` (settlement's forced publish)."""
@@ -357,17 +404,19 @@ class Buffers:
 
     def _drain(self, reason: str, take: Callable[[Partition], bool]) -> list[Detached]:
         with self.lock:
+            self._seal_locked(take)
             out: list[Detached] = []
             for key_a, part in list(self._audit.items()):
                 if take(part):
                     del self._audit[key_a]
                     out.append(self._detach_locked(part, reason))
             kept: list[Partition] = []
+            taken = [u for u in self._units if take(u)]
             for unit in self._units:
-                if take(unit):
-                    out.append(self._detach_locked(unit, reason))
-                else:
+                if not take(unit):
                     kept.append(unit)
+            for unit in sorted(taken, key=lambda u: u.kind is not Kind.AUDIT):
+                out.append(self._detach_locked(unit, reason))
             self._units = kept
             for key, part in list(self._records.items()):
                 if take(part):
@@ -410,7 +459,7 @@ class Buffers:
                 return outcome
             if identity is not None and part.identity is None:
                 part.identity = identity
-            if part.kind is Kind.RECORDS and part.identity is not None:
+            if part.deterministic or (part.kind is Kind.RECORDS and part.identity is not None):
                 self._units.append(part)
             elif part.kind is Kind.RECORDS:
                 key = (part.tenant, part.day)
@@ -465,6 +514,21 @@ class Buffers:
                     continue
                 del self._audit[key]
                 taken.append(self._detach_locked(a, "ordered"))
+            kept: list[Partition] = []
+            for u in self._units:
+                if u.kind is not Kind.AUDIT or u.tenant != part.tenant or u.first_seq > w:
+                    kept.append(u)
+                elif u.parked:
+                    refused = True
+                    kept.append(u)
+                else:
+                    taken.append(self._detach_locked(u, "ordered"))
+            self._units = kept
+            if any(
+                k[0] is Kind.AUDIT and a.tenant == part.tenant and a.first_seq <= w
+                for k, a in self._staged.items()
+            ):
+                refused = True  # an intent span still being filled: not publishable yet
         return taken, refused
 
     def audit_pending(self, tenant: str, seq: int, gen: int | None = None) -> bool:
@@ -480,7 +544,12 @@ class Buffers:
                 and seq >= self._lost_from.get(tenant, seq + 1)
             ):
                 return True
-            if any(a.tenant == tenant and a.first_seq <= seq for a in self._audit.values()):
+            waiting = [
+                *self._audit.values(),
+                *(u for u in self._units if u.kind is Kind.AUDIT),
+                *(a for k, a in self._staged.items() if k[0] is Kind.AUDIT),
+            ]
+            if any(a.tenant == tenant and a.first_seq <= seq for a in waiting):
                 return True
         return bool(self.in_flight.audit_upto(tenant, seq))
 
@@ -495,7 +564,11 @@ class Buffers:
         tree (module docstring). Returns the rows dropped."""
         with self.lock:
             self._gen[tenant] = self._gen.get(tenant, 0) + 1
-            for a in self._audit.values():
+            for a in [
+                *self._audit.values(),
+                *(u for u in self._units if u.kind is Kind.AUDIT),
+                *(p for k, p in self._staged.items() if k[0] is Kind.AUDIT),
+            ]:
                 if a.tenant == tenant:
                     self._lose_locked(tenant, a.first_seq)
             dropped = self._discard_locked(tenant)
@@ -525,6 +598,10 @@ class Buffers:
             part_a = self._audit.pop(akey)
             dropped += part_a.rows
             self._bytes -= part_a.nbytes
+        for skey in [k for k in self._staged if k[1] == tenant]:
+            part_s = self._staged.pop(skey)
+            dropped += part_s.rows
+            self._bytes -= part_s.nbytes
         return dropped
 
     # -- state ---------------------------------------------------------------------------
@@ -544,7 +621,12 @@ class Buffers:
         in a publish that has not settled (a thread still writing it, or one that never
         will — what a shutdown must report, since only the WAL holds them)."""
         with self.lock:
-            parts = [*self._records.values(), *self._audit.values(), *self._units]
+            parts = [
+                *self._records.values(),
+                *self._audit.values(),
+                *self._units,
+                *self._staged.values(),
+            ]
             buffered = _rows_by_kind(parts)
         flying = self.in_flight.unsettled_rows()
         return buffered[0] + flying[0], buffered[1] + flying[1]
@@ -556,14 +638,14 @@ class Buffers:
             return (
                 sum(1 for p in self._records.values() if p.parked)
                 + sum(1 for p in self._audit.values() if p.parked)
-                + len(self._units)
+                + sum(1 for u in self._units if u.parked)
             )
 
     @property
     def partitions(self) -> int:
         with self.lock:
-            return len(self._records) + len(self._audit) + len(self._units)
+            return len(self._records) + len(self._audit) + len(self._units) + len(self._staged)
 
     def empty(self) -> bool:
         with self.lock:
-            return not self._records and not self._audit and not self._units
+            return not self._records and not self._audit and not self._units and not self._staged

@@ -45,7 +45,25 @@ Nothing else enters the name (no time, no attempt count, no row contents), so ev
 attempt at the same rows derives the same name, and different rows never share one:
 a frame's rows of one day land in one partition together, so two units of a tenant
 and day never hold the same first and last frame. The node part keeps replicas apart
-(WAL offsets are per node).
+(WAL offsets are per node). The records of a settlement's intent span (RFC 0055 §9.4,
+``sink.buffers`` "staged") are named the same way: the span's rows of one day are one
+unit, so the settlement and every recovery that republishes the span derive one name.
+
+The template events of an intent span that name templates the tree had before the
+rebuild (``changed`` events of known ids) are named by their content instead
+(``audit_object_name``): ``<node>-<uuid5>`` in the same namespace over::
+
+    u16 0                                     never a tenant length: no records name
+    u16 tenant_len | tenant (ASCII)           aliases an audit one
+    u16 key_len    | partition key (ASCII)    "date=YYYY-MM-DD"
+    32 B SHA-256 of the rows, in order, each:
+        i64 template_id | i32 template_version | u16 change_len | change (ASCII)
+        | u32 template_len | template (UTF-8) | u64 wal_lsn | u64 time_unix_nano
+
+The rows are a pure function of the snapshot and the frames, so every attempt at the
+span derives them and the name again; rows that differ (a frame mined by one attempt
+and isolated by another) get another name, so a retry never skips an event it has and
+the stored object lacks — at worst the overlap is stored twice.
 
 Invariant: every key built here is a valid store key (``check_key``): no empty, ``.``
 or ``..`` segment, no segment starting with ``.`` (reserved for ``LocalStore``'s temp
@@ -61,6 +79,7 @@ import re
 import string
 import struct
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final
 
@@ -76,6 +95,7 @@ __all__ = [
     "ParsedKey",
     "archive_key",
     "audit_key",
+    "audit_object_name",
     "check_key",
     "check_tenant",
     "decode_tenant",
@@ -191,6 +211,9 @@ def new_object_name(node: str) -> str:
     return f"{node}-{uuid6.uuid7()}"
 
 
+#: (template_id, template_version, template, change, wal_lsn, time_unix_nano)
+AuditNameRow = tuple[int, int, str, str, int, int]
+
 #: RFC 0055 §9.2's namespace for deterministic object names (never configuration).
 RETRY_NAMESPACE: Final = uuid.UUID("6f757269-6f73-5055-424c-000000000001")
 
@@ -231,6 +254,39 @@ def retry_object_name(
         raise KeyFormatError(f"node identity {node!r} is not a lowercase DNS label")
     name = retry_name_bytes(tenant, day, first_lsn, last_lsn, first_index, last_index)
     return f"{node}-{uuid5_bytes(RETRY_NAMESPACE, name)}"
+
+
+def audit_name_bytes(tenant: str, day: dt.date, rows: Iterable[AuditNameRow]) -> bytes:
+    """The canonical serialisation ``audit_object_name`` hashes (module docstring)."""
+    check_tenant(tenant)
+    digest = hashlib.sha256()
+    for template_id, version, template, change, wal_lsn, time_unix_nano in rows:
+        raw_change = change.encode("ascii")
+        raw_template = template.encode("utf-8")
+        digest.update(struct.pack("<qiH", template_id, version, len(raw_change)))
+        digest.update(raw_change)
+        digest.update(struct.pack("<I", len(raw_template)))
+        digest.update(raw_template)
+        digest.update(struct.pack("<QQ", wal_lsn, time_unix_nano))
+    raw_tenant = tenant.encode("ascii")
+    raw_key = f"date={day.isoformat()}".encode("ascii")
+    return b"".join(
+        (
+            struct.pack("<HH", 0, len(raw_tenant)),
+            raw_tenant,
+            struct.pack("<H", len(raw_key)),
+            raw_key,
+            digest.digest(),
+        )
+    )
+
+
+def audit_object_name(node: str, tenant: str, day: dt.date, rows: Iterable[AuditNameRow]) -> str:
+    """``<node>-<uuid5>`` over an intent span's template events of one day (module
+    docstring): every attempt at the same events derives the same name."""
+    if _NODE_LABEL.fullmatch(node) is None:
+        raise KeyFormatError(f"node identity {node!r} is not a lowercase DNS label")
+    return f"{node}-{uuid5_bytes(RETRY_NAMESPACE, audit_name_bytes(tenant, day, rows))}"
 
 
 def uuid5_bytes(namespace: uuid.UUID, name: bytes) -> uuid.UUID:

@@ -38,6 +38,13 @@ RFC 0055 §9.2): every later attempt writes that same key, with the store's cond
 create, so a retry never adds a second object for the same rows and never replaces an
 object holding other rows. A key that already exists was written by an earlier attempt
 of these very rows (the name is derived from them), so the publish is complete.
+
+A *deterministic* partition (a settlement's intent span, RFC 0055 §9.4; see
+``sink.buffers``) is named the same way from its first attempt: its records by the
+derivation above, its template events by their content (``sink.keys.audit_object_name``),
+and written with the conditional create — so the settlement, a cut retrying it, and a
+recovery replaying the span after a crash all write the same keys, and an object one of
+them wrote is never written again (``already_present``).
 """
 
 from __future__ import annotations
@@ -52,7 +59,13 @@ from dataclasses import dataclass
 from typing import Final
 
 from sink.buffers import Buffers, Detached, Kind, PublishOutcome
-from sink.keys import audit_key, new_object_name, records_key, retry_object_name
+from sink.keys import (
+    audit_key,
+    audit_object_name,
+    new_object_name,
+    records_key,
+    retry_object_name,
+)
 from sink.parquet import RecordColumns, encode_audit, encode_records
 from sink.store import ObjectStore, StoreError
 
@@ -242,6 +255,27 @@ class Publisher:
             self._node, d.partition.tenant, day, first, last, first_index, last_index
         )
 
+    def _deterministic_name(self, d: Detached) -> str:
+        """The name every attempt at an intent span's partition derives (module docstring)."""
+        part = d.partition
+        if part.kind is Kind.RECORDS:
+            name = self._retry_name(d)
+            assert name is not None, "an intent partition is never empty"
+            return name
+        cols = part.audit
+        assert cols is not None
+        day = dt.date(1970, 1, 1) + dt.timedelta(days=part.day)
+        rows = zip(
+            cols.template_id,
+            cols.template_version,
+            cols.template,
+            cols.change,
+            cols.wal_lsn,
+            cols.time_unix_nano,
+            strict=True,
+        )
+        return audit_object_name(self._node, part.tenant, day, rows)
+
     def _failed(
         self,
         d: Detached,
@@ -266,6 +300,8 @@ class Publisher:
 
     def _encode(self, d: Detached) -> tuple[str, bytes]:
         part = d.partition
+        if part.identity is None and part.deterministic:
+            part.identity = self._deterministic_name(d)
         name = part.identity if part.identity is not None else new_object_name(self._node)
         if part.kind is Kind.RECORDS:
             assert part.records is not None

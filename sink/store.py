@@ -692,6 +692,8 @@ class Fault:
     error_type: str
     ambiguous: bool
     hold_timeout: float
+    #: only calls whose key starts with it match ("" matches every key)
+    prefix: str = ""
     #: set when the fault fires (for HOLD: when a call is blocked on it)
     reached: threading.Event = field(default_factory=threading.Event, init=False)
     #: matching calls seen and firings so far
@@ -737,10 +739,13 @@ class FailingStore:
         error_type: str,
         ambiguous: bool,
         hold_timeout: float = 0.0,
+        prefix: str = "",
     ) -> Fault:
         if nth < 1:
             raise ValueError(f"nth={nth}: calls are counted from 1")
-        fault = Fault(kind, frozenset(ops), nth, always, error_type, ambiguous, hold_timeout)
+        fault = Fault(
+            kind, frozenset(ops), nth, always, error_type, ambiguous, hold_timeout, prefix
+        )
         with self._lock:
             self._faults.append(fault)
         return fault
@@ -753,10 +758,12 @@ class FailingStore:
         always: bool = False,
         error_type: str = "injected",
         ambiguous: bool = False,
+        prefix: str = "",
     ) -> Fault:
         """Make the ``nth`` matching call (and every later one if ``always``) raise
-        ``StoreError`` without reaching the inner store."""
-        return self._arm(FaultKind.FAIL, ops, nth, always, error_type, ambiguous)
+        ``StoreError`` without reaching the inner store. ``prefix``: only calls on keys
+        starting with it match."""
+        return self._arm(FaultKind.FAIL, ops, nth, always, error_type, ambiguous, prefix=prefix)
 
     def lose_reply(
         self,
@@ -777,11 +784,12 @@ class FailingStore:
         nth: int = 1,
         always: bool = False,
         timeout: float = 60.0,
+        prefix: str = "",
     ) -> Fault:
         """Block the ``nth`` matching call until ``release()``; ``reached`` is set when it
         blocks. A hold not released within ``timeout`` seconds fails the call
         (``hold_timeout``) so a broken test fails instead of hanging."""
-        return self._arm(FaultKind.HOLD, ops, nth, always, "hold_timeout", False, timeout)
+        return self._arm(FaultKind.HOLD, ops, nth, always, "hold_timeout", False, timeout, prefix)
 
     def clear(self) -> None:
         """Disarm every fault (held calls stay held until released)."""
@@ -791,7 +799,11 @@ class FailingStore:
     def _run(self, op: Op, key: str, call: Callable[[], _T]) -> _T:
         with self._lock:
             self.calls.append((op, key))
-            fired = [f for f in self._faults if op in f.ops and f._count_call()]
+            fired = [
+                f
+                for f in self._faults
+                if op in f.ops and key.startswith(f.prefix) and f._count_call()
+            ]
         for fault in fired:
             if fault.kind is FaultKind.HOLD:
                 fault.reached.set()

@@ -387,8 +387,8 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "gate_replay_on_x",
         "a tenant's replay gate is its own PUBLISHED frontier, never the node-wide X",
         "app/node/recovery.py",
-        "        records_gate, audit_gate = gates(frontiers.get(tenant), x)",
-        "        records_gate, audit_gate = x, x",
+        "        records_gate, audit_gate = gates(self._frontiers.get(tenant), self._x, lsn)",
+        "        records_gate, audit_gate = self._x, self._x",
         (
             "tests/unit/app/test_settlement.py::test_rfc0055_9_5_an_unrecoverable_tenant_is_isolated_and_the_checkpoint_advances_for_others",
         ),
@@ -397,8 +397,8 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "merge_ambiguous_retry",
         "a retry after an ambiguous PUT keeps its identity, never merged with new rows",
         "sink/buffers.py",
-        "            if part.kind is Kind.RECORDS and part.identity is not None:",
-        "            if False:",
+        "            if part.deterministic or (part.kind is Kind.RECORDS and part.identity is not None):",
+        "            if part.deterministic:",
         (
             "tests/unit/sink/test_retry_identity.py::test_rfc0055_9_3_an_ambiguous_retry_keeps_its_identity_and_never_merges_with_new_rows",
         ),
@@ -501,7 +501,10 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "            self._durable.put((ticket, answer))",
         "            answer(IngestOutcome(len(batch)), None)\n"
         "            self._durable.put((ticket, lambda outcome, refusal: None))",
-        ("tests/unit/app/test_stages.py::test_stages_answer_only_after_the_covering_fsync",),
+        (
+            "tests/unit/app/test_stages.py::test_stages_answer_only_after_the_covering_fsync",
+            "tests/unit/app/test_stages.py::test_issue15_the_ack_comes_before_the_turn_and_no_mark_covers_an_unturned_frame",
+        ),
     ),
     Sabotage(
         "worker_outlives_the_core",
@@ -551,6 +554,16 @@ SABOTAGES: tuple[Sabotage, ...] = (
         (
             "tests/unit/app/test_workers.py::test_the_core_encodes_a_partition_itself_when_no_worker_answers",
             "tests/unit/app/test_workers.py::test_a_partition_over_the_channels_frame_bound_is_encoded_by_the_core",
+        ),
+    ),
+    Sabotage(
+        "signal_handler_takes_the_stop_lock",
+        "SIGTERM always stops the node (the handler takes no lock the main thread may hold)",
+        "app/node/server.py",
+        "        os.write(write_end, bytes([signum]))\n",
+        "        received.append(signum)\n        stop.set()\n",
+        (
+            "tests/unit/app/test_server_shutdown.py::test_sigterm_while_the_main_thread_holds_the_stop_lock_still_stops_the_node",
         ),
     ),
     Sabotage(
@@ -642,7 +655,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "shutdown_exits_zero_with_rows_left",
         "a shutdown that leaves acknowledged rows unpublished exits non-zero",
         "app/node/server.py",
-        "    code = EXIT_ROWS_LEFT if left else 0",
+        "    code = EXIT_ROWS_LEFT if left or not final_cut else 0",
         "    code = 0",
         (
             "tests/unit/app/test_server_shutdown.py::test_nowedge_0_a_shutdown_with_the_store_down_counts_the_rows_left_and_exits_non_zero",
@@ -843,6 +856,139 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "    if st.st_size == SIZE:\n        return fd",
         (
             "tests/unit/wal/test_checkpoint.py::test_nowedge_2_a_spare_sharing_the_live_marks_inode_is_never_overwritten_in_place",
+        ),
+    ),
+    # -- damage inside acknowledged frames is corruption, not a torn tail (issue 18 item 5)
+    Sabotage(
+        "high_water_damage_read_as_torn",
+        "damage below a sealed segment's synced high-water is corruption, not a torn tail",
+        "wal/layout.py",
+        '    how = "sealed" if nxt.header.predecessor_sealed else "closed by a clean rotation"\n',
+        "    if nxt.header.predecessor_sealed and prev.stop.damaged:\n"
+        "        return None  # the old rule: any damage in a sealed segment is its torn tail\n"
+        '    how = "sealed" if nxt.header.predecessor_sealed else "closed by a clean rotation"\n',
+        (
+            "tests/unit/wal/test_high_water.py::test_nowedge_5_a_bit_flip_below_the_high_water_refuses_recovery_and_quarantine_recovers",
+            "tests/integration/test_nowedge_5_high_water_serve.py::test_nowedge_5_a_real_node_refuses_a_bit_flip_below_a_sealed_segments_high_water",
+        ),
+    ),
+    Sabotage(
+        "high_water_beyond_the_fsync",
+        "the high-water a successor records never claims more than a completed fsync covered",
+        "wal/rotation.py",
+        "flags, old.base, old.synced_lsn)",
+        "flags, old.base, old.end_lsn)",
+        (
+            "tests/unit/wal/test_high_water.py::test_nowedge_5_damage_above_the_high_water_stays_a_legal_torn_tail",
+        ),
+    ),
+    Sabotage(
+        "high_water_past_a_torn_tail",
+        "a segment open sealed records the end of its valid frames, not of its torn bytes",
+        "wal/opening.py",
+        "        seg.synced_lsn = scan.valid_end_lsn\n",
+        "        seg.synced_lsn = newest_file.data_end\n",
+        (
+            "tests/unit/wal/test_open.py::test_torn_tail_is_sealed_and_kept_and_a_second_restart_works",
+            "tests/unit/wal/test_high_water.py::test_nowedge_5_rotation_records_the_synced_end_as_the_high_water",
+        ),
+    ),
+    Sabotage(
+        "high_water_checkpoint_ignored_at_open",
+        "damage below the checkpoint mark in the newest segment refuses the open",
+        "wal/opening.py",
+        "        if mark is not None:\n            problem = high_water_problem(scan, *mark)\n",
+        "        if False:\n            problem = high_water_problem(scan, *mark)\n",
+        (
+            "tests/unit/wal/test_high_water.py::test_nowedge_5_damage_below_the_checkpoint_in_the_newest_segment_refuses_open",
+        ),
+    ),
+    # -- acknowledgement at the fsync, replay ahead of new frames (issue 15) ------------
+    Sabotage(
+        "new_frame_turned_before_the_replay",
+        "a tenant's new frame is turned only after every replayed frame",
+        "app/ingest/stages.py",
+        "        if replay is not None:\n            error: BaseException | None = None",
+        "        if replay is not None:\n"
+        "            threading.Thread(target=lambda: [turn_replayed(i) for i in replay]).start()\n"
+        "            replay = None\n"
+        "        if replay is not None:\n            error: BaseException | None = None",
+        ("tests/unit/app/test_stages.py::test_issue15_replayed_frames_are_turned_before_new_ones",),
+    ),
+    Sabotage(
+        "replayed_frame_is_a_mark",
+        "nothing replayed is ever a mark: only a new frame's turn sets it",
+        "app/ingest/pipeline.py",
+        "            result = self.miners.mine(tenant, batch.bodies)\n        self.folded[tenant] = offset\n",
+        "            result = self.miners.mine(tenant, batch.bodies)\n        self.folded[tenant] = offset\n"
+        "        self._last_durable = self._latest = offset\n",
+        ("tests/unit/app/test_recovery.py::test_issue15_nothing_replayed_is_a_mark",),
+    ),
+    # -- issue 18 item 6: settlement's intent is durable (RFC 0055 §9.4) ---------------
+    Sabotage(
+        "intent_never_written",
+        "a settlement's intent is durable in PUBLISHED before any row of its span is published",
+        "app/ingest/settlement.py",
+        "            p.journal.publish_marks({tenant: PublishedMarks(lo, lo, intent=through)})",
+        "            pass",
+        (
+            "tests/unit/app/test_settlement_intent.py::test_nowedge_6_a_sigkill_between_a_settlements_publish_and_its_marks_adds_no_copy",
+            "tests/unit/app/test_settlement_intent.py::test_nowedge_6_settlement_records_its_intent_before_the_publish_and_clears_it_with_the_marks",
+            "tests/crash/test_nowedge_6_serve.py::test_nowedge_6_sigkill_between_a_settlements_publish_and_its_marks_adds_no_copy",
+        ),
+    ),
+    Sabotage(
+        "intent_ignored_by_recovery",
+        "recovery republishes an unconfirmed intent's span under the names its attempt used",
+        "app/node/recovery.py",
+        "        span = intent_end(self._frontiers.get(tenant))",
+        "        span = -1",
+        (
+            "tests/unit/app/test_settlement_intent.py::test_nowedge_6_a_sigkill_between_a_settlements_publish_and_its_marks_adds_no_copy",
+            "tests/unit/app/test_settlement_intent.py::test_nowedge_6_repeated_crashes_inside_the_republish_add_no_copy",
+        ),
+    ),
+    Sabotage(
+        "intent_gates_on_the_intended_marks",
+        "an unconfirmed intent's span is never suppressed: recovery gates at the frontier it kept",
+        "app/node/recovery.py",
+        "    if marks is None:\n        return x, x\n",
+        "    if marks is None:\n        return x, x\n    if marks.intent is not None:\n"
+        "        return marks.intent.lsn, marks.intent.lsn\n",
+        (
+            "tests/unit/app/test_settlement_intent.py::test_nowedge_6_a_sigkill_after_a_partial_publish_loses_nothing_and_duplicates_nothing",
+            "tests/crash/test_nowedge_6_serve.py::test_nowedge_6_sigkill_between_a_settlements_publish_and_its_marks_adds_no_copy",
+        ),
+    ),
+    Sabotage(
+        "intent_without_frontier_gated_on_x",
+        "an intent recorded without a frontier is replayed from the tenant's snapshot within its span",
+        "app/node/recovery.py",
+        "    return marks.terminal or (marks.intent is not None and lsn <= marks.intent.lsn)",
+        "    return marks.terminal",
+        (
+            "tests/unit/app/test_settlement_intent.py::test_nowedge_6_an_intent_without_a_frontier_is_replayed_from_the_tenants_first_frame",
+        ),
+    ),
+    Sabotage(
+        "intent_events_named_afresh",
+        "an intent span's known-template events are named by their content, so a retry finds them",
+        "sink/publisher.py",
+        "        return audit_object_name(self._node, part.tenant, day, rows)",
+        "        return new_object_name(self._node)",
+        (
+            "tests/unit/app/test_settlement_intent.py::test_nowedge_6_a_sigkill_between_a_settlements_publish_and_its_marks_adds_no_copy",
+        ),
+    ),
+    Sabotage(
+        "intent_cleared_short_of_its_end",
+        "an intent stays in PUBLISHED until a write's marks reach the end of its span",
+        "wal/frontiers.py",
+        "        if m.intent is None and _reaches(m, old.intent):",
+        "        if m.intent is None:",
+        (
+            "tests/unit/app/test_settlement_intent.py::test_nowedge_6_a_publish_the_store_refused_keeps_the_intent_until_a_cut_covers_the_span",
+            "tests/unit/wal/test_published.py::test_nowedge_6_an_intent_is_recorded_with_its_frontier_and_kept_until_marks_reach_its_end",
         ),
     ),
 )

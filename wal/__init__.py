@@ -29,6 +29,7 @@ from .ledger import (
     Known,
 )
 from .quarantine import QuarantineError, QuarantineRecord
+from .reading import Replay
 from .reclaim import ConsumerMode
 from .reclamation import ArchiveRequest, ReclaimError
 from .types import (
@@ -75,6 +76,7 @@ __all__ = [
     "QuarantineError",
     "QuarantineRecord",
     "ReclaimError",
+    "Replay",
     "Retrying",
     "RotationKind",
     "Terminal",

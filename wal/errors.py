@@ -63,14 +63,19 @@ class CorruptionError(OpenError):
     """Bytes on disk disagree with the format; names the file and the offset.
 
     Raised by open (structure, newest segment) and by replay (older segments).
+    ``high_water`` is set when the damage lies below a segment's synced high-water
+    (``wal/segment.py``): frames there were acknowledged, so it is no torn tail.
     """
 
     error_type = "wal_corrupt"
 
-    def __init__(self, path: Path | str, offset: int | None, reason: str) -> None:
+    def __init__(
+        self, path: Path | str, offset: int | None, reason: str, *, high_water: int | None = None
+    ) -> None:
         self.path = Path(path)
         self.offset = offset
         self.reason = reason
+        self.high_water = high_water
         where = f"{self.path}" if offset is None else f"{self.path} at byte {offset}"
         super().__init__(f"WAL corruption in {where}: {reason}")
 

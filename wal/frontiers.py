@@ -29,6 +29,19 @@ PUBLISHED; DESIGN.md §4):
 
 Marks are monotonic per tenant: a write never lowers a side that is already valid (a
 settlement's forced write may land between a cut's capture and its stamp).
+
+A settlement's intent (RFC 0055 §9.4; ``PublishedMarks.intent``, the entry's
+``publishing`` bit) is written by ``publish_marks`` before the settlement publishes
+anything of its span, and the merge keeps it until the span is known durable:
+
+* an intent over an ordinary entry records the frontier the settlement starts from —
+  one position for both sides, never below either side in force (else the write is
+  refused and the settlement publishes without one) — and the end of its span;
+* a write whose marks reach the end on both sides (the settlement's confirm, or a cut
+  whose flush covered the span) clears it and raises both sides as usual;
+* any other write leaves the intent as it is, frontier and end (a terminal flag
+  aside): one intent at a time, so the span and its names stay fixed across every
+  attempt and every restart until one confirms it.
 """
 
 from __future__ import annotations
@@ -79,6 +92,46 @@ def _later(old: WalOffset | None, new: WalOffset | None) -> WalOffset | None:
     if new is None or new.lsn <= old.lsn:
         return old
     return new
+
+
+def _below(a: WalOffset | None, b: WalOffset | None) -> bool:
+    """Whether frontier ``a`` claims less than ``b`` (None claims nothing of its own)."""
+    return b is not None and (a is None or a.lsn < b.lsn)
+
+
+def _reaches(m: PublishedMarks, end: WalOffset) -> bool:
+    return all(side is not None and side.lsn >= end.lsn for side in (m.records, m.audit))
+
+
+def merge_marks(tenant: str, old: PublishedMarks | None, m: PublishedMarks) -> PublishedMarks:
+    """What a tenant's entry says after a write of ``m`` over ``old`` (module docstring);
+    ``ValueError`` for an intent that cannot be recorded."""
+    if old is not None and old.intent is not None:
+        if m.intent is None and _reaches(m, old.intent):
+            return PublishedMarks(
+                _later(old.records, m.records), _later(old.audit, m.audit), m.terminal
+            )
+        return PublishedMarks(old.records, old.audit, m.terminal, old.intent)
+    if m.intent is not None:
+        if m.records != m.audit:
+            raise ValueError(
+                f"tenant {tenant!r}: an intent's frontier is one position for both sides, "
+                f"got records {m.records} and audit {m.audit}"
+            )
+        if old is not None and (_below(m.records, old.records) or _below(m.records, old.audit)):
+            raise ValueError(
+                f"tenant {tenant!r}: an intent from frontier {m.records} is below the "
+                f"frontiers in force (records {old.records}, audit {old.audit})"
+            )
+        if m.records is not None and m.intent.lsn < m.records.lsn:
+            raise ValueError(
+                f"tenant {tenant!r}: an intent ending at {m.intent} is below its frontier "
+                f"{m.records}"
+            )
+        return PublishedMarks(m.records, m.records, m.terminal, m.intent)
+    if old is None:
+        return m
+    return PublishedMarks(_later(old.records, m.records), _later(old.audit, m.audit), m.terminal)
 
 
 class Frontiers:
@@ -337,16 +390,14 @@ class Frontiers:
                     if record.next_slot_id != before:
                         reclamation.touch_locked()
                     old = self._entries.get(slot)
-                    if old is None:
-                        new = PublishedEntry.of(m, generation)
-                    else:
-                        new = PublishedEntry(
-                            _later(old.records, m.records),
-                            _later(old.audit, m.audit),
-                            m.publishing,
-                            m.terminal,
-                            old.generation,
-                        )
+                    try:
+                        merged = merge_marks(tenant, None if old is None else old.marks, m)
+                    except ValueError as exc:
+                        raise PublishedWriteError(
+                            f"{exc}; {file.path} is not written",
+                            checkpointed=bool(checkpointed),
+                        ) from exc
+                    new = PublishedEntry.of(merged, generation)
                     if old is None or not new.same_marks(old):
                         new.generation = generation
                         self._entries[slot] = new

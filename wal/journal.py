@@ -246,9 +246,11 @@ class Journal:
 
     def replay(self, after_lsn: int | None = None) -> Replay:
         """Iterate every surviving frame, oldest first, CRC-checked, skipping frames
-        that end at or below ``after_lsn``. Recovery calls it before the first append.
-        Damage is legal only where a torn tail can be (module ``layout``); anywhere else
-        it raises ``CorruptionError`` naming the file and the offset."""
+        that end at or below ``after_lsn``. Recovery makes it before the first append
+        and may iterate it while appends go on: it covers exactly the frames that
+        existed when it was made (``Replay.end_lsn``). Damage is legal only where a torn
+        tail can be (module ``layout``); anywhere else it raises ``CorruptionError``
+        naming the file and the offset."""
         with self._log.lock:
             if self._commit.appended:
                 raise WalError("replay is recovery's: it runs before the first append")

@@ -10,11 +10,26 @@ headers and sizes alone, before any frame is read:
   the next segment's base. Gaps are normal (tenant-aware reclamation removes a later
   segment while an earlier one stays pinned).
 
-Chain rules, which need a segment's frames (replay and verify): a segment followed by
-its direct successor (the successor's ``prev_base_lsn`` names it) that was closed by a
-clean rotation must end exactly at the successor's base with no damage; one the
-successor says was *sealed* may end earlier and may carry a torn tail; the newest
-segment may carry a torn tail (open seals it).
+Chain rules, which need a segment's frames (replay and verify), are one rule: **nothing
+below a segment's synced high-water may be damaged or missing** (``high_water_problem``).
+The high-water comes from durable records only, never from the damage itself:
+
+* a segment followed by its direct successor (the successor's ``prev_base_lsn`` names
+  it): the ``prev_high_water`` that header records (``wal/segment.py``). After a clean
+  rotation it is the successor's base, so the segment must end exactly there with no
+  damage; after a seal it is the end the last good fsync covered, and only the bytes
+  above it — the frame whose write failed, frames whose fsync failed — may be torn;
+* the segment holding the CHECKPOINT mark: the mark (an acknowledged frame's end, so
+  fsynced). This is the newest segment's only high-water; open applies it;
+* anything else has none: the newest segment above the mark, and a segment whose direct
+  successor was reclaimed (every frame of it is at or below the checkpoint that let the
+  successor go, so its records are in the store; verify says the tail cannot be checked).
+
+Damage at or above the high-water is a torn tail: legal in the newest segment (open seals
+it) and in a sealed one. Damage below it is corruption — bit rot, a bad sector, an edit —
+and is refused naming the file, the offset and the high-water, however many frames
+after it still verify (``frames_after_damage`` counts them for the message and the
+quarantine record).
 """
 
 from __future__ import annotations
@@ -23,9 +38,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import CorruptionError, OpenIoError
-from .frame import RawFrame, ScanStop, scan_frames
+from .frame import PREFIX, RawFrame, ScanStop, scan_frames
 from .fs import Fs, read_file
 from .segment import HEADER_SIZE, PARTIAL_RE, SEGMENT_RE, SegmentHeader
+from .types import WalOffset
 
 SHAPE_NOTE = (
     "A rotation that failed before this version of the WAL existed is one way to leave "
@@ -174,36 +190,108 @@ class SegmentScan:
 
 
 def scan_segment(fs: Fs, seg: SegmentFile) -> SegmentScan:
+    """The frames of ``seg`` up to ``seg.size``: what the directory showed, or what a
+    replay captured when it was made — bytes appended since are not this scan's."""
     try:
         data = read_file(fs, seg.path)
     except OSError as exc:
         raise OpenIoError(seg.path, "read segment", exc) from exc
+    if len(data) > seg.size:
+        data = data[: seg.size]
     frames, stop = scan_frames(data, HEADER_SIZE, path=seg.path)
     return SegmentScan(seg, frames, stop, data)
 
 
 def chain_problem(prev: SegmentScan, nxt: SegmentFile) -> CorruptionError | None:
-    """Whether ``prev``'s frames join ``nxt`` as the chain rules require."""
+    """Whether ``prev``'s frames reach the high-water its direct successor ``nxt``
+    records (module docstring); None when ``nxt`` is not its direct successor."""
     if not nxt.header.has_predecessor or nxt.header.prev_base_lsn != prev.file.base:
         # Not its direct successor: the segment between them was reclaimed, so the
         # only rule left is the structural one (no overlap), already checked.
         return None
-    if nxt.header.predecessor_sealed:
+    how = "sealed" if nxt.header.predecessor_sealed else "closed by a clean rotation"
+    return high_water_problem(
+        prev,
+        nxt.header.prev_high_water,
+        f"recorded by its successor {nxt.path.name}; this segment was {how}",
+    )
+
+
+def high_water_problem(scan: SegmentScan, high_water: int, source: str) -> CorruptionError | None:
+    """Damage, or the end of the valid frames, below ``high_water`` (``source`` says who
+    recorded it) is corruption of fsynced frames: the error names the file, the offset
+    and the high-water. None when the valid frames reach it (damage above is torn)."""
+    lsn = scan.valid_end_lsn
+    if lsn >= high_water:
         return None
-    if prev.stop.damaged:
-        return CorruptionError(
-            prev.file.path,
-            prev.stop.valid_end,
-            f"damage ({prev.stop.reason}) in a segment that was closed by a clean rotation "
-            f"(its successor {nxt.path.name} does not mark it sealed): frames after LSN "
-            f"{prev.valid_end_lsn} may have been acknowledged and are unreadable",
+    path = scan.file.path
+    at = scan.stop.valid_end
+    if scan.stop.damaged:
+        after = frames_after_damage(scan.data, at, path)
+        below = sum(1 for f in after if scan.file.base + f.end - HEADER_SIZE <= high_water)
+        what = f"damage ({scan.stop.reason}) at LSN {lsn}"
+        tail = (
+            f"; {len(after)} frame(s) after it still verify, {below} of them below the high-water"
+            if after
+            else ""
         )
-    if prev.valid_end_lsn != nxt.base:
-        return CorruptionError(
-            prev.file.path,
-            prev.stop.valid_end,
-            f"truncated: frames end at LSN {prev.valid_end_lsn} but the successor "
-            f"{nxt.path.name} begins at {nxt.base} ({nxt.base - prev.valid_end_lsn} bytes "
-            f"missing)",
-        )
-    return None
+    else:
+        what = f"truncated: the frames end at LSN {lsn}"
+        tail = ""
+    return CorruptionError(
+        path,
+        at,
+        f"{what}, below the high-water {high_water} ({source}): every frame below the "
+        f"high-water had been fsynced, so this is corruption of acknowledged frames, not a "
+        f"torn tail ({high_water - lsn} byte(s) below the high-water unreadable{tail}). "
+        f"Nothing was changed; see `ourios wal verify`, and `ourios wal quarantine` this "
+        f"segment to start without it (RUNBOOK: damage below the high-water)",
+        high_water=high_water,
+    )
+
+
+def frames_after_damage(data: bytes, damage: int, path: Path) -> list[RawFrame]:
+    """The frames that verify after the damaged one at ``damage`` (skipped by its length
+    prefix) up to the next damage; empty when its prefix cannot be trusted that far."""
+    if len(data) - damage < PREFIX.size:
+        return []
+    body_len, _crc = PREFIX.unpack_from(data, damage)
+    nxt = damage + PREFIX.size + body_len
+    if body_len <= 0 or nxt >= len(data):
+        return []
+    try:
+        frames, _stop = scan_frames(data, nxt, path=path)
+    except CorruptionError:
+        return []
+    return frames
+
+
+def checkpoint_high_water(seg: SegmentFile, checkpoint: WalOffset | None) -> tuple[int, str] | None:
+    """The CHECKPOINT mark as ``seg``'s high-water, when the mark lies in it."""
+    if checkpoint is None or checkpoint.segment != seg.header.uuid:
+        return None
+    return checkpoint.lsn, f"the checkpoint mark {checkpoint}, an acknowledged frame's end"
+
+
+def recorded_high_water(
+    fs: Fs, root: Path, seg: SegmentFile, checkpoint: WalOffset | None
+) -> tuple[int, str] | None:
+    """``seg``'s high-water from the durable records beside it (its direct successor's
+    header, the checkpoint mark), the larger when both; None when neither applies. Reads
+    one header; an unreadable successor gives none (it is a problem of its own)."""
+    found: list[tuple[int, str]] = []
+    try:
+        later = sorted(n for n in fs.listdir(root) if SEGMENT_RE.match(n) and n > seg.path.name)
+    except OSError:
+        later = []
+    if later:
+        try:
+            nxt = read_segment_file(fs, root / later[0], newest=len(later) == 1)
+        except (CorruptionError, OpenIoError):
+            nxt = None
+        if nxt is not None and nxt.header.has_predecessor and nxt.header.prev_base_lsn == seg.base:
+            found.append((nxt.header.prev_high_water, f"recorded by its successor {nxt.path.name}"))
+    mark = checkpoint_high_water(seg, checkpoint)
+    if mark is not None:
+        found.append(mark)
+    return max(found, key=lambda hw: hw[0]) if found else None

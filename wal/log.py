@@ -48,6 +48,9 @@ class Segment(LedgerSegment):
         self.data_len = 0  # LSN range used: valid frames plus failed/torn bytes
         self.sealed = False
         self.dir_gen = 0  # directory generation whose fsync makes its entry durable
+        #: the end of the valid frames a completed fsync covered: the synced high-water
+        #: the successor's header records (``rotation``), so it is never raised by a
+        #: failed write or fsync, nor past a torn tail open found
         self.synced_lsn = header.base_lsn
 
     @property

@@ -13,8 +13,12 @@ In order:
    directory, then PUBLISHED's rows (``frontiers``). Every change is durable before
    anything else reads the record; a fresh root gets RECLAIM before its first segment,
    so no restart ever finds a segment beside no record.
-5. The newest segment is walked frame by frame. A torn tail is sealed, never truncated:
-   the bytes stay as evidence and the next append starts a new segment. If a quarantined
+5. The newest segment is walked frame by frame. Damage below its high-water — the
+   CHECKPOINT mark, when the mark lies in it — is corruption and refuses the open naming
+   the file, the offset and the high-water. A torn tail (damage above it) is sealed,
+   never truncated: the bytes stay as evidence and the next append starts a new segment,
+   whose header records the end of the valid frames as the sealed segment's high-water
+   (open's fsync below makes them durable before any rotation can record it). If a quarantined
    segment lies beyond it, it is sealed too, so no LSN is reused. It is fsynced (a killed
    process may have left its last frames only in the page cache). Older segments' frames
    are walked by replay and by ``ourios wal verify``.
@@ -35,7 +39,13 @@ from .checkpoint import SPARE_NAME, make_spare, read_checkpoint
 from .config import reclaim_file_bytes
 from .errors import CorruptionError, OpenError, OpenIoError
 from .frontiers import Frontiers
-from .layout import SegmentFile, list_root, scan_segment
+from .layout import (
+    SegmentFile,
+    checkpoint_high_water,
+    high_water_problem,
+    list_root,
+    scan_segment,
+)
 from .log import Log, Segment
 from .published import PublishedFile
 from .quarantine import in_force, load_records
@@ -197,13 +207,23 @@ class Opener:
             newest_file.header, newest_file.path, None, uuid7_time(newest_file.header.uuid)
         )
         seg.data_len = newest_file.data_len
-        seg.synced_lsn = newest_file.data_end
         seg.scanned = False
         log.install(seg)
         if len(segments) == 1:
             log.account_scan(seg, scan)  # the whole ledger, in order
         log.disk_bytes += newest_file.size
         log.end_lsn = newest_file.data_end  # the next base skips any torn bytes
+        # The newest segment's only durable high-water is the checkpoint mark when it
+        # lies here (an acknowledged frame's end): damage below it is corruption, not a
+        # torn tail to seal. Refused before anything is written.
+        mark = checkpoint_high_water(newest_file, checkpoint)
+        if mark is not None:
+            problem = high_water_problem(scan, *mark)
+            if problem is not None:
+                raise problem
+        # The frames open's fsync (below) makes durable end where the valid frames end:
+        # that, never the torn bytes after them, is the high-water the successor records.
+        seg.synced_lsn = scan.valid_end_lsn
         if scan.stop.damaged:
             seg.sealed = True
             sealed_reason = scan.stop.reason

@@ -25,8 +25,10 @@ little-endian, UUIDs in RFC 4122 byte order, every WalOffset 24 bytes::
                              3 terminal; bits 4-15 zero
       2   2   reserved, zero
       4   4   u32 generation the slot generation of the write that last changed it
-      8   24  WalOffset      records frontier (meaningful when records_valid)
-      32  24  WalOffset      audit frontier (meaningful when audit_valid)
+      8   24  WalOffset      records frontier (meaningful when records_valid);
+                             publishing: the frontier of both sides
+      32  24  WalOffset      audit frontier (meaningful when audit_valid);
+                             publishing: the end of the span (audit_valid set)
     slot_len - 8  8      trailer: u32 CRC-32C over [0, slot_len - 8), 4 B zero
 
 At T = 1024: slot 192,544 B, file 385,120 B.
@@ -38,6 +40,19 @@ must then be all zero. A set flag on a position with no dictionary record, or on
 tombstoned one, makes the slot invalid (the other slot is read), as do a non-zero
 reserved byte, an unknown flag bit, and every dictionary defect RECLAIM's reader
 refuses.
+
+The ``publishing`` bit is a settlement's intent (RFC 0055 §9.4, "intent then
+confirm"; DESIGN.md §13): the entry then holds two positions of one span instead of two
+frontiers — the records offset is the frontier in force for *both* sides when the
+intent was written (records_valid clear: there was none, so within the span nothing is
+known durable and recovery replays it from the tenant's snapshot, as the settlement
+did; above it the checkpoint applies), and the audit offset, which must be valid, is
+the end of the span being published (the marks the confirm will write). The RFC gives
+the entry no room for both a previous and an intended pair, and the two sides of a
+frontier a settlement starts from are one position in every state this implementation
+reaches, so one offset carries it. ``PublishedEntry.marks`` reads it as
+``PublishedMarks(frontier, frontier, intent=end)``; a publishing entry without
+audit_valid makes the slot invalid.
 
 Writing is RECLAIM's: the inactive slot in place at generation live + 1, fsynced, so a
 frontier write allocates nothing. The file is preallocated at open and rebuilt through
@@ -124,11 +139,19 @@ class PublishedEntry:
 
     @property
     def marks(self) -> PublishedMarks:
-        return PublishedMarks(self.records, self.audit, self.terminal, self.publishing)
+        """The frontiers the entry says (module docstring: a publishing entry's audit
+        offset is the end of the span, its records offset the frontier of both sides)."""
+        if self.publishing:
+            return PublishedMarks(self.records, self.records, self.terminal, self.audit)
+        return PublishedMarks(self.records, self.audit, self.terminal)
 
     @classmethod
     def of(cls, marks: PublishedMarks, generation: int = 0) -> PublishedEntry:
-        return cls(marks.records, marks.audit, marks.publishing, marks.terminal, generation)
+        """The entry saying ``marks``; an intent keeps the records side as the frontier of
+        both (the caller checked that the two sides are one position)."""
+        if marks.intent is not None:
+            return cls(marks.records, marks.intent, True, marks.terminal, generation)
+        return cls(marks.records, marks.audit, False, marks.terminal, generation)
 
     def same_marks(self, other: PublishedEntry) -> bool:
         return (
@@ -193,6 +216,8 @@ def encode_slot(record: PublishedRecord, max_tenants: int) -> bytes:
                 raise UnencodableRecord(f"entry {i} has no live dictionary record")
             if entry.flags == 0:
                 continue  # nothing to say: the position stays unoccupied
+            if entry.publishing and entry.audit is None:
+                raise UnencodableRecord(f"entry {i} is publishing without the end of its span")
             occupied += 1
             _ENTRY.pack_into(
                 buf,
@@ -278,6 +303,8 @@ def decode_slot(data: bytes, max_tenants: int, path: Path, index: int) -> Publis
             raise bad(at + 8, f"entry {i}: records frontier set but records_valid is clear")
         if not eflags & ENTRY_AUDIT_VALID and raw_a != _Z24:
             raise bad(at + 32, f"entry {i}: audit frontier set but audit_valid is clear")
+        if eflags & ENTRY_PUBLISHING and not eflags & ENTRY_AUDIT_VALID:
+            raise bad(at, f"entry {i}: publishing without the end of its span (audit_valid)")
         entries[i] = PublishedEntry(
             WalOffset.decode(raw_r) if eflags & ENTRY_RECORDS_VALID else None,
             WalOffset.decode(raw_a) if eflags & ENTRY_AUDIT_VALID else None,

@@ -31,8 +31,17 @@ What an in-force record changes at open (``Journal.open``) and nothing else:
 The loss a record names: the frames it could read above the checkpoint at quarantine
 time (their records were never part of a cut; those the size trigger or the age sweep
 published before the quarantine are in the store, the rest are gone), and the bytes
-past the first damage (unreadable: whether they held acknowledged frames cannot be told).
-Frames at or below the checkpoint are in the store already; only the WAL copy is lost.
+past the first damage. Whether those held acknowledged frames is told by the segment's
+synced high-water (``wal/segment.py``: its direct successor's header, or the checkpoint
+mark in it), recorded as ``high_water_lsn`` when there is one: damage below it is
+corruption of acknowledged frames, and the frames that still verify after the damage
+(``frames_after_damage``, ``frames_after_damage_below_high_water``) are named lost with
+the segment; without one it cannot be told. Frames at or below the checkpoint are in
+the store already; only the WAL copy is lost.
+
+Versions: 2 added ``high_water_lsn``, ``high_water_source``, ``frames_after_damage`` and
+``frames_after_damage_below_high_water``; a version 1 record is still read (those read
+as unknown: no high-water, no count).
 """
 
 from __future__ import annotations
@@ -49,13 +58,16 @@ from .checkpoint import read_checkpoint
 from .errors import CorruptionError, WalError
 from .frame import RawFrame, scan_frames
 from .fs import Fs, read_file
+from .layout import SegmentFile, frames_after_damage, recorded_high_water
 from .segment import HEADER_SIZE, SEGMENT_RE, SegmentHeader
 from .types import FrameKind
 
 DIR_NAME: Final = "quarantine"
 RECORD_SUFFIX: Final = ".json"
 FORMAT: Final = "ourios-wal-quarantine"
-VERSION: Final = 1
+VERSION: Final = 2
+#: record versions this build reads (1: before the high-water fields)
+READABLE_VERSIONS: Final = (1, 2)
 
 #: ``count_records(payload) -> records`` for a tenant batch's payload (the app decodes
 #: OTLP; the WAL cannot), or None when it cannot say.
@@ -97,6 +109,13 @@ class QuarantineRecord:
     reason: str
     quarantined_unix: float
     tenants: dict[str, TenantLoss] = field(default_factory=dict)
+    #: the segment's synced high-water when one was recorded (None: unknown)
+    high_water_lsn: int | None = None
+    high_water_source: str = ""
+    #: frames that still verify after the damaged one, and those ending at or below
+    #: the high-water (acknowledged frames the damage cost)
+    frames_after_damage: int = 0
+    frames_after_damage_below_high_water: int = 0
 
     @property
     def lost_frames(self) -> int:
@@ -125,8 +144,16 @@ class QuarantineRecord:
                 f"; {self.unreadable_bytes} byte(s) after offset {self.damage_offset} were "
                 f"unreadable ({self.damage})"
             )
+            hw = self.high_water_lsn
             if x is not None and x >= self.end_lsn:
                 tail += ", all at or below the checkpoint: their records are in the store"
+            elif hw is not None and self.readable_end_lsn < hw:
+                tail += (
+                    f", below the high-water {hw} ({self.high_water_source}): corruption of "
+                    f"acknowledged frames, not a torn tail — the damaged frame and "
+                    f"{self.frames_after_damage_below_high_water} frame(s) after it that "
+                    f"still verify were acknowledged and are lost unless published"
+                )
             else:
                 tail += " and may have held acknowledged frames above the checkpoint"
         tenants = sorted(t for t, loss in self.tenants.items() if loss.frames_above_checkpoint)
@@ -141,6 +168,10 @@ class QuarantineRecord:
         return {
             "format": FORMAT,
             "version": VERSION,
+            "high_water_lsn": self.high_water_lsn,
+            "high_water_source": self.high_water_source,
+            "frames_after_damage": self.frames_after_damage,
+            "frames_after_damage_below_high_water": self.frames_after_damage_below_high_water,
             "segment": self.segment,
             "base_lsn": self.base_lsn,
             "end_lsn": self.end_lsn,
@@ -179,7 +210,7 @@ class QuarantineRecord:
                 raise CorruptionError(
                     path, None, f"not a quarantine record (format {doc.get('format')!r})"
                 )
-            if doc.get("version") != VERSION:
+            if doc.get("version") not in READABLE_VERSIONS:
                 raise CorruptionError(
                     path, None, f"unknown quarantine record version {doc.get('version')!r}"
                 )
@@ -214,6 +245,12 @@ class QuarantineRecord:
                 reason=str(doc["reason"]),
                 quarantined_unix=float(doc["quarantined_unix"]),
                 tenants=tenants,
+                high_water_lsn=_opt_int(doc.get("high_water_lsn")),
+                high_water_source=str(doc.get("high_water_source", "")),
+                frames_after_damage=int(doc.get("frames_after_damage", 0)),
+                frames_after_damage_below_high_water=int(
+                    doc.get("frames_after_damage_below_high_water", 0)
+                ),
             )
         except CorruptionError:
             raise
@@ -309,6 +346,15 @@ def describe_segment(
         record.damage_offset = stop_offset
         record.damage = stop_reason
         record.unreadable_bytes = size - stop_offset
+        recorded = recorded_high_water(fs, root, SegmentFile(path, header, size), mark)
+        if recorded is not None:
+            record.high_water_lsn, record.high_water_source = recorded
+        after = frames_after_damage(data, stop_offset, path)
+        record.frames_after_damage = len(after)
+        hw = record.high_water_lsn
+        record.frames_after_damage_below_high_water = (
+            0 if hw is None else sum(1 for f in after if base + f.end - HEADER_SIZE <= hw)
+        )
     return record
 
 

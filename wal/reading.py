@@ -1,12 +1,14 @@
 """Reading the log back: recovery's ``Replay`` over every surviving frame, and the bounded
 per-tenant reads settlement uses (``oldest_frame``, ``read_frames_from``).
 
-Replay walks segments oldest first and checks the chain between neighbours (module
-``layout``): damage is legal only where a torn tail can be — the newest segment, or one
-whose successor's header records it was sealed — and anywhere else it raises
-``CorruptionError`` naming the file and the offset, because acknowledged frames may be
-missing there. Every frame it yields is CRC-checked; walking a segment accounts it in the
-ledger as a by-product.
+Replay walks segments oldest first and, before it yields a segment's first frame,
+checks it against the synced high-water its direct successor's header records (module
+``layout``): damage or a short end below the high-water raises ``CorruptionError``
+naming the file, the offset and the high-water, because acknowledged frames are missing
+there, however many frames after the damage still verify; damage above it is a torn
+tail (the newest segment's, checked against the checkpoint mark, is open's). Every
+frame it yields is CRC-checked; walking a segment accounts it in the ledger as a
+by-product.
 
 Bounded reads hold the journal mutex for at most ``limit`` returned frames within one
 segment, so appends and rotations interleave between calls (RFC 0055 §9.4); every
@@ -24,7 +26,7 @@ import crc32c
 from .config import MAX_TENANT_BYTES
 from .errors import CorruptionError, WalError, WalIoError
 from .frame import BODY_OVERHEAD, PREFIX, PREFIX_SIZE
-from .layout import SegmentFile, SegmentScan, chain_problem, scan_segment
+from .layout import SegmentFile, chain_problem, scan_segment
 from .log import Log, Segment
 from .segment import HEADER_SIZE
 from .types import Frame, FrameCursor, FrameKind, FrameSpan, WalOffset
@@ -60,34 +62,56 @@ class Replay:
     def __init__(self, log: Log, segments: list[Segment], after_lsn: int | None) -> None:
         self._log = log
         self._segments = segments
+        #: each segment's length when the replay was made (under the journal mutex): the
+        #: replay covers exactly the frames that existed then, whatever is appended while
+        #: it is iterated (a node serves while it replays, DESIGN.md §5)
+        self._lengths = [HEADER_SIZE + seg.data_len for seg in segments]
         self._after = after_lsn
         self.report = ReplayReport()
 
+    @property
+    def start_lsn(self) -> int:
+        """The base of the first segment this replay reads."""
+        return self._segments[0].base if self._segments else 0
+
+    @property
+    def end_lsn(self) -> int:
+        """The end of the last frame this replay can return (the log's end when made)."""
+        if not self._segments:
+            return 0
+        return self._segments[-1].base + self._lengths[-1] - HEADER_SIZE
+
+    def validate(self) -> None:
+        """Walk every segment as iterating would (CRC, torn tails, high-waters), without
+        yielding a frame: ``CorruptionError`` now rather than part-way through. The
+        ledger is rebuilt as a by-product."""
+        for _ in self._frames(yielding=False):
+            pass
+
     def __iter__(self) -> Iterator[Frame]:
+        return self._frames(yielding=True)
+
+    def _frames(self, *, yielding: bool) -> Iterator[Frame]:
         log = self._log
         fs = log.fs
         after = -1 if self._after is None else self._after
-        previous: SegmentScan | None = None
         n = len(self._segments)
         for i, seg in enumerate(self._segments):
-            f = SegmentFile(seg.path, seg.header, HEADER_SIZE + seg.data_len)
+            f = SegmentFile(seg.path, seg.header, self._lengths[i])
             scan = scan_segment(fs, f)
-            if previous is not None:
-                problem = chain_problem(previous, f)
+            if i + 1 < n:
+                # Before any of its frames is fed: damage below the high-water its
+                # direct successor records is corruption, never a torn tail.
+                nxt = self._segments[i + 1]
+                successor = SegmentFile(nxt.path, nxt.header, self._lengths[i + 1])
+                problem = chain_problem(scan, successor)
                 if problem is not None:
                     raise problem
-            newest = i == n - 1
-            if scan.stop.damaged and not newest:
-                nxt = self._segments[i + 1].header
-                direct = nxt.has_predecessor and nxt.prev_base_lsn == seg.base
-                if direct and not nxt.predecessor_sealed:
-                    raise CorruptionError(
-                        seg.path,
-                        scan.stop.valid_end,
-                        f"damage ({scan.stop.reason}) in a segment closed by a clean "
-                        f"rotation; acknowledged frames after LSN {scan.valid_end_lsn} may be "
-                        f"unreadable",
-                    )
+            with log.lock:
+                if not seg.scanned:
+                    log.account_scan(seg, scan)
+            if not yielding:
+                continue
             report = SegmentReport(
                 seg.path.name,
                 seg.base,
@@ -98,9 +122,6 @@ class Replay:
                 scan.stop.valid_end if scan.stop.damaged else None,
             )
             self.report.segments.append(report)
-            with log.lock:
-                if not seg.scanned:
-                    log.account_scan(seg, scan)
             base = seg.base
             data = scan.data
             uid = seg.uuid
@@ -117,7 +138,6 @@ class Replay:
                     base + raw.start - HEADER_SIZE,
                     WalOffset(uid, end),
                 )
-            previous = scan
         with log.lock:
             log.rebuilt = True
 

@@ -17,6 +17,15 @@ directory-fsync obligation and the bounded retry budget (RFC 0052 §3.3).
 * **The old segment.** Before a rotation the old segment's unsynced frames are fsynced;
   a failure seals it through the group commit (its unacknowledged frames fail) and the
   successor's header records that its predecessor was sealed.
+* **The high-water.** The successor's header records the old segment's ``synced_lsn``
+  (``wal/segment.py``): after a clean rotation its end, after a seal the end the last
+  completed fsync covered (a failed write or fsync never raises it). Recovery refuses
+  damage below it as corruption and accepts damage above it as a torn tail. No fsync is
+  added for it: the header is fsynced by step 3 anyway. Crash cases: before the rename
+  only a ``.partial`` exists and the old segment is the newest (its torn tail, if any,
+  is open's); after it the header is whole (fsynced before the rename) and every byte
+  of the old segment below the high-water was durable before the header was written,
+  so a power loss that persists pages out of order cannot make the claim false.
 """
 
 from __future__ import annotations
@@ -186,7 +195,10 @@ class Rotation:
             else:
                 old.synced_lsn = old.end_lsn
         flags = FLAG_HAS_PREDECESSOR | (FLAG_PREDECESSOR_SEALED if old.sealed else 0)
-        header = SegmentHeader(log.end_lsn, uuid7(log.clock()), flags, old.base)
+        # The high-water is what a completed fsync covered (above, or an earlier round):
+        # never the written end, which may hold a failed frame or frames whose fsync
+        # failed. It is durable with the header, fsynced before the rename.
+        header = SegmentHeader(log.end_lsn, uuid7(log.clock()), flags, old.base, old.synced_lsn)
         try:
             seg = create_segment(log, header)
         except StepError as exc:

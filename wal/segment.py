@@ -1,27 +1,51 @@
 """Segments: naming, the header, and how a segment joins the set.
 
-A segment is ``wal/<base_lsn:020d>.wal``: a 48-byte header, then frames. ``base_lsn``
+A segment is ``wal/<base_lsn:020d>.wal``: a 56-byte header, then frames. ``base_lsn``
 is the LSN of the segment's first frame, so names sort in log order.
 
 Header layout (little-endian)::
 
     offset  size  field
     0       4     magic b"OWSG"
-    4       2     u16 version (SEGMENT_VERSION = 2)
+    4       2     u16 version (SEGMENT_VERSION = 3)
     6       2     u16 flags: bit 0 has_predecessor, bit 1 predecessor_sealed; rest zero
     8       8     u64 base_lsn
     16      16    segment UUIDv7 (RFC 4122 byte order); its timestamp is the creation time
     32      8     u64 prev_base_lsn: base of the segment that was current when this one
                   was created (0 without a predecessor)
-    40      4     u32 CRC-32C over bytes [0, 40)
-    44      4     reserved, zero
+    40      8     u64 prev_high_water: the predecessor's synced high-water — every byte
+                  of it below this LSN is a valid frame an fsync had made durable before
+                  this header was written (0 without a predecessor)
+    48      4     u32 CRC-32C over bytes [0, 48)
+    52      4     reserved, zero
 
 ``predecessor_sealed`` says the predecessor was sealed (a write or fsync failed on it,
 or open found a torn tail), so its valid frames may end before this segment's base;
 without it the predecessor was closed by a clean rotation after a successful fsync and
-must end exactly at this base. ``prev_base_lsn`` lets a reader tell "the direct
-predecessor is still here" from "a segment between them was reclaimed", so a truncated
-middle segment is caught while tenant-aware reclamation's gaps are not mistaken for one.
+must end exactly at this base (its high-water is this base; decode refuses anything
+else). ``prev_base_lsn`` lets a reader tell "the direct predecessor is still here" from
+"a segment between them was reclaimed", so a truncated middle segment is caught while
+tenant-aware reclamation's gaps are not mistaken for one.
+
+**The high-water** (issue 18 item 5) is what makes damage inside acknowledged frames
+corruption rather than a torn tail: below it the predecessor held only frames an fsync
+had covered (every acknowledged frame of it lies below it), so damage there is bit rot
+or tampering and recovery refuses, naming the file, the offset and the high-water;
+only damage at or above it can be a write that never completed (``layout``). It is
+recorded here, in a header that rotation fsyncs anyway, so it costs nothing on the
+append path. Why it is never more than was fsynced: rotation fsyncs the predecessor (or
+finds it sealed) *before* it writes this header and records the predecessor's
+``synced_lsn`` — the end a completed fsync covered, which stops before any frame whose
+write or fsync failed — and a segment open sealed for a torn tail records the end of
+its valid frames, which open's own fsync made durable. The header itself is fsynced
+before the rename, so a successor that exists under its name carries a whole
+high-water, and the predecessor's bytes below it were durable before that header was
+written, whatever order a power loss persists pages in.
+
+Versions: 3 added ``prev_high_water`` (the header grew from 48 to 56 bytes). Version 2
+was never deployed (DESIGN.md §4: no earlier deployments), so it is refused like any
+unknown version, never parsed around; ``tests/unit/wal/data/segment_header_v3.bin`` is
+the golden copy.
 
 Creation protocol (RFC 0052 §3.3): create ``<uuid>.wal.partial``, write the header,
 fsync it, rename it to its final name, install it as current, fsync the parent. The
@@ -44,10 +68,11 @@ import crc32c
 from .errors import CorruptionError
 
 MAGIC: Final = b"OWSG"
-SEGMENT_VERSION: Final = 2
-HEADER: Final = struct.Struct("<4sHHQ16sQII")
-HEADER_SIZE: Final = HEADER.size  # 48
-_CRC_SPAN: Final = 40
+SEGMENT_VERSION: Final = 3
+HEADER: Final = struct.Struct("<4sHHQ16sQQII")
+HEADER_SIZE: Final = HEADER.size  # 56
+_CRC_SPAN: Final = 48
+_MAGIC_VERSION: Final = struct.Struct("<4sH")
 
 FLAG_HAS_PREDECESSOR: Final = 1 << 0
 FLAG_PREDECESSOR_SEALED: Final = 1 << 1
@@ -92,6 +117,8 @@ class SegmentHeader:
     uuid: uuid.UUID
     flags: int = 0
     prev_base_lsn: int = 0
+    #: the predecessor's synced high-water (module docstring); 0 without a predecessor
+    prev_high_water: int = 0
     version: int = SEGMENT_VERSION
 
     @property
@@ -110,6 +137,7 @@ class SegmentHeader:
             self.base_lsn,
             self.uuid.bytes,
             self.prev_base_lsn,
+            self.prev_high_water,
             0,
             0,
         )[:_CRC_SPAN]
@@ -119,22 +147,52 @@ class SegmentHeader:
     def decode(cls, data: bytes, path: Path) -> SegmentHeader:
         """Decode and check a header; every defect is a ``CorruptionError`` naming
         ``path`` and the offending byte offset."""
+        if len(data) >= _MAGIC_VERSION.size:
+            # Magic and version first: a header of another version has another size and
+            # another checksum span, so its checksum would only mislead.
+            magic, version = _MAGIC_VERSION.unpack_from(data)
+            if magic != MAGIC:
+                raise CorruptionError(path, 0, f"bad segment magic {magic!r}, expected {MAGIC!r}")
+            if version != SEGMENT_VERSION:
+                raise CorruptionError(
+                    path,
+                    4,
+                    f"unknown segment version {version} (this build reads {SEGMENT_VERSION})",
+                )
         if len(data) < HEADER_SIZE:
             raise CorruptionError(path, 0, f"header is {len(data)} bytes, expected {HEADER_SIZE}")
-        magic, version, flags, base, raw_uuid, prev, crc, reserved = HEADER.unpack_from(data)
-        if magic != MAGIC:
-            raise CorruptionError(path, 0, f"bad segment magic {magic!r}, expected {MAGIC!r}")
+        magic, version, flags, base, raw_uuid, prev, high_water, crc, reserved = HEADER.unpack_from(
+            data
+        )
         if crc32c.crc32c(data[:_CRC_SPAN]) != crc:
             raise CorruptionError(path, _CRC_SPAN, "segment header checksum mismatch")
-        if version != SEGMENT_VERSION:
-            raise CorruptionError(
-                path, 4, f"unknown segment version {version} (this build reads {SEGMENT_VERSION})"
-            )
         if flags & ~_KNOWN_FLAGS:
             raise CorruptionError(path, 6, f"unknown segment header flags 0x{flags:04x}")
         if reserved:
-            raise CorruptionError(path, 44, "non-zero reserved bytes in segment header")
+            raise CorruptionError(path, 52, "non-zero reserved bytes in segment header")
         seg_uuid = uuid.UUID(bytes=raw_uuid)
         if seg_uuid.version != 7:
             raise CorruptionError(path, 16, f"segment id {seg_uuid} is not a UUIDv7")
-        return cls(base, seg_uuid, flags, prev, version)
+        if not flags & FLAG_HAS_PREDECESSOR:
+            if prev or high_water:
+                raise CorruptionError(
+                    path,
+                    32,
+                    "a segment without a predecessor names a predecessor's base or high-water",
+                )
+        elif not prev <= high_water <= base:
+            raise CorruptionError(
+                path,
+                40,
+                f"the predecessor's high-water {high_water} lies outside its range "
+                f"[{prev}, {base}]",
+            )
+        elif not flags & FLAG_PREDECESSOR_SEALED and high_water != base:
+            raise CorruptionError(
+                path,
+                40,
+                f"the predecessor was closed by a clean rotation (not sealed), so it was "
+                f"synced to this base {base}, but the header records the high-water "
+                f"{high_water}",
+            )
+        return cls(base, seg_uuid, flags, prev, high_water, version)

@@ -8,11 +8,15 @@ a torn tail the writer is about to complete, which is reported as such).
 ``verify_root`` is the full CRC walk: every segment header, every frame, the set's
 structure and chain rules (``wal.layout``), the CHECKPOINT and the quarantine records.
 It collects every problem with its file and offset instead of stopping at the first.
-Damage in the segment that holds the checkpoint mark, below the mark, is always a
-problem, even where a torn tail would be legal: the mark is an acknowledged frame's end,
-and nothing is ever appended behind a torn frame, so bytes before it are no torn write.
-(A torn tail in an *earlier* sealed segment lies below the mark's LSN too, legally: the
-range a failed write reserved is never reused, so only the mark's own segment proves it.)
+Each segment's synced high-water (``SegmentSummary.high_water``: its direct successor's
+header, or the checkpoint mark when the mark lies in it) decides what damage means:
+below it, corruption of acknowledged frames — a problem naming the offset and the
+high-water, the same refusal recovery makes; at or above it, a torn tail (a note).
+The checkpoint mark is a high-water even where a torn tail would otherwise be legal
+(the newest segment): the mark is an acknowledged frame's end, and nothing is ever
+appended behind a torn frame, so bytes before it are no torn write. (A torn tail in an
+*earlier* sealed segment lies below the mark's LSN too, legally: the range a failed
+write reserved is never reused, so only the mark's own segment proves it.)
 """
 
 from __future__ import annotations
@@ -32,6 +36,9 @@ from .layout import (
     SegmentScan,
     chain_problem,
     check_structure,
+    checkpoint_high_water,
+    frames_after_damage,
+    high_water_problem,
     read_segment_file,
     scan_segment,
 )
@@ -68,6 +75,11 @@ class SegmentSummary:
     tenant_last: dict[str, int] = field(default_factory=dict)  # tenant -> last frame end
     damage: str = ""
     damage_offset: int | None = None
+    #: the synced high-water (below it nothing may be damaged) and who recorded it;
+    #: None when no durable record gives one (the newest segment above the checkpoint,
+    #: a segment whose direct successor was reclaimed)
+    high_water: int | None = None
+    high_water_source: str = ""
 
 
 @dataclass
@@ -89,8 +101,11 @@ class PublishedSummary:
     """The live PUBLISHED slot, for operators (RFC 0055)."""
 
     max_tenants: int
-    #: tenant -> (records frontier, audit frontier, flags "terminal"/"publishing")
+    #: tenant -> (records frontier, audit frontier, flags "terminal"/"publishing"); a
+    #: publishing entry's frontiers are the ones in force before its settlement
     frontiers: dict[str, tuple[WalOffset | None, WalOffset | None, str]]
+    #: tenant -> the end of the span a settlement's unconfirmed intent covers
+    intents: dict[str, WalOffset] = field(default_factory=dict)
 
 
 @dataclass
@@ -159,15 +174,25 @@ def verify_root(root: Path | str, *, fs: Fs | None = None) -> RootReport:
             report.problems.append(_problem(exc))
             scans.append(SegmentScan(f, [], _unscannable(), b""))
     for i, scan in enumerate(scans):
-        report.segments.append(_summarise(scan))
+        summary = _summarise(scan)
+        report.segments.append(summary)
         if i + 1 < len(scans):
-            problem = chain_problem(scan, scans[i + 1].file)
+            nxt_file = scans[i + 1].file
+            nxt = nxt_file.header
+            direct = nxt.has_predecessor and nxt.prev_base_lsn == scan.file.base
+            if direct:
+                summary.high_water = nxt.prev_high_water
+                summary.high_water_source = f"recorded by its successor {nxt_file.path.name}"
+            problem = chain_problem(scan, nxt_file) if scan.data else None
             if problem is not None:
                 report.problems.append(_problem(problem))
-            elif scan.stop.damaged:
-                nxt = scans[i + 1].file.header
-                if nxt.has_predecessor and nxt.prev_base_lsn == scan.file.base:
-                    why = "its successor records the seal, so the tail held no acknowledged frame"
+            elif scan.stop.damaged and scan.data:
+                if direct:
+                    why = (
+                        f"it lies at or above the high-water {nxt.prev_high_water} its "
+                        f"successor records (the seal), so the tail held no acknowledged "
+                        f"frame"
+                    )
                 else:
                     why = (
                         "its direct successor was reclaimed, so whether the tail held an "
@@ -183,12 +208,22 @@ def verify_root(root: Path | str, *, fs: Fs | None = None) -> RootReport:
     if scans and files:
         newest = scans[-1]
         if newest.stop.damaged and newest.stop.reason:
+            after = _frames_after_damage(newest.data, newest.stop.valid_end, newest.file.path)
+            # Above the checkpoint the newest segment has no recorded high-water, so this
+            # stays a note; frames that verify after it are worth an operator's look.
+            suspect = (
+                f"; {after} frame(s) after it still verify, which a crash rarely leaves: "
+                f"if the node was neither killed nor lost power, suspect the disk"
+                if after
+                else ""
+            )
             report.notes.append(
                 Problem(
                     newest.file.path,
                     newest.stop.valid_end,
                     f"torn tail in the newest segment ({newest.stop.reason}); legal after a "
-                    f"crash: the next open seals it and keeps the bytes",
+                    f"crash above the checkpoint (it has no other high-water yet): the next "
+                    f"open seals it and keeps the bytes{suspect}",
                 )
             )
     _read_checkpoint_into(fs, report, scans)
@@ -229,24 +264,24 @@ def _read_quarantine_into(fs: Fs, report: RootReport, present: set[str]) -> None
 
 def _damage_below_checkpoint(report: RootReport, scans: list[SegmentScan]) -> None:
     """Damage below the checkpoint mark in the mark's own segment is corruption of
-    acknowledged frames, even where a torn tail would be legal (the newest segment)."""
-    mark = report.checkpoint
-    if mark is None:
-        return
+    acknowledged frames, even where a torn tail would be legal (the newest segment): the
+    mark is that segment's high-water (the same refusal open makes)."""
     reported = {(p.path, p.offset) for p in report.problems}
-    for scan in scans:
-        if not scan.data or not scan.stop.damaged or scan.file.header.uuid != mark.segment:
+    for scan, summary in zip(scans, report.segments, strict=False):
+        recorded = checkpoint_high_water(scan.file, report.checkpoint)
+        if recorded is None or not scan.data:
             continue
-        damage_lsn = scan.valid_end_lsn
+        if summary.high_water is None or recorded[0] > summary.high_water:
+            summary.high_water, summary.high_water_source = recorded
+        problem = high_water_problem(scan, *recorded)
         where = (scan.file.path, scan.stop.valid_end)
-        if damage_lsn < mark.lsn and where not in reported:
+        if problem is not None and scan.stop.damaged and where not in reported:
             report.problems.append(
                 Problem(
                     scan.file.path,
                     scan.stop.valid_end,
-                    f"damage ({scan.stop.reason}) at LSN {damage_lsn}, below the checkpoint "
-                    f"{mark.lsn}: frames that were acknowledged and published are unreadable "
-                    f"here (the store holds their records)",
+                    f"below the checkpoint: {problem.reason} (the store holds the records "
+                    f"of the frames at or below the checkpoint)",
                 )
             )
             report.notes = [n for n in report.notes if (n.path, n.offset) != where]
@@ -375,19 +410,7 @@ def verify_segment_bytes(data: bytes, name: str, *, where: Path | None = None) -
 
 def _frames_after_damage(data: bytes, damage: int, path: Path) -> int:
     """Frames that verify after the damaged one, skipping it by its length prefix."""
-    from .frame import PREFIX
-
-    if len(data) - damage < PREFIX.size:
-        return 0
-    body_len, _crc = PREFIX.unpack_from(data, damage)
-    nxt = damage + PREFIX.size + body_len
-    if body_len <= 0 or nxt >= len(data):
-        return 0
-    try:
-        frames, _stop = scan_frames(data, nxt, path=path)
-    except CorruptionError:
-        return 0
-    return len(frames)
+    return len(frames_after_damage(data, damage, path))
 
 
 def _read_published_into(fs: Fs, report: RootReport) -> None:
@@ -406,14 +429,19 @@ def _read_published_into(fs: Fs, report: RootReport) -> None:
         return
     t, record = loaded
     frontiers: dict[str, tuple[WalOffset | None, WalOffset | None, str]] = {}
+    intents: dict[str, WalOffset] = {}
     for slot, entry in record.entries.items():
         flags = ",".join(
             name
             for name, on in (("terminal", entry.terminal), ("publishing", entry.publishing))
             if on
         )
-        frontiers[record.dictionary[slot].tenant] = (entry.records, entry.audit, flags)
-    report.published = PublishedSummary(t, frontiers)
+        tenant = record.dictionary[slot].tenant
+        marks = entry.marks
+        frontiers[tenant] = (marks.records, marks.audit, flags)
+        if marks.intent is not None:
+            intents[tenant] = marks.intent
+    report.published = PublishedSummary(t, frontiers, intents)
 
 
 def _read_reclaim_into(fs: Fs, report: RootReport) -> None:

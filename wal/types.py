@@ -202,9 +202,22 @@ class PublishedMarks:
     its frames ending at or below ``audit``. None: no frontier on that side (recovery
     falls back to the checkpoint for it). ``terminal``: the tenant was refused as
     unrecoverable — a clear side then means "nothing of it was published", never
-    "consult the checkpoint". ``publishing``: a settlement's publish was in flight."""
+    "consult the checkpoint".
+
+    ``intent`` (RFC 0055 §9.4, "intent then confirm"; the entry's ``publishing`` bit): a
+    settlement is publishing the tenant's rows of its frames in (frontier, ``intent``] —
+    some of them may be in the store, none is known to be. ``records`` and ``audit`` are
+    then the frontier in force before it (one position, both sides: what recovery gates
+    on), and the span is republished under the names its rows derive, so nothing of it
+    is suppressed and nothing of it lands twice. A write whose marks reach ``intent`` on
+    both sides confirms it (``wal/frontiers.py``)."""
 
     records: WalOffset | None = None
     audit: WalOffset | None = None
     terminal: bool = False
-    publishing: bool = False
+    intent: WalOffset | None = None
+
+    @property
+    def publishing(self) -> bool:
+        """A settlement's publish of (frontier, ``intent``] is not confirmed."""
+        return self.intent is not None

@@ -6,7 +6,10 @@
   and their states, quarantined segments, the retain floor and why each segment is
   retained. With the data directory's ``snapshots/`` beside the WAL, the tenants'
   horizons are read from it (decoded, never written) so the reasons are complete.
-* ``verify DIR`` — the full CRC walk; every problem with its file and offset.
+* ``verify DIR`` — the full CRC walk; every problem with its file and offset. Damage
+  below a segment's synced high-water (recorded by its successor's header, or the
+  checkpoint mark) is reported as corruption naming the high-water; damage above it
+  is a torn tail (a note). ``inspect`` prints each segment's high-water.
   ``verify FILE.wal`` checks one segment file on its own (an archived copy, a
   quarantined file); ``verify --archive [NAME ...]`` fetches this node's archived
   segments from the configured object store (the settings ``serve`` would load) and
@@ -138,6 +141,11 @@ def inspect(directory: Path, out: TextIO) -> int:
         )
         for tenant, (records, audit, flags) in sorted(pub.frontiers.items()):
             extra = f" [{flags}]" if flags else ""
+            if tenant in pub.intents:
+                extra += (
+                    f" — a settlement's publish through {pub.intents[tenant]} is not confirmed;"
+                    f" the next start republishes that span under its deterministic names"
+                )
             print(
                 f"  published through for {tenant}: records {records}, audit {audit}{extra}",
                 file=out,
@@ -153,6 +161,8 @@ def inspect(directory: Path, out: TextIO) -> int:
             f"{sealed}",
             file=out,
         )
+        if s.high_water is not None:
+            print(f"      high-water {s.high_water} ({s.high_water_source})", file=out)
         for tenant in sorted(s.tenants):
             print(
                 f"      tenant {tenant}: {s.tenants[tenant]} frames, last ends at "

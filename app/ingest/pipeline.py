@@ -217,6 +217,8 @@ class Pipeline:
         self.refused: frozenset[str] = frozenset()
         self.refused_details: Mapping[str, str] = {}
         self.folded: dict[str, WalOffset] = {}
+        #: tenants whose intent span recovery's replay is buffering staged (unsealed)
+        self._staging: set[str] = set()
         #: barrier epoch: the number of the next cut (incremented at each capture)
         self.epoch = 1
         #: the lowest epoch a failure invalidated (LATCH_CLEAR when none)
@@ -306,6 +308,11 @@ class Pipeline:
             ticket.offset = ticket.pending.wait().offset
         except AppendError as exc:
             ticket.error = exc
+
+    def refusal_of(self, ticket: Ticket) -> IngestRejection:
+        """What the client of a ticket whose sync failed is told (``ticket.error``)."""
+        assert ticket.error is not None
+        return _unavailable(ticket.error, len(ticket.batch))
 
     def turn_and_finish(self, ticket: Ticket) -> IngestOutcome:
         """Stage 3, in commit order: the turn (a failed sync passes its turn with nothing
@@ -460,8 +467,18 @@ class Pipeline:
         return out
 
     def buffer_audit(
-        self, tenant: str, batch: FlatBatch, result: MineResult, offset: WalOffset
+        self,
+        tenant: str,
+        batch: FlatBatch,
+        result: MineResult,
+        offset: WalOffset,
+        staged: Callable[[int], bool] | None = None,
     ) -> list[Detached]:
+        """Buffer the template events of a mined batch. ``staged``: the frame lies in a
+        settlement's intent span (``sink.buffers``) and says which template ids the tree
+        had before the rebuild — their events are staged (every attempt at the span
+        derives them alike); the others name ids this attempt allocated (no other
+        attempt's event binds them) and are buffered as usual."""
         if not result.events:
             return []
         times = batch.column("time_unix_nano")
@@ -477,10 +494,21 @@ class Pipeline:
             )
             for e in result.events
         ]
-        return self.buffers.add_audit(tenant, events, offset.lsn)
+        if staged is None:
+            return self.buffers.add_audit(tenant, events, offset.lsn)
+        known = [e for e in events if staged(e[0])]
+        out = self.buffers.add_audit(tenant, [e for e in events if not staged(e[0])], offset.lsn)
+        self.buffers.add_audit(tenant, known, offset.lsn, staged=True)
+        return out
 
     def buffer_records(
-        self, tenant: str, batch: FlatBatch, result: MineResult, offset: WalOffset, nbytes: int
+        self,
+        tenant: str,
+        batch: FlatBatch,
+        result: MineResult,
+        offset: WalOffset,
+        nbytes: int,
+        staged: bool = False,
     ) -> list[Detached]:
         """The frame's rows with the template columns added, one Arrow batch per UTC day
         (the usual frame is one day and is buffered as it is)."""
@@ -495,7 +523,9 @@ class Pipeline:
                 part, share = records, nbytes
             else:
                 part, share = records.take(pa.array(index, pa.int32())), nbytes * len(index) // rows
-            d = self.buffers.add_records(tenant, day, part, wal_lsn=lsn, nbytes=share)
+            d = self.buffers.add_records(
+                tenant, day, part, wal_lsn=lsn, nbytes=share, staged=staged
+            )
             if d is not None:
                 out.append(d)
         return out
@@ -611,8 +641,9 @@ class Pipeline:
         thread). True only when all of it reached the store and nothing was requeued —
         recovery installs snapshots above X on that alone."""
         with self.exclusion.exclusive():
-            detached = self.buffers.drain_all(reason)
+            detached = self.buffers.drain_all(reason)  # seals every intent span staged
             upto = self.buffers.last_id
+            self._staging.clear()
         ok = True
         for d in detached:
             ok = self.publisher.publish(d).ok and ok
@@ -635,13 +666,25 @@ class Pipeline:
         publish_audit: bool,
         nbytes: int = 0,
         is_fresh: Callable[[int], bool] | None = None,
+        intent: bool = False,
     ) -> tuple[int, int]:
         """Feed a replayed frame (above the tenant's snapshot horizon) to its miner;
         forward its rows only when ``publish_records`` and the template events it
         regenerates only when ``publish_audit`` — except an event of a template this
         replay minted afresh (``is_fresh`` of its id: above the allocator's high-water at
         start): no published event binds that id, so it is forwarded once whatever the
-        gate (RFC0052.10's 2026-10-06 amendment). Returns (records, events) suppressed."""
+        gate (RFC0052.10's 2026-10-06 amendment). Returns (records, events) suppressed.
+
+        ``intent``: the frame lies in the span of the tenant's unconfirmed settlement
+        intent (RFC 0055 §9.4): what it forwards is staged as the settlement staged it —
+        its records, and the events of ids not minted by this replay — so the span is
+        republished under the names the settlement's attempt used (``sink.buffers``).
+        The tenant's first frame past the span seals it."""
+        if intent:
+            self._staging.add(tenant)
+        elif tenant in self._staging:
+            self._staging.discard(tenant)
+            self.buffers.seal_staged(tenant)
         with self.miner_lock:
             result = self.miners.mine(tenant, batch.bodies)
         self.folded[tenant] = offset
@@ -654,9 +697,14 @@ class Pipeline:
                 ]
                 events_suppressed = len(result.events) - len(fresh)
                 result = MineResult(result.template_ids, result.template_params, fresh)
-            detached.extend(self.buffer_audit(tenant, batch, result, offset))
+            known = (lambda tid: not is_fresh(tid)) if is_fresh is not None else (lambda tid: True)
+            detached.extend(
+                self.buffer_audit(tenant, batch, result, offset, known if intent else None)
+            )
         if publish_records:
-            detached.extend(self.buffer_records(tenant, batch, result, offset, nbytes))
+            detached.extend(
+                self.buffer_records(tenant, batch, result, offset, nbytes, staged=intent)
+            )
         for d in detached:
             if not self.publisher.offer(d):
                 self.publisher.park(d)
@@ -690,7 +738,8 @@ class Pipeline:
         self.settler.note_failure(tenant, frame.offset, why)
         with self.exclusion.exclusive():
             with self.miner_lock:
-                self.buffers.drop_tenant(tenant)
+                self.buffers.drop_tenant(tenant)  # what it staged too: its settlement re-stages
+        self._staging.discard(tenant)
         self._add_replayed_entry(frame, gates, clamp)
         self._events(
             "tenant.settling",

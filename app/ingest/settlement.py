@@ -34,10 +34,22 @@ of the batch. From then on:
      in flight is fenced, never written after this point), the replay's rows and
      events are buffered, the entries are removed and the clamp lifted; the signal is
      set. Nothing here waits for another thread's publish;
-  5. *forced frontier* (barrier thread only; no store I/O in an ingest turn) — the
-     tenant's rows are published now and, when nothing of it is left in flight,
-     PUBLISHED records the raised marks, so a crash after it replays nothing of the
-     span again.
+  5. *intent, forced frontier* (barrier thread only; no I/O in an ingest turn) — RFC
+     0055 §9.4 "intent then confirm". Before the swap, ``publish_marks`` records the
+     intent: the frontier W (one position for both sides) and the end of the span, the
+     entry's ``publishing`` bit set. The swap buffers the span *staged* (its records,
+     and the events of templates the tree held before the rebuild: ``sink.buffers``),
+     units named by their rows. After it the tenant's rows are published and, when
+     nothing of it is left in flight, ``publish_marks`` confirms (the raised marks
+     reach the span's end: the bit clears), so a crash after it replays nothing of the
+     span. A crash between the two leaves the bit: recovery gates the tenant at W and
+     republishes the span staged from the same snapshot, under the same names, with the
+     store's conditional create — what landed is not written again, what did not is
+     (``app/node/recovery.py``; the crash cases are argued in docs/ARCHITECTURE.md). One
+     intent at a time: a settlement that finds one in force stages exactly its span and
+     writes none of its own; a turn's settlement stages it too and never writes one.
+     No intent can be written (the write failed, or the sides start apart): nothing is
+     force-published, the rows wait for the next cut.
 
   What the replay emits: a frame's records only above W; its template events above
   the audit frontier, and always the events of templates the replay created (a fresh
@@ -155,11 +167,22 @@ class Host(Protocol):
     def replace_tenant(self, tenant: str, miner: TenantMiner) -> None: ...
 
     def buffer_audit(
-        self, tenant: str, batch: FlatBatch, result: MineResult, offset: WalOffset
+        self,
+        tenant: str,
+        batch: FlatBatch,
+        result: MineResult,
+        offset: WalOffset,
+        staged: Callable[[int], bool] | None = None,
     ) -> list[Detached]: ...
 
     def buffer_records(
-        self, tenant: str, batch: FlatBatch, result: MineResult, offset: WalOffset, nbytes: int
+        self,
+        tenant: str,
+        batch: FlatBatch,
+        result: MineResult,
+        offset: WalOffset,
+        nbytes: int,
+        staged: bool = False,
     ) -> list[Detached]: ...
 
 
@@ -581,13 +604,17 @@ class Settler:
         if tree is None:
             tree = p.miners.build(tenant, None)
         marks = p.journal.published_marks().get(tenant, PublishedMarks())
-        x = -1 if claim_x is None else claim_x.lsn
-        w_records = max(x, -1 if marks.records is None else marks.records.lsn)
-        w_audit = max(x, -1 if marks.audit is None else marks.audit.lsn)
+        # the frontiers the replay re-emits above (None: nothing of that side is durable)
+        from_records = _higher(claim_x, marks.records)
+        from_audit = _higher(claim_x, marks.audit)
         for e in entries:
             if e.gates is not None:  # a start-up replay's entry: never above its gates
-                w_records = min(w_records, _lsn(e.gates.records))
-                w_audit = min(w_audit, _lsn(e.gates.audit))
+                from_records = _lower(from_records, e.gates.records)
+                from_audit = _lower(from_audit, e.gates.audit)
+        w_records, w_audit = _lsn(from_records), _lsn(from_audit)
+        #: the ids the tree had before this rebuild: their events are the same in every
+        #: attempt at the span, the others are this attempt's own
+        known = {t.template_id for t in tree.templates()}
         isolated = self._isolated(tenant, horizon)
         cursor = (
             FrameCursor.after(horizon) if horizon is not None else p.journal.oldest_frame(tenant)
@@ -619,6 +646,10 @@ class Settler:
                     )
                 )
         points.hit("settlement.before_swap")
+        span = marks.intent  # an earlier settlement's span not confirmed yet: kept as it is
+        if span is None and force_publish:
+            span = self._intend(tenant, from_records, from_audit, horizon, to.offset)
+            force_publish = span is not None
         detached: list[Detached] = []
         records = events_out = 0
         with p.exclusion.exclusive():
@@ -626,12 +657,26 @@ class Settler:
                 p.replace_tenant(tenant, tree)  # first: a failure here has dropped nothing
                 dropped = p.buffers.drop_tenant(tenant)
                 for r in replayed:
+                    staged = span is not None and r.frame.offset.lsn <= span.lsn
                     try:
-                        detached.extend(p.buffer_audit(tenant, r.batch, r.result, r.frame.offset))
+                        detached.extend(
+                            p.buffer_audit(
+                                tenant,
+                                r.batch,
+                                r.result,
+                                r.frame.offset,
+                                known.__contains__ if staged else None,
+                            )
+                        )
                         if r.publish_records:
                             detached.extend(
                                 p.buffer_records(
-                                    tenant, r.batch, r.result, r.frame.offset, len(r.frame.payload)
+                                    tenant,
+                                    r.batch,
+                                    r.result,
+                                    r.frame.offset,
+                                    len(r.frame.payload),
+                                    staged=staged,
                                 )
                             )
                     except Exception as exc:  # noqa: BLE001 - counted against this frame
@@ -639,6 +684,7 @@ class Settler:
                     events_out += len(r.result.events)
                     if r.publish_records:
                         records += len(r.batch)
+                p.buffers.seal_staged(tenant)  # the span is complete: its units are final
                 p.folded[tenant] = to.offset
                 p.unmined.remove(entries)
                 p.recompute_durable()
@@ -661,6 +707,7 @@ class Settler:
                 "through": str(to.offset),
                 "records_frontier": w_records,
                 "audit_frontier": w_audit,
+                "intent": None if span is None else str(span),
                 "frames": len(replayed),
                 "records": records,
                 "events": events_out,
@@ -718,10 +765,52 @@ class Settler:
             NO_TEMPLATE,
         )
 
+    def _intend(
+        self,
+        tenant: str,
+        from_records: WalOffset | None,
+        from_audit: WalOffset | None,
+        horizon: WalOffset | None,
+        through: WalOffset,
+    ) -> WalOffset | None:
+        """Record the intent before anything of the span can be published (module
+        docstring): PUBLISHED keeps the frontier the replay re-emits above and marks
+        (frontier, ``through``] as being published. Returns the span's end, or None when
+        no intent is in force — the write failed, or the two sides start apart (a state
+        this implementation does not reach) — and then nothing is published before the
+        next cut: without an intent a crash would republish what landed."""
+        p = self.pipeline
+        # Frames at or below the snapshot horizon are not re-emitted on either side, so
+        # the sides differ only if they differ above it.
+        lo = _lower(from_records, from_audit)
+        if _lsn(_higher(horizon, from_records)) != _lsn(_higher(horizon, from_audit)):
+            log.warning(
+                "tenant %r: its records and audit frontiers (%s, %s) differ above its "
+                "snapshot; the settled rows wait for the next cut instead of an intent",
+                tenant,
+                from_records,
+                from_audit,
+            )
+            return None
+        try:
+            p.journal.publish_marks({tenant: PublishedMarks(lo, lo, intent=through)})
+        except PublishedWriteError as exc:
+            log.warning(
+                "tenant %r: the settlement's intent could not be written (%s); the settled "
+                "rows wait for the next cut",
+                tenant,
+                exc,
+            )
+            return None
+        points.hit("settlement.intent")  # durable: nothing of the span is published yet
+        return through
+
     def _force_frontier(self, tenant: str, through: WalOffset, detached: list[Detached]) -> bool:
-        """Publish the tenant's rows now and record the raised frontier (RFC 0055 §9.4):
-        a crash after it replays nothing of the span. A failure leaves the previous
-        frontier in force — the next checkpoint's PUBLISHED write supersedes it."""
+        """Publish the tenant's rows now and confirm the intent with the raised frontier
+        (RFC 0055 §9.4): a crash after it replays nothing of the span, a crash before it
+        replays the span under the same names. A failure leaves the intent in force —
+        the next checkpoint's PUBLISHED write, whose flush covers the span, confirms
+        it."""
         p = self.pipeline
         with p.exclusion.shared():
             batches = p.buffers.drain_tenant(tenant, "settlement")
@@ -730,6 +819,7 @@ class Settler:
         ok = True
         for d in batches:
             ok = p.publisher.publish(d).ok and ok
+        points.hit("settlement.published")  # the publish returned; the marks not written
         # Rows of it still in flight elsewhere (the publisher thread's queue, a pending
         # cut only this thread runs): not waited for; the next checkpoint covers them.
         if not ok or p.buffers.in_flight.pending_for(tenant):
@@ -783,3 +873,12 @@ class Settler:
 
 def _lsn(offset: WalOffset | None) -> int:
     return -1 if offset is None else offset.lsn
+
+
+def _higher(a: WalOffset | None, b: WalOffset | None) -> WalOffset | None:
+    """The later of two frontiers (None: nothing, below every offset)."""
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return a if a.lsn >= b.lsn else b

@@ -1,23 +1,30 @@
-"""The core's ingest stages for requests that arrive over the workers' channels.
+"""The core's ingest stages: a request is acknowledged at the fsync covering its frame,
+and its turn runs afterwards, in commit order, behind a bounded backlog (DESIGN.md §5).
 
-A worker's request reaches the core as (tenant, WAL payload, decoded batch) on that
-worker's reader thread. Three stages take it from there, each on one thread, so the
-core never holds a thread per request:
+A request reaches the core as (tenant, WAL payload, decoded batch) — over a worker's
+channel, or from the in-process receivers (``LocalPort``, ``server.workers`` 0). Three
+stages take it from there, each on one thread, so the core never holds a thread per
+request:
 
-1. ``submit`` (the channel's reader thread): admission and the WAL append
-   (``Pipeline.admit_and_append``); a refusal is answered at once, and nothing was
+1. ``submit`` (the caller's thread): the backlog bound, admission and the WAL append
+   (``Pipeline.admit_and_append``); a refusal is raised at once and nothing was
    written. Appends and the queueing behind them happen under one lock, so the
    committer sees the frames in the journal's sequence.
-2. the committer thread: waits for the fsync covering each frame, in sequence. The
+2. the committer thread: waits for the fsync covering each frame, in sequence (the
    journal's group commit makes the first waiter lead the next fsync; the committer is
    every frame's waiter, so each fsync covers every frame appended while the previous
-   one ran (``Pipeline.await_durable``).
-3. the turn thread: mines and buffers each frame in commit order
-   (``Pipeline.turn_and_finish``) and then answers the worker. So a 200 is sent only
-   after the covering fsync and the turn, as for the in-process receivers.
+   one ran), then **answers**: acknowledged once that fsync returned OK and no rotation
+   obligation is pending (``Pending.wait``'s promise), refused when it failed.
+3. the turn thread: first the frames a restart replays (``start(replay=...)``), then
+   each acknowledged frame in commit order (``Pipeline.turn_and_finish``): mining,
+   buffering, the mark. Only a turn sets the mark (its own frame end), so the mark
+   never covers a frame whose turn has not run, and nothing replayed is ever a mark.
 
-The stages overlap: while the turn thread mines one batch, the committer's fsync is
-already covering the next ones, and the readers append behind it.
+Frames appended and not yet turned are the backlog, bounded by ``turn_backlog_bytes``:
+at the bound ``submit`` refuses with 503 ``ingest_backlog`` and a retry hint, so a turn
+thread that falls behind (a slow miner, a long replay) costs the clients a retry,
+never the volume. A tenant's new frame is always turned after its older ones, replayed
+ones included: the turn thread takes them in that order.
 """
 
 from __future__ import annotations
@@ -25,57 +32,114 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Callable
-from typing import Final
+from collections.abc import Callable, Iterable
+from typing import Final, TypeVar
 
+from app import points
 from app.ingest.pipeline import Pipeline, Ticket
 from app.receive.api import IngestOutcome
-from app.receive.otlp import FlatBatch, IngestRejection
+from app.receive.otlp import FlatBatch, IngestRejection, Unavailable
 
-__all__ = ["Answer", "Stages"]
+__all__ = ["Answer", "IngestBacklogFull", "LocalPort", "Stages"]
 
 log = logging.getLogger("ourios.stages")
 
-#: Called once per submitted request, from the turn thread: the outcome, or the refusal.
+#: Called once per submitted request, from the committer thread: the outcome, or the
+#: refusal.
 Answer = Callable[[IngestOutcome | None, IngestRejection | None], None]
+#: The hint a request refused for the backlog gets: the turn thread catches up in
+#: seconds unless something is badly wrong.
+BACKLOG_RETRY_AFTER_S: Final = 1
 
 _INTERNAL: Final = "internal error; the server log has the details"
+
+Item = TypeVar("Item")
+
+
+class IngestBacklogFull(Unavailable):
+    """503 / UNAVAILABLE: frames acknowledged but not yet turned reached the bound."""
+
+    def __init__(self, bound: int, backlog: int, frames: int) -> None:
+        super().__init__(
+            f"the ingest backlog is full: {backlog} bytes in {frames} frames are "
+            f"acknowledged and waiting for their turn (wal.turn_backlog_bytes={bound}); "
+            f"retry shortly",
+            retry_after=BACKLOG_RETRY_AFTER_S,
+            error_type="ingest_backlog",
+        )
 
 
 class Stages:
     """Threads ``ourios-commit`` and ``ourios-turn``: ``start``, ``submit``, ``close``."""
 
-    def __init__(self, pipeline: Pipeline) -> None:
+    def __init__(self, pipeline: Pipeline, *, backlog_bytes: int) -> None:
+        if backlog_bytes < 1:
+            raise ValueError(f"backlog_bytes must be >= 1, got {backlog_bytes}")
         self._pipeline = pipeline
+        self.backlog_limit = backlog_bytes
         self._submit_lock = threading.Lock()
         self._durable: queue.SimpleQueue[tuple[Ticket, Answer] | None] = queue.SimpleQueue()
-        self._turns: queue.SimpleQueue[tuple[Ticket, Answer] | None] = queue.SimpleQueue()
+        self._turns: queue.SimpleQueue[Ticket | None] = queue.SimpleQueue()
         self._committer: threading.Thread | None = None
         self._turner: threading.Thread | None = None
         self._closed = False
+        self._halt = threading.Event()
+        self._backlog_lock = threading.Lock()
+        self._turned = threading.Condition(self._backlog_lock)
+        self._backlog_bytes = 0
+        self._backlog_frames = 0
+        #: the replay's outcome once its last frame was turned (None: still replaying)
+        self.replay_error: BaseException | None = None
 
-    def start(self) -> None:
+    # -- lifecycle --------------------------------------------------------------------
+
+    def start(
+        self,
+        *,
+        replay: Iterable[Item] | None = None,
+        turn_replayed: Callable[[Item], None] | None = None,
+        replayed: Callable[[BaseException | None], None] | None = None,
+    ) -> None:
+        """Start the threads. With ``replay``, the turn thread first turns each of its
+        items (``turn_replayed``), then calls ``replayed(error)`` — error is what ended
+        the replay early, None when it ran to the end — and only then turns new frames.
+        """
         self._committer = threading.Thread(target=self._commit, name="ourios-commit")
-        self._turner = threading.Thread(target=self._turn, name="ourios-turn")
+        self._turner = threading.Thread(
+            target=self._turn, args=(replay, turn_replayed, replayed), name="ourios-turn"
+        )
         self._committer.start()
         self._turner.start()
 
     def submit(self, tenant: str, payload: bytes, batch: FlatBatch, answer: Answer) -> None:
-        """Admit and append; the answer comes from the turn thread. Raises the
+        """Admit and append; the answer comes from the committer thread. Raises the
         ``IngestRejection`` of a refusal (nothing written), or when closed."""
         with self._submit_lock:
             if self._closed:
-                raise IngestRejection("the node is shutting down", error_type="shutting_down")
+                raise Unavailable("the node is shutting down; retry", error_type="shutting_down")
+            with self._backlog_lock:
+                backlog, frames = self._backlog_bytes, self._backlog_frames
+            if frames and backlog + len(payload) > self.backlog_limit:
+                refusal = IngestBacklogFull(self.backlog_limit, backlog, frames)
+                refusal.records = len(batch)
+                raise refusal
             ticket = self._pipeline.admit_and_append(tenant, payload, batch)
+            with self._backlog_lock:
+                self._backlog_bytes += ticket.pending.size
+                self._backlog_frames += 1
             self._durable.put((ticket, answer))
 
-    def close(self, timeout: float) -> bool:
-        """Refuse new submissions, finish every submitted one (each is answered), join.
-        False when a thread did not end within ``timeout`` seconds."""
+    def close(self, timeout: float, *, drain: bool = True) -> bool:
+        """Refuse new submissions and answer every submitted one. With ``drain`` the turn
+        thread turns every acknowledged frame first; without, it stops after the frame
+        it is on (what it leaves is durable: the next start replays it). False when a
+        thread did not end within ``timeout`` seconds."""
         with self._submit_lock:
             if self._closed:
                 return True
             self._closed = True
+            if not drain:
+                self._halt.set()
             self._durable.put(None)
         joined = True
         for thread in (self._committer, self._turner):
@@ -84,30 +148,72 @@ class Stages:
                 joined = joined and not thread.is_alive()
         return joined
 
+    @property
+    def backlog(self) -> tuple[int, int]:
+        """(bytes, frames) appended and not yet turned."""
+        with self._backlog_lock:
+            return self._backlog_bytes, self._backlog_frames
+
+    def wait_turned(self, timeout: float) -> bool:
+        """Block until every frame appended so far has had its turn (False: timed out)."""
+        with self._turned:
+            return self._turned.wait_for(lambda: self._backlog_frames == 0, timeout)
+
+    # -- the threads ------------------------------------------------------------------
+
     def _commit(self) -> None:
         while True:
             item = self._durable.get()
             if item is None:
                 self._turns.put(None)
                 return
-            self._pipeline.await_durable(item[0])
-            self._turns.put(item)
-
-    def _turn(self) -> None:
-        while True:
-            item = self._turns.get()
-            if item is None:
-                return
             ticket, answer = item
-            try:
-                outcome = self._pipeline.turn_and_finish(ticket)
-            except IngestRejection as exc:
-                _answer(answer, None, exc)
-            except Exception:  # noqa: BLE001 - the client is told; the turn thread lives on
-                log.exception("an ingest turn failed unexpectedly (tenant %r)", ticket.tenant)
-                _answer(answer, None, IngestRejection(_INTERNAL))
+            self._pipeline.await_durable(ticket)
+            if ticket.error is None:
+                points.hit("stages.acknowledged")
+                _answer(answer, IngestOutcome(records=len(ticket.batch)), None)
             else:
-                _answer(answer, outcome, None)
+                _answer(answer, None, self._pipeline.refusal_of(ticket))
+            self._turns.put(ticket)
+
+    def _turn(
+        self,
+        replay: Iterable[Item] | None,
+        turn_replayed: Callable[[Item], None] | None,
+        replayed: Callable[[BaseException | None], None] | None,
+    ) -> None:
+        if replay is not None:
+            error: BaseException | None = None
+            try:
+                assert turn_replayed is not None
+                for item in replay:
+                    if self._halt.is_set():
+                        break
+                    turn_replayed(item)
+            except BaseException as exc:  # noqa: BLE001 - reported; the node stops on it
+                log.exception("the replay failed")
+                error = exc
+            self.replay_error = error
+            if replayed is not None:
+                replayed(error)
+            if error is not None:
+                self._halt.set()  # nothing new is turned on top of a failed replay
+        while True:
+            ticket = self._turns.get()
+            if ticket is None:
+                return
+            if not self._halt.is_set():
+                points.hit("stages.turn")
+                try:
+                    self._pipeline.turn_and_finish(ticket)
+                except IngestRejection:
+                    pass  # answered already: a failed sync, or a tenant refused since
+                except Exception:  # noqa: BLE001 - the frame is durable; the next start
+                    log.exception("an ingest turn failed unexpectedly (%s)", ticket.tenant)
+            with self._turned:
+                self._backlog_bytes -= ticket.pending.size
+                self._backlog_frames -= 1
+                self._turned.notify_all()
 
 
 def _answer(answer: Answer, outcome: IngestOutcome | None, error: IngestRejection | None) -> None:
@@ -115,3 +221,37 @@ def _answer(answer: Answer, outcome: IngestOutcome | None, error: IngestRejectio
         answer(outcome, error)
     except Exception:  # noqa: BLE001 - a worker gone mid-request: the client retries
         log.debug("an answer could not be delivered", exc_info=True)
+
+
+class LocalPort:
+    """The receivers' pipeline port in the core itself (``server.workers`` 0): each
+    request goes through the stages and its thread waits for the answer."""
+
+    def __init__(self, stages: Stages, pipeline: Pipeline) -> None:
+        self._stages = stages
+        self._pipeline = pipeline
+
+    def ingest(
+        self, tenant: str, payload: bytes, batch: FlatBatch, transport: str
+    ) -> IngestOutcome:
+        done = threading.Event()
+        got: list[IngestOutcome | IngestRejection] = []
+
+        def answer(outcome: IngestOutcome | None, refusal: IngestRejection | None) -> None:
+            got.append(outcome if outcome is not None else refusal or IngestRejection(_INTERNAL))
+            done.set()
+
+        self._stages.submit(tenant, payload, batch, answer)
+        done.wait()
+        result = got[0]
+        if isinstance(result, IngestRejection):
+            raise result
+        return result
+
+    @property
+    def ready(self) -> bool:
+        return self._pipeline.ready
+
+    @property
+    def alive(self) -> bool:
+        return self._pipeline.alive

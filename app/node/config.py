@@ -357,6 +357,19 @@ class WalSettings(WalConfig):
             "unit": "",
         },
     )
+    turn_backlog_bytes: int = field(
+        default=64 * MiB,
+        metadata={
+            "doc": "Frames acknowledged (durable) but not yet mined and buffered, in bytes: "
+            "at this bound new batches are refused with 503 ingest_backlog and "
+            "Retry-After until the turn thread catches up (also while a restart replays "
+            "the WAL, whose frames are turned first). A single frame larger than the "
+            "bound is still taken when nothing waits.",
+            "minimum": 1 * MiB,
+            "maximum": 16 * GiB,
+            "unit": "bytes",
+        },
+    )
 
 
 def _wal_rows() -> tuple[Setting, ...]:

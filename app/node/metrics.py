@@ -21,7 +21,9 @@ from app.cadence.archive import Archiver
 from app.cadence.housekeeping import Housekeeper
 from app.ingest.admission import Admission, Bound
 from app.ingest.pipeline import LATCH_CLEAR, Pipeline
+from app.ingest.stages import Stages
 from app.node.config import Settings
+from app.node.recovery import Recovery
 from app.node.workers import Workers
 from wal import (
     FloorMin,
@@ -193,6 +195,30 @@ class _StateCollector(Collector):
             disk.stop_water_bytes,
         )
         yield from self._m.disk_and_archive(p.journal.quarantined)
+        stages = self._m.stages
+        backlog_bytes, backlog_frames = (0, 0) if stages is None else stages.backlog
+        yield gauge(
+            "ourios_ingest_backlog_bytes",
+            "Frames acknowledged (durable) and not yet turned (mined and buffered), in "
+            "bytes; at wal.turn_backlog_bytes new batches are refused (ingest_backlog).",
+            backlog_bytes,
+        )
+        yield gauge(
+            "ourios_ingest_backlog_frames",
+            "Frames acknowledged (durable) and not yet turned.",
+            backlog_frames,
+        )
+        yield gauge(
+            "ourios_ingest_backlog_limit_bytes",
+            "The configured wal.turn_backlog_bytes (the alert on the backlog follows it).",
+            self._m.settings.wal.turn_backlog_bytes,
+        )
+        recovery = self._m.recovery
+        yield gauge(
+            "ourios_recovery_backlog_bytes",
+            "WAL bytes the start-up's replay has still to turn (0 once recovery.done).",
+            0 if recovery is None else recovery.backlog_bytes,
+        )
         workers = self._m.workers
         restarts = CounterMetricFamily(
             "ourios_worker_restarts",
@@ -330,6 +356,10 @@ class Metrics:
         self.archiver: Archiver | None = None
         #: the worker processes (their restarts), when server.workers > 0
         self.workers: Workers | None = None
+        #: the ingest stages (their backlog) and the start-up's recovery (what is left to
+        #: replay), once ``ourios serve`` made them
+        self.stages: Stages | None = None
+        self.recovery: Recovery | None = None
         self.extra: list[Callable[[], Iterator[GaugeMetricFamily]]] = []
 
     def disk_and_archive(

@@ -20,11 +20,23 @@
      the rest are suppressed and counted — except an event of a template this replay
      minted afresh (an id above the allocator's high-water at start), which no published
      event binds and which is forwarded once (RFC0052.10, 2026-10-06). Stored audit
-     frames are never replayed.
+     frames are never replayed;
+   * a tenant whose entry has the ``publishing`` bit (a settlement's intent, RFC 0055
+     §9.4, not confirmed) has R = A = the frontier in force *before* that settlement:
+     none of its span (R, E] is known to be in the store, so none of it is suppressed.
+     Some of it may be — the settlement was killed between its publish and its marks —
+     so the span's frames are forwarded *staged* (``sink.buffers``), exactly as the
+     settlement staged them: their records, and the events of templates the snapshot
+     holds, under names those rows derive, written with the conditional create; what
+     the settlement's attempt wrote is found there and not written again, what it did
+     not write is written now. The events of templates this replay mints are its own
+     (fresh ids no stored row names) and are forwarded as above.
 
 3. ``check_restorable``: a tenant that still has frames and whose restorable horizon is
    below what RECLAIM says was reclaimed from under it refuses the start, naming it;
-4. publish what replay buffered, and only if all of it reached the store write
+4. publish what replay buffered, and only if all of it reached the store confirm each
+   intent (its tenant's marks raised to the span's end, the bit cleared: the span is
+   in the store; a tenant whose replay failed is left to its settlement) and write
    post-recovery snapshots at each tenant's own folded horizon (a snapshot above X
    suppresses (X, S] on the next replay, so those rows must be in the store first; a
    tenant replay did not touch keeps its restored one); the SnapshotLedger is seeded
@@ -37,6 +49,7 @@ A restarted node has no mark until its first acknowledged turn: replay sets none
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -47,7 +60,18 @@ from app.ingest.pipeline import Pipeline
 from app.ingest.settlement import ReplayGates
 from app.ingest.snapshots import SnapshotLedger, SnapshotState, SnapshotStore
 from app.receive.otlp import FlatBatch, IngestRejection, decode_request, flatten
-from wal import CorruptionError, Frame, FrameKind, Journal, PublishedMarks, WalOffset
+from wal import (
+    CorruptionError,
+    Frame,
+    FrameKind,
+    Journal,
+    PublishedMarks,
+    PublishedWriteError,
+    Replay,
+    WalOffset,
+)
+
+log = logging.getLogger("ourios.recovery")
 
 #: Decodes replayed payloads ``(tenant, payload)`` into batches, yielded in input order
 #: (a payload that does not decode yields its refusal).
@@ -79,6 +103,10 @@ class RecoveryReport:
     checkpoint: WalOffset | None = None
     #: tenants PUBLISHED holds frontiers for (their gates are their own)
     frontiers: int = 0
+    #: tenant -> the span of its unconfirmed settlement intent, republished staged
+    intents: dict[str, str] = field(default_factory=dict)
+    #: tenants whose intent this start confirmed
+    intents_confirmed: int = 0
     seconds: float = 0.0
 
     def fields(self) -> dict[str, object]:
@@ -99,6 +127,8 @@ class RecoveryReport:
             "torn_segments": self.torn_segments,
             "checkpoint": None if self.checkpoint is None else str(self.checkpoint),
             "frontiers": self.frontiers,
+            "intents": dict(sorted(self.intents.items())),
+            "intents_confirmed": self.intents_confirmed,
             "seconds": round(self.seconds, 3),
         }
 
@@ -110,69 +140,173 @@ def recover(
     ledger: SnapshotLedger | None = None,
     decode: Decoder | None = None,
 ) -> RecoveryReport:
-    """Recovery (module docstring). ``decode`` turns the replayed frames' payloads into
-    batches, in order (``decode_here`` by default; the workers' with ``server.workers``)."""
-    start = time.monotonic()
-    report = RecoveryReport()
-    miners = pipeline.miners
-    restored: dict[str, WalOffset] = {}
-    if store is not None:
-        loaded = store.load_all_durable(restores=lambda s: _check_restores(miners, s))
-        report.stale_snapshot_temps = loaded.stale_temps_removed
-        report.snapshots_undecodable = dict(loaded.undecodable)
-        for tenant, state in loaded.states.items():
-            miners.restore(tenant, state.miner)
-            restored[tenant] = state.horizon
-            pipeline.folded[tenant] = state.horizon
-            if ledger is not None:
-                ledger.record(state)
-        report.snapshots_restored = len(loaded.states)
-    mark = journal.last_checkpoint
-    report.checkpoint = mark
-    fresh_above = _fresh_threshold(miners)
-    x = -1 if mark is None else mark.lsn
-    frontiers = journal.published_marks()
-    report.frontiers = len(frontiers)
-    #: tenants whose replay failed (the guard), with the gates it applied to them
-    unmined: dict[str, ReplayGates] = {}
-    replay = journal.replay()
-    waiting: deque[tuple[Frame, WalOffset | None]] = deque()
+    """Recovery on the calling thread, start to end (module docstring): what ``ourios
+    serve`` does in steps on its threads (``Recovery``), run in one go (tests, tools)."""
+    recovery = Recovery(journal, pipeline, store, ledger, decode)
+    recovery.prepare()
+    for item in recovery.items():
+        recovery.turn(item)
+    recovery.replayed()
+    return recovery.finish()
 
-    def to_decode() -> Iterator[tuple[str, bytes]]:
-        for frame in replay:
-            if frame.kind is not FrameKind.TENANT_BATCH:
-                report.audit_frames_ignored += 1  # nothing writes them; RFC 0052 §3.7
-                continue
-            report.frames += 1
-            report.tenants.add(frame.tenant)
-            s = restored.get(frame.tenant)
-            if s is not None and frame.offset.lsn <= s.lsn:
-                report.frames_skipped += 1
-                continue
-            waiting.append((frame, s))
-            yield frame.tenant, frame.payload
 
-    # Decoding may run ahead (on the workers, in WAL order); mining below stays serial.
-    for decoded in (decode or decode_here)(to_decode()):
-        frame, s = waiting.popleft()
+@dataclass(slots=True)
+class ReplayItem:
+    """A replayed frame to turn: decoded (or its refusal), with its tenant's horizon."""
+
+    frame: Frame
+    horizon: WalOffset | None  # the tenant's restored snapshot horizon S
+    decoded: FlatBatch | IngestRejection
+
+
+class Recovery:
+    """Recovery in the steps ``ourios serve`` runs on different threads (DESIGN.md §5):
+
+    1. ``prepare`` (start-up, before the node is ready): restore the snapshots; make the
+       replay, which covers exactly the frames that exist now, and validate it (the CRC
+       walk and the high-water checks — damage refuses the start — which also walks
+       the frame headers into the reclamation ledger, no payload decoded);
+       ``check_restorable``; seed the tenant table from snapshots and frames, so
+       admission knows every tenant's slot before the first request;
+    2. ``items`` then ``turn`` (the turn thread, before any new frame's turn): decode
+       (ahead, on the workers) and feed each replayed frame with the gates above; new
+       frames are acknowledged meanwhile and turned after the last replayed one;
+    3. ``replayed`` (the turn thread, right after the last replayed frame): capture the
+       post-recovery snapshot states at each tenant's replayed horizon — before any new
+       frame's turn folds past it;
+    4. ``finish`` (any other thread): publish what was buffered, install the captured
+       snapshots if all of it reached the store. ``recovery.done`` follows.
+
+    ``backlog_bytes`` is what is left to replay (``ourios_recovery_backlog_bytes``)."""
+
+    def __init__(
+        self,
+        journal: Journal,
+        pipeline: Pipeline,
+        store: SnapshotStore | None = None,
+        ledger: SnapshotLedger | None = None,
+        decode: Decoder | None = None,
+    ) -> None:
+        self.journal = journal
+        self.pipeline = pipeline
+        self.store = store
+        self.ledger = ledger
+        self._decode = decode or decode_here
+        self.report = RecoveryReport()
+        self._started = time.monotonic()
+        self._restored: dict[str, WalOffset] = {}
+        #: tenants whose replay failed (the guard), with the gates it applied to them
+        self._unmined: dict[str, ReplayGates] = {}
+        self._states: dict[str, SnapshotState] = {}
+        self._replay: Replay | None = None
+        self._position = 0
+        self._end = 0
+        self._mark: WalOffset | None = None
+        self._x = -1
+        self._frontiers: dict[str, PublishedMarks] = {}
+        self._fresh_above: Callable[[int], bool] | None = None
+
+    # -- 1. before the node is ready -------------------------------------------------
+
+    def prepare(self) -> None:
+        journal, pipeline, report = self.journal, self.pipeline, self.report
+        miners = pipeline.miners
+        if self.store is not None:
+            loaded = self.store.load_all_durable(restores=lambda s: _check_restores(miners, s))
+            report.stale_snapshot_temps = loaded.stale_temps_removed
+            report.snapshots_undecodable = dict(loaded.undecodable)
+            for tenant, state in loaded.states.items():
+                miners.restore(tenant, state.miner)
+                self._restored[tenant] = state.horizon
+                pipeline.folded[tenant] = state.horizon
+                if self.ledger is not None:
+                    self.ledger.record(state)
+            report.snapshots_restored = len(loaded.states)
+        self._mark = journal.last_checkpoint
+        report.checkpoint = self._mark
+        self._fresh_above = _fresh_threshold(miners)
+        self._x = -1 if self._mark is None else self._mark.lsn
+        self._frontiers = journal.published_marks()
+        report.frontiers = len(self._frontiers)
+        report.intents = {
+            t: f"({m.records}, {m.intent}]"
+            for t, m in self._frontiers.items()
+            if m.intent is not None
+        }
+        self._replay = journal.replay()
+        # The whole log's CRC walk and high-water checks before the node serves (damage
+        # refuses the start, naming file and offset), which also walks the frame headers
+        # into the ledger: every tenant with frames, no payload decoded.
+        self._replay.validate()
+        restorable: dict[str, WalOffset | None] = dict(self._restored)
+        for tenant in report.snapshots_undecodable:
+            restorable.setdefault(tenant, None)
+        journal.check_restorable(restorable)
+        self._end = self._replay.end_lsn
+        self._position = self._replay.start_lsn
+        # Every tenant the node holds state or frames for has its slot before the first
+        # request (more than max_tenants refuses the start), as after a full replay.
+        pipeline.tenants.seed(sorted({*miners.tenants(), *journal.tenants_with_frames()}))
+
+    @property
+    def backlog_bytes(self) -> int:
+        """WAL bytes still to replay (0 once every replayed frame is turned)."""
+        return max(0, self._end - self._position)
+
+    # -- 2. the turn thread ------------------------------------------------------------
+
+    def items(self) -> Iterator[ReplayItem]:
+        """The frames to turn, decoded in WAL order (ahead of the turns, by ``decode``)."""
+        assert self._replay is not None, "prepare() first"
+        replay, report, restored = self._replay, self.report, self._restored
+        waiting: deque[tuple[Frame, WalOffset | None]] = deque()
+
+        def to_decode() -> Iterator[tuple[str, bytes]]:
+            for frame in replay:
+                if frame.kind is not FrameKind.TENANT_BATCH:
+                    report.audit_frames_ignored += 1  # nothing writes them; RFC 0052 §3.7
+                    continue
+                report.frames += 1
+                report.tenants.add(frame.tenant)
+                s = restored.get(frame.tenant)
+                if s is not None and frame.offset.lsn <= s.lsn:
+                    report.frames_skipped += 1
+                    self._position = frame.offset.lsn
+                    continue
+                waiting.append((frame, s))
+                yield frame.tenant, frame.payload
+
+        for decoded in self._decode(to_decode()):
+            frame, s = waiting.popleft()
+            yield ReplayItem(frame, s, decoded)
+        report.torn_segments = [seg.name for seg in replay.report.torn]
+        self._position = self._end
+
+    def turn(self, item: ReplayItem) -> None:
+        """Feed one replayed frame (the gates of the module docstring)."""
+        frame, s, decoded = item.frame, item.horizon, item.decoded
+        pipeline, report = self.pipeline, self.report
         tenant = frame.tenant
         lsn = frame.offset.lsn
+        self._position = lsn
         if not isinstance(decoded, FlatBatch):
             # The receiver validated these bytes before the frame was written and the
             # frame's CRC holds: an undecodable payload is damage, not a torn write.
             raise CorruptionError(
-                journal.root,
+                self.journal.root,
                 frame.start_lsn,
                 f"frame at LSN {frame.start_lsn} no longer decodes: {decoded}",
             ) from decoded
         batch = decoded
+        unmined = self._unmined
         if tenant in unmined:
             # An earlier frame of it failed: the tree is unknown; its settlement mines it.
-            pipeline.replay_deferred(frame, unmined[tenant], mark)
+            pipeline.replay_deferred(frame, unmined[tenant], self._mark)
             report.frames_unmined += 1
-            continue
-        records_gate, audit_gate = gates(frontiers.get(tenant), x)
+            return
+        records_gate, audit_gate = gates(self._frontiers.get(tenant), self._x, lsn)
         gate = max(records_gate, -1 if s is None else s.lsn)
+        span = intent_end(self._frontiers.get(tenant))
         try:
             records, events = pipeline.replay_frame(
                 tenant,
@@ -181,36 +315,43 @@ def recover(
                 publish_records=lsn > gate,
                 publish_audit=lsn > audit_gate,
                 nbytes=len(frame.payload),
-                is_fresh=fresh_above,
+                is_fresh=self._fresh_above,
+                intent=lsn <= span,
             )
         except Exception as exc:  # noqa: BLE001 - the guard: settled after the start
-            unmined[tenant] = gate_offsets(frontiers.get(tenant), mark, s)
-            pipeline.replay_failed(frame, exc, unmined[tenant], mark)
+            unmined[tenant] = gate_offsets(self._frontiers.get(tenant), self._mark, s, lsn)
+            pipeline.replay_failed(frame, exc, unmined[tenant], self._mark)
             report.frames_unmined += 1
             report.unmined[tenant] = str(frame.offset)
-            continue
+            # refused at admission until its settlement (the barrier's tick) has run
+            pipeline.tenants.set_settling(tenant, True, still=_has_entry(pipeline, tenant))
+            return
         report.records_suppressed += records
         report.records_replayed += len(batch) - records
         report.audit_events_suppressed += events
-    report.torn_segments = [s.name for s in replay.report.torn]
-    restorable: dict[str, WalOffset | None] = dict(restored)
-    for tenant in report.snapshots_undecodable:
-        restorable.setdefault(tenant, None)
-    journal.check_restorable(restorable)
-    if store is not None:
-        # A snapshot above X may only be installed once the rows of (X, S] it would
-        # suppress on the next replay are in the store: publish what replay buffered
-        # first, and write no snapshot when any of it failed (the barrier retries).
-        if pipeline.publish_all_now("recovery"):
-            _post_recovery_snapshots(pipeline, store, ledger, restored, report)
-        else:
-            report.snapshot_failures += 1
-    pipeline.tenants.seed([*miners.tenants(), *unmined])
-    for tenant in unmined:
-        # refused at admission until its settlement (the barrier's first tick) has run
-        pipeline.tenants.set_settling(tenant, True, still=_has_entry(pipeline, tenant))
-    report.seconds = time.monotonic() - start
-    return report
+
+    def replayed(self) -> None:
+        """The last replayed frame is turned: capture each replayed tenant's snapshot
+        state at its replayed horizon (before a new frame's turn folds past it)."""
+        self._position = self._end
+        if self.store is not None:
+            self._states = _replayed_states(self.pipeline, self._restored, self.report)
+
+    # -- 4. anywhere --------------------------------------------------------------------
+
+    def finish(self) -> RecoveryReport:
+        pipeline, report = self.pipeline, self.report
+        if self.store is not None:
+            # A snapshot above X may only be installed once the rows of (X, S] it would
+            # suppress on the next replay are in the store: publish what replay buffered
+            # first, and write no snapshot when any of it failed (the barrier retries).
+            if pipeline.publish_all_now("recovery"):
+                _confirm_intents(self.journal, self._frontiers, set(self._unmined), report)
+                _install(self.store, self.ledger, self._states, report)
+            else:
+                report.snapshot_failures += 1
+        report.seconds = time.monotonic() - self._started
+        return report
 
 
 def decode_here(frames: Iterable[tuple[str, bytes]]) -> Iterator[FlatBatch | IngestRejection]:
@@ -227,18 +368,55 @@ def _has_entry(pipeline: Pipeline, tenant: str) -> Callable[[], bool]:
     return lambda: pipeline.unmined.has(tenant)
 
 
+def intent_end(marks: PublishedMarks | None) -> int:
+    """The LSN a tenant's unconfirmed settlement intent ends at (-1: none): its frames
+    above the gates and at or below it are replayed staged (module docstring)."""
+    return -1 if marks is None or marks.intent is None else marks.intent.lsn
+
+
+def _confirm_intents(
+    journal: Journal,
+    frontiers: dict[str, PublishedMarks],
+    unsettled: set[str],
+    report: RecoveryReport,
+) -> None:
+    """Everything replay buffered is in the store, so is each intent's span: record its
+    end as the tenant's frontier (clearing the bit). A tenant whose replay failed is not
+    confirmed (its staged rows were dropped with its tree; its settlement re-stages the
+    span). A failed write leaves the intent in force: the next cut, whose flush covers
+    the span, confirms it."""
+    for tenant, marks in sorted(frontiers.items()):
+        if marks.intent is None or tenant in unsettled:
+            continue
+        try:
+            journal.publish_marks({tenant: PublishedMarks(marks.intent, marks.intent)})
+        except PublishedWriteError as exc:
+            log.warning("tenant %r: its settlement intent was not confirmed: %s", tenant, exc)
+            continue
+        report.intents_confirmed += 1
+
+
+def _nothing_below(marks: PublishedMarks, lsn: int) -> bool:
+    """Whether a side of ``marks`` without a frontier means "nothing of it is published"
+    for the frame ending at ``lsn`` rather than "consult X": a terminal entry, or a frame
+    in the span of an intent recorded without a frontier (its settlement re-emitted every
+    frame of the span, so its staged units start at the tenant's snapshot)."""
+    return marks.terminal or (marks.intent is not None and lsn <= marks.intent.lsn)
+
+
 def gate_offsets(
-    marks: PublishedMarks | None, x: WalOffset | None, s: WalOffset | None
+    marks: PublishedMarks | None, x: WalOffset | None, s: WalOffset | None, lsn: int
 ) -> ReplayGates:
-    """``gates`` as offsets, the records side maxed with the snapshot horizon S: what a
-    replay published the tenant's rows and events above (None: everything)."""
+    """``gates`` as offsets for the frame ending at ``lsn``, the records side maxed with
+    the snapshot horizon S: what a replay published the tenant's rows and events above
+    (None: everything)."""
 
     def side(offset: WalOffset | None) -> WalOffset | None:
         if marks is None:
             return x
         if offset is not None:
             return offset
-        return None if marks.terminal else x
+        return None if _nothing_below(marks, lsn) else x
 
     records = side(None if marks is None else marks.records)
     if s is not None and (records is None or s.lsn > records.lsn):
@@ -246,17 +424,20 @@ def gate_offsets(
     return ReplayGates(records, side(None if marks is None else marks.audit))
 
 
-def gates(marks: PublishedMarks | None, x: int) -> tuple[int, int]:
-    """(records, audit) LSNs at or below which a tenant's replay publishes nothing
-    (DESIGN.md §13): its own frontier where PUBLISHED has one, never maxed with X; X
-    where it has none; nothing (-1) for a side of a terminal entry that has none."""
+def gates(marks: PublishedMarks | None, x: int, lsn: int) -> tuple[int, int]:
+    """(records, audit) LSNs at or below which a tenant's replay publishes nothing of the
+    frame ending at ``lsn`` (DESIGN.md §13): its own frontier where PUBLISHED has one,
+    never maxed with X — for an entry with an unconfirmed intent, the frontier the
+    intent kept, never its end; X where it has none; nothing (-1) for a side of a
+    terminal entry that has none, and for one of an intent without a frontier within its
+    span."""
     if marks is None:
         return x, x
 
     def side(offset: WalOffset | None) -> int:
         if offset is not None:
             return offset.lsn
-        return -1 if marks.terminal else x
+        return -1 if _nothing_below(marks, lsn) else x
 
     return side(marks.records), side(marks.audit)
 
@@ -280,15 +461,11 @@ def _check_restores(miners: MinerCluster, state: SnapshotState) -> None:
     TenantMiner.from_snapshot(state.miner, miners.allocator)
 
 
-def _post_recovery_snapshots(
-    pipeline: Pipeline,
-    store: SnapshotStore,
-    ledger: SnapshotLedger | None,
-    restored: dict[str, WalOffset],
-    report: RecoveryReport,
-) -> None:
-    """Each tenant replay advanced gets a snapshot at its own folded horizon, so the next
-    restart skips what this one replayed; an untouched tenant keeps its restored one."""
+def _replayed_states(
+    pipeline: Pipeline, restored: dict[str, WalOffset], report: RecoveryReport
+) -> dict[str, SnapshotState]:
+    """Each tenant replay advanced, at its own folded horizon, so the next restart skips
+    what this one replayed; an untouched tenant keeps its restored one."""
     states: dict[str, SnapshotState] = {}
     unsettled = pipeline.unmined.tenants()  # their trees are unknown until settled
     with pipeline.miner_lock:
@@ -305,6 +482,15 @@ def _post_recovery_snapshots(
                 states[tenant] = SnapshotState(tenant, horizon, miner.to_snapshot())
             except Exception:  # noqa: BLE001 - a failed miner keeps its restored horizon
                 report.snapshot_failures += 1
+    return states
+
+
+def _install(
+    store: SnapshotStore,
+    ledger: SnapshotLedger | None,
+    states: dict[str, SnapshotState],
+    report: RecoveryReport,
+) -> None:
     for tenant, outcome in store.install_all(states).items():
         if outcome.installed:
             report.snapshots_written += 1

@@ -17,6 +17,7 @@ otherwise: the rows are in the WAL, and the next start replays them).
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import socket
 import threading
@@ -35,14 +36,15 @@ from app.ingest.admission import Admission
 from app.ingest.miner import FileTemplateIdAllocator, MinerCluster
 from app.ingest.pipeline import Pipeline
 from app.ingest.snapshots import SnapshotLedger, SnapshotStore, SnapshotStoreError
-from app.ingest.stages import Stages
+from app.ingest.stages import LocalPort, Stages
+from app.ingest.tenants import TenantCountExceeded
 from app.node.config import Settings
 from app.node.datalock import DataDirLock, DataDirLocked, DataDirLockError
 from app.node.diskspace import open_disk_space
 from app.node.events import EventLog, configure_logging
 from app.node.heap import freeze_long_lived_heap
 from app.node.metrics import Metrics
-from app.node.recovery import Decoder, RecoveryReport, recover
+from app.node.recovery import Recovery
 from app.node.workers import Listeners, NodeState, Workers, worker_launcher
 from app.receive.auth import Authenticator
 from app.receive.otlp_grpc import create_grpc_server
@@ -51,7 +53,7 @@ from sink.buffers import Buffers
 from sink.keys import node_identity
 from sink.publisher import Publisher
 from sink.store import LocalStore, ObjectStore, from_url
-from wal import Journal, WalError
+from wal import CorruptionError, Journal, WalError
 
 log = logging.getLogger("ourios.server")
 
@@ -238,13 +240,7 @@ def run_serve(settings: Settings, config_file: Path | None = None) -> int:
     # the process before the final flush. A signal during recovery is kept too.
     stop = threading.Event()
     received: list[int] = []
-
-    def on_signal(signum: int, frame: object) -> None:
-        received.append(signum)  # reported by the thread that stops (no I/O in here)
-        stop.set()
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, on_signal)
+    _relay_signals(stop, received)
     if settings.auth.open_mode:
         events.emit(
             "auth.open_mode",
@@ -258,145 +254,246 @@ def run_serve(settings: Settings, config_file: Path | None = None) -> int:
         node = build_node(settings, events)
     except (WalError, ArchiveLocationError, DataDirLocked, DataDirLockError, OSError) as exc:
         return _start_failed(events, exc)
-    if settings.server.workers > 0:
-        return _serve_with_workers(node, stop, received, config_file)
-    pipeline = node.pipeline
-    pipeline.publisher.start()
-    report = _recover(node)
-    if report is None:
-        return 1
-    node.sweep.start()
-    node.barrier.start()
-    node.housekeeper.start()
-    auth = Authenticator(settings.auth.tokens or None)
-    grpc_server, grpc_port = create_grpc_server(
-        pipeline,
-        max_frame_bytes=settings.wal.max_frame_bytes,
-        authenticator=auth,
-        host=settings.server.host,
-        port=settings.server.grpc_port,
-        observer=node.metrics,
-    )
-    grpc_server.start()
-    app = create_http_app(
-        pipeline,
-        max_frame_bytes=settings.wal.max_frame_bytes,
-        authenticator=auth,
-        metrics_text=node.metrics.exposition,
-        observer=node.metrics,
-    )
-    sock = _listen(settings.server.host, settings.server.http_port)
-    http_port = sock.getsockname()[1]
-    config = uvicorn.Config(
-        app,
-        loop="uvloop",
-        http="httptools",
-        lifespan="off",
-        access_log=False,
-        log_config=None,
-        proxy_headers=False,
-        server_header=False,
-        timeout_graceful_shutdown=max(1, settings.server.shutdown_grace_secs // 2),
-    )
-    http = uvicorn.Server(config)
-    if stop.is_set():
-        http.should_exit = True  # asked to stop while recovering: start nothing new
-    pipeline.set_ready(True)
-    _listening(node, http_port, grpc_port, workers=[])
-    try:
-        http.run(sockets=[sock])  # returns on SIGTERM/SIGINT once requests in flight finish
-    finally:
-        pipeline.set_ready(False)
-        grpc_server.stop(grace=max(1, settings.server.shutdown_grace_secs // 2)).wait()
-        code = shutdown(node)
-    return code
+    return _serve(node, stop, received, config_file)
 
 
-def _serve_with_workers(
-    node: Node, stop: threading.Event, received: list[int], config_file: Path | None
-) -> int:
-    """``server.workers`` > 0 (DESIGN.md §5): the listeners are bound here and served by
-    worker processes, which hand each decoded request to the stages on this process's
-    threads; recovery runs with the workers up (they refuse ingest until it is done)."""
+def _relay_signals(stop: threading.Event, received: list[int]) -> None:
+    """SIGTERM/SIGINT set ``stop`` from a thread of their own, never from the handler:
+    a handler runs on the main thread between two bytecodes, and one that took
+    ``stop``'s lock while the main thread held it inside ``stop.wait()`` would wait for
+    itself forever — a node that ignores SIGTERM. The handler only writes the signal's
+    number to a pipe (one ``os.write``, no lock); the relay thread reads it, records it
+    and sets ``stop``."""
+    read_end, write_end = os.pipe()
+
+    def on_signal(signum: int, frame: object) -> None:
+        os.write(write_end, bytes([signum]))
+
+    def relay() -> None:
+        while True:
+            got = os.read(read_end, 16)
+            if not got:
+                return
+            received.extend(got)
+            stop.set()
+
+    threading.Thread(target=relay, name="ourios-signals", daemon=True).start()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
+
+
+class _Recovering:
+    """The start-up's recovery once the node serves (DESIGN.md §5, §6): the replay runs
+    on the turn thread ahead of every new frame; when its last frame is turned, this
+    thread publishes what it buffered, installs the post-recovery snapshots, logs
+    ``recovery.done`` and starts the cadences (which, as before, never cut over a
+    replay in progress). A replay or a finish that fails stops the node: ``fatal``."""
+
+    def __init__(self, node: Node, recovery: Recovery, fatal: Callable[[], None]) -> None:
+        self._node = node
+        self._recovery = recovery
+        self._fatal = fatal
+        self._replayed = threading.Event()
+        self._error: BaseException | None = None
+        self.done = threading.Event()
+        self.failed: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="ourios-recovery", daemon=True)
+
+    def replayed(self, error: BaseException | None) -> None:
+        """The turn thread's call after the last replayed frame (or the replay's end)."""
+        if error is None and self._recovery.backlog_bytes == 0:
+            self._recovery.replayed()
+        self._error = error
+        self._replayed.set()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float) -> bool:
+        self._replayed.set()  # a replay cut short by shutdown: nothing to finish
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def _run(self) -> None:
+        self._replayed.wait()
+        node = self._node
+        if self._error is None and self._recovery.backlog_bytes == 0:
+            try:
+                report = self._recovery.finish()
+            except Exception as exc:  # noqa: BLE001 - a node without its cadences must stop
+                log.exception("recovery could not finish")
+                self._error = exc
+            else:
+                node.events.emit("recovery.done", report.fields())
+                node.metrics.recovery_seconds = report.seconds
+                node.metrics.records_suppressed = report.records_suppressed
+                node.metrics.audit_suppressed = report.audit_events_suppressed
+                freeze_long_lived_heap()
+                node.sweep.start()
+                node.barrier.start()
+                node.housekeeper.start()
+                self.done.set()
+                return
+        if self._error is not None:
+            self.failed = self._error
+            _start_failed(node.events, self._error, event="recovery.failed")
+            self._fatal()
+
+
+def _serve(node: Node, stop: threading.Event, received: list[int], config_file: Path | None) -> int:
+    """Recovery's preparation, then serve — in worker processes (``server.workers`` >
+    0) or on this process's receivers — while the replay runs on the turn thread ahead
+    of every new frame (``_Recovering``); until SIGTERM/SIGINT or a failed recovery."""
     settings = node.settings
     pipeline = node.pipeline
-    try:
-        listeners = Listeners(
-            settings.server.host, settings.server.http_port, settings.server.grpc_port
-        )
-    except OSError as exc:
-        node.journal.close()
-        _release(node)
-        return _start_failed(node.events, exc)
-    stages = Stages(pipeline)
-    workers = Workers(
-        settings.server.workers,
-        stages,
-        NodeState(lambda: pipeline.ready, lambda: pipeline.alive),
-        observe=node.metrics.observe,
-        exposition=node.metrics.exposition,
-        events=node.events,
-        launch=worker_launcher(listeners, config_file),
-    )
-    node.metrics.workers = workers
     grace = max(1, settings.server.shutdown_grace_secs // 2)
+    listeners: Listeners | None = None
+    workers: Workers | None = None
+    if settings.server.workers > 0:
+        try:
+            listeners = Listeners(
+                settings.server.host, settings.server.http_port, settings.server.grpc_port
+            )
+        except OSError as exc:
+            node.journal.close()
+            _release(node)
+            return _start_failed(node.events, exc)
+    stages = Stages(pipeline, backlog_bytes=settings.wal.turn_backlog_bytes)
+    node.metrics.stages = stages
+    if listeners is not None:
+        workers = Workers(
+            settings.server.workers,
+            stages,
+            NodeState(lambda: pipeline.ready, lambda: pipeline.alive),
+            observe=node.metrics.observe,
+            exposition=node.metrics.exposition,
+            events=node.events,
+            launch=worker_launcher(listeners, config_file),
+        )
+        node.metrics.workers = workers
     pipeline.publisher.start()
-    try:
-        workers.start()
-    except RuntimeError as exc:
-        workers.stop(grace)
-        listeners.close()
+
+    def abandon(exc: BaseException) -> int:
+        if workers is not None:
+            workers.stop(grace)
+        if listeners is not None:
+            listeners.close()
         pipeline.publisher.close()
         node.journal.close()
         _release(node)
         return _start_failed(node.events, exc)
-    # The workers encode the publisher's records partitions (the core's CPU is the
-    # node's bound); one that cannot leaves the core to encode them itself.
-    pipeline.publisher.records_encoder = workers.encode_records
-    report = _recover(node, workers.decode_in_order)
-    if report is None:
-        workers.stop(grace)
-        listeners.close()
-        return 1
-    stages.start()
-    node.sweep.start()
-    node.barrier.start()
-    node.housekeeper.start()
-    workers.accepting = True
-    pipeline.set_ready(True)
-    _listening(node, listeners.http_port, listeners.grpc_port, workers=workers.pids())
+
+    if workers is not None:
+        # The workers encode the publisher's records partitions (the core's CPU is the
+        # node's bound); one that cannot leaves the core to encode them itself.
+        pipeline.publisher.records_encoder = workers.encode_records
+        try:
+            workers.start()  # first: the replay decodes on them
+        except RuntimeError as exc:
+            return abandon(exc)
+    recovery = Recovery(
+        node.journal,
+        pipeline,
+        node.snapshots,
+        node.ledger,
+        workers.decode_in_order if workers is not None else None,
+    )
     try:
-        stop.wait()
-        node.events.emit("server.stopping", {"signals": [signal.Signals(n).name for n in received]})
+        recovery.prepare()
+    except (WalError, SnapshotStoreError, TenantCountExceeded) as exc:
+        return abandon(exc)
+    node.metrics.recovery = recovery
+    http: uvicorn.Server | None = None
+
+    def fatal() -> None:
+        stop.set()
+        if http is not None:
+            http.should_exit = True
+
+    recovering = _Recovering(node, recovery, fatal)
+    stages.start(replay=recovery.items(), turn_replayed=recovery.turn, replayed=recovering.replayed)
+    recovering.start()
+    grpc_server = None
+    if workers is not None:
+        assert listeners is not None
+        workers.accepting = True
+        http_port, grpc_port = listeners.http_port, listeners.grpc_port
+    else:
+        port = LocalPort(stages, pipeline)
+        auth = Authenticator(settings.auth.tokens or None)
+        grpc_server, grpc_port = create_grpc_server(
+            port,
+            max_frame_bytes=settings.wal.max_frame_bytes,
+            authenticator=auth,
+            host=settings.server.host,
+            port=settings.server.grpc_port,
+            observer=node.metrics,
+        )
+        grpc_server.start()
+        app = create_http_app(
+            port,
+            max_frame_bytes=settings.wal.max_frame_bytes,
+            authenticator=auth,
+            metrics_text=node.metrics.exposition,
+            observer=node.metrics,
+        )
+        sock = _listen(settings.server.host, settings.server.http_port)
+        http_port = sock.getsockname()[1]
+        http = uvicorn.Server(
+            uvicorn.Config(
+                app,
+                loop="uvloop",
+                http="httptools",
+                lifespan="off",
+                access_log=False,
+                log_config=None,
+                proxy_headers=False,
+                server_header=False,
+                timeout_graceful_shutdown=grace,
+            )
+        )
+        if stop.is_set():
+            http.should_exit = True  # asked to stop while starting: start nothing new
+    pipeline.set_ready(True)
+    _listening(node, http_port, grpc_port, workers=workers.pids() if workers else [])
+    try:
+        if http is not None:
+            http.run(sockets=[sock])  # returns on SIGTERM/SIGINT once requests finish
+        else:
+            stop.wait()
+        node.events.emit(
+            "server.stopping",
+            {
+                "signals": [signal.Signals(n).name for n in received],
+                "recovery_failed": recovering.failed is not None,
+            },
+        )
     finally:
         pipeline.set_ready(False)
-        workers_clean = workers.stop(grace)
-        stages_joined = stages.close(grace + 30)
-        listeners.close()
+        workers_clean = True
+        if workers is not None:
+            workers_clean = workers.stop(grace)
+        if grpc_server is not None:
+            grpc_server.stop(grace=grace).wait()
+        # A replay still running is cut short: what it did not turn stays in the WAL
+        # for the next start; frames acknowledged behind it are durable there too.
+        replaying = not recovering.done.is_set()
+        stages_joined = stages.close(grace + 30, drain=not replaying)
+        recovering.stop(30)
+        if listeners is not None:
+            listeners.close()
         node.events.emit(
-            "workers.stopped", {"clean": workers_clean, "stages_joined": stages_joined}
+            "stages.stopped",
+            {
+                "workers_clean": workers_clean,
+                "stages_joined": stages_joined,
+                "replay_unfinished_bytes": recovery.backlog_bytes,
+            },
         )
-        code = shutdown(node)
+        code = shutdown(node, final_cut=recovering.done.is_set())
+    if recovering.failed is not None:
+        return 1
     return code
-
-
-def _recover(node: Node, decode: Decoder | None = None) -> RecoveryReport | None:
-    """Recovery, its start-up line and its figures; None when it refused the start."""
-    pipeline = node.pipeline
-    try:
-        report = recover(node.journal, pipeline, node.snapshots, node.ledger, decode)
-    except (WalError, SnapshotStoreError) as exc:
-        pipeline.publisher.close()
-        node.journal.close()
-        _release(node)
-        _start_failed(node.events, exc)
-        return None
-    node.events.emit("recovery.done", report.fields())
-    node.metrics.recovery_seconds = report.seconds
-    node.metrics.records_suppressed = report.records_suppressed
-    node.metrics.audit_suppressed = report.audit_events_suppressed
-    freeze_long_lived_heap()
-    return report
 
 
 def _listening(node: Node, http_port: int, grpc_port: int, *, workers: list[int]) -> None:
@@ -414,14 +511,18 @@ def _listening(node: Node, http_port: int, grpc_port: int, *, workers: list[int]
     )
 
 
-def _start_failed(events: EventLog, exc: BaseException) -> int:
+def _start_failed(events: EventLog, exc: BaseException, event: str = "server.start_failed") -> int:
     """One error event naming what refused the start (the file, the offset, the
-    tenant), then exit 1: a node that cannot start safely never serves."""
-    events.emit(
-        "server.start_failed",
-        {"error": str(exc), "error_type": getattr(exc, "error_type", type(exc).__name__)},
-        "error",
-    )
+    tenant), then exit 1: a node that cannot start safely never serves. WAL corruption
+    also carries them as fields — ``path``, ``offset`` and, for damage below a segment's
+    synced high-water (acknowledged frames, not a torn tail), ``high_water``."""
+    fields: dict[str, object] = {
+        "error": str(exc),
+        "error_type": getattr(exc, "error_type", type(exc).__name__),
+    }
+    if isinstance(exc, CorruptionError):
+        fields.update(path=str(exc.path), offset=exc.offset, high_water=exc.high_water)
+    events.emit(event, fields, "error")
     return 1
 
 
@@ -431,7 +532,7 @@ def _start_failed(events: EventLog, exc: BaseException) -> int:
 EXIT_ROWS_LEFT = 75
 
 
-def shutdown(node: Node, join_timeout: float = 60.0) -> int:
+def shutdown(node: Node, join_timeout: float = 60.0, *, final_cut: bool = True) -> int:
     """Listeners are stopped: join the timers, run the final cut (flush, snapshots,
     checkpoint), close. A timer that does not join within ``join_timeout`` is read as a
     failed cut: a barrier still running a cut gets no final cut after it (two cuts at
@@ -440,15 +541,20 @@ def shutdown(node: Node, join_timeout: float = 60.0) -> int:
     on a reused descriptor — so the process exit releases them instead. Nothing is lost
     either way: what the final cut did not stamp, the next start replays.
 
+    Without ``final_cut`` (a start-up's replay did not finish) nothing is flushed: the
+    buffers hold only replayed rows, which the next start replays again, and a flush
+    without a mark to stamp would publish them twice.
+
     Returns the exit status: 0, or ``EXIT_ROWS_LEFT`` when acknowledged rows are not in
     the store — buffered, or in a publish that never settled (a thread that did not
-    join may hold them) — which ``server.stopped`` counts in ``rows_left_in_wal``."""
+    join may hold them) — which ``server.stopped`` counts in ``rows_left_in_wal``; an
+    unfinished replay counts as rows left too."""
     events = node.events
     node.sweep.close()
     hk_joined = node.housekeeper.close(join_timeout)
     barrier_joined = node.barrier.close(join_timeout)
     final = None
-    if barrier_joined:
+    if barrier_joined and final_cut:
         node.barrier.settle()  # an unmined entry would hold the final mark below its frame
         final = node.barrier.run_cut(node.barrier.capture(rotate_idle=False))
     joined = node.pipeline.publisher.close(join_timeout)
@@ -462,7 +568,8 @@ def shutdown(node: Node, join_timeout: float = 60.0) -> int:
     final_ok = final is not None and final.complete
     left = rows_left + events_left
     clean = final_ok and left == 0 and joined and hk_joined
-    code = EXIT_ROWS_LEFT if left else 0
+    # an unfinished replay left acknowledged frames unpublished too (counted in bytes)
+    code = EXIT_ROWS_LEFT if left or not final_cut else 0
     events.emit(
         "server.stopped",
         {
@@ -471,14 +578,16 @@ def shutdown(node: Node, join_timeout: float = 60.0) -> int:
             "exit_code": code,
             "publisher_joined": joined,
             "final_cut_ok": final_ok,
-            "final_cut_error": _final_error(final, barrier_joined),
+            "final_cut_error": (
+                _final_error(final, barrier_joined) if final_cut else "replay_unfinished"
+            ),
             "checkpoint": None if final is None or final.mark is None else str(final.mark),
             "timers_joined": hk_joined and barrier_joined,
             "housekeeping_joined": hk_joined,
             "barrier_joined": barrier_joined,
             "wal_closed": hk_joined,
         },
-        "info" if clean else ("error" if left else "warning"),
+        "info" if clean else ("error" if code else "warning"),
     )
     return code
 

@@ -40,6 +40,7 @@ the stages still answer them — and exits), waits for them, then kills any stra
 
 from __future__ import annotations
 
+import errno
 import itertools
 import logging
 import os
@@ -67,6 +68,8 @@ log = logging.getLogger("ourios.workers")
 
 #: A worker that exits within this long of its start is restarted only after it.
 RESTART_BACKOFF_S: Final = 1.0
+#: How long a port still in use is retried at start (a killed node's workers die of it).
+BIND_RETRY_S: Final = 10.0
 #: How long ``start`` waits for the workers' listeners.
 START_TIMEOUT_S: Final = 120.0
 #: How long an encode waits for its worker before the core encodes the rows itself.
@@ -77,28 +80,41 @@ EventSink = Callable[[str, dict[str, object]], None]
 
 
 class Listeners:
-    """The HTTP listening socket and the gRPC port's reservation (module docstring)."""
+    """The HTTP listening socket and the gRPC port's reservation (module docstring).
+
+    A port still held by the workers of a node that was just killed (they die of it a
+    moment later) is retried for up to ``BIND_RETRY_S`` before the start is refused."""
 
     def __init__(self, host: str, http_port: int, grpc_port: int) -> None:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self.http = socket.socket(family, socket.SOCK_STREAM)
+        deadline = time.monotonic() + BIND_RETRY_S
+        while True:
+            self.http = socket.socket(family, socket.SOCK_STREAM)
+            self.grpc = socket.socket(family, socket.SOCK_STREAM)
+            try:
+                self._bind(host, http_port, grpc_port)
+            except ListenerBindError as exc:
+                self.close()
+                if exc.reason != os.strerror(errno.EADDRINUSE) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)  # the previous node's workers are still being reaped
+                continue
+            break
+        self.http_port: int = self.http.getsockname()[1]
+        self.grpc_port: int = self.grpc.getsockname()[1]
+
+    def _bind(self, host: str, http_port: int, grpc_port: int) -> None:
         try:
             self.http.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             self.http.bind((host, http_port))
             self.http.listen(2048)
         except OSError as exc:
-            self.http.close()
             raise ListenerBindError("HTTP", host, http_port, exc.strerror or str(exc)) from exc
-        self.grpc = socket.socket(family, socket.SOCK_STREAM)
         try:
             self.grpc.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             self.grpc.bind((host, grpc_port))
         except OSError as exc:
-            self.http.close()
-            self.grpc.close()
             raise ListenerBindError("gRPC", host, grpc_port, exc.strerror or str(exc)) from exc
-        self.http_port: int = self.http.getsockname()[1]
-        self.grpc_port: int = self.grpc.getsockname()[1]
 
     def close(self) -> None:
         self.http.close()

@@ -839,6 +839,7 @@ CHANGES: dict[str, tuple[object, dict[str, object]]] = {
     "wal.unreclaimedBytesLimit": (10 * 2**30, {}),
     "wal.archive": (True, {}),
     "wal.frameMiningAttempts": (5, {}),
+    "wal.turnBacklogBytes": (128 * 2**20, {}),
     "sink.flushBytes": (8 * 2**20, {}),
     "sink.flushAgeSecs": (60, {}),
     "sink.ceilingBytes": (512 * 2**20, {}),

@@ -68,7 +68,7 @@ import zlib
 
 
 def _install(seed, every):
-    from app.ingest import pipeline
+    from app.cadence import barrier
     from app.node import server
     from tests.support.minerfaults import FaultPlan, FaultyMiners
 
@@ -89,13 +89,13 @@ def _install(seed, every):
     plan.fail_at(pick("before"), "before", times=10**9)
     plan.fail_at(pick("after"), "after", times=10**9)
     server.MinerCluster = lambda allocator: FaultyMiners(allocator, plan)
-    set_ready = pipeline.Pipeline.set_ready
+    start = barrier.Barrier.start
 
-    def armed_when_ready(self, ready):
-        set_ready(self, ready)
-        plan.armed = bool(ready)  # recovery's replay never fails
+    def armed_after_recovery(self):
+        plan.armed = True  # the barrier starts after the replay: which never fails
+        start(self)
 
-    pipeline.Pipeline.set_ready = armed_when_ready
+    barrier.Barrier.start = armed_after_recovery
 
 
 if os.environ.get("RFC0055_FAULTS"):

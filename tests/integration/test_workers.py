@@ -211,8 +211,8 @@ def test_workers_sigterm_drains_cleanly(data_dir: Path) -> None:
             code = serve.terminate()
             load.join()
         assert code == 0, serve.tail()
-        (stopped,) = serve.event("workers.stopped")
-        assert stopped == {**stopped, "clean": True, "stages_joined": True}, stopped
+        (stopped,) = serve.event("stages.stopped")
+        assert stopped == {**stopped, "workers_clean": True, "stages_joined": True}, stopped
         (server,) = serve.event("server.stopped")
         assert server["rows_left_in_wal"] == 0 and server["final_cut_ok"], server
         assert len(serve.event("worker.stopped")) == 2

@@ -29,7 +29,7 @@ from app.ingest.pipeline import Pipeline
 from app.ingest.settlement import DEFAULT_MINING_ATTEMPTS
 from app.ingest.snapshots import SnapshotLedger, SnapshotStore
 from app.node.events import EventLog
-from app.node.recovery import RecoveryReport, recover
+from app.node.recovery import Recovery, RecoveryReport
 from app.receive.otlp import decode_request, flatten
 from sink.buffers import Buffers
 from sink.publisher import Publisher
@@ -100,7 +100,9 @@ class NodeRig:
 
     # -- life cycle ----------------------------------------------------------------------
 
-    def start(self) -> RecoveryReport:
+    def start(self, *, replay: bool = True) -> RecoveryReport | None:
+        """Open and recover. ``replay=False`` stops after recovery's preparation (what
+        ``ourios serve`` does before it is ready): ``replay_now()`` finishes it."""
         data = self.root / "data"
         data.mkdir(parents=True, exist_ok=True)
         self.events: list[tuple[str, dict[str, object]]] = []
@@ -159,8 +161,20 @@ class NodeRig:
             clock=self.clock,
             events=self._event,
         )
-        self.report = recover(self.journal, self.pipeline, self.snapshots, self.ledger)
+        self.recovery = Recovery(self.journal, self.pipeline, self.snapshots, self.ledger)
+        self.recovery.prepare()
         self.pipeline.set_ready(True)
+        if not replay:
+            return None
+        return self.replay_now()
+
+    def replay_now(self) -> RecoveryReport:
+        """The rest of recovery after ``start(replay=False)``: turn every replayed frame,
+        then finish (publish, post-recovery snapshots)."""
+        for item in self.recovery.items():
+            self.recovery.turn(item)
+        self.recovery.replayed()
+        self.report = self.recovery.finish()
         return self.report
 
     def _event(self, name: str, fields: object) -> None:
@@ -175,7 +189,9 @@ class NodeRig:
         self.publisher.close()
         self.journal.close()
 
-    def restart(self, *, crash: bool = False, power_loss: bool = False) -> RecoveryReport:
+    def restart(
+        self, *, crash: bool = False, power_loss: bool = False, replay: bool = True
+    ) -> RecoveryReport | None:
         """Stop (cleanly, or by abandoning the process) and start again on the disk."""
         if crash:
             self.fs.crash_now()
@@ -184,7 +200,7 @@ class NodeRig:
         else:
             self.close()
         self.store.clear()  # the store recovers with the process
-        return self.start()
+        return self.start(replay=replay)
 
     # -- traffic -------------------------------------------------------------------------
 

@@ -44,7 +44,11 @@ class ServeProcess:
         self._reader: threading.Thread | None = None
         self._lock = threading.Lock()
 
-    def start(self, timeout: float = 60.0) -> ServeProcess:
+    def start(self, timeout: float = 60.0, *, recovered: bool = True) -> ServeProcess:
+        """Start, wait for ``/readyz``, and — unless ``recovered=False`` — for the end of
+        the start-up's replay (``recovery.done``; the node is ready before it). A start
+        refused before readiness raises naming the exit status; a recovery that fails
+        after it (``recovery.failed``) raises naming the event."""
         env = {
             **os.environ,
             "OURIOS_SERVER_DATA_DIR": str(self.data_dir),
@@ -89,7 +93,31 @@ class ServeProcess:
                     f"ourios serve did not listen within {timeout} s:\n{self.tail()}"
                 )
         self.wait_ready(deadline - time.monotonic())
+        if recovered:
+            self.wait_recovered(max(timeout, 120.0))
         return self
+
+    def wait_recovered(self, timeout: float = 120.0) -> dict[str, Any]:
+        """The ``recovery.done`` event once it is logged (``RuntimeError`` on
+        ``recovery.failed``, on the process exiting, or after ``timeout``)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._lock:
+                for event in self.events:
+                    if event.get("event") == "recovery.done":
+                        return event
+                    if event.get("event") == "recovery.failed":
+                        raise RuntimeError(
+                            f"ourios serve's recovery failed: {event.get('error')}\n{self.tail()}"
+                        )
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"ourios serve exited with {self.proc.returncode}:\n{self.tail()}"
+                )
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no recovery.done within {timeout} s:\n{self.tail()}")
+            time.sleep(0.05)  # the process's event stream: an external condition
 
     def _read(self, proc: subprocess.Popen[bytes]) -> None:
         assert proc.stderr is not None
@@ -188,7 +216,7 @@ class ServeProcess:
             self.proc.stderr.close()
 
     def __enter__(self) -> ServeProcess:
-        return self.start()
+        return self if self.proc is not None else self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.close()

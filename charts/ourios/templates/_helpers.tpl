@@ -141,6 +141,7 @@ which would print 6.7108864e+07), booleans as true/false, strings as they are. A
   (list "OURIOS_WAL_UNRECLAIMED_BYTES_LIMIT" $v.wal.unreclaimedBytesLimit)
   (list "OURIOS_WAL_ARCHIVE" $v.wal.archive)
   (list "OURIOS_WAL_FRAME_MINING_ATTEMPTS" $v.wal.frameMiningAttempts)
+  (list "OURIOS_WAL_TURN_BACKLOG_BYTES" $v.wal.turnBacklogBytes)
   (list "OURIOS_SINK_FLUSH_BYTES" $v.sink.flushBytes)
   (list "OURIOS_SINK_FLUSH_AGE_SECS" $v.sink.flushAgeSecs)
   (list "OURIOS_SINK_CEILING_BYTES" $v.sink.ceilingBytes)

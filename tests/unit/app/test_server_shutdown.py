@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -174,3 +176,35 @@ def test_nowedge_2_a_final_cut_whose_checkpoint_failed_is_not_reported_ok(
     assert line["level"] == "warning"
     # every row reached the store (only the mark stayed behind): nothing is left
     assert line["rows_left_in_wal"] == 0 and code == 0 == line["exit_code"]
+
+
+SIGNAL_WHILE_WAITING = """
+import os, signal, sys, threading
+from app.node.server import _relay_signals
+
+stop = threading.Event()
+received = []
+_relay_signals(stop, received)
+# The moment of the hang: the main thread holds ``stop``'s lock (as inside
+# ``stop.wait()``, before it parks) when SIGTERM's handler runs on it.
+with stop._cond:
+    os.kill(os.getpid(), signal.SIGTERM)
+    for _ in range(1000):
+        pass  # bytecodes: the handler runs here, with the lock held
+assert stop.wait(20), "SIGTERM never set stop"
+assert received == [signal.SIGTERM], received
+print("stopped")
+"""
+
+
+def test_sigterm_while_the_main_thread_holds_the_stop_lock_still_stops_the_node() -> None:
+    # A handler that set the event itself waited for the lock its own thread held: the
+    # node ignored SIGTERM for good (seen in CI after recovery.done).
+    done = subprocess.run(
+        [sys.executable, "-c", SIGNAL_WHILE_WAITING],
+        cwd=Path(__file__).resolve().parents[3],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "stopped", done.stdout + done.stderr

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from app import points
-from app.ingest.stages import Stages
+from app.ingest.stages import IngestBacklogFull, Stages
 from app.receive.api import IngestOutcome
 from app.receive.otlp import FlatBatch, IngestRejection, decode_request, flatten
 from tests.support.noderig import NodeRig, request
@@ -53,9 +53,12 @@ def rig(tmp_path: Path) -> Iterator[NodeRig]:
         rig.close()
 
 
+BACKLOG = 64 << 20
+
+
 @pytest.fixture
 def stages(rig: NodeRig) -> Iterator[Stages]:
-    stages = Stages(rig.pipeline)
+    stages = Stages(rig.pipeline, backlog_bytes=BACKLOG)
     stages.start()
     try:
         yield stages
@@ -72,34 +75,115 @@ def test_stages_answer_only_after_the_covering_fsync(rig: NodeRig, stages: Stage
         assert hold.reached.wait(10)
         # The frame is written and its fsync is running: no answer may exist yet.
         assert answers.got == []
-        assert rig.pipeline.latest is None
     finally:
         hold.release()  # even when an assertion failed: the teardown joins the committer
     answers.wait(1)
     ((tag, outcome, refusal),) = answers.got
     assert tag == "a" and refusal is None and outcome == IngestOutcome(3)
-    assert rig.pipeline.latest is not None
 
 
-def test_stages_answer_after_the_turn_in_commit_order(rig: NodeRig, stages: Stages) -> None:
+def test_issue15_the_ack_comes_before_the_turn_and_no_mark_covers_an_unturned_frame(
+    rig: NodeRig, stages: Stages
+) -> None:
+    """A turn held does not hold the acknowledgement; a cut captured between the acks
+    and the turns has no mark (nothing turned), so no checkpoint covers those frames."""
     answers = Answers()
-    with points.hold("turn.before_mine") as held:
+    with points.hold("stages.turn") as held:
         try:
             for tag in ("a", "b", "c"):
                 data, batch = batch_of(tag)
                 stages.submit("t", data, batch, answers.for_(tag))
+            answers.wait(3)  # all three acknowledged while the first turn is held
             assert held.reached.wait(10)
-            # durable, but the first turn is held: nothing is acknowledged before its turn
-            assert answers.got == []
+            assert [(tag, refusal) for tag, _, refusal in answers.got] == [
+                ("a", None),
+                ("b", None),
+                ("c", None),
+            ]
+            assert rig.pipeline.last_durable is None and rig.pipeline.latest is None
+            outcome = rig.barrier.run_cut(rig.barrier.capture(rotate_idle=False))
+            assert outcome.mark is None and rig.journal.last_checkpoint is None
         finally:
             held.release()
-    answers.wait(3)
-    assert [tag for tag, _, _ in answers.got] == ["a", "b", "c"]
-    assert sorted(rig.published_rids()) == []  # buffered, not yet published
-    rig.pipeline.publish_all_now("test")
+    assert stages.wait_turned(30)
+    latest = rig.pipeline.latest
+    assert latest is not None and latest.lsn == rig.journal.end_lsn  # c's own end
+    outcome = rig.barrier.run_cut(rig.barrier.capture(rotate_idle=False))
+    assert outcome.complete and rig.journal.last_checkpoint == latest
     assert sorted(rig.published_rids()) == sorted(
         f"{tag}/{i}" for tag in ("a", "b", "c") for i in range(3)
     )
+
+
+def test_issue15_the_backlog_bound_refuses_writes_nothing_and_resumes(rig: NodeRig) -> None:
+    data, batch = batch_of("a")
+    frame = len(data) + 64  # a frame's bytes: the payload and its header
+    stages = Stages(rig.pipeline, backlog_bytes=3 * frame)
+    stages.start()
+    answers = Answers()
+    try:
+        with points.hold("stages.turn") as held:
+            try:
+                sent = 0
+                refusal: IngestBacklogFull | None = None
+                while refusal is None:
+                    data, batch = batch_of(f"b{sent}")
+                    try:
+                        stages.submit("t", data, batch, answers.for_(f"b{sent}"))
+                    except IngestBacklogFull as exc:
+                        refusal = exc
+                    else:
+                        sent += 1
+                    assert sent < 10, "the bound never refused"
+                assert 2 <= sent <= 3
+                assert refusal.http_status == 503 and refusal.retry_after == 1
+                assert refusal.error_type == "ingest_backlog"
+                assert f"wal.turn_backlog_bytes={3 * frame}" in refusal.message
+                before = rig.journal.end_lsn
+                with pytest.raises(IngestBacklogFull):
+                    stages.submit("t", data, batch, answers.for_("again"))
+                assert rig.journal.end_lsn == before  # nothing written after the refusal
+                answers.wait(sent)  # every accepted frame was acknowledged meanwhile
+            finally:
+                held.release()
+        assert stages.wait_turned(30)
+        data, batch = batch_of("after")
+        stages.submit("t", data, batch, answers.for_("after"))  # the turn thread moved
+        answers.wait(sent + 1)
+    finally:
+        assert stages.close(30)
+
+
+def test_issue15_replayed_frames_are_turned_before_new_ones(rig: NodeRig) -> None:
+    """The turn thread turns every replayed item before any new frame, whatever order
+    they arrive in."""
+    order: list[str] = []
+    release = threading.Event()
+
+    def replay() -> Iterator[str]:
+        yield "replayed-1"
+        assert release.wait(30)  # new frames are acknowledged while the replay runs
+        yield "replayed-2"
+
+    stages = Stages(rig.pipeline, backlog_bytes=BACKLOG)
+    answers = Answers()
+    finished: list[BaseException | None] = []
+    stages.start(replay=replay(), turn_replayed=order.append, replayed=finished.append)
+    try:
+        with points.hold("stages.turn", count=1) as held:
+            data, batch = batch_of("new")
+            stages.submit("t", data, batch, answers.for_("new"))
+            answers.wait(1)  # acknowledged before the replay has finished
+            assert order == ["replayed-1"] and not held.reached.is_set()
+            release.set()
+            assert held.reached.wait(10)  # the new frame's turn, after the replay
+            assert order == ["replayed-1", "replayed-2"] and finished == [None]
+            held.release()
+        assert stages.wait_turned(30)
+        assert rig.published_rids() == [] and rig.pipeline.latest is not None
+    finally:
+        release.set()
+        assert stages.close(30)
 
 
 def test_a_refusal_at_admission_is_raised_to_the_submitter_and_writes_nothing(
@@ -116,7 +200,7 @@ def test_a_refusal_at_admission_is_raised_to_the_submitter_and_writes_nothing(
 
 
 def test_close_answers_everything_submitted_then_refuses(rig: NodeRig) -> None:
-    stages = Stages(rig.pipeline)
+    stages = Stages(rig.pipeline, backlog_bytes=BACKLOG)
     stages.start()
     answers = Answers()
     for tag in ("a", "b"):

@@ -13,7 +13,7 @@ import pytest
 
 from app.cli import wal as walcli
 from tests.support.walkit import SMALL, payload
-from wal import Journal
+from wal import Journal, PublishedMarks
 from wal.segment import HEADER_SIZE, segment_name
 
 FRAME = 8 + 2 + len("tenant-0") + 9000  # prefix, kind and tenant length, tenant, payload
@@ -171,3 +171,16 @@ def test_nowedge_2_inspect_shows_the_disk_reserve_beside_the_wal(wal_root: Path)
         assert all("disk-reserve" not in line for line in others)  # not in the WAL directory
     code, text = run(walcli.verify, wal_root.parent)
     assert code == 0 and "clean" in text
+
+
+def test_nowedge_6_inspect_names_an_unconfirmed_settlement_intent(wal_root: Path) -> None:
+    """A PUBLISHED entry with the ``publishing`` bit: the frontier in force, the end of the
+    span, and what the next start does with it."""
+    with Journal.open(wal_root, SMALL) as j:
+        end = j.commit("tenant-0", payload(99, 200)).offset
+        j.publish_marks({"tenant-0": PublishedMarks(None, None, intent=end)})
+    code, text = run(walcli.inspect, wal_root)
+    assert code == 0
+    (line,) = [x for x in text.splitlines() if "published through for tenant-0" in x]
+    assert "records None, audit None [publishing]" in line
+    assert f"publish through {end} is not confirmed" in line and "republishes" in line

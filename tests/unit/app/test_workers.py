@@ -130,7 +130,7 @@ def make(rig: NodeRig, fleet: Fleet, observed: Observed) -> tuple[Workers, Event
     events: Events = []
     workers = Workers(
         2,
-        Stages(rig.pipeline),
+        Stages(rig.pipeline, backlog_bytes=64 << 20),
         NodeState(lambda: True, lambda: True),
         observe=observed,
         exposition=lambda: (f"observed {len(observed.seen)}\n".encode(), "text/plain"),

@@ -4,6 +4,10 @@
 
 A test fails when an encoder's output no longer matches the committed bytes, which is
 how an accidental format change is caught.
+
+``data/segment_header_v2_refused.bin`` is the last version-2 segment header, kept (not
+regenerated) to show that a version this build does not read is refused by its version;
+version 3 added the predecessor's synced high-water (issue 18 item 5).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ def golden_frame() -> bytes:
 
 def golden_header() -> SegmentHeader:
     return SegmentHeader(
-        123_456, SEGMENT_UUID, FLAG_HAS_PREDECESSOR | FLAG_PREDECESSOR_SEALED, 100_000
+        123_456, SEGMENT_UUID, FLAG_HAS_PREDECESSOR | FLAG_PREDECESSOR_SEALED, 100_000, 120_000
     )
 
 
@@ -36,7 +40,7 @@ def golden_checkpoint() -> bytes:
 
 FILES = {
     "frame_tenant_batch.bin": golden_frame,
-    "segment_header_v2.bin": lambda: golden_header().encode(),
+    "segment_header_v3.bin": lambda: golden_header().encode(),
     "checkpoint_v2.bin": golden_checkpoint,
 }
 

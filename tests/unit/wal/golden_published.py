@@ -27,8 +27,9 @@ SEGMENT_B = uuid.UUID("01890f3e-5000-7111-9222-333344445555")
 
 
 def golden_live_record() -> PublishedRecord:
-    """Generation 9: ids 0, 1 (tombstoned), 2 and 3 assigned; 0 has both frontiers, 2 a
-    records frontier mid-settlement (publishing), 3 is terminal with no frontier."""
+    """Generation 9: ids 0, 1 (tombstoned), 2 and 3 assigned; 0 has both frontiers, 2 is
+    mid-settlement (publishing: the frontier of both sides in the records offset, the
+    end of the span in the audit offset), 3 is terminal with no frontier."""
     return PublishedRecord(
         generation=9,
         next_slot_id=4,
@@ -42,7 +43,12 @@ def golden_live_record() -> PublishedRecord:
             0: PublishedEntry(
                 WalOffset(SEGMENT_A, 4_096), WalOffset(SEGMENT_A, 2_048), generation=8
             ),
-            2: PublishedEntry(WalOffset(SEGMENT_B, 1 << 40), None, publishing=True, generation=9),
+            2: PublishedEntry(
+                WalOffset(SEGMENT_B, 1 << 40),
+                WalOffset(SEGMENT_B, (1 << 40) + 4_096),
+                publishing=True,
+                generation=9,
+            ),
             3: PublishedEntry(None, None, terminal=True, generation=9),
         },
     )

@@ -13,7 +13,7 @@ import pytest
 from tests.support.walkit import SMALL, Ledger, assert_recovers, faulty, payload
 from wal import AppendError, ErrorClass, Journal, WalConfig
 from wal.errors import RotationRetrying, RotationTerminal, WalIoError, WalNoSpace
-from wal.segment import SegmentHeader
+from wal.segment import HEADER_SIZE, SegmentHeader
 from wal.types import Healthy
 
 
@@ -119,7 +119,7 @@ def test_write_failure_seals_and_the_next_append_starts_a_new_segment(
         assert ledger.commit(j, "t", payload(3, 500))
         names = j.segment_names()
     assert len(names) == 2
-    header = SegmentHeader.decode((root / names[1]).read_bytes()[:48], root / names[1])
+    header = SegmentHeader.decode((root / names[1]).read_bytes()[:HEADER_SIZE], root / names[1])
     assert header.predecessor_sealed and header.prev_base_lsn == 0
     assert_recovers(root, ledger)
 

@@ -39,6 +39,7 @@ from wal import (
 )
 from wal.errors import OpenError
 from wal.published import (
+    ENTRY_PUBLISHING,
     ENTRY_RECORDS_VALID,
     PublishedFile,
     PublishedRecord,
@@ -134,6 +135,14 @@ CORRUPT_SLOTS = [
         id="frontier_without_its_validity_bit",
     ),
     pytest.param(_corrupt(8, b"\x09"), "entry_count", id="entry_count_disagrees"),
+    pytest.param(
+        _corrupt(
+            ENTRIES_AT + 56 * 2,
+            struct.pack("<H", ENTRY_RECORDS_VALID | ENTRY_PUBLISHING) + bytes(30) + bytes(24),
+        ),
+        "publishing without the end of its span",
+        id="intent_without_its_end",
+    ),
 ]
 
 
@@ -209,12 +218,66 @@ def test_publish_marks_writes_published_alone_and_never_lowers_a_frontier(
         a = j.commit("acme", payload(1, 200)).offset
         b = j.commit("acme", payload(2, 200)).offset
         start = len(fs.log)
-        j.publish_marks({"acme": PublishedMarks(b, None, publishing=True)})
+        j.publish_marks({"acme": PublishedMarks(b, a)})
         touched = {p.name for _, p in fs.log[start:] if p is not None}
         assert touched == {"PUBLISHED"}  # no CHECKPOINT, no RECLAIM
         j.publish_marks({"acme": PublishedMarks(a, a)})  # lower records: kept at b
         assert j.published_marks() == {"acme": PublishedMarks(b, a)}
         assert j.last_checkpoint is None
+
+
+def _raw_entry(root: Path, tenant: str) -> tuple[bool, WalOffset | None, WalOffset | None]:
+    """(publishing, records offset, audit offset) of ``tenant``'s entry as the bytes say."""
+    record = _published(root)
+    slot = _tenant_ids(record)[tenant]
+    entry = record.entries[slot]
+    return entry.publishing, entry.records, entry.audit
+
+
+def test_nowedge_6_an_intent_is_recorded_with_its_frontier_and_kept_until_marks_reach_its_end(
+    tmp_path: Path,
+) -> None:
+    """RFC 0055 §9.4 intent then confirm, at the journal: the intent keeps the frontier
+    in force (both sides) and the span's end; a second intent, and marks short of the
+    end, leave it exactly as it is; marks reaching the end on both sides — the confirm,
+    or a checkpoint's write — clear it. Every state is read back from disk."""
+    root = tmp_path / "wal"
+    with Journal.open(root, CFG) as j:
+        a, b, c = (j.commit("acme", payload(i, 200)).offset for i in range(3))
+        j.publish_marks({"acme": PublishedMarks(a, a)})
+        intent = PublishedMarks(a, a, intent=b)
+        j.publish_marks({"acme": intent})
+        assert j.published_marks() == {"acme": intent} and intent.publishing
+        assert _raw_entry(root, "acme") == (True, a, b)  # the end in the audit offset
+        j.publish_marks({"acme": PublishedMarks(b, b, intent=c)})  # one at a time
+        j.publish_marks({"acme": PublishedMarks(b, a)})  # short of the end on one side
+        assert j.published_marks() == {"acme": intent}
+    with Journal.open(root, CFG) as j:
+        assert j.published_marks() == {"acme": intent}  # what a restart gates on
+        j.publish_marks({"acme": PublishedMarks(b, b)})  # the confirm
+        assert j.published_marks() == {"acme": PublishedMarks(b, b)}
+        assert _raw_entry(root, "acme") == (False, b, b)
+        j.publish_marks({"acme": PublishedMarks(b, b, intent=c)})
+        j.checkpoint(c, {"acme": PublishedMarks(c, c)})  # a cut whose flush covered it
+    with Journal.open(root, CFG) as j:
+        assert j.published_marks() == {"acme": PublishedMarks(c, c)}
+
+
+def test_nowedge_6_an_intent_that_cannot_be_one_frontier_is_refused_and_nothing_changes(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "wal"
+    with Journal.open(root, CFG) as j:
+        a, b, c = (j.commit("acme", payload(i, 200)).offset for i in range(3))
+        j.publish_marks({"acme": PublishedMarks(b, b)})
+        with pytest.raises(PublishedWriteError, match="below the frontiers in force"):
+            j.publish_marks({"acme": PublishedMarks(a, a, intent=c)})
+        with pytest.raises(PublishedWriteError, match="one position for both sides"):
+            j.publish_marks({"acme": PublishedMarks(c, b, intent=c)})
+        with pytest.raises(PublishedWriteError, match="below its frontier"):
+            j.publish_marks({"acme": PublishedMarks(c, c, intent=b)})
+        assert j.published_marks() == {"acme": PublishedMarks(b, b)}
+    assert _raw_entry(root, "acme") == (False, b, b)
 
 
 # -- one id space ---------------------------------------------------------------------
@@ -480,9 +543,15 @@ def test_the_operator_tools_read_the_frontiers_and_name_a_missing_published(
     with Journal.open(root, CFG) as j:
         mark = j.commit("acme", payload(1, 200)).offset
         j.publish_marks({"acme": PublishedMarks(mark, None, terminal=True)})
+        other = j.commit("globex", payload(2, 200)).offset
+        j.publish_marks({"globex": PublishedMarks(None, None, intent=other)})
     report = verify_root(root)
     assert report.ok and report.published is not None
-    assert report.published.frontiers == {"acme": (mark, None, "terminal")}
+    assert report.published.frontiers == {
+        "acme": (mark, None, "terminal"),
+        "globex": (None, None, "publishing"),
+    }
+    assert report.published.intents == {"globex": other}
     (root / "PUBLISHED").unlink()
     missing = verify_root(root)
     assert [p.path.name for p in missing.problems] == ["PUBLISHED"]

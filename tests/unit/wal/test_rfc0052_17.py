@@ -568,7 +568,9 @@ def test_rfc0052_17_overlong_replayed_tenant_fails(
         # a later segment makes the damaged one older: open walks only the newest
         base = int(target.name[:20]) + offset + len(bad) - HEADER_SIZE
         flags = FLAG_HAS_PREDECESSOR | FLAG_PREDECESSOR_SEALED
-        header = SegmentHeader(base, uuid7(2.0e9), flags, int(target.name[:20]))
+        # its seal's high-water: the frames before the appended one were synced
+        high_water = int(target.name[:20]) + offset - HEADER_SIZE
+        header = SegmentHeader(base, uuid7(2.0e9), flags, int(target.name[:20]), high_water)
         (r.root / segment_name(base)).write_bytes(header.encode())
         with Journal.open(r.root, CFG) as j, pytest.raises(CorruptionError) as info:
             list(j.replay())

@@ -26,10 +26,22 @@ P = Path("/wal/00000000000000123456.wal")
 
 
 def test_golden_header_bytes_are_stable() -> None:
-    assert golden_header().encode() == (DATA / "segment_header_v2.bin").read_bytes()
-    decoded = SegmentHeader.decode((DATA / "segment_header_v2.bin").read_bytes(), P)
+    assert golden_header().encode() == (DATA / "segment_header_v3.bin").read_bytes()
+    decoded = SegmentHeader.decode((DATA / "segment_header_v3.bin").read_bytes(), P)
     assert decoded == golden_header()
     assert decoded.predecessor_sealed and decoded.has_predecessor
+    assert decoded.prev_base_lsn == 100_000 and decoded.prev_high_water == 120_000
+
+
+def test_a_version_2_header_is_refused_by_its_version() -> None:
+    """Version 2 (48 bytes, no high-water) was never deployed: it is refused as an
+    unknown version, naming it, whether read alone or followed by frame bytes."""
+    v2 = (DATA / "segment_header_v2_refused.bin").read_bytes()
+    assert len(v2) == 48 and v2[4:6] == b"\x02\x00"
+    for data in (v2, v2 + b"\x00" * 64):
+        with pytest.raises(CorruptionError) as info:
+            SegmentHeader.decode(data, P)
+        assert info.value.offset == 4 and "unknown segment version 2" in str(info.value)
 
 
 def test_names_sort_in_log_order() -> None:
@@ -53,7 +65,7 @@ def test_uuid7_carries_the_clock() -> None:
 
 
 def _recrc(b: bytes) -> bytes:
-    return b[:40] + struct.pack("<I", crc32c.crc32c(b[:40])) + b[44:]
+    return b[:48] + struct.pack("<I", crc32c.crc32c(b[:48])) + b[52:]
 
 
 def _set(b: bytes, at: int, value: bytes, fix_crc: bool = True) -> bytes:
@@ -68,15 +80,27 @@ NOT_V7 = uuid.UUID("01890f3e-4a5b-4c6d-8e9f-0a1b2c3d4e5f")
 @pytest.mark.parametrize(
     ("corrupt", "offset", "words"),
     [
-        pytest.param(lambda b: b[:20], 0, "expected 48", id="short"),
+        pytest.param(lambda b: b[:20], 0, "expected 56", id="short"),
         pytest.param(lambda b: _set(b, 0, b"XXXX"), 0, "magic", id="bad_magic"),
         pytest.param(
-            lambda b: _set(b, 8, b"\x01", fix_crc=False), 40, "checksum", id="bad_checksum"
+            lambda b: _set(b, 8, b"\x01", fix_crc=False), 48, "checksum", id="bad_checksum"
         ),
-        pytest.param(lambda b: _set(b, 4, b"\x03\x00"), 4, "version 3", id="unknown_version"),
+        pytest.param(lambda b: _set(b, 4, b"\x04\x00"), 4, "version 4", id="unknown_version"),
         pytest.param(lambda b: _set(b, 6, b"\x04\x00"), 6, "flags", id="unknown_flag"),
-        pytest.param(lambda b: b[:44] + b"\x01\x00\x00\x00", 44, "reserved", id="reserved_nonzero"),
+        pytest.param(lambda b: b[:52] + b"\x01\x00\x00\x00", 52, "reserved", id="reserved_nonzero"),
         pytest.param(lambda b: _set(b, 16, NOT_V7.bytes), 16, "UUIDv7", id="not_uuid7"),
+        pytest.param(
+            lambda b: _set(b, 40, struct.pack("<Q", 99_999)), 40, "outside", id="high_water_low"
+        ),
+        pytest.param(
+            lambda b: _set(b, 40, struct.pack("<Q", 123_457)), 40, "outside", id="high_water_high"
+        ),
+        pytest.param(
+            lambda b: _set(b, 6, b"\x01\x00"), 40, "clean rotation", id="clean_below_base"
+        ),
+        pytest.param(
+            lambda b: _set(b, 6, b"\x00\x00"), 32, "without a predecessor", id="orphan_fields"
+        ),
     ],
 )
 def test_header_refusals_name_file_and_offset(
@@ -89,4 +113,4 @@ def test_header_refusals_name_file_and_offset(
 
 
 def test_header_size() -> None:
-    assert HEADER_SIZE == 48 and len(SegmentHeader(0, SEGMENT_UUID).encode()) == 48
+    assert HEADER_SIZE == 56 and len(SegmentHeader(0, SEGMENT_UUID).encode()) == 56

@@ -10,6 +10,7 @@ from tests.support.walkit import seeded
 from wal import Journal, WalConfig
 from wal.fs import OsFs
 from wal.layout import list_root, scan_segment
+from wal.segment import HEADER_SIZE
 
 MiB = 1024 * 1024
 ONE_FILE = WalConfig(segment_max_bytes=16 * 1024 * MiB, max_frame_bytes=64 * 1024)
@@ -61,7 +62,7 @@ def test_recovery_across_a_set_equals_one_file(tmp_path: Path, segments: int) ->
     """Deliverable 6: at every boundary (a replay starting from any frame's end) the
     set and the single file yield the same frames."""
     frame = 4000
-    per_segment = (64 * 1024 - 48) // (frame + 10 + 2)  # frames that fit a 64 KiB segment
+    per_segment = (64 * 1024 - HEADER_SIZE) // (frame + 10 + 2)  # frames that fit a 64 KiB segment
     sizes = [frame] * (per_segment * segments)
     config = WalConfig(segment_max_bytes=64 * 1024, max_frame_bytes=8 * 1024)
     _write_stream(tmp_path / "set", config, sizes, seed=segments)

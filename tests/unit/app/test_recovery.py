@@ -1,0 +1,98 @@
+"""app.node.recovery in steps (issue 15): a node is ready after recovery's preparation,
+before the replay — and what admission decides meanwhile is what it decides after it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from app.ingest.tenants import SettlementInProgress
+from app.receive.otlp import IngestRejection, decode_request, flatten
+from tests.support.minerfaults import FaultPlan, FaultyMiners
+from tests.support.noderig import NodeRig, request
+from wal import WalConfig
+
+EVERY_TIME = 1_000
+
+
+@pytest.fixture
+def rigs(tmp_path: Path) -> Iterator[list[NodeRig]]:
+    made: list[NodeRig] = []
+    yield made
+    for rig in made:
+        rig.close()
+
+
+def admit(rig: NodeRig, tenant: str, tag: str) -> IngestRejection | None:
+    """Stage 1 for one batch of ``tenant``: None when admitted (and appended)."""
+    data = request(tag).SerializeToString()
+    batch = flatten(decode_request(data, "application/x-protobuf"), tenant)
+    try:
+        ticket = rig.pipeline.admit_and_append(tenant, data, batch)
+    except IngestRejection as exc:
+        return exc
+    rig.pipeline.await_durable(ticket)
+    rig.pipeline.turn_and_finish(ticket)
+    return None
+
+
+def test_issue15_the_slot_limit_during_the_replay_is_the_limit_after_it(
+    tmp_path: Path, rigs: list[NodeRig]
+) -> None:
+    rig = NodeRig(tmp_path, config=WalConfig(segment_max_bytes=64 * 1024, max_tenants=2))
+    rigs.append(rig)
+    rig.ingest("a", "a0")
+    rig.ingest("b", "b0")
+    rig.restart(crash=True, replay=False)  # prepared: ready, nothing replayed yet
+    assert rig.recovery.backlog_bytes > 0
+    during = admit(rig, "c", "c0")
+    assert during is not None and "max_tenants" in during.message
+    assert admit(rig, "a", "a1") is None  # a tenant the WAL holds keeps its slot
+    rig.replay_now()
+    after = admit(rig, "c", "c1")
+    assert after is not None and type(after) is type(during)
+    assert after.http_status == during.http_status and after.error_type == during.error_type
+    assert admit(rig, "b", "b1") is None
+
+
+def test_issue15_a_tenant_whose_replay_fails_is_refused_as_settling_as_after_the_replay(
+    tmp_path: Path, rigs: list[NodeRig]
+) -> None:
+    plan = FaultPlan()
+    rig = NodeRig(tmp_path, miners_factory=lambda allocator: FaultyMiners(allocator, plan))
+    rigs.append(rig)
+    rig.ingest("a", "a0")
+    rig.ingest("a", "poison")
+    rig.ingest("b", "b0")
+    plan.fail_at("op poison step 1 ", "after", times=EVERY_TIME)
+    rig.restart(crash=True, replay=False)
+    items = rig.recovery.items()
+    rig.recovery.turn(next(items))  # a0: fine
+    assert admit(rig, "a", "a1") is None  # nothing known against it yet
+    rig.recovery.turn(next(items))  # the poison frame: a settles after the start
+    during = admit(rig, "a", "a2")
+    assert isinstance(during, SettlementInProgress)
+    for item in items:
+        rig.recovery.turn(item)
+    rig.recovery.replayed()
+    rig.recovery.finish()
+    after = admit(rig, "a", "a3")
+    assert isinstance(after, SettlementInProgress)
+    assert admit(rig, "b", "b1") is None
+
+
+def test_issue15_nothing_replayed_is_a_mark(tmp_path: Path, rigs: list[NodeRig]) -> None:
+    rig = NodeRig(tmp_path)
+    rigs.append(rig)
+    for i in range(3):
+        rig.ingest("a", f"a{i}")
+    rig.restart(crash=True)  # replayed in full: no checkpoint was ever written
+    assert rig.pipeline.last_durable is None and rig.pipeline.latest is None
+    outcome = rig.barrier.run_cut(rig.barrier.capture(rotate_idle=False))
+    assert outcome.mark is None and rig.journal.last_checkpoint is None
+    mark = rig.ingest("a", "live")  # the first new turn is the first mark
+    outcome = rig.barrier.run_cut(rig.barrier.capture(rotate_idle=False))
+    assert outcome.mark == mark and rig.journal.last_checkpoint == mark
