@@ -62,7 +62,8 @@ _VERSION: Final = "1"
 
 
 class Outcome(enum.Enum):
-    """A request's fate as far as the client knows. Starts at 1 (STYLE.md §4)."""
+    """A request's fate as far as the client knows. Starts at 1, so zeroed bytes never read
+    as an outcome."""
 
     ACKED = 1
     REFUSED = 2

@@ -1,10 +1,13 @@
 """``ourios serve``: assembly, start-up order and shutdown (DESIGN.md §6).
 
-Start: open the WAL → load the durable snapshots and replay the WAL into the miners
-and sinks (recovery) → start the publisher, the age sweep, the barrier and housekeeping
-timers → start the gRPC and HTTP listeners → ready. One start-up line
-(``recovery.done``) says what was replayed and suppressed and how long it took; one
-(``server.listening``) gives the bound ports.
+Start: take the data directory's lock and open the WAL → start the publisher and the
+worker processes → recovery's preparation (validate every segment, restore the
+snapshots, rebuild the tenant table from the sidecars and frame headers) → the turn
+thread starts with the replay ahead of every new frame → the listeners accept and the
+node is ready (``server.listening`` gives the bound ports) while the replay runs → when
+its last frame is turned: publish what it buffered, install the snapshots, log
+``recovery.done`` (what was replayed and suppressed, how long it took) and start the age
+sweep, the barrier and housekeeping.
 
 SIGTERM/SIGINT: stop the listeners (requests in flight finish) → stop the age sweep →
 join the housekeeping and barrier timers → the final cut (flush every buffered

@@ -1,7 +1,7 @@
 """RFC 0055 tenant slots against a real ``ourios serve`` (the wire, the gauges, and the
 table seeded before any listener exists).
 
-§9.5: a batch for a tenant id the node does not hold, with ``max_tenants`` held, is
+RFC 0055 §9.5: a batch for a tenant id the node does not hold, with ``max_tenants`` held, is
 refused naming the tenant — 503 with a protobuf Status body and no Retry-After — while
 a held tenant is admitted; the refusal is counted with ``error_type=wal_tenant_cap`` and
 sets no latch; ``ourios_wal_tenants`` over its states sums to ``ourios_wal_tenants_limit``
