@@ -79,6 +79,7 @@ __all__ = [
     "assemble_records",
     "encode_audit",
     "encode_records",
+    "encode_table",
     "records_batch",
 ]
 
@@ -548,8 +549,13 @@ def encode_records(cols: RecordColumns, compression: str = "zstd") -> bytes:
     stall the ingest threads (a long conversion call would hold the interpreter for its
     whole length, and every turn waiting on a lock or an fsync would wait behind it).
     """
+    return encode_table(cols.table(), compression)
+
+
+def encode_table(table: pa.Table, compression: str = "zstd") -> bytes:
+    """``encode_records`` of rows already gathered in one ``RECORDS_SCHEMA`` table (a
+    worker process encodes the core's partitions with it)."""
     codec = _codec(compression)
-    table = cols.table()
     out = pa.BufferOutputStream()
     try:
         with pq.ParquetWriter(out, RECORDS_SCHEMA, compression=codec) as writer:

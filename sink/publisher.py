@@ -75,7 +75,7 @@ from sink.keys import (
     records_key,
     retry_object_name,
 )
-from sink.parquet import encode_audit, encode_records
+from sink.parquet import RecordColumns, encode_audit, encode_records
 from sink.store import ObjectStore, StoreError
 
 log = logging.getLogger("ourios.sink")
@@ -139,6 +139,10 @@ class Publisher:
         self._stop = threading.Event()
         self.stats = PublishStats(Counter(), Counter(), Counter())
         self._stats_lock = threading.Lock()
+        #: turns a records partition into its Parquet object: ``encode_records`` here,
+        #: or (with worker processes) a worker's encode with the same result, so the
+        #: encode's CPU is not the node's serial process's
+        self.records_encoder: Callable[[RecordColumns, str], bytes] = encode_records
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -351,7 +355,7 @@ class Publisher:
         day = dt.date(1970, 1, 1) + dt.timedelta(days=part.day)
         if part.kind is Kind.RECORDS:
             assert part.records is not None
-            data = encode_records(part.records, self._compression)
+            data = self.records_encoder(part.records, self._compression)
             return name, records_key(part.tenant, day, name), data
         assert part.audit is not None
         data = encode_audit(part.audit, self._compression)

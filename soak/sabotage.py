@@ -525,6 +525,38 @@ SABOTAGES: tuple[Sabotage, ...] = (
         ),
     ),
     Sabotage(
+        "worker_acks_before_the_core_on_the_loop",
+        "a worker answers its client with the core's answer, never before it (event loop)",
+        "app/receive/worker.py",
+        "            await asyncio.wait_for(answered, ANSWER_TIMEOUT_S)\n"
+        "            answer = call.wait(0)",
+        "            return IngestOutcome(len(batch))",
+        (
+            "tests/unit/app/test_channel.py::test_an_ingest_awaited_on_an_event_loop_gets_the_cores_answer",
+        ),
+    ),
+    Sabotage(
+        "worker_launched_while_stopping_left_running",
+        "a worker launched while the core stops is stopped with the others, never left running",
+        "app/node/workers.py",
+        "            if not stopping:\n                self._links[index] = link",
+        "            self._links[index] = link\n            stopping = False",
+        (
+            "tests/unit/app/test_workers.py::test_a_worker_launched_while_stopping_is_ended_not_left_running",
+        ),
+    ),
+    Sabotage(
+        "encode_only_on_a_worker",
+        "a records partition no worker encodes is encoded by the core (a dying worker loses no publish)",
+        "app/node/workers.py",
+        "        return encode_records(cols, compression)\n",
+        '        raise ChannelClosed("no worker encoded the partition")\n',
+        (
+            "tests/unit/app/test_workers.py::test_the_core_encodes_a_partition_itself_when_no_worker_answers",
+            "tests/unit/app/test_workers.py::test_a_partition_over_the_channels_frame_bound_is_encoded_by_the_core",
+        ),
+    ),
+    Sabotage(
         "signal_handler_takes_the_stop_lock",
         "SIGTERM always stops the node (the handler takes no lock the main thread may hold)",
         "app/node/server.py",

@@ -106,7 +106,7 @@ import struct
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from operator import itemgetter
+from operator import eq, itemgetter
 from pathlib import Path
 from typing import Literal, NoReturn, Protocol, cast
 
@@ -575,6 +575,7 @@ class _Drain(Protocol):
     id_to_cluster: _ClusterMap
     clusters_counter: int
     sim_th: float
+    max_node_depth: int
 
     def tree_search(
         self, root_node: _DrainNode, tokens: list[str], sim_th: float, include_params: bool
@@ -615,26 +616,52 @@ def _new_cluster(tokens: list[str], drain_id: int, size: int) -> _DrainCluster:
 class _Template:
     """Our side of one Drain cluster: id, version, and how to read a body against it.
 
-    ``positions`` are the template's wildcard indices. ``constants`` picks a body's
-    tokens at the other indices and ``expected`` is what the template has there: when
-    they are equal Drain's widening would change nothing, which one C-level comparison
-    decides instead of ``create_template``'s Python loop. ``constants`` is None when
-    every token is a wildcard (nothing can widen).
+    ``positions`` are the template's wildcard indices and ``params`` picks a body's
+    tokens there as a tuple (None when there are none). ``constants`` picks a body's
+    tokens at the other indices and ``expected`` is what the template has there
+    (``fixed`` of them): the count of equal pairs is Drain's similarity numerator, and
+    when they are all equal Drain's widening would change nothing — one C-level
+    comparison instead of ``get_seq_distance``'s and ``create_template``'s Python
+    loops. ``constants`` is None when every token is a wildcard (nothing can widen).
     """
 
-    __slots__ = ("template_id", "version", "positions", "constants", "expected")
+    __slots__ = (
+        "template_id",
+        "version",
+        "cluster",
+        "positions",
+        "params",
+        "constants",
+        "expected",
+        "fixed",
+    )
 
-    def __init__(self, template_id: int, version: int, tokens: tuple[str, ...]) -> None:
+    def __init__(
+        self, template_id: int, version: int, cluster: _DrainCluster, tokens: tuple[str, ...]
+    ) -> None:
         self.template_id = template_id
         self.version = version
+        #: the Drain cluster this template mirrors (Drain widens it in place)
+        self.cluster = cluster
         self.positions: tuple[int, ...] = ()
+        self.params: Callable[[list[str]], tuple[str, ...]] | None = None
         self.constants: Callable[[list[str]], object] | None = None
         self.expected: object = None
+        self.fixed = 0
         self.reshape(tokens)
 
     def reshape(self, tokens: tuple[str, ...]) -> None:
         self.positions = tuple(i for i, token in enumerate(tokens) if token == PARAM)
         fixed = [i for i, token in enumerate(tokens) if token != PARAM]
+        self.fixed = len(fixed)
+        if len(self.positions) > 1:
+            # itemgetter of several indices returns their items as a tuple, in C
+            self.params = cast(Callable[[list[str]], tuple[str, ...]], itemgetter(*self.positions))
+        elif self.positions:
+            only = self.positions[0]
+            self.params = lambda tokens: (tokens[only],)
+        else:
+            self.params = None
         if fixed:
             # itemgetter of one index returns the item, of several a tuple; both sides
             # of the comparison come from the same getter, so either shape compares.
@@ -644,6 +671,20 @@ class _Template:
         else:
             self.constants = None
             self.expected = None
+
+    def same(self, tokens: list[str]) -> int:
+        """How many of the template's constant tokens ``tokens`` has at their places:
+        ``get_seq_distance``'s ``sim_tokens`` (wildcards are not counted)."""
+        constants = self.constants
+        if constants is None:
+            return 0
+        got = constants(tokens)
+        expected = self.expected
+        if got == expected:
+            return self.fixed
+        if self.fixed == 1:
+            return 0
+        return sum(map(eq, cast(tuple[str, ...], got), cast(tuple[str, ...], expected)))
 
 
 class TenantMiner:
@@ -698,16 +739,16 @@ class TenantMiner:
             raise
 
     def _mine(self, bodies: Sequence[str]) -> MineResult:
-        # This is Drain.add_log_message (drain3 0.9) built from Drain's own steps, in
-        # its order, so a body is tokenised once and shared by Drain and the parameter
-        # extraction, and an unchanged template costs one tuple comparison. The tests
-        # hold it to add_log_message's results and tree, body for body.
+        # This is Drain.add_log_message (drain3 0.9) built from Drain's steps, in its
+        # order, so a body is tokenised once and shared by the search and the
+        # parameter extraction, and an unchanged template costs one tuple comparison.
+        # The search is ``_search`` (Drain's tree_search and fast_match computed on our
+        # templates); the tests hold it all to add_log_message's results and tree,
+        # body for body.
         drain = self._drain
-        search = drain.tree_search
-        root = drain.root_node
-        sim_th = drain.sim_th
-        templates = self._templates
+        search = self._search
         bounded = self._config.max_clusters is not None
+        templates = self._templates
         # On the LRU cache, [] is the touch add_log_message does on a match.
         touch = cast(_Touchable, drain.id_to_cluster).__getitem__
         delimiters = self._config.extra_delimiters
@@ -718,24 +759,72 @@ class TenantMiner:
         append_params = params.append
         for index, body in enumerate(bodies):
             tokens = body.split() if not delimiters else tokenize(body, delimiters)
-            cluster = search(root, tokens, sim_th, False)
-            if cluster is None:
+            template, exact = search(tokens)
+            if template is None:
                 template = self._create(tokens, index, events)
             else:
-                drain_id = cluster.cluster_id
-                template = templates[drain_id]
-                constants = template.constants
-                if constants is not None and constants(tokens) != template.expected:
+                cluster = template.cluster
+                if not exact:
                     self._widen(cluster, tokens, template, index, events)
                 cluster.size += 1
                 if bounded:
+                    drain_id = cluster.cluster_id
                     touch(drain_id)
                     del templates[drain_id]
                     templates[drain_id] = template
             append_id(template.template_id)
-            positions = template.positions
-            append_params(tuple([tokens[i] for i in positions]) if positions else ())
+            pick = template.params
+            append_params(pick(tokens) if pick is not None else ())
         return MineResult(ids, params, events)
+
+    def _search(self, tokens: list[str]) -> tuple[_Template | None, bool]:
+        """``Drain.tree_search(root, tokens, sim_th, include_params=False)`` computed on
+        our templates, and whether the match has every one of its constant tokens (so
+        no widening). The same leaf (first level by token count, then at most
+        ``max_node_depth - 1`` tokens, a missing token taking the wildcard child), the
+        same candidates in the leaf's order (a cluster the LRU evicted is skipped: our
+        map mirrors Drain's), the same similarity ``float(same) / len`` and the same
+        rule (the best similarity, ties to more wildcards, the first of equals; none
+        below ``sim_th``). Drain's version walks every token pair in Python (about a
+        third of the turn's mining under load); here the constants are compared in C."""
+        drain = self._drain
+        count = len(tokens)
+        node = drain.root_node.key_to_child_node.get(str(count))
+        if node is None:
+            return None, False
+        templates = self._templates
+        if count == 0:
+            # Drain returns the group's first cluster without a similarity test.
+            return templates.get(node.cluster_ids[0]), True
+        depth = 1
+        limit = drain.max_node_depth
+        for token in tokens:
+            if depth >= limit or depth == count:
+                break
+            children = node.key_to_child_node
+            child = children.get(token)
+            if child is None:
+                child = children.get(PARAM)
+                if child is None:
+                    return None, False
+            node = child
+            depth += 1
+        best: _Template | None = None
+        best_same = 0
+        max_sim = -1.0
+        max_params = -1
+        for drain_id in node.cluster_ids:
+            template = templates.get(drain_id)
+            if template is None:
+                continue
+            same = template.same(tokens)
+            sim = float(same) / count
+            wildcards = len(template.positions)
+            if sim > max_sim or (sim == max_sim and wildcards > max_params):
+                max_sim, max_params, best, best_same = sim, wildcards, template, same
+        if best is None or max_sim < drain.sim_th:
+            return None, False
+        return best, best_same == best.fixed
 
     def _create(self, tokens: list[str], index: int, events: list[TemplateEvent]) -> _Template:
         drain = self._drain
@@ -748,7 +837,7 @@ class TenantMiner:
         # insert after it drops evicted ids from the leaf it lands in, as in drain3.
         drain.id_to_cluster[drain_id] = cluster
         drain.add_seq_to_prefix_tree(drain.root_node, cluster)
-        template = _Template(template_id, 1, cluster.log_template_tokens)
+        template = _Template(template_id, 1, cluster, cluster.log_template_tokens)
         self._templates[drain_id] = template
         limit = self._config.max_clusters
         if limit is not None and len(self._templates) > limit:
@@ -852,8 +941,9 @@ class TenantMiner:
         drain = miner._drain
         for drain_id, template_id, version, size, tokens in cluster_rows:
             # Insertion order is the LRU order (oldest first) that was captured.
-            drain.id_to_cluster[drain_id] = _new_cluster(tokens, drain_id, size)
-            miner._templates[drain_id] = _Template(template_id, version, tuple(tokens))
+            cluster = _new_cluster(tokens, drain_id, size)
+            drain.id_to_cluster[drain_id] = cluster
+            miner._templates[drain_id] = _Template(template_id, version, cluster, tuple(tokens))
         built: list[_DrainNode] = []
         for parent, key, cluster_ids in node_rows:
             node = drain.root_node if parent < 0 else _new_node()

@@ -412,6 +412,9 @@ def _serve(node: Node, stop: threading.Event, received: list[int], config_file: 
         return _start_failed(node.events, exc)
 
     if workers is not None:
+        # The workers encode the publisher's records partitions (the core's CPU is the
+        # node's bound); one that cannot leaves the core to encode them itself.
+        pipeline.publisher.records_encoder = workers.encode_records
         try:
             workers.start()  # first: the replay decodes on them
         except RuntimeError as exc:

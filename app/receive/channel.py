@@ -28,6 +28,8 @@ Bodies (``str8``/``str16``/``str32``: UTF-8 prefixed by a u8/u16/u32 length)::
                 (no answer: a finished request, for the core's counters)
     FLUSH       (empty)  →  FLUSHED   (every OBSERVED sent before it has been read)
     DECODE      str8 tenant | the WAL payload  →  DECODED  Arrow message | REFUSAL
+    ENCODE      str8 compression | Arrow IPC stream (``RECORDS_SCHEMA``)
+                →  ENCODED  the Parquet object | REFUSAL
     STOP        (empty)  →  STOPPING  (the worker stops listening, finishes, exits)
     HELLO       u32 pid (no answer: the worker's listeners are up)
 
@@ -43,7 +45,7 @@ import itertools
 import socket
 import struct
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -51,7 +53,7 @@ import grpc
 import pyarrow as pa
 
 from app.receive.otlp import FlatBatch, IngestRejection
-from sink.parquet import FLAT_SCHEMA
+from sink.parquet import FLAT_SCHEMA, RECORDS_SCHEMA
 
 __all__ = [
     "MAX_FRAME",
@@ -69,8 +71,10 @@ __all__ = [
     "decode_observed",
     "decode_refusal",
     "decode_text",
+    "decode_encode_request",
     "encode_ack",
     "encode_decode_request",
+    "encode_encode_request",
     "encode_ingest",
     "encode_observed",
     "encode_refusal",
@@ -88,6 +92,12 @@ _OUTCOMES: Final = ("ok", "refused", "error")
 #: A frame's bound: a WAL frame's payload (``wal.max_frame_bytes`` tops out well below)
 #: plus its decoded batch, with room to spare. A longer length is a broken peer.
 MAX_FRAME: Final = 1 << 30
+#: The reader's receive buffer, and the size above which a frame body is received into
+#: a buffer of its own instead (at most a quarter of it, so a small frame always fits).
+_RECV_BYTES: Final = 1 << 16
+_DIRECT_BYTES: Final = 1 << 14
+#: How long ``close`` waits for the reader thread to leave the socket.
+_CLOSE_WAIT_S: Final = 5.0
 
 
 class Kind(enum.IntEnum):
@@ -106,6 +116,8 @@ class Kind(enum.IntEnum):
     STOP = 13
     STOPPING = 14
     HELLO = 15
+    ENCODE = 16
+    ENCODED = 17
 
 
 class Transport(enum.IntEnum):
@@ -133,7 +145,14 @@ class Connection:
 
     def __init__(self, sock: socket.socket) -> None:
         self._sock = sock
-        self._reader = sock.makefile("rb", buffering=1 << 16)
+        # What the reader thread received and has not returned yet: ``_buf[_start:_end]``.
+        self._buf = bytearray(_RECV_BYTES)
+        self._start = 0
+        self._end = 0
+        # Held while the reader thread reads: ``close`` takes it after its shutdown has
+        # woken the reader and before it closes the descriptor, so a reader can never
+        # call ``recv`` on a number the kernel has already handed to a new socket.
+        self._receiving = threading.Lock()
         self._send_lock = threading.Lock()
         self._ids = itertools.count(1)
         self._calls: dict[int, _Slot] = {}
@@ -158,11 +177,18 @@ class Connection:
             except OSError as exc:
                 raise ChannelClosed(f"sending on the channel failed: {exc}") from exc
 
-    def start(self, kind: Kind, parts: Sequence[bytes | memoryview | pa.Buffer]) -> Call:
+    def start(
+        self,
+        kind: Kind,
+        parts: Sequence[bytes | memoryview | pa.Buffer],
+        on_done: Callable[[], None] | None = None,
+    ) -> Call:
         """Send a request; its answer is ``Call.wait``'s (``ChannelClosed`` when the
-        channel is closed)."""
+        channel is closed). ``on_done`` is called, on the reader's thread, once the answer
+        is there or the channel has closed (an event loop's wake-up)."""
         ident = next(self._ids)
         slot = _Slot()
+        slot.on_done = on_done
         with self._calls_lock:
             if self._closed is not None:
                 raise ChannelClosed(str(self._closed))
@@ -204,19 +230,59 @@ class Connection:
             raise ChannelClosed(f"the channel closed: {exc}") from exc
 
     def _receive(self) -> tuple[Kind, int, memoryview]:
-        head = self._reader.read(_HEAD.size)
-        if len(head) < _HEAD.size:
-            raise ChannelClosed("the peer closed the channel")
-        length, kind, ident = _HEAD.unpack(head)
-        if length > MAX_FRAME or length < _HEAD.size - 4:
-            raise ChannelClosed(f"a frame of {length} bytes breaks the protocol")
-        body = self._reader.read(length - (_HEAD.size - 4))
-        if len(body) < length - (_HEAD.size - 4):
-            raise ChannelClosed("the peer closed the channel inside a frame")
+        with self._receiving:
+            head = self._take(_HEAD.size, "the peer closed the channel")
+            length, kind, ident = _HEAD.unpack(head)
+            if length > MAX_FRAME or length < _HEAD.size - 4:
+                raise ChannelClosed(f"a frame of {length} bytes breaks the protocol")
+            body = self._take(
+                length - (_HEAD.size - 4), "the peer closed the channel inside a frame"
+            )
         try:
-            return Kind(kind), ident, memoryview(body)
+            return Kind(kind), ident, body
         except ValueError:
             raise ChannelClosed(f"unknown frame kind {kind}") from None
+
+    def _take(self, n: int, eof: str) -> memoryview:
+        """The next ``n`` bytes of the stream. Reads go into a fixed buffer (``recv_into``,
+        no allocation): a frame the peer wrote with one ``sendmsg`` usually arrives whole
+        with its head, and several small frames arrive with one call. A larger body is
+        received into its own buffer: what already arrived is copied once and the rest
+        is read straight into it with ``MSG_WAITALL`` — one system call, one release of
+        the interpreter lock. (A stream buffer cost the link reader's interpreter time
+        in copies and reallocations, measured under the ingest benchmark's load.)"""
+        buf, start, end = self._buf, self._start, self._end
+        if end - start >= n:
+            self._start = start + n
+            return memoryview(buf[start : start + n])  # a copy: the buffer is reused
+        if n > _DIRECT_BYTES:
+            # From Arrow's memory pool: reused memory, not zero-filled (a fresh bytearray
+            # of this size was, under load, a page-faulting allocation on every batch).
+            out = memoryview(pa.allocate_buffer(n)).cast("B")
+            have = end - start
+            out[:have] = memoryview(buf)[start:end]
+            self._start = self._end = 0
+            rest = out[have:]
+            while rest:
+                got = self._sock.recv_into(rest, len(rest), socket.MSG_WAITALL)
+                if not got:
+                    raise ChannelClosed(eof)
+                rest = rest[got:]
+            return out
+        if start:  # move the partial frame to the front, so it has room to complete
+            buf[: end - start] = buf[start:end]
+            end -= start
+            self._start = start = 0
+        view = memoryview(buf)
+        while end < n:
+            got = self._sock.recv_into(view[end:], len(buf) - end)
+            if not got:
+                self._end = end
+                raise ChannelClosed(eof)
+            end += got
+        self._end = end
+        self._start = n
+        return memoryview(buf[:n])
 
     def deliver(self, kind: Kind, ident: int, body: memoryview) -> bool:
         """Hand an answer to the ``call`` waiting for it; False when none waits (it
@@ -226,7 +292,7 @@ class Connection:
         if slot is None:
             return False
         slot.answer = Answer(kind, body)
-        slot.done.set()
+        slot.finish()
         return True
 
     def close(self, why: str = "the channel closed") -> None:
@@ -237,8 +303,14 @@ class Connection:
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
-        self._reader.close()
-        self._sock.close()
+        # The shutdown ends a read in progress; wait for it to leave the socket (bounded:
+        # a close must not hang on a reader that somehow stays).
+        receiving = self._receiving.acquire(timeout=_CLOSE_WAIT_S)
+        try:
+            self._sock.close()
+        finally:
+            if receiving:
+                self._receiving.release()
 
     def _fail_calls(self, why: str) -> None:
         with self._calls_lock:
@@ -247,7 +319,7 @@ class Connection:
             waiting = list(self._calls.values())
             self._calls.clear()
         for slot in waiting:
-            slot.done.set()
+            slot.finish()
 
     @property
     def closed(self) -> bool:
@@ -283,11 +355,17 @@ class Call:
 
 
 class _Slot:
-    __slots__ = ("done", "answer")
+    __slots__ = ("done", "answer", "on_done")
 
     def __init__(self) -> None:
         self.done = threading.Event()
         self.answer: Answer | None = None
+        self.on_done: Callable[[], None] | None = None
+
+    def finish(self) -> None:
+        self.done.set()
+        if self.on_done is not None:
+            self.on_done()
 
 
 def _send_all(sock: socket.socket, views: list[memoryview]) -> None:
@@ -468,3 +546,25 @@ def decode_decode_request(body: memoryview) -> tuple[str, bytes]:
     c = _Cursor(body)
     tenant = c.str8()
     return tenant, bytes(c.rest())
+
+
+def encode_encode_request(compression: str, table: pa.Table) -> list[bytes | pa.Buffer]:
+    """An ENCODE body: the compression and the partition's rows as an Arrow IPC stream
+    (written without the interpreter lock; the record batches are copied once)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, RECORDS_SCHEMA) as writer:
+        writer.write_table(table)
+    return [_str8(compression), sink.getvalue()]
+
+
+def decode_encode_request(body: memoryview) -> tuple[str, pa.Table]:
+    """(compression, rows) of an ENCODE body (the table reads zero-copy over ``body``)."""
+    c = _Cursor(body)
+    compression = c.str8()
+    try:
+        table = pa.ipc.open_stream(pa.py_buffer(c.rest())).read_all()
+    except (pa.ArrowException, ValueError) as exc:
+        raise ChannelClosed(f"an Arrow stream on the channel does not read: {exc}") from exc
+    if not table.schema.equals(RECORDS_SCHEMA):
+        raise ChannelClosed(f"an ENCODE stream has schema {table.schema}, not RECORDS_SCHEMA")
+    return compression, table

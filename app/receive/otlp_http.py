@@ -31,7 +31,12 @@ The CPU work (inflate, parse, flatten) runs in the same worker thread as the blo
 stays answerable while it is parsed. Workers come from a dedicated
 `anyio.CapacityLimiter` (`ingest_concurrency`, default 256): a group commit
 acknowledges many waiters with one fsync, so many requests must be able to wait at
-once.
+once. A pipeline that can be awaited on the event loop (`ingest_async`: a worker
+process's, which only waits for the core's answer) is awaited there instead, and an
+uncompressed body up to `INLINE_BODY_BYTES` is decoded on the loop's thread: no thread
+per request (the hop to a thread and back, and the threads contending for the
+interpreter, measured about a fifth of a worker's interpreter time under the ingest
+benchmark's load); a larger or compressed body is still decoded on a thread.
 
 A request with zero log records is valid OTLP. It is decoded and acknowledged with 200
 but never reaches the pipeline, so it writes no WAL frame (there is nothing to make
@@ -61,7 +66,7 @@ import socket
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Final
+from typing import Any, Final, Protocol, cast
 
 import anyio
 import anyio.to_thread
@@ -77,6 +82,7 @@ from app.receive.otlp import (
     JSON_CONTENT_TYPE,
     PROTOBUF_CONTENT_TYPE,
     BadRequest,
+    FlatBatch,
     IngestRejection,
     PayloadTooLarge,
     UnsupportedMediaType,
@@ -105,6 +111,9 @@ DEFAULT_INGEST_CONCURRENCY: Final = 256
 #: A body over the cap is read and thrown away up to this many bytes more before the 413
 #: is sent, so a client that writes its whole body before reading the answer gets it.
 DISCARD_BYTES: Final = 64 * 1024 * 1024
+#: With a pipeline that answers on the event loop, an uncompressed body up to this size
+#: is decoded and flattened on the loop's thread (about a millisecond per 100 records).
+INLINE_BODY_BYTES: Final = 1024 * 1024
 
 _log = logging.getLogger("ourios.http")
 
@@ -116,6 +125,15 @@ _ECHO_CHARS: Final = 32
 _NOT_READY: Final = (
     "not ready: recovery is running, it failed, or the WAL is in its terminal state\n"
 )
+
+
+class AsyncIngest(Protocol):
+    """``Pipeline.ingest`` awaited on the event loop (``app.receive.worker.RemotePipeline``
+    has it): the receiver then needs no thread per request."""
+
+    def __call__(
+        self, tenant: str, payload: bytes, batch: FlatBatch, transport: str
+    ) -> Awaitable[IngestOutcome]: ...
 
 
 def raw_body_cap(max_frame_bytes: int, content_encoding: str | None) -> int:
@@ -240,14 +258,43 @@ def create_http_app(
     empty_ok = {as_json: success_body(0, "", as_json) for as_json in (False, True)}
     internal = IngestRejection("internal error; the server log has the details")
 
-    def ingest(tenant: str, body: bytes, headers: _Headers, protobuf: bool) -> IngestOutcome | None:
-        # Runs in a worker thread; None means the request held no records.
+    ingest_async = cast(AsyncIngest | None, getattr(pipeline, "ingest_async", None))
+
+    def prepare(
+        tenant: str, body: bytes, headers: _Headers, protobuf: bool
+    ) -> tuple[bytes, FlatBatch] | None:
+        # (WAL payload, rows); None means the request held no records.
         data = decompress(body, headers.content_encoding, max_frame_bytes)
         req = decode_request(data, headers.content_type or "")
         if count_records(req) == 0:
             return None
         payload = data if protobuf else to_wal_payload(req)
-        return pipeline.ingest(tenant, payload, flatten(req, tenant), "http")
+        return payload, flatten(req, tenant)
+
+    def ingest(tenant: str, body: bytes, headers: _Headers, protobuf: bool) -> IngestOutcome | None:
+        # Runs in a worker thread; None means the request held no records.
+        prepared = prepare(tenant, body, headers, protobuf)
+        if prepared is None:
+            return None
+        return pipeline.ingest(tenant, *prepared, "http")
+
+    async def ingest_on_loop(
+        tenant: str, body: bytes, headers: _Headers, protobuf: bool
+    ) -> IngestOutcome | None:
+        # A pipeline that answers on the event loop (a worker process's): an identity
+        # body up to INLINE_BODY_BYTES is decoded here, anything larger on a thread, so
+        # /healthz is never held up by one big request.
+        assert ingest_async is not None
+        identity = (headers.content_encoding or "").strip().lower() in _IDENTITY_CODINGS
+        if identity and len(body) <= INLINE_BODY_BYTES:
+            prepared = prepare(tenant, body, headers, protobuf)
+        else:
+            prepared = await anyio.to_thread.run_sync(
+                prepare, tenant, body, headers, protobuf, limiter=limiter
+            )
+        if prepared is None:
+            return None
+        return await ingest_async(tenant, *prepared, "http")
 
     async def post_logs(request: Request) -> Response:
         started = time.perf_counter()
@@ -271,9 +318,12 @@ def create_http_app(
                     # beyond the discard bound is not worth reading: answer and close.
                     raise PayloadTooLarge(max_frame_bytes)
             body = await _read_body(request, cap, max_frame_bytes)
-            outcome = await anyio.to_thread.run_sync(
-                ingest, tenant, body, headers, protobuf, limiter=limiter
-            )
+            if ingest_async is not None:
+                outcome = await ingest_on_loop(tenant, body, headers, protobuf)
+            else:
+                outcome = await anyio.to_thread.run_sync(
+                    ingest, tenant, body, headers, protobuf, limiter=limiter
+                )
         except IngestRejection as exc:
             observer.observe(
                 "http", "refused", exc.error_type, exc.records, time.perf_counter() - started

@@ -1,35 +1,48 @@
-"""End-to-end OTLP ingest: records/s with durable acks and ack latency, against the
-decode-only ceiling, all measured in one run.
+"""End-to-end OTLP ingest (issue 14's benchmark): records/s with durable acks, the
+server's CPU per record per process, ack latency at half the maximum rate, and a
+reference measured in the same run.
 
-Phases, each ``--seconds`` long after a ``--warmup``, driven by ``soak.bench.loadgen``
-from this process (``--connections`` keep-alive connections / in-flight calls,
-``--records-per-request`` records per request, tenants rotated over ``--tenants``):
+Load (the issue's shape, fixed): 100-record requests, 32 tenants, the load generator's
+service-log templates with variable tokens (ids, addresses, durations, paths, users),
+four attributes a record, 16 connections (keep-alive HTTP/1.1, or 16 gRPC calls in
+flight), driven by ``soak.bench.loadgen`` from this process, which shares the machine.
 
-(a) the ceiling (``soak.bench.ceiling_server``: same FastAPI/uvicorn stack, parse and
-    answer 200, nothing else), HTTP closed loop → ceiling records/s;
-(a') the same with ``flatten`` added, for information only (not a target);
-(b) ``ourios serve`` (a fresh temp data dir, the embedded ``file://`` store), HTTP
-    closed loop → the maximum records/s with durable acks, p50/p99;
-(c) ``ourios serve``, HTTP open loop at half of (b)'s acknowledged request rate → p99;
-(d) ``ourios serve``, gRPC closed loop → records/s and the ratio to (b).
+For each ``server.workers`` setting (``--workers``: the default, derived from the CPUs,
+then 0), a fresh ``ourios serve`` (a temp data dir, the embedded ``file://`` store) and,
+each ``--seconds`` long after ``--warmup``:
 
-Targets (the ingest issue), each reported "met" / "NOT met" — a benchmark prints, it
-never fails on speed:
+1. HTTP closed loop → the maximum records/s acknowledged;
+2. HTTP open loop at half of (1)'s acknowledged rate → p50/p99, timed from the
+   *scheduled* send time (no coordinated omission);
+3. gRPC closed loop → records/s and the ratio to (1).
 
-- ≥ 60,000 records/s sustained with durable acks (b);
-- (b) ≥ 0.5 × the ceiling (a);
-- p99 ≤ 25 ms at half the maximum rate (c);
-- gRPC within 0.8 × of HTTP: (d) ≥ 0.8 × (b).
+CPU is read from ``/proc/<pid>/stat`` (user + system, every thread) of the core (the
+``ourios serve`` process) and of each worker (its children; their pids are the
+``server.listening`` event's ``workers``) at the start and the end of the measured
+window, and divided by the records acknowledged in it: CPU per record for the whole
+server, the core and the workers, which a noisy shared machine moves far less than
+wall-clock rates.
 
-The load generator shares the machine's cores with the server, so every row also says
-how many cores the server and the generator used and what the generator spent per
-request; with that a reader can tell a server-bound figure from a generator-bound one.
+The reference, in this process on the same requests, one thread, CPU time
+(``thread_time``): parse (``decode_request``) + ``flatten`` to Arrow + drain3 mining
+(``Drain.add_log_message``, one ``Drain`` per tenant as configured by default, warmed
+by a first pass over the pool so it mines at steady state as the server does). The
+project's own miner (``TenantMiner.mine``) is timed beside it for information.
+
+Targets (issue 14), each reported "met" / "NOT met" — a benchmark prints, it never
+fails on speed — for the default workers:
+
+- ≥ 60,000 records/s acknowledged over HTTP; gRPC ≥ 0.8× HTTP;
+- server CPU per record ≤ 1.5× the reference;
+- the core process ≤ 6 µs of CPU per record (a pod's ceiling, given cores, is
+  1 / core CPU per record);
+- p99 ≤ 25 ms at half the maximum rate.
 
 Every process started here is stopped on the way out — normal end, exception, Ctrl-C
 or SIGTERM — with SIGTERM, then SIGKILL after ``STOP_TIMEOUT_S``.
 
-Run: ``.venv/bin/python soak/bench/ingest.py [--seconds 10] [--connections 16]
-[--records-per-request 100] [--tenants bench-a,bench-b,bench-c,bench-d] [--json FILE]``
+Run: ``.venv/bin/python soak/bench/ingest.py [--seconds 10] [--workers default,0]
+[--json FILE]``
 """
 
 from __future__ import annotations
@@ -41,6 +54,7 @@ import math
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -50,7 +64,7 @@ import urllib.error
 import urllib.request
 from collections import Counter, deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
 from typing import IO, Any, Final
@@ -61,9 +75,16 @@ sys.path.insert(0, str(ROOT))
 from soak.bench.loadgen import LoadConfig, LoadResult, RequestPool, build_pool, run  # noqa: E402
 
 TARGET_RECORDS_PER_S: Final = 60_000
-TARGET_CEILING_RATIO: Final = 0.5
-TARGET_HALF_RATE_P99_MS: Final = 25.0
 TARGET_GRPC_RATIO: Final = 0.8
+TARGET_CPU_RATIO: Final = 1.5
+TARGET_CORE_US: Final = 6.0
+TARGET_HALF_RATE_P99_MS: Final = 25.0
+
+#: The issue's load shape.
+TENANTS: Final = 32
+RECORDS_PER_REQUEST: Final = 100
+ATTRIBUTES: Final = 4
+CONNECTIONS: Final = 16
 
 STARTUP_TIMEOUT_S: Final = 60.0
 STOP_TIMEOUT_S: Final = 30.0
@@ -86,6 +107,7 @@ class _LineWatcher:
         self._done = threading.Event()  # set on the match or at EOF
         self.tail: deque[str] = deque(maxlen=40)
         self.problems: Counter[str] = Counter()
+        self.events: Counter[str] = Counter()
         self._thread = threading.Thread(target=self._run, name=f"watch-{name}", daemon=True)
 
     def start(self) -> None:
@@ -101,6 +123,7 @@ class _LineWatcher:
                 continue
             if not isinstance(doc, dict):
                 continue
+            self.events[str(doc.get("event"))] += 1
             if doc.get("level") in ("warning", "error", "critical"):
                 self.problems[f"{doc.get('level')}:{doc.get('event')}"] += 1
             if self._found is None and self._want(doc):
@@ -171,15 +194,17 @@ class ServerProcess:
 
     def cpu_seconds(self) -> float:
         """User + system CPU of the child (all its threads) so far, from /proc."""
-        try:
-            stat = Path(f"/proc/{self.pid}/stat").read_text()
-        except OSError:
-            return math.nan
-        fields = stat[stat.rindex(")") + 2 :].split()
-        return (int(fields[11]) + int(fields[12])) / _CLK_TCK  # utime, stime
+        return proc_cpu_seconds(self.pid)
 
     def output_tail(self) -> str:
         return "\n".join(line for w in self._watchers.values() for line in w.tail)
+
+    @property
+    def events(self) -> Counter[str]:
+        total: Counter[str] = Counter()
+        for w in self._watchers.values():
+            total.update(w.events)
+        return total
 
     @property
     def problems(self) -> Counter[str]:
@@ -204,6 +229,16 @@ class ServerProcess:
         for w in self._watchers.values():
             w.close()
         return proc.returncode
+
+
+def proc_cpu_seconds(pid: int) -> float:
+    """User + system CPU of process `pid` (every thread, living or ended) so far."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return math.nan
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / _CLK_TCK  # utime, stime
 
 
 def _never(_: dict[str, Any]) -> bool:
@@ -244,46 +279,199 @@ def ourios_env(data_dir: Path) -> dict[str, str]:
     return env
 
 
+# ── the reference ───────────────────────────────────────────────────────────────────
+
+
+@dataclass(frozen=True, slots=True)
+class Reference:
+    """CPU µs per record of each step, in one thread on the pool's requests."""
+
+    parse_us: float
+    flatten_us: float
+    drain3_us: float
+    #: the project's ``TenantMiner.mine`` on the same bodies (information only)
+    miner_us: float
+
+    @property
+    def total_us(self) -> float:
+        return self.parse_us + self.flatten_us + self.drain3_us
+
+    def row(self) -> dict[str, float]:
+        return {
+            "parse_us": round(self.parse_us, 3),
+            "flatten_us": round(self.flatten_us, 3),
+            "drain3_us": round(self.drain3_us, 3),
+            "reference_us": round(self.total_us, 3),
+            "project_miner_us": round(self.miner_us, 3),
+        }
+
+
+def measure_reference(pool: RequestPool, passes: int) -> Reference:
+    """Parse + flatten + drain3 of every request in `pool`, `passes` times after a
+    warm-up pass (the miners learn the templates, as the server's have by the time it
+    is measured); the median pass of each step, per record."""
+    from drain3.drain import Drain
+
+    from app.ingest.miner import PARAM, CountingAllocator, MinerConfig, TenantMiner
+    from app.receive.otlp import PROTOBUF_CONTENT_TYPE, decode_request, flatten
+
+    config = MinerConfig()
+
+    def drain() -> Any:
+        return Drain(
+            depth=config.depth,
+            sim_th=config.sim_th,
+            max_children=config.max_children,
+            max_clusters=config.max_clusters,
+            extra_delimiters=config.extra_delimiters,
+            profiler=None,  # as the server configures it (the default profiler costs a third)
+            param_str=PARAM,
+            parametrize_numeric_tokens=config.parametrize_numeric_tokens,
+        )
+
+    drains = {t: drain() for t in set(pool.tenants)}
+    allocator = CountingAllocator()
+    miners = {t: TenantMiner(allocator, config) for t in set(pool.tenants)}
+    records = sum(pool.records)
+    laps: dict[str, list[float]] = {"parse": [], "flatten": [], "drain3": [], "miner": []}
+    clock = time.thread_time
+    for lap in range(passes + 1):
+        t0 = clock()
+        requests = [decode_request(b, PROTOBUF_CONTENT_TYPE) for b in pool.bodies]
+        t1 = clock()
+        flats = [flatten(r, t) for r, t in zip(requests, pool.tenants, strict=True)]
+        t2 = clock()
+        for flat in flats:
+            add = drains[flat.tenant].add_log_message
+            for body in flat.bodies:
+                add(body)
+        t3 = clock()
+        for flat in flats:
+            miners[flat.tenant].mine(flat.bodies)
+        t4 = clock()
+        if lap:  # the first pass warms the miners
+            for key, spent in (("parse", t1 - t0), ("flatten", t2 - t1),
+                               ("drain3", t3 - t2), ("miner", t4 - t3)):  # fmt: skip
+                laps[key].append(spent / records * 1e6)
+    median = {key: statistics.median(values) for key, values in laps.items()}
+    return Reference(median["parse"], median["flatten"], median["drain3"], median["miner"])
+
+
 # ── phases ──────────────────────────────────────────────────────────────────────────
+
+
+class CpuWindow:
+    """The generator's window marks (``loadgen.WindowMark``): CPU seconds of each
+    server process and of the whole machine at the window's start and end."""
+
+    def __init__(self, pids: Mapping[str, int]) -> None:
+        self.pids = dict(pids)
+        self.samples: dict[str, tuple[float, dict[str, float], float]] = {}
+
+    def __call__(self, what: str) -> None:
+        cpu = {name: proc_cpu_seconds(pid) for name, pid in self.pids.items()}
+        self.samples[what] = (time.perf_counter(), cpu, system_busy_seconds())
+
+    @property
+    def wall_s(self) -> float:
+        if "start" not in self.samples or "end" not in self.samples:
+            return math.nan
+        return self.samples["end"][0] - self.samples["start"][0]
+
+    def used(self) -> dict[str, float]:
+        """CPU seconds each process used in the window."""
+        if "start" not in self.samples or "end" not in self.samples:
+            return {name: math.nan for name in self.pids}
+        start, end = self.samples["start"][1], self.samples["end"][1]
+        return {name: end[name] - start[name] for name in self.pids}
+
+    def machine_busy_s(self) -> float:
+        if "start" not in self.samples or "end" not in self.samples:
+            return math.nan
+        return self.samples["end"][2] - self.samples["start"][2]
 
 
 @dataclass(frozen=True, slots=True)
 class Phase:
-    """One measured run. `other_cores`: what every process other than the server and
-    this generator used meanwhile (the machine is shared), from /proc/stat."""
+    """One measured run against one server. `cpu_s`: CPU seconds each server process
+    used in the measured window (``core``, ``worker0``, …); `other_cores`: what every
+    process other than the server and this generator used meanwhile, per wall second
+    (the machine is shared)."""
 
     name: str
+    workers: int
     result: LoadResult
-    server_cores: float
+    cpu_s: Mapping[str, float]
+    window_s: float
     other_cores: float
+    generator_cores: float
+
+    @property
+    def records(self) -> int:
+        return self.result.records_acked
+
+    def us_per_record(self, names: Sequence[str] | None = None) -> float:
+        """CPU µs per acknowledged record of the named processes (all by default)."""
+        if not self.records:
+            return math.nan
+        picked = self.cpu_s if names is None else {n: self.cpu_s[n] for n in names}
+        return sum(picked.values()) / self.records * 1e6
+
+    @property
+    def server_us(self) -> float:
+        return self.us_per_record()
+
+    @property
+    def core_us(self) -> float:
+        return self.us_per_record(["core"])
+
+    @property
+    def workers_us(self) -> float:
+        names = [n for n in self.cpu_s if n != "core"]
+        return self.us_per_record(names) if names else 0.0
+
+    def cores(self, names: Sequence[str] | None = None) -> float:
+        picked = self.cpu_s if names is None else {n: self.cpu_s[n] for n in names}
+        return sum(picked.values()) / self.window_s if self.window_s > 0 else math.nan
 
     def row(self) -> dict[str, Any]:
-        r = self.result
-        per_request_us = r.cpu_s / _sent(r) * 1e6 if _sent(r) else math.nan
         return {
             "phase": self.name,
-            **r.summary(),
-            "server_cores": round(self.server_cores, 3),
-            "other_cores": round(self.other_cores, 3),
-            "generator_us_per_request": round(per_request_us, 1),
+            "workers": self.workers,
+            **self.result.summary(),
+            "server_us_per_record": _round(self.server_us),
+            "core_us_per_record": _round(self.core_us),
+            "workers_us_per_record": _round(self.workers_us),
+            "cpu_s": {k: round(v, 3) for k, v in self.cpu_s.items()},
+            "window_s": round(self.window_s, 3),
+            "server_cores": _round(self.cores()),
+            "core_cores": _round(self.cores(["core"])),
+            "generator_cores_in_window": _round(self.generator_cores),
+            "other_cores": _round(self.other_cores),
         }
 
 
-def _sent(r: LoadResult) -> float:
-    # Requests sent over the whole wall time, warm-up included, estimated from the
-    # measured rate: what the generator's CPU time was spent on.
-    return r.requests_per_s * r.wall_s
+def _round(value: float, digits: int = 3) -> float | None:
+    return None if math.isnan(value) else round(value, digits)
 
 
-def measure(name: str, server: ServerProcess, config: LoadConfig, pool: RequestPool) -> Phase:
+def measure(
+    name: str, workers: int, pids: Mapping[str, int], config: LoadConfig, pool: RequestPool
+) -> Phase:
     print(f"  {name} …", flush=True)
-    before, busy_before = server.cpu_seconds(), system_busy_seconds()
-    result = run(config, pool)
-    used, busy = server.cpu_seconds() - before, system_busy_seconds() - busy_before
-    if not result.wall_s:
-        return Phase(name, result, math.nan, math.nan)
-    other = max(0.0, busy - used - result.cpu_s)
-    return Phase(name, result, used / result.wall_s, other / result.wall_s)
+    window = CpuWindow(pids)
+    gen_cpu: dict[str, float] = {}
+
+    def mark(what: str) -> None:
+        window(what)
+        gen_cpu[what] = time.process_time()
+
+    result = run(config, pool, mark)
+    wall = window.wall_s
+    used = window.used()
+    gen = gen_cpu.get("end", math.nan) - gen_cpu.get("start", math.nan)
+    other = max(0.0, window.machine_busy_s() - sum(used.values()) - gen)
+    return Phase(name, workers, result, used, wall, other / wall, gen / wall)
 
 
 def system_busy_seconds() -> float:
@@ -301,25 +489,27 @@ def _ms(value: float | None) -> str:
     return "—" if value is None or math.isnan(value) else f"{value:.1f}"
 
 
-def print_table(phases: Sequence[Phase]) -> None:
+def print_table(phases: Sequence[Phase], ref: Reference | None) -> None:
     header = (
-        f"{'phase':<36} {'req/s':>8} {'records/s':>10} {'p50 ms':>7} {'p90 ms':>7} "
-        f"{'p99 ms':>7} {'srv cores':>9} {'gen cores':>9} {'other':>6} {'gen µs/req':>10}  "
-        "statuses"
+        f"{'phase':<44} {'records/s':>9} {'p50 ms':>7} {'p99 ms':>7} {'srv µs/rec':>10} "
+        f"{'core µs':>7} {'wkrs µs':>7} {'× ref':>6} {'srv cores':>9} {'core':>5} "
+        f"{'gen':>5} {'other':>5}  statuses"
     )
     print(header)
     print("─" * len(header))
     for p in phases:
         r = p.result
-        row = p.row()
         statuses = " ".join(f"{k}×{v}" for k, v in sorted(r.statuses.items()))
         if r.late:
             statuses += f" (late {r.late})"
+        ratio = p.server_us / ref.total_us if ref is not None else math.nan
+        p50 = r.percentile(50, acked_only=True) * 1000
+        p99 = r.percentile(99, acked_only=True) * 1000
         print(
-            f"{p.name:<36} {r.requests_per_s:>8.0f} {r.records_per_s:>10,.0f} "
-            f"{_ms(row['p50_ms']):>7} {_ms(row['p90_ms']):>7} {_ms(row['p99_ms']):>7} "
-            f"{p.server_cores:>9.2f} {r.generator_cores:>9.2f} {p.other_cores:>6.2f} "
-            f"{row['generator_us_per_request']:>10.0f}  {statuses}"
+            f"{p.name:<44} {r.records_per_s:>9,.0f} {_ms(p50):>7} {_ms(p99):>7} "
+            f"{p.server_us:>10.2f} {p.core_us:>7.2f} {p.workers_us:>7.2f} {ratio:>6.2f} "
+            f"{p.cores():>9.2f} {p.cores(['core']):>5.2f} {p.generator_cores:>5.2f} "
+            f"{p.other_cores:>5.2f}  {statuses}"
         )
 
 
@@ -335,31 +525,52 @@ class Verdict:
 
 
 def verdicts(
-    ceiling: Phase | None, http: Phase | None, half: Phase | None, grpc: Phase | None
+    http: Phase | None, half: Phase | None, grpc: Phase | None, ref: Reference | None
 ) -> list[Verdict]:
     out = []
+    target = f"≥ {TARGET_RECORDS_PER_S:,} records/s acknowledged (HTTP)"
     if http is not None:
         rps = http.result.records_per_s
+        out.append(Verdict(target, f"{rps:,.0f} records/s", rps >= TARGET_RECORDS_PER_S))
+    else:
+        out.append(Verdict(target, "—", None))
+    target = f"gRPC ≥ {TARGET_GRPC_RATIO}× HTTP records/s"
+    if grpc is not None and http is not None and http.result.records_per_s > 0:
+        ratio = grpc.result.records_per_s / http.result.records_per_s
         out.append(
             Verdict(
-                f"≥ {TARGET_RECORDS_PER_S:,} records/s with durable acks (HTTP)",
-                f"{rps:,.0f} records/s",
-                rps >= TARGET_RECORDS_PER_S,
+                target,
+                f"{ratio:.2f}× ({grpc.result.records_per_s:,.0f} records/s)",
+                ratio >= TARGET_GRPC_RATIO,
             )
         )
     else:
-        out.append(Verdict(f"≥ {TARGET_RECORDS_PER_S:,} records/s (HTTP)", "—", None))
-    if http is not None and ceiling is not None and ceiling.result.records_per_s > 0:
-        ratio = http.result.records_per_s / ceiling.result.records_per_s
+        out.append(Verdict(target, "—", None))
+    target = f"server CPU per record ≤ {TARGET_CPU_RATIO}× the reference"
+    if http is not None and ref is not None and http.records:
+        ratio = http.server_us / ref.total_us
         out.append(
             Verdict(
-                f"≥ {TARGET_CEILING_RATIO}× the decode-only ceiling",
-                f"{ratio:.2f}× ({ceiling.result.records_per_s:,.0f} records/s ceiling)",
-                ratio >= TARGET_CEILING_RATIO,
+                target,
+                f"{ratio:.2f}× ({http.server_us:.2f} µs vs {ref.total_us:.2f} µs)",
+                ratio <= TARGET_CPU_RATIO,
             )
         )
     else:
-        out.append(Verdict(f"≥ {TARGET_CEILING_RATIO}× the decode-only ceiling", "—", None))
+        out.append(Verdict(target, "—", None))
+    target = f"core process ≤ {TARGET_CORE_US:g} µs CPU per record"
+    if http is not None and http.records:
+        ceiling = 1e6 / http.core_us if http.core_us > 0 else math.inf
+        out.append(
+            Verdict(
+                target,
+                f"{http.core_us:.2f} µs (a pod's ceiling ≈ {ceiling:,.0f} records/s)",
+                http.core_us <= TARGET_CORE_US,
+            )
+        )
+    else:
+        out.append(Verdict(target, "—", None))
+    target = f"p99 ≤ {TARGET_HALF_RATE_P99_MS:.0f} ms at half the maximum rate"
     if half is not None and half.result.ack_latencies_s:
         # Over acknowledged requests only: a fast 503 must not pass a latency target.
         p99 = half.result.percentile(99, acked_only=True) * 1000
@@ -367,24 +578,13 @@ def verdicts(
         note = f", {refused} not acknowledged" if refused else ""
         out.append(
             Verdict(
-                f"p99 ≤ {TARGET_HALF_RATE_P99_MS:.0f} ms at half the maximum rate",
+                target,
                 f"{p99:.1f} ms at {half.result.target_rate:.0f} req/s{note}",
                 p99 <= TARGET_HALF_RATE_P99_MS and not refused,
             )
         )
     else:
-        out.append(Verdict(f"p99 ≤ {TARGET_HALF_RATE_P99_MS:.0f} ms at half rate", "—", None))
-    if grpc is not None and http is not None and http.result.records_per_s > 0:
-        ratio = grpc.result.records_per_s / http.result.records_per_s
-        out.append(
-            Verdict(
-                f"gRPC ≥ {TARGET_GRPC_RATIO}× HTTP records/s",
-                f"{ratio:.2f}× ({grpc.result.records_per_s:,.0f} records/s)",
-                ratio >= TARGET_GRPC_RATIO,
-            )
-        )
-    else:
-        out.append(Verdict(f"gRPC ≥ {TARGET_GRPC_RATIO}× HTTP records/s", "—", None))
+        out.append(Verdict(target, "—", None))
     return out
 
 
@@ -412,23 +612,97 @@ def started(stack: contextlib.ExitStack, server: ServerProcess) -> Iterator[Serv
         print(f"  {server.name} stopped (exit code {code})", flush=True)
 
 
+@dataclass
+class ServerRun:
+    """The three phases against one ``server.workers`` setting."""
+
+    workers: int
+    label: str
+    http: Phase | None = None
+    half: Phase | None = None
+    grpc: Phase | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def phases(self) -> list[Phase]:
+        return [p for p in (self.http, self.half, self.grpc) if p is not None]
+
+
+def serve_and_measure(
+    stack: contextlib.ExitStack,
+    workers_setting: str,
+    base: LoadConfig,
+    pool: RequestPool,
+    root: Path,
+) -> ServerRun:
+    data_dir = Path(tempfile.mkdtemp(prefix=f"w{workers_setting}-", dir=root))
+    env = ourios_env(data_dir)
+    if workers_setting != "default":
+        env["OURIOS_SERVER_WORKERS"] = workers_setting
+    else:
+        env.pop("OURIOS_SERVER_WORKERS", None)
+    ourios = ServerProcess(
+        f"ourios-workers-{workers_setting}",
+        [sys.executable, "-m", "app.cli", "serve"],
+        env,
+        lambda doc: doc.get("event") == "server.listening",
+        announce_on="stderr",
+    )
+    with started(stack, ourios):
+        announced = ourios.announcement
+        worker_pids = [int(p) for p in announced.get("workers", [])]
+        count = len(worker_pids)
+        label = f"workers={count}" + (" (default)" if workers_setting == "default" else "")
+        out = ServerRun(count, label)
+        pids = {"core": ourios.pid, **{f"worker{i}": pid for i, pid in enumerate(worker_pids)}}
+        http_port = int(announced["http_port"])
+        grpc_port = int(announced["grpc_port"])
+        wait_ready(f"http://127.0.0.1:{http_port}/readyz")
+        http_cfg = replace(base, port=http_port)
+        out.http = measure(f"{label}: HTTP closed", count, pids, http_cfg, pool)
+        acked_rps = out.http.result.acked / out.http.result.elapsed_s / 2
+        if acked_rps > 0:
+            out.half = measure(
+                f"{label}: HTTP open @ {acked_rps:.0f} req/s",
+                count,
+                pids,
+                replace(http_cfg, rate=acked_rps),
+                pool,
+            )
+        else:
+            out.notes.append("open loop skipped: the closed loop acknowledged nothing")
+        grpc_cfg = replace(base, transport="grpc", port=grpc_port)
+        out.grpc = measure(f"{label}: gRPC closed", count, pids, grpc_cfg, pool)
+        restarts = ourios.events.get("worker.exited", 0)
+        if restarts:
+            out.notes.append(f"{restarts} worker(s) exited during the run: CPU figures undercount")
+        problems = ourios.problems
+        if problems:
+            out.notes.append(f"warnings/errors: {dict(problems)}")
+    out.notes.append(f"data dir: {_dir_bytes(data_dir) / 2**20:,.0f} MiB written")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="End-to-end OTLP ingest benchmark")
+    parser = argparse.ArgumentParser(description="End-to-end OTLP ingest benchmark (issue 14)")
     parser.add_argument("--seconds", type=float, default=10.0, help="measured seconds per phase")
-    parser.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds first")
-    parser.add_argument("--connections", type=int, default=16)
-    parser.add_argument("--records-per-request", type=int, default=100)
-    parser.add_argument("--tenants", default="bench-a,bench-b,bench-c,bench-d")
+    parser.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds first")
+    parser.add_argument(
+        "--workers",
+        default="default,0",
+        help="server.workers settings to run, comma-separated ('default': derived from the CPUs)",
+    )
+    parser.add_argument("--pool", type=int, default=320, help="distinct pre-built requests")
+    parser.add_argument("--reference-passes", type=int, default=3)
     parser.add_argument("--token", default=None, help="Authorization: Bearer TOKEN")
-    parser.add_argument("--pool", type=int, default=200, help="distinct pre-built requests")
-    parser.add_argument("--grpc-channels", type=int, default=1)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
-    parser.add_argument("--keep-data", action="store_true", help="keep ourios's data dir")
+    parser.add_argument("--keep-data", action="store_true", help="keep ourios's data dirs")
     args = parser.parse_args(argv)
-    tenants = [t for t in args.tenants.split(",") if t]
-    if not tenants:
-        parser.error("--tenants: give at least one tenant")
+    settings = [w.strip() for w in args.workers.split(",") if w.strip()]
+    for w in settings:
+        if w != "default" and not w.isdigit():
+            parser.error(f"--workers: {w!r} is neither 'default' nor a number")
 
     # A background job of a non-interactive shell starts with SIGINT ignored, which
     # would also make SIGTERM (re-raised as SIGINT) a no-op; this run must stay
@@ -436,140 +710,102 @@ def main(argv: list[str] | None = None) -> int:
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _as_interrupt)
+    tenants = [f"bench-{i:02d}" for i in range(TENANTS)]
     print(
         f"ingest benchmark: {args.seconds:g}s per phase after {args.warmup:g}s warm-up, "
-        f"{args.connections} connections, {args.records_per_request} records/request, "
-        f"tenants {','.join(tenants)}, {os.cpu_count()} CPUs",
+        f"{CONNECTIONS} connections, {RECORDS_PER_REQUEST} records/request, "
+        f"{ATTRIBUTES} attributes/record, {TENANTS} tenants, {os.cpu_count()} CPUs, "
+        f"load average {os.getloadavg()[0]:.2f}",
         flush=True,
     )
     t = time.perf_counter()
-    pool = build_pool(args.pool, args.records_per_request, tenants, seed=args.seed)
+    pool = build_pool(
+        args.pool, RECORDS_PER_REQUEST, tenants, seed=args.seed, attributes=ATTRIBUTES
+    )
     print(
         f"  request pool: {len(pool)} requests, mean {pool.mean_body_bytes / 1024:.1f} KiB, "
         f"built in {time.perf_counter() - t:.1f}s",
         flush=True,
     )
+    ref = measure_reference(pool, args.reference_passes)
+    print(
+        f"  reference (one thread, CPU µs/record): parse {ref.parse_us:.2f} + flatten "
+        f"{ref.flatten_us:.2f} + drain3 {ref.drain3_us:.2f} = {ref.total_us:.2f} "
+        f"(the project's miner: {ref.miner_us:.2f})",
+        flush=True,
+    )
     base = LoadConfig(
-        connections=args.connections,
+        connections=CONNECTIONS,
         duration_s=args.seconds,
         warmup_s=args.warmup,
         token=args.token,
-        grpc_channels=args.grpc_channels,
     )
-    phases: list[Phase] = []
-    ceiling: Phase | None = None
-    http: Phase | None = None
-    half: Phase | None = None
-    grpc_phase: Phase | None = None
-    data_dir = Path(tempfile.mkdtemp(prefix="ourios-bench-"))
+    runs: list[ServerRun] = []
+    root = Path(tempfile.mkdtemp(prefix="ourios-bench-"))
     error: str | None = None
     with contextlib.ExitStack() as stack:
         if not args.keep_data:
-            stack.callback(shutil.rmtree, data_dir, True)
+            stack.callback(shutil.rmtree, root, True)
         try:
-            for work, label in (("decode", "(a) ceiling: decode, HTTP closed"),
-                                ("flatten", "(a') ceiling: +flatten (info), HTTP")):  # fmt: skip
-                server = ServerProcess(
-                    f"ceiling-{work}",
-                    [sys.executable, "-m", "soak.bench.ceiling_server", "--port", "0",
-                     "--work", work],
-                    {**os.environ, "PYTHONUNBUFFERED": "1"},
-                    lambda doc: doc.get("event") == "ceiling.listening",
-                )  # fmt: skip
-                with started(stack, server):
-                    port = int(server.announcement["port"])
-                    wait_ready(f"http://127.0.0.1:{port}/readyz")
-                    phase = measure(label, server, replace(base, port=port), pool)
-                phases.append(phase)
-                if work == "decode":
-                    ceiling = phase
-
-            ourios = ServerProcess(
-                "ourios",
-                [sys.executable, "-m", "app.cli", "serve"],
-                ourios_env(data_dir),
-                lambda doc: doc.get("event") == "server.listening",
-                announce_on="stderr",
-            )
-            with started(stack, ourios):
-                http_port = int(ourios.announcement["http_port"])
-                grpc_port = int(ourios.announcement["grpc_port"])
-                wait_ready(f"http://127.0.0.1:{http_port}/readyz")
-                http_cfg = replace(base, port=http_port)
-                http = measure("(b) ourios: HTTP closed", ourios, http_cfg, pool)
-                phases.append(http)
-                acked_rps = http.result.acked / http.result.elapsed_s / 2
-                if acked_rps > 0:
-                    half = measure(
-                        f"(c) ourios: HTTP open @ {acked_rps:.0f} req/s",
-                        ourios,
-                        replace(http_cfg, rate=acked_rps),
-                        pool,
-                    )
-                    phases.append(half)
-                else:
-                    print("  (c) skipped: (b) acknowledged nothing", flush=True)
-                grpc_cfg = replace(base, transport="grpc", port=grpc_port)
-                grpc_phase = measure("(d) ourios: gRPC closed", ourios, grpc_cfg, pool)
-                phases.append(grpc_phase)
-                problems = ourios.problems
-            if problems:
-                print(f"  ourios warnings/errors: {dict(problems)}")
-            print(f"  ourios data dir: {_dir_bytes(data_dir) / 2**20:,.0f} MiB written")
+            for setting in settings:
+                runs.append(serve_and_measure(stack, setting, base, pool, root))
         except KeyboardInterrupt:
             error = "interrupted"
             print("\ninterrupted: stopping the servers", flush=True)
-        except RuntimeError as exc:
+        except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
             error = str(exc)
             print(f"\nfailed: {exc}", flush=True)
 
     print()
+    phases = [p for r in runs for p in r.phases]
     if phases:
-        print_table(phases)
+        print_table(phases, ref)
         print()
-    results = verdicts(ceiling, http, half, grpc_phase)
-    width = max(len(v.target) for v in results)
-    for v in results:
-        print(f"{v.target:<{width}}  {v.measured:<40}  {v.word}")
-    print_generator_notes(phases)
     print(
-        "cores: CPU used per wall second by the server (srv), this generator (gen) and "
-        f"every other process (other), of the machine's {os.cpu_count()}; a busy 'other' "
-        "means the figures are low"
+        f"reference: parse {ref.parse_us:.2f} + flatten {ref.flatten_us:.2f} + drain3 "
+        f"{ref.drain3_us:.2f} = {ref.total_us:.2f} µs CPU per record "
+        f"(the project's miner instead of drain3's add_log_message: {ref.miner_us:.2f})"
+    )
+    for r in runs:
+        for note in r.notes:
+            print(f"  {r.label}: {note}")
+    print()
+    results: list[Verdict] = []
+    for r in runs:
+        print(f"targets, {r.label}:")
+        found = verdicts(r.http, r.half, r.grpc, ref)
+        width = max(len(v.target) for v in found)
+        for v in found:
+            print(f"  {v.target:<{width}}  {v.measured:<48}  {v.word}")
+        if r is runs[0]:
+            results = found
+    print(
+        "\nµs/rec: CPU (user+system, /proc) per acknowledged record in the measured window: "
+        "srv = core + workers; × ref = srv / reference. cores: CPU per wall second of the "
+        "server, its core process, this generator (gen) and every other process (other), "
+        f"of the machine's {os.cpu_count()}; a busy 'other' means the rates are low"
     )
     if args.json is not None:
         doc = {
-            "phases": [p.row() for p in phases],
+            "load": {
+                "tenants": TENANTS,
+                "records_per_request": RECORDS_PER_REQUEST,
+                "attributes": ATTRIBUTES,
+                "connections": CONNECTIONS,
+                "pool": len(pool),
+            },
+            "reference": ref.row(),
+            "runs": [
+                {"label": r.label, "workers": r.workers, "phases": [p.row() for p in r.phases],
+                 "notes": r.notes}
+                for r in runs
+            ],
             "verdicts": [{"target": v.target, "measured": v.measured, "met": v.met}
                          for v in results],
             "error": error,
         }  # fmt: skip
         args.json.write_text(json.dumps(doc, indent=2) + "\n")
     return 130 if error == "interrupted" else (1 if error else 0)
-
-
-def print_generator_notes(phases: Sequence[Phase]) -> None:
-    """What the generator cost, so the figures can be read against the 2 cores."""
-    costs = [
-        p.result.cpu_s / _sent(p.result)
-        for p in phases
-        if p.result.transport == "http" and _sent(p.result)
-    ]
-    grpc_costs = [
-        p.result.cpu_s / _sent(p.result)
-        for p in phases
-        if p.result.transport == "grpc" and _sent(p.result)
-    ]
-    print()
-    if costs:
-        us = min(costs) * 1e6
-        print(
-            f"load generator: {us:.0f} µs CPU per HTTP request at best here → at most "
-            f"~{1e6 / us:,.0f} requests/s on one core of its own"
-        )
-    if grpc_costs:
-        us = min(grpc_costs) * 1e6
-        print(f"load generator: {us:.0f} µs CPU per gRPC call → at most ~{1e6 / us:,.0f} calls/s")
 
 
 def _dir_bytes(path: Path) -> int:

@@ -120,8 +120,12 @@ def main() -> int:
         def seaweed(tmp: Path) -> ObjectStore:
             assert server is not None
             bucket = S3Bucket.create(server, "bench")
-            return S3Store(bucket.name, endpoint_url=server.endpoint_url, region=server.region,
-                           client=server.client())
+            return S3Store(
+                bucket.name,
+                endpoint_url=server.endpoint_url,
+                region=server.region,
+                client=server.client(),
+            )
 
         stores.append(("seaweedfs", seaweed))
     else:

@@ -72,6 +72,7 @@ __all__ = [
     "LoadConfig",
     "LoadResult",
     "RequestPool",
+    "WindowMark",
     "build_pool",
     "run",
     "run_load",
@@ -336,6 +337,12 @@ class _Fields(dict[str, str]):
         raise KeyError(key)
 
 
+_ATTRIBUTE_KEYS: Final = (
+    "http.method", "http.route", "http.status_code", "user.id", "client.address",
+    "thread.name", "code.function", "request.id", "session.id", "cloud.region", "log.logger",
+)  # fmt: skip
+
+
 def _attribute_values(rng: random.Random, fields: _Fields) -> dict[str, Callable[[], str]]:
     return {
         "http.method": lambda: rng.choice(_METHODS),
@@ -376,15 +383,21 @@ def build_pool(
     tenants: Sequence[str] = ("default",),
     seed: int = 1,
     now_ns: int | None = None,
+    attributes: int | None = None,
 ) -> RequestPool:
     """`count` distinct requests from `random.Random(seed)`; same seed, same bytes
-    (given the same `now_ns`, the base of the records' timestamps)."""
+    (given the same `now_ns`, the base of the records' timestamps). `attributes`: the
+    attributes of every record (the logger and `attributes - 1` drawn keys); None
+    draws 3–6 a record."""
     if count < 1 or records_per_request < 1 or not tenants:
         raise ValueError("count, records_per_request and tenants must be positive")
+    if attributes is not None and not 1 <= attributes <= len(_ATTRIBUTE_KEYS):
+        raise ValueError(f"attributes {attributes}: must be 1..{len(_ATTRIBUTE_KEYS)}")
     rng = random.Random(seed)
     fields = _Fields(rng)
     attr_values = _attribute_values(rng, fields)
     attr_keys = tuple(attr_values)
+    assert attr_keys == _ATTRIBUTE_KEYS
     weights = [t[0] for t in _TEMPLATES]
     base_ns = time.time_ns() if now_ns is None else now_ns
     hosts = [
@@ -421,7 +434,8 @@ def build_pool(
                 lr.severity_number = _SEVERITY[severity]
                 lr.severity_text = severity
                 lr.body.string_value = template.format_map(fields)
-                keys = rng.sample(attr_keys, rng.randint(3, 6))
+                drawn = rng.randint(3, 6) if attributes is None else attributes
+                keys = rng.sample(attr_keys, drawn)
                 lr.attributes.append(_kv("logger", logger))
                 lr.attributes.extend(_kv(k, attr_values[k]()) for k in keys[1:])
                 if rng.random() < 0.9:
@@ -830,17 +844,35 @@ async def _grpc_worker(
 # ── running ─────────────────────────────────────────────────────────────────────────
 
 
-async def run_load(config: LoadConfig, pool: RequestPool) -> LoadResult:
+#: Called with "start" when the measured window opens (after the warm-up) and "end"
+#: at its deadline, on the generator's event loop: a caller samples the server's CPU
+#: there, so CPU and records cover the same window.
+WindowMark = Callable[[str], None]
+
+
+async def _marks(rec: _Recorder, mark: WindowMark) -> None:
+    await asyncio.sleep(max(0.0, rec.measure_from - time.perf_counter()))
+    mark("start")
+    await asyncio.sleep(max(0.0, rec.deadline - time.perf_counter()))
+    mark("end")
+
+
+async def run_load(
+    config: LoadConfig, pool: RequestPool, mark: WindowMark | None = None
+) -> LoadResult:
     """Send load as `config` says until its deadline; returns what was measured."""
     config.validate()
     result = LoadResult(config.transport, config.mode, config.rate)
     cpu0 = time.process_time()
     rec = _Recorder(config, pool, result)
+    marks = asyncio.ensure_future(_marks(rec, mark)) if mark is not None else None
     if config.transport == "http":
         requests = http_requests(config, pool)
         await asyncio.gather(*(_http_worker(w, rec, requests) for w in range(config.connections)))
     else:
         await _grpc_run(rec)
+    if marks is not None:
+        await marks
     end = time.perf_counter()
     result.elapsed_s = max(rec.last_done, rec.deadline) - rec.measure_from
     result.wall_s = end - rec.t0
@@ -848,7 +880,7 @@ async def run_load(config: LoadConfig, pool: RequestPool) -> LoadResult:
     return result
 
 
-def run(config: LoadConfig, pool: RequestPool) -> LoadResult:
+def run(config: LoadConfig, pool: RequestPool, mark: WindowMark | None = None) -> LoadResult:
     """`run_load` on a fresh event loop: uvloop for HTTP (less CPU per request), the
     default loop for gRPC (grpc.aio runs its own poller and does not support uvloop)."""
     loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None
@@ -860,7 +892,7 @@ def run(config: LoadConfig, pool: RequestPool) -> LoadResult:
         else:
             loop_factory = uvloop.new_event_loop
     with asyncio.Runner(loop_factory=loop_factory) as runner:
-        return runner.run(run_load(config, pool))
+        return runner.run(run_load(config, pool, mark))
 
 
 def main(argv: list[str] | None = None) -> int:

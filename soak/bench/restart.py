@@ -158,8 +158,15 @@ class Fixture:
 class Churn:
     """Writes the fixture through one node; closes it without a final cut."""
 
-    def __init__(self, env: dict[str, str], pool: Sequence[bytes], threads: int) -> None:
+    def __init__(
+        self,
+        env: dict[str, str],
+        pool: Sequence[bytes],
+        threads: int,
+        tenants: Sequence[str] = TENANTS,
+    ) -> None:
         self._pool = pool
+        self._tenants = tenants
         self._threads = threads
         self._events = open(os.devnull, "w")  # the build's events: closed in close()
         self.node: Node = build_node(load_settings(env), EventLog(self._events))
@@ -172,7 +179,7 @@ class Churn:
 
     def _one(self, k: int) -> None:
         payload = self._pool[k % len(self._pool)]
-        tenant = TENANTS[k % len(TENANTS)]
+        tenant = self._tenants[k % len(self._tenants)]
         batch = flatten(decode_request(payload, PROTOBUF), tenant)
         self.node.pipeline.ingest(tenant, payload, batch, "bench")
 
@@ -322,6 +329,46 @@ def restart_median(
     return runs[len(runs) // 2]
 
 
+# ── replay ──────────────────────────────────────────────────────────────────────────
+
+#: issue 14: records replayed ÷ recovery seconds
+TARGET_REPLAY_RECORDS_PER_S: Final = 100_000
+
+
+def replay_row(
+    stack: contextlib.ExitStack, base: Path, records: int, repeats: int, threads: int
+) -> tuple[int, Restart]:
+    """The replay figure: ``records`` records of the ingest benchmark's shape (100-record
+    requests, 32 tenants, four attributes a record) written with no cut at all, so a
+    restart replays every one of them (decoded on the workers, mined in the core);
+    returns (records written, the median restart)."""
+    from soak.bench.loadgen import build_pool
+
+    tenants = [f"bench-{i:02d}" for i in range(32)]
+    pool = build_pool(64, 100, tenants, seed=1, attributes=4)
+    built = base / "replay"
+    churn = Churn(bench_env(built), pool.bodies, threads, pool.tenants)
+    requests = math.ceil(records / 100)
+    try:
+        with ThreadPoolExecutor(threads, thread_name_prefix="churn") as ex:
+            churn.write(ex, requests)
+    finally:
+        churn.close()
+    result = restart_median(stack, built, base, "replay", repeats)
+    shutil.rmtree(built, ignore_errors=True)
+    return requests * 100, result
+
+
+def print_replay(written: int, r: Restart) -> None:
+    rate = r.records_replayed / r.recovery_s if r.recovery_s > 0 else math.nan
+    met = rate >= TARGET_REPLAY_RECORDS_PER_S
+    print(
+        f"replay: {r.records_replayed:,} of {written:,} records replayed in {r.recovery_s:.3f} s "
+        f"of recovery ({r.frames:,} frames) → {rate:,.0f} records/s "
+        f"(target ≥ {TARGET_REPLAY_RECORDS_PER_S:,}) {'met' if met else 'NOT met'}"
+    )
+
+
 # ── report ──────────────────────────────────────────────────────────────────────────
 
 
@@ -408,6 +455,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dir", type=Path, default=None, help="where to build (a temp dir)")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
     ap.add_argument("--quick", action="store_true", help="2 MiB × 1,10; one restart each")
+    ap.add_argument(
+        "--replay-records", type=int, default=200_000, help="the replay figure's records"
+    )
+    ap.add_argument("--replay-only", action="store_true", help="only the replay figure")
     args = ap.parse_args(argv)
     if args.quick:
         args.history_mib, args.retained_mib, args.multiples, args.repeats = 2.0, 2.0, "1,10", 1
@@ -433,12 +484,18 @@ def main(argv: list[str] | None = None) -> int:
     base = Path(tempfile.mkdtemp(prefix="restart-bench-", dir=args.dir))
     rows: list[Row] = []
     baseline: Restart | None = None
+    replay: tuple[int, Restart] | None = None
     error: str | None = None
     with contextlib.ExitStack() as stack:
         stack.callback(shutil.rmtree, base, True)
         try:
             # unmeasured: the first start pays for cold module and page caches
             restart_median(stack, base / "none", base, "warm-up", 1)
+            if args.replay_records > 0:
+                replay = replay_row(stack, base, args.replay_records, args.repeats, args.threads)
+                print_replay(*replay)
+            if args.replay_only:
+                multiples = []
             baseline = restart_median(stack, base / "none", base, "empty", args.repeats)
             print(f"  empty data dir: ready in {baseline.restart_s:.3f}s", flush=True)
             for m in multiples:
@@ -477,7 +534,12 @@ def main(argv: list[str] | None = None) -> int:
         except RuntimeError as exc:
             error = str(exc)
             print(f"\nfailed: {exc}", flush=True)
+    if replay is not None:
+        print()
+        print_replay(*replay)
     if baseline is None or not rows:
+        if args.replay_only and replay is not None and error is None:
+            return 0
         return 130 if error == "interrupted" else 1
     print()
     print_table(rows, baseline)
@@ -509,6 +571,14 @@ def main(argv: list[str] | None = None) -> int:
                 for r in rows
             ],
             "empty_restart_s": baseline.restart_s,
+            "replay": None
+            if replay is None
+            else {
+                "records_written": replay[0],
+                "records_replayed": replay[1].records_replayed,
+                "recovery_s": replay[1].recovery_s,
+                "frames": replay[1].frames,
+            },
             "load": os.getloadavg(),
             "error": error,
         }

@@ -4,7 +4,10 @@ before it."""
 
 from __future__ import annotations
 
+import asyncio
+import random
 import socket
+import struct
 import threading
 from collections.abc import Iterator
 
@@ -202,3 +205,95 @@ def test_an_unknown_kind_closes_the_channel() -> None:
     finally:
         a.close()
         conn.close()
+
+
+def test_frames_of_every_size_arrive_whole_and_in_order_however_the_bytes_are_cut() -> None:
+    # The reader's buffer holds several small frames at once and receives a large body
+    # into a buffer of its own; frames cut anywhere, or run together, read the same.
+    rng = random.Random(14)
+    sizes = [0, 1, 12, 13, 200, 4_000, 16_384, 16_385, 40_000, 65_536, 70_000, 200_000]
+    frames = [(i, rng.randbytes(rng.choice(sizes))) for i in range(1, 120)]
+    raw = b"".join(
+        struct.pack("<IBQ", len(body) + 9, Kind.TEXT, ident) + body for ident, body in frames
+    )
+    a, b = socket.socketpair()
+    a.settimeout(10)  # a reader that lost the framing fails instead of waiting for good
+    conn = Connection(a)
+
+    def write() -> None:
+        at = 0
+        try:
+            while at < len(raw):
+                step = rng.choice([1, 7, 13, 500, 9_000, 70_000, 300_000])
+                b.sendall(raw[at : at + step])
+                at += step
+        except OSError:
+            pass  # the reader failed and closed its end
+        finally:
+            b.close()
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        for ident, body in frames:
+            assert conn.receive() == (Kind.TEXT, ident, memoryview(body))
+        with pytest.raises(ChannelClosed):
+            conn.receive()
+    finally:
+        conn.close()
+        writer.join()
+
+
+def test_an_ingest_awaited_on_an_event_loop_gets_the_cores_answer(
+    pair: tuple[FakeCore, Connection],
+) -> None:
+    # The worker's HTTP receiver awaits the core's answer on its event loop (no thread
+    # per request): the reader thread wakes the loop when the answer arrives.
+    core, worker = pair
+    data, batch = batch_of("e", 4)
+
+    async def go() -> tuple[IngestOutcome, int]:
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:  # the loop stays free while the call is out
+                ticks += 1
+                await asyncio.sleep(0.001)
+
+        beat = asyncio.ensure_future(ticker())
+        ingest = asyncio.ensure_future(
+            RemotePipeline(worker).ingest_async("acme", data, batch, "http")
+        )
+        while not core.ingests:
+            await asyncio.sleep(0.001)
+        ((ident, *_),) = core.ingests
+        seen = ticks
+        core.conn.send(Kind.ACK, ident, channel.encode_ack(4, 1, "one refused"))
+        outcome = await asyncio.wait_for(ingest, 10)
+        beat.cancel()
+        return outcome, seen
+
+    outcome, ticks = asyncio.run(go())
+    assert outcome == IngestOutcome(4, 1, "one refused")
+    assert ticks > 0
+
+
+def test_an_ingest_awaited_on_an_event_loop_is_unavailable_when_the_core_goes(
+    pair: tuple[FakeCore, Connection],
+) -> None:
+    core, worker = pair
+    data, batch = batch_of("f")
+
+    async def go() -> None:
+        ingest = asyncio.ensure_future(
+            RemotePipeline(worker).ingest_async("acme", data, batch, "grpc")
+        )
+        while not core.ingests:
+            await asyncio.sleep(0.001)
+        core.close()
+        await asyncio.wait_for(ingest, 10)
+
+    with pytest.raises(Unavailable) as raised:
+        asyncio.run(go())
+    assert raised.value.retry_after == 1 and raised.value.records == 3

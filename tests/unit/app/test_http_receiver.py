@@ -42,6 +42,7 @@ from app.receive.api import IngestOutcome, ListenerBindError, StubPipeline
 from app.receive.auth import BEARER_CHALLENGE, Authenticator
 from app.receive.otlp import (
     BadRequest,
+    FlatBatch,
     IngestRejection,
     PayloadTooLarge,
     Unavailable,
@@ -271,6 +272,41 @@ def make_app(
 @pytest.fixture
 def app(pipeline: StubPipeline) -> FastAPI:
     return make_app(pipeline)
+
+
+class LoopPipeline(StubPipeline):
+    """A pipeline that answers on the event loop (a worker's ``RemotePipeline``): its
+    blocking ``ingest`` must not be called, and each awaited call records the thread."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads: list[int] = []
+
+    def ingest(
+        self, tenant: str, payload: bytes, batch: FlatBatch, transport: str
+    ) -> IngestOutcome:
+        raise AssertionError("the blocking ingest was called on an event-loop pipeline")
+
+    async def ingest_async(
+        self, tenant: str, payload: bytes, batch: FlatBatch, transport: str
+    ) -> IngestOutcome:
+        self.threads.append(threading.get_ident())
+        return super().ingest(tenant, payload, batch, transport)
+
+
+def test_an_event_loop_pipeline_is_awaited_without_a_thread_per_request() -> None:
+    pipeline = LoopPipeline()
+    app = make_app(pipeline)
+    for body, headers in (
+        (pb_body(3), []),  # decoded on the loop
+        (gzip.compress(pb_body(4)), [("content-encoding", "gzip")]),  # inflated on a thread
+    ):
+        reply = call(app, body, headers=[("x-ourios-tenant", "team-a"), *headers])
+        assert reply.status == 200, reply.body
+    assert [len(c.batch) for c in pipeline.calls] == [3, 4]
+    assert pipeline.calls[1].payload == pb_body(4)  # the WAL keeps the inflated body
+    # Awaited on the test's event loop thread both times: no hop to a worker thread.
+    assert pipeline.threads == [threading.get_ident()] * 2
 
 
 def assert_status(reply: Reply, http_status: int, code: grpc.StatusCode, *, as_json: bool) -> None:

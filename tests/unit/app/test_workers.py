@@ -12,12 +12,14 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
 from app.ingest.stages import Stages
 from app.node.workers import NodeState, Workers
 from app.receive import channel
 from app.receive.channel import ChannelClosed, Connection, Kind
+from sink.parquet import FLAT_SCHEMA, RecordColumns, assemble_records, encode_records
 from tests.support.noderig import NodeRig
 
 _PIDS = itertools.count(900_000)
@@ -32,6 +34,8 @@ class FakeWorker:
         self.pid = next(_PIDS)
         self.conn = Connection(sock)
         self.returncode: int | None = None
+        #: the ENCODE calls it answered: (compression, rows)
+        self.encoded: list[tuple[str, pa.Table]] = []
         self._ended = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -43,6 +47,10 @@ class FakeWorker:
                 kind, ident, body = self.conn.receive()
                 if kind is Kind.FLUSH:
                     self.conn.send(Kind.FLUSHED, ident, [])
+                elif kind is Kind.ENCODE:
+                    compression, table = channel.decode_encode_request(body)
+                    self.encoded.append((compression, table))
+                    self.conn.send(Kind.ENCODED, ident, [f"encoded by {self.pid}".encode()])
                 elif kind is Kind.STOP:
                     self.conn.send(Kind.STOPPING, ident, [])
                     self.returncode = 0
@@ -213,3 +221,71 @@ def test_a_worker_launched_while_stopping_is_ended_not_left_running(rig: NodeRig
         release.set()
         if stopper is None:
             workers.stop(5)
+
+
+def _partition() -> RecordColumns:
+    flat = pa.RecordBatch.from_pylist(
+        [
+            {
+                "time_unix_nano": 1_700_000_000_000_000_000 + i,
+                "observed_time_unix_nano": 1_700_000_000_000_000_000 + i,
+                "severity_number": 9,
+                "severity_text": "INFO",
+                "body": f"user {i} logged in",
+                "attributes": [("k", str(i))],
+                "resource_attributes": [("service.name", "svc")],
+                "scope_name": "scope",
+                "trace_id": None,
+                "span_id": None,
+                "record_index": i,
+            }
+            for i in range(5)
+        ],
+        schema=FLAT_SCHEMA,
+    )
+    cols = RecordColumns()
+    cols.append_batch(assemble_records("t", flat, [7] * 5, [(str(i),) for i in range(5)], 99))
+    return cols
+
+
+def test_records_partitions_are_encoded_by_the_workers_in_turn(rig: NodeRig) -> None:
+    fleet, observed = Fleet(), Observed()
+    workers, _ = make(rig, fleet, observed)
+    workers.start()
+    try:
+        cols = _partition()
+        first = workers.encode_records(cols, "zstd")
+        second = workers.encode_records(cols, "snappy")
+        by = {w.pid: w for w in fleet.launched}
+        assert {first, second} == {f"encoded by {pid}".encode() for pid in by}
+        for data, compression in ((first, "zstd"), (second, "snappy")):
+            worker = by[int(data.split()[-1])]
+            assert [c for c, _ in worker.encoded] == [compression]
+            assert worker.encoded[0][1].equals(cols.table())  # the rows, as they are
+    finally:
+        assert workers.stop(5)
+
+
+def test_the_core_encodes_a_partition_itself_when_no_worker_answers(rig: NodeRig) -> None:
+    fleet, observed = Fleet(), Observed()
+    workers, _ = make(rig, fleet, observed)
+    workers.start()
+    assert workers.stop(5)  # every channel closed
+    cols = _partition()
+    assert workers.encode_records(cols, "zstd") == encode_records(cols, "zstd")
+
+
+def test_a_partition_over_the_channels_frame_bound_is_encoded_by_the_core(
+    rig: NodeRig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fleet, observed = Fleet(), Observed()
+    workers, _ = make(rig, fleet, observed)
+    workers.start()
+    try:
+        cols = _partition()
+        monkeypatch.setattr(channel, "MAX_FRAME", 64)  # every ENCODE is too large to send
+        assert workers.encode_records(cols, "zstd") == encode_records(cols, "zstd")
+        assert all(not w.encoded for w in fleet.launched)
+    finally:
+        monkeypatch.undo()
+        assert workers.stop(5)
