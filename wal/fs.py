@@ -69,9 +69,13 @@ class OsFs:
         return b"".join(chunks)
 
     def pread(self, fd: int, size: int, offset: int) -> bytes:
+        # One call for a whole segment where the kernel allows it: joining chunks
+        # copied every byte a second time (a third of a restart's WAL validation).
         chunks: list[bytes] = []
         while size > 0:
-            chunk = os.pread(fd, min(size, 1 << 24), offset)
+            chunk = os.pread(fd, min(size, 1 << 30), offset)
+            if len(chunk) == size and not chunks:
+                return chunk
             if not chunk:
                 break
             chunks.append(chunk)

@@ -415,10 +415,7 @@ def _serve(node: Node, stop: threading.Event, received: list[int], config_file: 
         # The workers encode the publisher's records partitions (the core's CPU is the
         # node's bound); one that cannot leaves the core to encode them itself.
         pipeline.publisher.records_encoder = workers.encode_records
-        try:
-            workers.start()  # first: the replay decodes on them
-        except RuntimeError as exc:
-            return abandon(exc)
+        workers.launch()  # starting while recovery prepares: the replay decodes on them
     recovery = Recovery(
         node.journal,
         pipeline,
@@ -441,7 +438,9 @@ def _serve(node: Node, stop: threading.Event, received: list[int], config_file: 
     )
     try:
         recovery.prepare()
-    except (WalError, SnapshotStoreError, TenantCountExceeded) as exc:
+        if workers is not None:
+            workers.wait_started()
+    except (WalError, SnapshotStoreError, TenantCountExceeded, RuntimeError) as exc:
         return abandon(exc)
     node.metrics.recovery = recovery
     http: uvicorn.Server | None = None

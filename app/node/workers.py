@@ -225,12 +225,23 @@ class Workers:
     def start(self, timeout: float = START_TIMEOUT_S) -> None:
         """Start the workers and wait until each has its listeners up (RuntimeError
         naming the worker otherwise)."""
+        self.launch()
+        self.wait_started(timeout)
+
+    def launch(self) -> None:
+        """Start the workers without waiting for them: a worker's interpreter starting
+        up on another core overlaps the core's own start-up work (recovery's
+        preparation), which would otherwise add to every restart."""
         self._supervisor = threading.Thread(
             target=self._supervise, name="ourios-supervisor", daemon=True
         )
         self._supervisor.start()
         for index in range(self.count):
             self._todo.put(("spawn", index))
+
+    def wait_started(self, timeout: float = START_TIMEOUT_S) -> None:
+        """Wait until every launched worker has its listeners up (RuntimeError naming
+        the worker otherwise)."""
         deadline = time.monotonic() + timeout
         for index in range(self.count):
             while True:
