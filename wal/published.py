@@ -66,10 +66,9 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar, Final
+from typing import Final
 
 from .errors import CorruptionError
-from .fs import Fs
 from .reclaim import (
     DICT_RECORD_SIZE,
     MAX_TENANTS,
@@ -78,8 +77,8 @@ from .reclaim import (
     decode_dictionary,
     pack_dictionary,
 )
-from .recordfile import RecordFile, UnencodableRecord, encode_header, read_record
-from .slots import FILE_HEADER_SIZE, NEW_SUFFIX, check_trailer, format_defect, seal_slot
+from .recordfile import RecordFile, UnencodableRecord, encode_header
+from .slots import FILE_HEADER_SIZE, check_trailer, format_defect, seal_slot
 from .types import PublishedMarks, WalOffset
 
 NAME: Final = "PUBLISHED"
@@ -274,6 +273,8 @@ class _Codec:
     name = NAME
     magic = MAGIC
     version = VERSION
+    encode = staticmethod(encode_slot)
+    decode = staticmethod(decode_slot)
 
     def slot_len(self, geometry: int) -> int:
         return published_slot_len(geometry)
@@ -295,17 +296,6 @@ class _Codec:
     def covers(self, geometry: int, other: int) -> bool:
         return geometry >= other
 
-    def encode(self, record: PublishedRecord, geometry: int, generation: int) -> bytes:
-        # A shallow stand-in: the caller's record keeps its generation until the write
-        # has succeeded.
-        stand_in = PublishedRecord(
-            generation, record.next_slot_id, record.dictionary, record.entries
-        )
-        return encode_slot(stand_in, geometry)
-
-    def decode(self, data: bytes, geometry: int, path: Path, index: int) -> PublishedRecord:
-        return decode_slot(data, geometry, path, index)
-
 
 CODEC: Final = _Codec()
 
@@ -319,25 +309,10 @@ class PublishedFile(RecordFile[int, PublishedRecord]):
     lifecycle (create, load, write, rebuild to more ``max_tenants``, the newer-format
     refusal) is ``RecordFile``'s."""
 
-    NAME: ClassVar[str] = NAME
-    NEW_NAME: ClassVar[str] = NAME + NEW_SUFFIX
-
     @property
     def max_tenants(self) -> int:
         return self.geometry
 
     @classmethod
-    def create(cls, fs: Fs, root: Path, max_tenants: int, record: PublishedRecord) -> PublishedFile:
-        """Create PUBLISHED (absent) preallocated for ``max_tenants`` holding ``record``
-        in slot 0 at generation 1; durable when it returns."""
-        return cls.create_with(CODEC, fs, root, max_tenants, record)
-
-    @classmethod
-    def load(cls, fs: Fs, root: Path) -> tuple[PublishedFile, PublishedRecord] | None:
-        """The file and its live record; None when PUBLISHED is absent."""
-        return cls.load_with(CODEC, fs, root)
-
-    @staticmethod
-    def read_only(fs: Fs, root: Path) -> tuple[int, PublishedRecord] | None:
-        """max_tenants and the live record, without opening for writing (operator tools)."""
-        return read_record(CODEC, fs, root)
+    def codec(cls) -> _Codec:
+        return CODEC

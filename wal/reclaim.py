@@ -87,14 +87,13 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar, Final
+from typing import Final
 
 from .errors import CorruptionError, ErrorClass, WalError
 from .frame import validate_tenant
-from .fs import Fs
-from .recordfile import RecordFile, encode_header, read_record
+from .recordfile import RecordFile, encode_header
 from .recordfile import UnencodableRecord as UnencodableRecord
-from .slots import NEW_SUFFIX, InvalidSlot, check_trailer, format_defect, seal_slot
+from .slots import InvalidSlot, check_trailer, format_defect, seal_slot
 from .types import WalOffset
 
 NAME: Final = "RECLAIM"
@@ -557,6 +556,8 @@ class _Codec:
     name = NAME
     magic = MAGIC
     version = VERSION
+    encode = staticmethod(encode_slot)
+    decode = staticmethod(decode_slot)
 
     def slot_len(self, geometry: Geometry) -> int:
         return geometry.slot_len
@@ -578,23 +579,6 @@ class _Codec:
     def covers(self, geometry: Geometry, other: Geometry) -> bool:
         return geometry.covers(other)
 
-    def encode(self, record: ReclaimRecord, geometry: Geometry, generation: int) -> bytes:
-        # Encoded from a shallow stand-in so the caller's record keeps its generation
-        # until the write has succeeded.
-        stand_in = ReclaimRecord(
-            generation,
-            record.flags,
-            record.consumer_mode,
-            record.next_slot_id,
-            record.dictionary,
-            record.entries,
-            record.planned,
-        )
-        return encode_slot(stand_in, geometry)
-
-    def decode(self, data: bytes, geometry: Geometry, path: Path, index: int) -> ReclaimRecord:
-        return decode_slot(data, geometry, path, index)
-
 
 CODEC: Final = _Codec()
 
@@ -608,21 +592,6 @@ class ReclaimFile(RecordFile[Geometry, ReclaimRecord]):
     lifecycle (create, load, write, rebuild, the newer-format refusal) is
     ``RecordFile``'s."""
 
-    NAME: ClassVar[str] = NAME
-    NEW_NAME: ClassVar[str] = NAME + NEW_SUFFIX
-
     @classmethod
-    def create(cls, fs: Fs, root: Path, geometry: Geometry, record: ReclaimRecord) -> ReclaimFile:
-        """Create RECLAIM (absent) preallocated at ``geometry`` holding ``record`` in
-        slot 0 at generation 1; durable when it returns."""
-        return cls.create_with(CODEC, fs, root, geometry, record)
-
-    @classmethod
-    def load(cls, fs: Fs, root: Path) -> tuple[ReclaimFile, ReclaimRecord] | None:
-        """The file and its live record; None when RECLAIM is absent."""
-        return cls.load_with(CODEC, fs, root)
-
-    @staticmethod
-    def read_only(fs: Fs, root: Path) -> tuple[Geometry, ReclaimRecord] | None:
-        """The geometry and live record without opening the file for writing."""
-        return read_record(CODEC, fs, root)
+    def codec(cls) -> _Codec:
+        return CODEC

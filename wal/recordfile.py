@@ -7,24 +7,26 @@ and says it through a ``SlotCodec``: the file's name, magic and version, its geo
 a record encodes into a slot at a generation and decodes back. This module owns the
 rest, once for every format:
 
-* ``RecordFile.create_with``: a new file, preallocated, the record in slot 0 at
+* ``RecordFile.create``: a new file, preallocated, the record in slot 0 at
   generation 1, slot 1 zeroed; durable (file and parent fsynced) when it returns.
-* ``RecordFile.load_with``: open read-write, decode both slots, keep the live one.
-* ``read_record``: the same choice from a read-only copy (the operator tools).
+* ``RecordFile.load``: open read-write, decode both slots, keep the live one.
+* ``RecordFile.read_only``: the same choice from a read-only copy (operator tools).
 * ``RecordFile.write``: the inactive slot in place at generation live + 1, fsynced;
   no rename, no temp, no allocation, so a write still succeeds on a full disk.
 * ``RecordFile.rebuild``: a covering geometry through ``<name>.new`` (never narrower).
 * ``RecordFile.refuse_newer``: a newer slot this build cannot read stops the open.
 
 RECLAIM (``wal/reclaim.py``, ``OWRC``) and PUBLISHED (``wal/published.py``, ``OWPB``)
-are each a codec and a subclass that names it; both byte layouts are theirs.
+are each a codec and a subclass that names it (``codec``); both byte layouts are
+theirs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import Field, replace
 from pathlib import Path
-from typing import Generic, Protocol, Self, TypeVar
+from typing import Any, ClassVar, Generic, Protocol, Self, TypeVar
 
 from .errors import CorruptionError
 from .fs import Fs, read_file
@@ -38,12 +40,16 @@ from .slots import (
     file_size,
     select_live,
     slot_offset,
+    temp_path,
 )
 
 
 class Generational(Protocol):
-    """A record whose slot starts with a u64 generation (the file sets it on a write)."""
+    """A record whose slot starts with a u64 generation (the file sets it on a write): a
+    dataclass, so the file can encode a shallow copy at the generation it writes while
+    the caller's record keeps its own until the write has succeeded."""
 
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]
     generation: int
 
 
@@ -90,9 +96,9 @@ class SlotCodec(Protocol[G, R]):
         """True when everything ``other`` can hold fits ``geometry`` (a rebuild's test)."""
         ...
 
-    def encode(self, record: R, geometry: G, generation: int) -> bytes:
-        """The sealed slot holding ``record`` at ``generation``; ``record`` unchanged.
-        A record the geometry cannot hold raises ``UnencodableRecord``."""
+    def encode(self, record: R, geometry: G) -> bytes:
+        """The sealed slot holding ``record``; a record the geometry cannot hold raises
+        ``UnencodableRecord``."""
         ...
 
     def decode(self, data: bytes, geometry: G, path: Path, index: int) -> R:
@@ -121,6 +127,12 @@ def decode_header(codec: SlotCodec[G, R], data: bytes, path: Path) -> G:
     return geometry
 
 
+def _encode_at(codec: SlotCodec[G, R], record: R, geometry: G, generation: int) -> bytes:
+    # A shallow copy at the generation being written: the caller's record keeps its own
+    # until the write has succeeded, so a failed write moves no generation.
+    return codec.encode(replace(record, generation=generation), geometry)
+
+
 def _select(codec: SlotCodec[G, R], geometry: G, path: Path, slots: Sequence[bytes]) -> Live[R]:
     return select_live(
         path,
@@ -130,34 +142,25 @@ def _select(codec: SlotCodec[G, R], geometry: G, path: Path, slots: Sequence[byt
     )
 
 
-def read_record(codec: SlotCodec[G, R], fs: Fs, root: Path) -> tuple[G, R] | None:
-    """The geometry and live record without opening the file for writing (the operator
-    tools must work on a read-only copy of a volume); None when the file is absent."""
-    path = root / codec.name
-    try:
-        data = read_file(fs, path)
-    except FileNotFoundError:
-        return None
-    geometry = decode_header(codec, data[:FILE_HEADER_SIZE], path)
-    slot_len = codec.slot_len(geometry)
-    if len(data) != file_size(slot_len):
-        raise CorruptionError(
-            path, None, f"{codec.name} is {len(data)} bytes; its header says {file_size(slot_len)}"
-        )
-    raw = [data[slot_offset(i, slot_len) : slot_offset(i, slot_len) + slot_len] for i in (0, 1)]
-    return geometry, _select(codec, geometry, path, raw).record
-
-
 class RecordFile(Generic[G, R]):
-    """A format's file in a WAL root, open read-write for in-place slot writes.
+    """A format's file in a WAL root, open read-write for in-place slot writes; a
+    subclass names the format (``codec``).
 
     ``OSError`` from any step propagates unchanged (the open sequence names the file in
     its own error); bytes that disagree with the format raise ``CorruptionError``.
     """
 
+    #: the file's name in the WAL root and its rebuild temp, both from the codec
+    NAME: ClassVar[str]
+    NEW_NAME: ClassVar[str]
+
+    def __init_subclass__(cls) -> None:
+        super().__init_subclass__()
+        cls.NAME = cls.codec().name
+        cls.NEW_NAME = temp_path(Path(cls.NAME)).name
+
     def __init__(
         self,
-        codec: SlotCodec[G, R],
         slots: SlotFile,
         geometry: G,
         live_index: int,
@@ -165,7 +168,7 @@ class RecordFile(Generic[G, R]):
         known: Sequence[bytes | None],
         rejected: InvalidSlot | None = None,
     ) -> None:
-        self._codec = codec
+        self._codec = self.codec()
         self._slots = slots
         self._geometry = geometry
         self._live_index = live_index
@@ -176,6 +179,11 @@ class RecordFile(Generic[G, R]):
         #: older). A FORMAT defect carries its generation: one above the live slot's is a
         #: newer record this build could not read, which ``refuse_newer`` refuses.
         self.rejected = rejected
+
+    @classmethod
+    def codec(cls) -> SlotCodec[G, R]:
+        """The format this class of file holds."""
+        raise NotImplementedError(f"{cls.__name__} names no codec")
 
     @property
     def path(self) -> Path:
@@ -199,23 +207,23 @@ class RecordFile(Generic[G, R]):
         return self._slots.closed
 
     @classmethod
-    def create_with(
-        cls, codec: SlotCodec[G, R], fs: Fs, root: Path, geometry: G, record: R
-    ) -> Self:
+    def create(cls, fs: Fs, root: Path, geometry: G, record: R) -> Self:
         """Create the file (absent) preallocated at ``geometry`` holding ``record`` in
         slot 0 at generation 1; durable (file and parent fsynced) when it returns. A full
         disk fails here with ``OSError`` from ``fallocate``."""
-        slot0 = codec.encode(record, geometry, 1)
+        codec = cls.codec()
+        slot0 = _encode_at(codec, record, geometry, 1)
         slot_len = codec.slot_len(geometry)
         slots = SlotFile.create(
             fs, root / codec.name, encode_header(codec, geometry), slot0, slot_len
         )
         record.generation = 1
-        return cls(codec, slots, geometry, 0, 1, (slot0, bytes(slot_len)))
+        return cls(slots, geometry, 0, 1, (slot0, bytes(slot_len)))
 
     @classmethod
-    def load_with(cls, codec: SlotCodec[G, R], fs: Fs, root: Path) -> tuple[Self, R] | None:
+    def load(cls, fs: Fs, root: Path) -> tuple[Self, R] | None:
         """The file and its live record; None when the file is absent."""
+        codec = cls.codec()
         path = root / codec.name
         try:
             slots = SlotFile.open(
@@ -230,8 +238,29 @@ class RecordFile(Generic[G, R]):
         except BaseException:
             slots.close()
             raise
-        loaded = cls(codec, slots, geometry, live.index, live.generation, raw.slots, live.rejected)
+        loaded = cls(slots, geometry, live.index, live.generation, raw.slots, live.rejected)
         return loaded, live.record
+
+    @classmethod
+    def read_only(cls, fs: Fs, root: Path) -> tuple[G, R] | None:
+        """The geometry and live record without opening the file for writing (the
+        operator tools must work on a read-only copy of a volume); None when absent."""
+        codec = cls.codec()
+        path = root / codec.name
+        try:
+            data = read_file(fs, path)
+        except FileNotFoundError:
+            return None
+        geometry = decode_header(codec, data[:FILE_HEADER_SIZE], path)
+        slot_len = codec.slot_len(geometry)
+        if len(data) != file_size(slot_len):
+            raise CorruptionError(
+                path,
+                None,
+                f"{codec.name} is {len(data)} bytes; its header says {file_size(slot_len)}",
+            )
+        raw = [data[slot_offset(i, slot_len) : slot_offset(i, slot_len) + slot_len] for i in (0, 1)]
+        return geometry, _select(codec, geometry, path, raw).record
 
     def refuse_newer(self) -> None:
         """Close the file and raise ``CorruptionError`` when the slot not chosen is newer
@@ -257,7 +286,7 @@ class RecordFile(Generic[G, R]):
         ``record.generation``. On ``OSError`` the previous slot stays live and neither
         the file's nor the record's generation moves."""
         generation = self._live_generation + 1
-        data = self._codec.encode(record, self._geometry, generation)
+        data = _encode_at(self._codec, record, self._geometry, generation)
         target = 1 - self._live_index
         previous = self._known[target]
         self._known[target] = None  # unknown until the write is durable
@@ -275,12 +304,12 @@ class RecordFile(Generic[G, R]):
         if not codec.covers(geometry, self._geometry):
             raise ValueError(f"a rebuild never shrinks: {geometry} does not cover {self._geometry}")
         generation = self._live_generation
-        slot0 = codec.encode(record, geometry, generation)
+        slot0 = _encode_at(codec, record, geometry, generation)
         slot_len = codec.slot_len(geometry)
         slots = self._slots.rebuild(encode_header(codec, geometry), slot0, slot_len)
         self.close()
         record.generation = generation
-        return type(self)(codec, slots, geometry, 0, generation, (slot0, bytes(slot_len)))
+        return type(self)(slots, geometry, 0, generation, (slot0, bytes(slot_len)))
 
     def close(self) -> None:
         self._slots.close()
