@@ -2,11 +2,11 @@
 
 RFC 0055 (§9.4; SEED-DIGEST A.7) gives PUBLISHED RECLAIM's shape, not its bytes: the
 two-slot record file of ``wal/recordfile.py`` (over ``wal/slots.py``), a per-slot
-dictionary laid out exactly as
-RECLAIM's (and sharing its ids — RECLAIM owns the id space, the journal keeps one
-in-memory table seeded from the union of both dictionaries), then one fixed entry per
-id. No planned area, so ``slot_len`` derives from ``max_tenants`` alone. All integers
-little-endian, UUIDs in RFC 4122 byte order, every WalOffset 24 bytes::
+dictionary laid out exactly as RECLAIM's (its code is ``wal/reclaim.py``'s, and so is
+the id space: the journal keeps one in-memory table seeded from the union of both
+dictionaries), then one fixed entry per id. No planned area, so ``slot_len`` derives
+from ``max_tenants`` alone. All integers little-endian, UUIDs in RFC 4122 byte order,
+every WalOffset 24 bytes::
 
     file header, 32 B (wal/slots.py): magic b"OWPB", u16 version 1, u64 slot_len,
     u32 max_tenants T, u32 0 (no second capacity), CRC-32C, reserved

@@ -3,8 +3,8 @@
 The file is pinned byte for byte by RFC 0052 §3.2 (SEED-DIGEST A.6); ``wal/slots.py``
 owns the two-slot mechanics and ``wal/recordfile.py`` the file's lifecycle, so this
 module is the format: the record, its codec, and the tenant dictionary PUBLISHED's
-slots carry too. All integers little-endian, UUIDs as their 16 bytes in
-RFC 4122 order, every WalOffset 24 bytes (UUID, then u64 LSN). T = max_tenants,
+slots carry too. All integers little-endian, UUIDs as their 16 bytes in RFC 4122
+order, every WalOffset 24 bytes (UUID, then u64 LSN). T = max_tenants,
 U = max_unlinks_per_pass, both stored in the header::
 
     file header, 32 B, at file offset 0
