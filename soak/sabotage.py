@@ -443,6 +443,16 @@ SABOTAGES: tuple[Sabotage, ...] = (
             "tests/unit/wal/test_published.py::test_an_id_the_two_files_name_differently_fails_open_naming_both_files_and_the_id",
         ),
     ),
+    Sabotage(
+        "newer_slot_read_as_older",
+        "a two-slot record file whose newer slot breaks the format (its checksum holds) "
+        "refuses the open naming file, slot and byte; an older broken slot is the previous "
+        "record",
+        "wal/recordfile.py",
+        "            and rejected.generation > self._live_generation",
+        "            and rejected.generation < self._live_generation",
+        ("tests/unit/wal/test_recordfile.py",),
+    ),
     # -- the ingest path's buffers (issues 4 and 14) --------------------------------------
     Sabotage(
         "append_drops_the_batch",

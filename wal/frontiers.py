@@ -67,7 +67,6 @@ from .reclaim import (
     TenantCapacityExceeded,
 )
 from .reclamation import Reclamation
-from .slots import SlotDefect
 from .types import PublishedMarks, WalOffset
 
 SEEDED: int = FLAG_PUBLISHED_SEEDED_ARMED | FLAG_PUBLISHED_SEEDED_CONFIRMED
@@ -213,19 +212,7 @@ class Frontiers:
             changed = True
         else:
             file, prec = loaded
-            rejected = file.rejected
-            if (
-                rejected is not None
-                and rejected.defect is SlotDefect.FORMAT
-                and rejected.generation is not None
-                and rejected.generation > file.generation
-            ):
-                file.close()
-                raise CorruptionError(
-                    ppath,
-                    rejected.offset,
-                    f"newer slot {rejected.index} is unreadable: {rejected.reason}",
-                )
+            file.refuse_newer()
             try:
                 changed |= self._union_dictionaries(prec, ppath, rpath)
             except BaseException:

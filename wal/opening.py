@@ -60,7 +60,6 @@ from .reclaim import (
 from .reclamation import Reclamation
 from .rotation import Rotation, StepError, create_segment
 from .segment import HEADER_SIZE, SegmentHeader, uuid7, uuid7_time
-from .slots import SlotDefect
 from .types import WalOffset
 
 
@@ -328,20 +327,7 @@ class Opener:
             reclamation.adopt(created, reclamation.record, armed_durable=False)
             return
         file, record = loaded
-        rejected = file.rejected
-        if (
-            rejected is not None
-            and rejected.defect is SlotDefect.FORMAT
-            and rejected.generation is not None
-            and rejected.generation > file.generation
-        ):
-            # A newer slot whose checksum holds but whose format this build does not
-            # know: acting on the older slot would ignore what that writer recorded.
-            raise CorruptionError(
-                rpath,
-                rejected.offset,
-                f"newer slot {rejected.index} is unreadable: {rejected.reason}",
-            )
+        file.refuse_newer()
         armed = bool(record.flags & FLAG_CHECKPOINT_ARMED)
         seen = bool(record.flags & FLAG_CHECKPOINT_SEEN)
         reclamation.adopt(file, record, armed_durable=armed)

@@ -1,11 +1,12 @@
 """PUBLISHED: each tenant's publication frontiers — what recovery may suppress.
 
 RFC 0055 (§9.4; SEED-DIGEST A.7) gives PUBLISHED RECLAIM's shape, not its bytes: the
-two-slot protocol of ``wal/slots.py``, a per-slot dictionary laid out exactly as
-RECLAIM's (and sharing its ids — RECLAIM owns the id space, the journal keeps one
-in-memory table seeded from the union of both dictionaries), then one fixed entry per
-id. No planned area, so ``slot_len`` derives from ``max_tenants`` alone. All integers
-little-endian, UUIDs in RFC 4122 byte order, every WalOffset 24 bytes::
+two-slot record file of ``wal/recordfile.py`` (over ``wal/slots.py``), a per-slot
+dictionary laid out exactly as RECLAIM's (its code is ``wal/reclaim.py``'s, and so is
+the id space: the journal keeps one in-memory table seeded from the union of both
+dictionaries), then one fixed entry per id. No planned area, so ``slot_len`` derives
+from ``max_tenants`` alone. All integers little-endian, UUIDs in RFC 4122 byte order,
+every WalOffset 24 bytes::
 
     file header, 32 B (wal/slots.py): magic b"OWPB", u16 version 1, u64 slot_len,
     u32 max_tenants T, u32 0 (no second capacity), CRC-32C, reserved
@@ -54,9 +55,10 @@ reaches, so one offset carries it. ``PublishedEntry.marks`` reads it as
 ``PublishedMarks(frontier, frontier, intent=end)``; a publishing entry without
 audit_valid makes the slot invalid.
 
-Writing is RECLAIM's: the inactive slot in place at generation live + 1, fsynced, so a
-frontier write allocates nothing. The file is preallocated at open and rebuilt through
-``PUBLISHED.new`` only when ``max_tenants`` grows, together with RECLAIM.
+Writing is RECLAIM's (``wal/recordfile.py``): the inactive slot in place at generation
+live + 1, fsynced, so a frontier write allocates nothing. The file is preallocated at
+open and rebuilt through ``PUBLISHED.new`` only when ``max_tenants`` grows, together
+with RECLAIM.
 """
 
 from __future__ import annotations
@@ -64,36 +66,22 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar, Final
+from typing import Final
 
 from .errors import CorruptionError
-from .fs import Fs, read_file
 from .reclaim import (
-    _DICT,
-    _DICT_TOMBSTONED,
-    _U64_MAX,
-    _Z24,
-    _Z128,
-    MAX_KEY_BYTES,
+    DICT_RECORD_SIZE,
     MAX_TENANTS,
     DictRecord,
-    UnencodableRecord,
-    _ascii_or_empty,
-    _is_tenant_key,
+    check_dictionary,
+    decode_dictionary,
+    pack_dictionary,
 )
-from .slots import (
-    FILE_HEADER_SIZE,
-    FileHeader,
-    InvalidSlot,
-    SlotDefect,
-    SlotFile,
-    check_trailer,
-    seal_slot,
-    select_live,
-    slot_offset,
-)
+from .recordfile import RecordFile, UnencodableRecord, encode_header
+from .slots import FILE_HEADER_SIZE, check_trailer, format_defect, seal_slot
 from .types import PublishedMarks, WalOffset
 
+NAME: Final = "PUBLISHED"
 MAGIC: Final = b"OWPB"
 VERSION: Final = 1
 
@@ -107,10 +95,12 @@ _SLOT_HEAD: Final = struct.Struct("<QII8s")  # 24
 _ENTRY: Final = struct.Struct("<H2sI24s24s")  # 56
 _Z2: Final = bytes(2)
 _Z8: Final = bytes(8)
+_Z24: Final = bytes(24)
+_U64_MAX: Final = (1 << 64) - 1
 
 
 def published_slot_len(max_tenants: int) -> int:
-    return _SLOT_HEAD.size + (_DICT.size + _ENTRY.size) * max_tenants + 8
+    return _SLOT_HEAD.size + (DICT_RECORD_SIZE + _ENTRY.size) * max_tenants + 8
 
 
 def published_file_bytes(max_tenants: int) -> int:
@@ -190,25 +180,11 @@ def encode_slot(record: PublishedRecord, max_tenants: int) -> bytes:
     t = max_tenants
     if not 0 <= record.generation <= _U64_MAX:
         raise UnencodableRecord(f"generation {record.generation} does not fit a u64")
-    if not 0 <= record.next_slot_id <= t:
-        raise UnencodableRecord(f"next_slot_id {record.next_slot_id} is outside 0..{t}")
-    slot_len = published_slot_len(t)
-    buf = bytearray(slot_len)
+    check_dictionary(record.dictionary, record.next_slot_id, t)
+    buf = bytearray(published_slot_len(t))
     occupied = 0
-    live: dict[str, int] = {}
-    for i, rec in record.dictionary.items():
-        if not 0 <= i < record.next_slot_id:
-            raise UnencodableRecord(f"dictionary id {i} is not below next_slot_id")
-        key = _ascii_or_empty(rec.tenant)
-        if not _is_tenant_key(key):
-            raise UnencodableRecord(f"dictionary id {i} holds an invalid tenant id {rec.tenant!r}")
-        if not rec.tombstoned:
-            if rec.tenant in live:
-                raise UnencodableRecord(f"ids {live[rec.tenant]} and {i} both hold {rec.tenant!r}")
-            live[rec.tenant] = i
-        flags = _DICT_TOMBSTONED if rec.tombstoned else 0
-        _DICT.pack_into(buf, _SLOT_HEAD.size + _DICT.size * i, len(key), key, flags)
-    entries_at = _SLOT_HEAD.size + _DICT.size * t
+    pack_dictionary(buf, _SLOT_HEAD.size, record.dictionary)
+    entries_at = _SLOT_HEAD.size + DICT_RECORD_SIZE * t
     try:
         for i, entry in record.entries.items():
             owner = record.dictionary.get(i)
@@ -243,45 +219,15 @@ def decode_slot(data: bytes, max_tenants: int, path: Path, index: int) -> Publis
     t = max_tenants
     slot_len = published_slot_len(t)
     check_trailer(data, path, index, slot_len)
-    base = slot_offset(index, slot_len)
     generation, entry_count, next_id, reserved = _SLOT_HEAD.unpack_from(data)
-
-    def bad(at: int, reason: str) -> InvalidSlot:
-        return InvalidSlot(path, index, base + at, SlotDefect.FORMAT, reason, generation)
-
+    bad = format_defect(path, index, slot_len, generation)
     if reserved != _Z8:
         raise bad(16, "non-zero reserved slot header bytes")
     if next_id > t:
         raise bad(12, f"next_slot_id {next_id} exceeds max_tenants={t}")
+    dictionary = decode_dictionary(data, _SLOT_HEAD.size, t, next_id, bad)
+    entries_at = _SLOT_HEAD.size + DICT_RECORD_SIZE * t
     view = memoryview(data)
-    dictionary: dict[int, DictRecord] = {}
-    live: dict[str, int] = {}
-    entries_at = _SLOT_HEAD.size + _DICT.size * t
-    for i, (length, key, dflags) in enumerate(
-        _DICT.iter_unpack(view[_SLOT_HEAD.size : entries_at])
-    ):
-        at = _SLOT_HEAD.size + _DICT.size * i
-        if length == 0:
-            if key != _Z128 or dflags:
-                raise bad(at, f"unused dictionary record {i} (len 0) is not all zero")
-            continue
-        if length > MAX_KEY_BYTES:
-            raise bad(at, f"dictionary record {i} has len {length} > {MAX_KEY_BYTES}")
-        if key[length:] != _Z128[length:]:
-            raise bad(at + 2 + length, f"dictionary record {i}: non-zero key padding")
-        if not _is_tenant_key(key[:length]):
-            raise bad(at + 2, f"dictionary record {i}: key {key[:length]!r} is not a tenant id")
-        if dflags & ~_DICT_TOMBSTONED:
-            raise bad(at + 130, f"dictionary record {i}: unknown flags 0x{dflags:04x}")
-        if i >= next_id:
-            raise bad(at, f"dictionary record {i} is at or above next_slot_id {next_id}")
-        tenant = key[:length].decode("ascii")
-        tombstoned = bool(dflags & _DICT_TOMBSTONED)
-        if not tombstoned:
-            if tenant in live:
-                raise bad(at, f"ids {live[tenant]} and {i} both hold live tenant {tenant!r}")
-            live[tenant] = i
-        dictionary[i] = DictRecord(tenant, tombstoned)
     entries: dict[int, PublishedEntry] = {}
     region = view[entries_at : entries_at + _ENTRY.size * t]
     for i, (eflags, ereserved, egen, raw_r, raw_a) in enumerate(_ENTRY.iter_unpack(region)):
@@ -317,163 +263,56 @@ def decode_slot(data: bytes, max_tenants: int, path: Path, index: int) -> Publis
     return PublishedRecord(generation, next_id, dictionary, entries)
 
 
-def encode_file_header(max_tenants: int) -> bytes:
-    return FileHeader(MAGIC, VERSION, published_slot_len(max_tenants), (max_tenants, 0)).encode()
-
-
-def decode_file_header(data: bytes, path: Path) -> int:
-    """The max_tenants a PUBLISHED header records; any defect is a ``CorruptionError``."""
-    header = FileHeader.decode(data, path, magic=MAGIC, version=VERSION)
-    t, second = header.capacities
-    if not 1 <= t <= MAX_TENANTS:
-        raise CorruptionError(path, 16, f"max_tenants {t} is outside 1..{MAX_TENANTS}")
-    if second:
-        raise CorruptionError(path, 20, f"second capacity {second} must be 0 for PUBLISHED")
-    if header.slot_len != published_slot_len(t):
-        raise CorruptionError(
-            path,
-            8,
-            f"slot_len {header.slot_len} disagrees with max_tenants={t}, "
-            f"which makes {published_slot_len(t)}",
-        )
-    return t
-
-
 # -- the file --------------------------------------------------------------------------
 
 
-class PublishedFile:
-    """The PUBLISHED file of a WAL root, open read-write for in-place slot writes.
-    ``OSError`` propagates unchanged; bytes that break the format raise
-    ``CorruptionError``."""
+class _Codec:
+    """PUBLISHED's half of its two-slot record file (``wal/recordfile.py``); its geometry
+    is max_tenants alone."""
 
-    NAME: ClassVar[str] = "PUBLISHED"
-    NEW_NAME: ClassVar[str] = "PUBLISHED.new"
+    name = NAME
+    magic = MAGIC
+    version = VERSION
+    encode = staticmethod(encode_slot)
+    decode = staticmethod(decode_slot)
 
-    def __init__(
-        self,
-        slots: SlotFile,
-        max_tenants: int,
-        live_index: int,
-        live_generation: int,
-        rejected: InvalidSlot | None = None,
-    ) -> None:
-        self._slots = slots
-        self.max_tenants = max_tenants
-        self._live_index = live_index
-        self._live_generation = live_generation
-        self._known: list[bytes | None] = [None, None]
-        self.rejected = rejected
+    def slot_len(self, geometry: int) -> int:
+        return published_slot_len(geometry)
 
-    @property
-    def path(self) -> Path:
-        return self._slots.path
+    def capacities(self, geometry: int) -> tuple[int, int]:
+        return geometry, 0
 
-    @property
-    def generation(self) -> int:
-        return self._live_generation
+    def geometry(self, capacities: tuple[int, int], path: Path) -> int:
+        t, second = capacities
+        if not 1 <= t <= MAX_TENANTS:
+            raise CorruptionError(path, 16, f"max_tenants {t} is outside 1..{MAX_TENANTS}")
+        if second:
+            raise CorruptionError(path, 20, f"second capacity {second} must be 0 for PUBLISHED")
+        return t
 
-    @classmethod
-    def create(cls, fs: Fs, root: Path, max_tenants: int, record: PublishedRecord) -> PublishedFile:
-        """Create PUBLISHED (absent) preallocated for ``max_tenants`` holding ``record``
-        in slot 0 at generation 1; durable when it returns."""
-        slot0 = _encode_at(record, max_tenants, 1)
-        slot_len = published_slot_len(max_tenants)
-        slots = SlotFile.create(
-            fs, root / cls.NAME, encode_file_header(max_tenants), slot0, slot_len
-        )
-        record.generation = 1
-        made = cls(slots, max_tenants, 0, 1)
-        made._known = [slot0, bytes(slot_len)]
-        return made
+    def describe(self, geometry: int) -> str:
+        return f"max_tenants={geometry}"
 
-    @classmethod
-    def load(cls, fs: Fs, root: Path) -> tuple[PublishedFile, PublishedRecord] | None:
-        path = root / cls.NAME
-        try:
-            slots = SlotFile.open(
-                fs, path, lambda head: published_slot_len(decode_file_header(head, path))
-            )
-        except FileNotFoundError:
-            return None
-        try:
-            t = decode_file_header(slots.header, path)
-            raw = slots.read()
-            live = select_live(
-                path,
-                raw.slots,
-                lambda data, index: decode_slot(data, t, path, index),
-                lambda rec: rec.generation,
-            )
-        except BaseException:
-            slots.close()
-            raise
-        loaded = cls(slots, t, live.index, live.generation, live.rejected)
-        loaded._known = [raw.slots[0], raw.slots[1]]
-        return loaded, live.record
+    def covers(self, geometry: int, other: int) -> bool:
+        return geometry >= other
 
-    @classmethod
-    def read_only(cls, fs: Fs, root: Path) -> tuple[int, PublishedRecord] | None:
-        """max_tenants and the live record, without opening for writing (operator tools)."""
-        path = root / cls.NAME
-        try:
-            data = read_file(fs, path)
-        except FileNotFoundError:
-            return None
-        t = decode_file_header(data[:FILE_HEADER_SIZE], path)
-        if len(data) != published_file_bytes(t):
-            raise CorruptionError(
-                path,
-                None,
-                f"PUBLISHED is {len(data)} bytes; its header says {published_file_bytes(t)}",
-            )
-        slot_len = published_slot_len(t)
-        raw = tuple(
-            data[slot_offset(i, slot_len) : slot_offset(i, slot_len) + slot_len] for i in (0, 1)
-        )
-        live = select_live(
-            path,
-            raw,
-            lambda chunk, index: decode_slot(chunk, t, path, index),
-            lambda rec: rec.generation,
-        )
-        return t, live.record
 
-    def write(self, record: PublishedRecord) -> None:
-        """Write ``record`` durably into the inactive slot at generation live + 1; on
-        ``OSError`` the previous slot stays live and no generation moves."""
-        generation = self._live_generation + 1
-        data = _encode_at(record, self.max_tenants, generation)
-        target = 1 - self._live_index
-        previous = self._known[target]
-        self._known[target] = None
-        self._slots.write_slot(target, data, previous)
-        self._known[target] = data
-        self._live_index, self._live_generation = target, generation
-        record.generation = generation
+CODEC: Final = _Codec()
 
-    def rebuild(self, max_tenants: int, record: PublishedRecord) -> PublishedFile:
-        """Replace the file with one for ``max_tenants`` (never fewer) through
-        ``PUBLISHED.new``, ids unchanged; this one is closed once the rename happened."""
-        if max_tenants < self.max_tenants:
-            raise ValueError(f"a rebuild never shrinks: {max_tenants} < {self.max_tenants}")
-        slot0 = _encode_at(record, max_tenants, self._live_generation)
-        slot_len = published_slot_len(max_tenants)
-        slots = self._slots.rebuild(encode_file_header(max_tenants), slot0, slot_len)
-        self.close()
-        record.generation = self._live_generation
-        rebuilt = PublishedFile(slots, max_tenants, 0, self._live_generation)
-        rebuilt._known = [slot0, bytes(slot_len)]
-        return rebuilt
 
-    def close(self) -> None:
-        self._slots.close()
+def encode_file_header(max_tenants: int) -> bytes:
+    return encode_header(CODEC, max_tenants)
+
+
+class PublishedFile(RecordFile[int, PublishedRecord]):
+    """The PUBLISHED file of a WAL root, open read-write for in-place slot writes; the
+    lifecycle (create, load, write, rebuild to more ``max_tenants``, the newer-format
+    refusal) is ``RecordFile``'s."""
 
     @property
-    def closed(self) -> bool:
-        return self._slots.closed
+    def max_tenants(self) -> int:
+        return self.geometry
 
-
-def _encode_at(record: PublishedRecord, max_tenants: int, generation: int) -> bytes:
-    stand_in = PublishedRecord(generation, record.next_slot_id, record.dictionary, record.entries)
-    return encode_slot(stand_in, max_tenants)
+    @classmethod
+    def codec(cls) -> _Codec:
+        return CODEC

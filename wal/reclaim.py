@@ -1,8 +1,10 @@
 """RECLAIM: what housekeeping reclaimed, per tenant — the proof of loss recovery reads.
 
 The file is pinned byte for byte by RFC 0052 §3.2 (SEED-DIGEST A.6); ``wal/slots.py``
-owns the two-slot mechanics. All integers little-endian, UUIDs as their 16 bytes in
-RFC 4122 order, every WalOffset 24 bytes (UUID, then u64 LSN). T = max_tenants,
+owns the two-slot mechanics and ``wal/recordfile.py`` the file's lifecycle, so this
+module is the format: the record, its codec, and the tenant dictionary PUBLISHED's
+slots carry too. All integers little-endian, UUIDs as their 16 bytes in RFC 4122
+order, every WalOffset 24 bytes (UUID, then u64 LSN). T = max_tenants,
 U = max_unlinks_per_pass, both stored in the header::
 
     file header, 32 B, at file offset 0
@@ -65,12 +67,12 @@ Planned positions carry no identity (nothing refers to a planned record by posit
 so a zeroed position between occupied ones reads as absent and the list keeps array
 order. This writer always packs the list from position 0.
 
-Writing. ``ReclaimFile.write`` rewrites the inactive slot in place with generation
-live + 1 and fsyncs it: no rename, no temp, no allocation, so a pass can still commit
-on a full disk. A crash or a failed write leaves the previous slot live. The file is
-preallocated at creation, and rebuilt through ``RECLAIM.new`` only when a configured
-capacity grows (never shrunk): the live record is re-encoded at the wider strides at
-the same ids, the other slot zeroed, then fsync, rename, parent fsync.
+Writing (``wal/recordfile.py``). ``ReclaimFile.write`` rewrites the inactive slot in
+place with generation live + 1 and fsyncs it: no rename, no temp, no allocation, so a
+pass can still commit on a full disk. A crash or a failed write leaves the previous slot
+live. The file is preallocated at creation, and rebuilt through ``RECLAIM.new`` only
+when a configured capacity grows (never shrunk): the live record is re-encoded at the
+wider strides at the same ids, the other slot zeroed, then fsync, rename, parent fsync.
 
 Version policy: version 1 is the only version read or written. A field defined in a
 reserved byte or a new flag bit is a new version; this reader refuses it rather than
@@ -82,26 +84,19 @@ from __future__ import annotations
 import enum
 import struct
 import uuid
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar, Final
+from typing import Final
 
 from .errors import CorruptionError, ErrorClass, WalError
 from .frame import validate_tenant
-from .fs import Fs, read_file
-from .slots import (
-    FILE_HEADER_SIZE,
-    FileHeader,
-    InvalidSlot,
-    SlotDefect,
-    SlotFile,
-    check_trailer,
-    seal_slot,
-    select_live,
-    slot_offset,
-)
+from .recordfile import RecordFile, encode_header
+from .recordfile import UnencodableRecord as UnencodableRecord
+from .slots import InvalidSlot, check_trailer, format_defect, seal_slot
 from .types import WalOffset
 
+NAME: Final = "RECLAIM"
 MAGIC: Final = b"OWRC"
 VERSION: Final = 1
 #: u16 slot ids
@@ -122,6 +117,8 @@ _PAIR_PRESENT: Final = 1 << 0
 
 _SLOT_HEAD: Final = struct.Struct("<QIIHHI")  # 24
 _DICT: Final = struct.Struct("<H128sH")  # 132
+#: one dictionary record; PUBLISHED's dictionary is this one at the same slot offset
+DICT_RECORD_SIZE: Final = _DICT.size
 _ENTRY: Final = struct.Struct("<HH4s24s")  # 32
 _PLANNED: Final = struct.Struct("<16sH4sBB")  # 24
 _PAIR: Final = struct.Struct("<H6s24s")  # 32
@@ -146,10 +143,6 @@ class ConsumerMode(enum.IntEnum):
 
 
 _MODES: Final = frozenset(int(m) for m in ConsumerMode)
-
-
-class UnencodableRecord(ValueError):
-    """A record that the geometry (or the format) cannot represent; nothing is written."""
 
 
 class TenantCapacityExceeded(WalError):
@@ -297,7 +290,9 @@ class ReclaimRecord:
         return slot_id
 
 
-# -- encoding --------------------------------------------------------------------------
+# -- the tenant dictionary -------------------------------------------------------------
+# RECLAIM's and PUBLISHED's slots both carry it at slot offset 24, one 132-byte record per
+# id; RECLAIM owns the id space, so the code lives with its format.
 
 
 def _is_tenant_key(raw: bytes) -> bool:
@@ -311,22 +306,16 @@ def _ascii_or_empty(tenant: str) -> bytes:
         return b""
 
 
-def _check_fits(record: ReclaimRecord, geometry: Geometry) -> None:
-    t, u = geometry.max_tenants, geometry.max_unlinks
-    if not 0 <= record.generation <= _U64_MAX:
-        raise UnencodableRecord(f"generation {record.generation} does not fit a u64")
-    if record.flags & ~_HEADER_FLAGS:
-        raise UnencodableRecord(f"unknown header_flags bits 0x{record.flags & ~_HEADER_FLAGS:x}")
-    if record.consumer_mode not in _MODES:
-        raise UnencodableRecord(f"unknown consumer_mode {record.consumer_mode!r}")
-    if not 0 <= record.next_slot_id <= t:
-        raise UnencodableRecord(f"next_slot_id {record.next_slot_id} is outside 0..max_tenants={t}")
+def check_dictionary(dictionary: Mapping[int, DictRecord], next_slot_id: int, t: int) -> None:
+    """Raise ``UnencodableRecord`` unless ``dictionary`` and ``next_slot_id`` fit
+    ``t`` = max_tenants ids and say each live tenant once."""
+    if not 0 <= next_slot_id <= t:
+        raise UnencodableRecord(f"next_slot_id {next_slot_id} is outside 0..max_tenants={t}")
     live: dict[str, int] = {}
-    for i, rec in record.dictionary.items():
-        if not 0 <= i < record.next_slot_id:
+    for i, rec in dictionary.items():
+        if not 0 <= i < next_slot_id:
             raise UnencodableRecord(
-                f"dictionary id {i} is not below next_slot_id={record.next_slot_id} "
-                f"(max_tenants={t})"
+                f"dictionary id {i} is not below next_slot_id={next_slot_id} (max_tenants={t})"
             )
         if not _is_tenant_key(_ascii_or_empty(rec.tenant)):
             raise UnencodableRecord(f"dictionary id {i} holds an invalid tenant id {rec.tenant!r}")
@@ -336,6 +325,63 @@ def _check_fits(record: ReclaimRecord, geometry: Geometry) -> None:
                     f"ids {live[rec.tenant]} and {i} both hold live tenant {rec.tenant!r}"
                 )
             live[rec.tenant] = i
+
+
+def pack_dictionary(buf: bytearray, at: int, dictionary: Mapping[int, DictRecord]) -> None:
+    """Pack a checked dictionary (``check_dictionary``) into ``buf`` from offset ``at``;
+    unused ids stay zero."""
+    for i, rec in dictionary.items():
+        key = rec.tenant.encode("ascii")
+        flags = _DICT_TOMBSTONED if rec.tombstoned else 0
+        _DICT.pack_into(buf, at + _DICT.size * i, len(key), key, flags)
+
+
+def decode_dictionary(
+    data: bytes, at: int, t: int, next_id: int, bad: Callable[[int, str], InvalidSlot]
+) -> dict[int, DictRecord]:
+    """The ``t`` dictionary records from slot offset ``at``; a defect raises
+    ``bad(offset in the slot, reason)``."""
+    dictionary: dict[int, DictRecord] = {}
+    live: dict[str, int] = {}
+    region = memoryview(data)[at : at + _DICT.size * t]
+    for i, (length, key, dflags) in enumerate(_DICT.iter_unpack(region)):
+        rec_at = at + _DICT.size * i
+        if length == 0:
+            if key != _Z128 or dflags:
+                raise bad(rec_at, f"unused dictionary record {i} (len 0) is not all zero")
+            continue
+        if length > MAX_KEY_BYTES:
+            raise bad(rec_at, f"dictionary record {i} has len {length} > {MAX_KEY_BYTES}")
+        if key[length:] != _Z128[length:]:
+            raise bad(rec_at + 2 + length, f"dictionary record {i}: non-zero key padding")
+        if not _is_tenant_key(key[:length]):
+            raise bad(rec_at + 2, f"dictionary record {i}: key {key[:length]!r} is not a tenant id")
+        if dflags & ~_DICT_TOMBSTONED:
+            raise bad(rec_at + 130, f"dictionary record {i}: unknown flags 0x{dflags:04x}")
+        if i >= next_id:
+            raise bad(rec_at, f"dictionary record {i} is at or above next_slot_id {next_id}")
+        tenant = key[:length].decode("ascii")
+        tombstoned = bool(dflags & _DICT_TOMBSTONED)
+        if not tombstoned:
+            if tenant in live:
+                raise bad(rec_at, f"ids {live[tenant]} and {i} both hold live tenant {tenant!r}")
+            live[tenant] = i
+        dictionary[i] = DictRecord(tenant, tombstoned)
+    return dictionary
+
+
+# -- encoding --------------------------------------------------------------------------
+
+
+def _check_fits(record: ReclaimRecord, geometry: Geometry) -> None:
+    t, u = geometry.max_tenants, geometry.max_unlinks
+    if not 0 <= record.generation <= _U64_MAX:
+        raise UnencodableRecord(f"generation {record.generation} does not fit a u64")
+    if record.flags & ~_HEADER_FLAGS:
+        raise UnencodableRecord(f"unknown header_flags bits 0x{record.flags & ~_HEADER_FLAGS:x}")
+    if record.consumer_mode not in _MODES:
+        raise UnencodableRecord(f"unknown consumer_mode {record.consumer_mode!r}")
+    check_dictionary(record.dictionary, record.next_slot_id, t)
     for i, entry in record.entries.items():
         rec_i = record.dictionary.get(i)
         if rec_i is None:
@@ -376,10 +422,7 @@ def encode_slot(record: ReclaimRecord, geometry: Geometry) -> bytes:
         int(record.consumer_mode),
         record.next_slot_id,
     )
-    for i, rec in record.dictionary.items():
-        key = rec.tenant.encode("ascii")
-        flags = _DICT_TOMBSTONED if rec.tombstoned else 0
-        _DICT.pack_into(buf, _SLOT_HEAD.size + _DICT.size * i, len(key), key, flags)
+    pack_dictionary(buf, _SLOT_HEAD.size, record.dictionary)
     entries_at = geometry.entries_at
     try:
         for i, entry in record.entries.items():
@@ -409,87 +452,46 @@ def encode_slot(record: ReclaimRecord, geometry: Geometry) -> bytes:
 # -- decoding --------------------------------------------------------------------------
 
 
-class _SlotReader:
-    """Raises ``InvalidSlot`` with the file offset of a defect inside one slot."""
-
-    def __init__(self, data: bytes, path: Path, index: int, geometry: Geometry) -> None:
-        self.data = data
-        self.view = memoryview(data)
-        self.path = path
-        self.index = index
-        self.base = slot_offset(index, geometry.slot_len)
-        self.generation: int = struct.unpack_from("<Q", data)[0]
-
-    def bad(self, at: int, reason: str) -> InvalidSlot:
-        return InvalidSlot(
-            self.path, self.index, self.base + at, SlotDefect.FORMAT, reason, self.generation
-        )
-
-
 def decode_slot(data: bytes, geometry: Geometry, path: Path, index: int) -> ReclaimRecord:
     """Check and decode slot ``index``; any defect raises ``InvalidSlot`` (a CRC failure
     as ``TORN``/``EMPTY``, anything else as ``FORMAT``), never a partial record."""
     check_trailer(data, path, index, geometry.slot_len)
-    r = _SlotReader(data, path, index, geometry)
     t = geometry.max_tenants
     generation, entry_count, planned_count, flags, mode, next_id = _SLOT_HEAD.unpack_from(data)
+    bad = format_defect(path, index, geometry.slot_len, generation)
+    view = memoryview(data)
     if flags & ~_HEADER_FLAGS:
-        raise r.bad(16, f"unknown header_flags bits 0x{flags & ~_HEADER_FLAGS:04x}")
+        raise bad(16, f"unknown header_flags bits 0x{flags & ~_HEADER_FLAGS:04x}")
     if mode not in _MODES:
-        raise r.bad(18, f"unknown consumer_mode {mode}")
+        raise bad(18, f"unknown consumer_mode {mode}")
     if next_id > t:
-        raise r.bad(20, f"next_slot_id {next_id} exceeds max_tenants={t}")
+        raise bad(20, f"next_slot_id {next_id} exceeds max_tenants={t}")
 
-    dictionary: dict[int, DictRecord] = {}
-    live: dict[str, int] = {}
-    dict_region = r.view[_SLOT_HEAD.size : geometry.entries_at]
-    for i, (length, key, dflags) in enumerate(_DICT.iter_unpack(dict_region)):
-        at = _SLOT_HEAD.size + _DICT.size * i
-        if length == 0:
-            if key != _Z128 or dflags:
-                raise r.bad(at, f"unused dictionary record {i} (len 0) is not all zero")
-            continue
-        if length > MAX_KEY_BYTES:
-            raise r.bad(at, f"dictionary record {i} has len {length} > {MAX_KEY_BYTES}")
-        if key[length:] != _Z128[length:]:
-            raise r.bad(at + 2 + length, f"dictionary record {i}: non-zero key padding")
-        if not _is_tenant_key(key[:length]):
-            raise r.bad(at + 2, f"dictionary record {i}: key {key[:length]!r} is not a tenant id")
-        if dflags & ~_DICT_TOMBSTONED:
-            raise r.bad(at + 130, f"dictionary record {i}: unknown flags 0x{dflags:04x}")
-        if i >= next_id:
-            raise r.bad(at, f"dictionary record {i} is at or above next_slot_id {next_id}")
-        tenant = key[:length].decode("ascii")
-        tombstoned = bool(dflags & _DICT_TOMBSTONED)
-        if not tombstoned:
-            if tenant in live:
-                raise r.bad(at, f"ids {live[tenant]} and {i} both hold live tenant {tenant!r}")
-            live[tenant] = i
-        dictionary[i] = DictRecord(tenant, tombstoned)
+    dictionary = decode_dictionary(data, _SLOT_HEAD.size, t, next_id, bad)
 
     entries: dict[int, ReclaimEntry] = {}
     entries_at = geometry.entries_at
-    entry_region = r.view[entries_at : geometry.planned_at]
+    entry_region = view[entries_at : geometry.planned_at]
     for i, (eflags, emode, reserved, raw) in enumerate(_ENTRY.iter_unpack(entry_region)):
         at = entries_at + _ENTRY.size * i
         if eflags == 0:
             if emode or reserved != _Z4 or raw != _Z24:
-                raise r.bad(at, f"unoccupied entry {i} is not all zero")
+                raise bad(at, f"unoccupied entry {i} is not all zero")
             continue
         if eflags & ~_ENTRY_OCCUPIED:
-            raise r.bad(at, f"entry {i}: unknown flags 0x{eflags:04x}")
+            raise bad(at, f"entry {i}: unknown flags 0x{eflags:04x}")
         if emode not in (ConsumerMode.KNOWN, ConsumerMode.NO_CONSUMER):
-            raise r.bad(at + 2, f"entry {i}: unknown mode {emode}")
+            raise bad(at + 2, f"entry {i}: unknown mode {emode}")
         if reserved != _Z4:
-            raise r.bad(at + 4, f"entry {i}: non-zero reserved bytes")
+            raise bad(at + 4, f"entry {i}: non-zero reserved bytes")
         owner = dictionary.get(i)
         if owner is None:
-            raise r.bad(at, f"occupied entry {i} has no dictionary record (len 0)")
+            raise bad(at, f"occupied entry {i} has no dictionary record (len 0)")
         if owner.tombstoned:
-            raise r.bad(at, f"occupied entry {i} belongs to tombstoned tenant {owner.tenant!r}")
+            raise bad(at, f"occupied entry {i} belongs to tombstoned tenant {owner.tenant!r}")
         entries[i] = ReclaimEntry(ConsumerMode(emode), WalOffset.decode(raw))
     if entry_count != len(entries):
-        raise r.bad(8, f"entry_count {entry_count} but {len(entries)} entries are occupied")
+        raise bad(8, f"entry_count {entry_count} but {len(entries)} entries are occupied")
 
     planned: list[PlannedUnlink] = []
     segments: dict[uuid.UUID, int] = {}
@@ -500,45 +502,45 @@ def decode_slot(data: bytes, geometry: Geometry, path: Path, index: int) -> Recl
         raw_seg, tenant_count, reserved, pflags, reserved_b = _PLANNED.unpack_from(data, at)
         if not pflags & _PLANNED_OCCUPIED:
             if data[at : at + stride] != zero_stride:
-                raise r.bad(at, f"unused planned record {k} is not all zero")
+                raise bad(at, f"unused planned record {k} is not all zero")
             continue
         if pflags & ~(_PLANNED_OCCUPIED | _PLANNED_UNCERTAIN):
-            raise r.bad(at + 22, f"planned record {k}: unknown flags 0x{pflags:02x}")
+            raise bad(at + 22, f"planned record {k}: unknown flags 0x{pflags:02x}")
         if reserved != _Z4:
-            raise r.bad(at + 18, f"planned record {k}: non-zero reserved bytes")
+            raise bad(at + 18, f"planned record {k}: non-zero reserved bytes")
         if reserved_b:
-            raise r.bad(at + 23, f"planned record {k}: non-zero reserved byte")
+            raise bad(at + 23, f"planned record {k}: non-zero reserved byte")
         segment = uuid.UUID(bytes=raw_seg)
         if segment in segments:
-            raise r.bad(at, f"segment {segment} is planned at {segments[segment]} and {k}")
+            raise bad(at, f"segment {segment} is planned at {segments[segment]} and {k}")
         segments[segment] = k
         pairs: dict[int, WalOffset] = {}
         pairs_at = at + _PLANNED.size
-        pair_region = r.view[pairs_at : at + stride]
+        pair_region = view[pairs_at : at + stride]
         for i, (qflags, qreserved, qraw) in enumerate(_PAIR.iter_unpack(pair_region)):
             if qflags == 0:
                 if qreserved != _Z6 or qraw != _Z24:
-                    raise r.bad(pairs_at + _PAIR.size * i, f"planned {k}: absent pair {i} not zero")
+                    raise bad(pairs_at + _PAIR.size * i, f"planned {k}: absent pair {i} not zero")
                 continue
             q_at = pairs_at + _PAIR.size * i
             if qflags & ~_PAIR_PRESENT:
-                raise r.bad(q_at, f"planned {k} pair {i}: unknown flags 0x{qflags:04x}")
+                raise bad(q_at, f"planned {k} pair {i}: unknown flags 0x{qflags:04x}")
             if qreserved != _Z6:
-                raise r.bad(q_at + 2, f"planned {k} pair {i}: non-zero reserved bytes")
+                raise bad(q_at + 2, f"planned {k} pair {i}: non-zero reserved bytes")
             if i not in dictionary:
-                raise r.bad(q_at, f"planned {k}: present pair {i} has no dictionary record")
+                raise bad(q_at, f"planned {k}: present pair {i} has no dictionary record")
             # A pair's offset is normally inside the planned segment: share its UUID.
             if qraw[:16] == raw_seg:
                 pairs[i] = WalOffset(segment, int.from_bytes(qraw[16:], "little"))
             else:
                 pairs[i] = WalOffset.decode(qraw)
         if tenant_count != len(pairs):
-            raise r.bad(
+            raise bad(
                 at + 16, f"planned {k}: tenant_count {tenant_count} but {len(pairs)} pairs present"
             )
         planned.append(PlannedUnlink(segment, pairs, bool(pflags & _PLANNED_UNCERTAIN)))
     if planned_count != len(planned):
-        raise r.bad(12, f"planned_count {planned_count} but {len(planned)} records are occupied")
+        raise bad(12, f"planned_count {planned_count} but {len(planned)} records are occupied")
 
     return ReclaimRecord(
         generation, flags, ConsumerMode(mode), next_id, dictionary, entries, planned
@@ -548,195 +550,48 @@ def decode_slot(data: bytes, geometry: Geometry, path: Path, index: int) -> Recl
 # -- the file --------------------------------------------------------------------------
 
 
+class _Codec:
+    """RECLAIM's half of its two-slot record file (``wal/recordfile.py``)."""
+
+    name = NAME
+    magic = MAGIC
+    version = VERSION
+    encode = staticmethod(encode_slot)
+    decode = staticmethod(decode_slot)
+
+    def slot_len(self, geometry: Geometry) -> int:
+        return geometry.slot_len
+
+    def capacities(self, geometry: Geometry) -> tuple[int, int]:
+        return geometry.max_tenants, geometry.max_unlinks
+
+    def geometry(self, capacities: tuple[int, int], path: Path) -> Geometry:
+        t, u = capacities
+        if not 1 <= t <= MAX_TENANTS:
+            raise CorruptionError(path, 16, f"max_tenants {t} is outside 1..{MAX_TENANTS}")
+        if u < 1:
+            raise CorruptionError(path, 20, f"max_unlinks_per_pass {u} is below 1")
+        return Geometry(t, u)
+
+    def describe(self, geometry: Geometry) -> str:
+        return f"max_tenants={geometry.max_tenants}, max_unlinks_per_pass={geometry.max_unlinks}"
+
+    def covers(self, geometry: Geometry, other: Geometry) -> bool:
+        return geometry.covers(other)
+
+
+CODEC: Final = _Codec()
+
+
 def encode_file_header(geometry: Geometry) -> bytes:
-    return FileHeader(
-        MAGIC, VERSION, geometry.slot_len, (geometry.max_tenants, geometry.max_unlinks)
-    ).encode()
+    return encode_header(CODEC, geometry)
 
 
-def decode_file_header(data: bytes, path: Path) -> Geometry:
-    """The geometry a RECLAIM header records; any defect is a ``CorruptionError``."""
-    header = FileHeader.decode(data, path, magic=MAGIC, version=VERSION)
-    t, u = header.capacities
-    if not 1 <= t <= MAX_TENANTS:
-        raise CorruptionError(path, 16, f"max_tenants {t} is outside 1..{MAX_TENANTS}")
-    if u < 1:
-        raise CorruptionError(path, 20, f"max_unlinks_per_pass {u} is below 1")
-    geometry = Geometry(t, u)
-    if header.slot_len != geometry.slot_len:
-        raise CorruptionError(
-            path,
-            8,
-            f"slot_len {header.slot_len} disagrees with max_tenants={t}, "
-            f"max_unlinks_per_pass={u}, which make {geometry.slot_len}",
-        )
-    return geometry
-
-
-class ReclaimFile:
-    """The RECLAIM file of a WAL root, open read-write for in-place slot writes.
-
-    ``OSError`` from any step propagates unchanged (open turns it into
-    ``OpenIoError``); bytes that disagree with the format raise ``CorruptionError``.
-    """
-
-    NAME: ClassVar[str] = "RECLAIM"
-    NEW_NAME: ClassVar[str] = "RECLAIM.new"
-
-    def __init__(
-        self,
-        slots: SlotFile,
-        geometry: Geometry,
-        live_index: int,
-        live_generation: int,
-        rejected: InvalidSlot | None = None,
-    ) -> None:
-        self._slots = slots
-        self._geometry = geometry
-        self._live_index = live_index
-        self._live_generation = live_generation
-        #: the bytes known to be in each slot, so a write sends only what changed
-        self._known: list[bytes | None] = [None, None]
-        #: why the other slot was not a candidate at load (None when it was valid and
-        #: older). A FORMAT defect carries its generation: one above the live slot's is a
-        #: newer record this build could not read, which open may choose to refuse.
-        self.rejected = rejected
-
-    @property
-    def path(self) -> Path:
-        return self._slots.path
-
-    @property
-    def geometry(self) -> Geometry:
-        return self._geometry
-
-    @property
-    def live_index(self) -> int:
-        return self._live_index
-
-    @property
-    def generation(self) -> int:
-        """The live slot's generation."""
-        return self._live_generation
-
-    @property
-    def closed(self) -> bool:
-        return self._slots.closed
+class ReclaimFile(RecordFile[Geometry, ReclaimRecord]):
+    """The RECLAIM file of a WAL root, open read-write for in-place slot writes; the
+    lifecycle (create, load, write, rebuild, the newer-format refusal) is
+    ``RecordFile``'s."""
 
     @classmethod
-    def create(cls, fs: Fs, root: Path, geometry: Geometry, record: ReclaimRecord) -> ReclaimFile:
-        """Create RECLAIM (absent) preallocated at ``geometry`` holding ``record`` in
-        slot 0 at generation 1; durable (file and parent fsynced) when it returns. A full
-        disk fails here with ``OSError`` from ``fallocate``."""
-        slot0 = _encode_at(record, geometry, 1)
-        slots = SlotFile.create(
-            fs, root / cls.NAME, encode_file_header(geometry), slot0, geometry.slot_len
-        )
-        record.generation = 1
-        made = cls(slots, geometry, 0, 1)
-        made._known = [slot0, bytes(geometry.slot_len)]
-        return made
-
-    @classmethod
-    def load(cls, fs: Fs, root: Path) -> tuple[ReclaimFile, ReclaimRecord] | None:
-        """The file and its live record; None when RECLAIM is absent."""
-        path = root / cls.NAME
-        try:
-            slots = SlotFile.open(fs, path, lambda head: decode_file_header(head, path).slot_len)
-        except FileNotFoundError:
-            return None
-        try:
-            geometry = decode_file_header(slots.header, path)
-            raw = slots.read()
-            live = select_live(
-                path,
-                raw.slots,
-                lambda data, index: decode_slot(data, geometry, path, index),
-                lambda rec: rec.generation,
-            )
-        except BaseException:
-            slots.close()
-            raise
-        loaded = cls(slots, geometry, live.index, live.generation, live.rejected)
-        loaded._known = [raw.slots[0], raw.slots[1]]
-        return loaded, live.record
-
-    @classmethod
-    def read_only(cls, fs: Fs, root: Path) -> tuple[Geometry, ReclaimRecord] | None:
-        """The geometry and live record without opening the file for writing (for the
-        operator tools, which must work on a read-only copy of a volume)."""
-        path = root / cls.NAME
-        try:
-            data = read_file(fs, path)
-        except FileNotFoundError:
-            return None
-        geometry = decode_file_header(data[:FILE_HEADER_SIZE], path)
-        if len(data) != geometry.file_size:
-            raise CorruptionError(
-                path, None, f"RECLAIM is {len(data)} bytes; its header says {geometry.file_size}"
-            )
-        slot_len = geometry.slot_len
-        raw = (
-            data[slot_offset(0, slot_len) : slot_offset(0, slot_len) + slot_len],
-            data[slot_offset(1, slot_len) : slot_offset(1, slot_len) + slot_len],
-        )
-        live = select_live(
-            path,
-            raw,
-            lambda chunk, index: decode_slot(chunk, geometry, path, index),
-            lambda rec: rec.generation,
-        )
-        return geometry, live.record
-
-    def write(self, record: ReclaimRecord) -> None:
-        """Write ``record`` durably into the inactive slot at generation live + 1 and set
-        ``record.generation``. On ``OSError`` the previous slot stays live and neither
-        the file's nor the record's generation moves."""
-        generation = self._live_generation + 1
-        data = _encode_at(record, self._geometry, generation)
-        target = 1 - self._live_index
-        previous = self._known[target]
-        self._known[target] = None  # unknown until the write is durable
-        self._slots.write_slot(target, data, previous)
-        self._known[target] = data
-        self._live_index, self._live_generation = target, generation
-        record.generation = generation
-
-    def rebuild(self, geometry: Geometry, record: ReclaimRecord) -> ReclaimFile:
-        """Replace the file with one at ``geometry`` (covering the current one) through
-        ``RECLAIM.new``: ``record`` re-encoded at the same ids and the live generation
-        into slot 0, slot 1 zeroed. Returns the new file; this one is closed once the
-        rename happened (before that a failure leaves it usable)."""
-        if not geometry.covers(self._geometry):
-            raise ValueError(f"a rebuild never shrinks: {geometry} does not cover {self._geometry}")
-        slot0 = _encode_at(record, geometry, self._live_generation)
-        slots = self._slots.rebuild(encode_file_header(geometry), slot0, geometry.slot_len)
-        self.close()
-        record.generation = self._live_generation
-        rebuilt = ReclaimFile(slots, geometry, 0, self._live_generation)
-        rebuilt._known = [slot0, bytes(geometry.slot_len)]
-        return rebuilt
-
-    def close(self) -> None:
-        self._slots.close()
-
-    def __enter__(self) -> ReclaimFile:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def _encode_at(record: ReclaimRecord, geometry: Geometry, generation: int) -> bytes:
-    # Encoded from a shallow stand-in so the caller's record keeps its generation
-    # until the write has succeeded.
-    stand_in = ReclaimRecord(
-        generation,
-        record.flags,
-        record.consumer_mode,
-        record.next_slot_id,
-        record.dictionary,
-        record.entries,
-        record.planned,
-    )
-    return encode_slot(stand_in, geometry)
+    def codec(cls) -> _Codec:
+        return CODEC

@@ -1,7 +1,8 @@
 """Two-slot files: a fixed geometry, preallocated once, rewritten in place.
 
-RECLAIM (``OWRC``) uses this now and PUBLISHED (``OWPB``) will; each owns its slot
-format, this module owns the file around the slots (RFC 0052 §3.2, DESIGN.md §4)::
+RECLAIM (``OWRC``) and PUBLISHED (``OWPB``) use it through ``wal/recordfile.py``, which
+owns their shared lifecycle; each owns its slot format, and this module owns the bytes
+around the slots (RFC 0052 §3.2, DESIGN.md §4)::
 
     file offset        size      what
     0                  32        file header (below)
@@ -174,6 +175,19 @@ class InvalidSlot(Exception):
         #: readable only when the checksum held (a ``FORMAT`` defect)
         self.generation = generation
         super().__init__(f"slot {index} at byte {offset}: {defect.name.lower()}: {reason}")
+
+
+def format_defect(
+    path: Path, index: int, slot_len: int, generation: int
+) -> Callable[[int, str], InvalidSlot]:
+    """A maker of ``FORMAT`` defects in slot ``index``: a decoder names a defect by its
+    offset in the slot, and the error reports the file offset."""
+    base = slot_offset(index, slot_len)
+
+    def defect(at: int, reason: str) -> InvalidSlot:
+        return InvalidSlot(path, index, base + at, SlotDefect.FORMAT, reason, generation)
+
+    return defect
 
 
 #: Granularity of the in-place diff write.
