@@ -39,7 +39,8 @@ import pyarrow.compute as pc
 from app import points
 from app.ingest.admission import Admission
 from app.ingest.cuts import Cut
-from app.ingest.miner import MinerCluster, MineResult, TemplateEvent, TenantMiner
+from app.ingest.mining.miner_cluster import MinerCluster
+from app.ingest.mining.tenant_miner import MineResult, TemplateEvent, TenantMiner
 from app.ingest.settlement import (
     DEFAULT_MINING_ATTEMPTS,
     ReplayGates,

@@ -92,7 +92,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from app import points
-from app.ingest.miner import MinerCluster, MineResult, TenantMiner
+from app.ingest.mining.miner_cluster import MinerCluster
+from app.ingest.mining.tenant_miner import MineResult, TenantMiner
 from app.ingest.snapshots import SnapshotLedger, SnapshotState
 from app.ingest.tenants import TenantTable
 from app.node.config import WalSettings

@@ -63,7 +63,9 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from app.ingest.landed import Landed, LandedCheck
-from app.ingest.miner import FileTemplateIdAllocator, MinerCluster, TenantMiner
+from app.ingest.mining.miner_cluster import MinerCluster
+from app.ingest.mining.template_ids import FileTemplateIdAllocator
+from app.ingest.mining.tenant_miner import TenantMiner
 from app.ingest.pipeline import Pipeline
 from app.ingest.settlement import ReplayGates
 from app.ingest.snapshots import SnapshotLedger, SnapshotState, SnapshotStore

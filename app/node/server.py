@@ -38,7 +38,8 @@ from app.cadence.housekeeping import Housekeeper
 from app.cadence.sweep import AgeSweep
 from app.ingest.admission import Admission
 from app.ingest.landed import intent_hook
-from app.ingest.miner import FileTemplateIdAllocator, MinerCluster
+from app.ingest.mining.miner_cluster import MinerCluster
+from app.ingest.mining.template_ids import FileTemplateIdAllocator
 from app.ingest.pipeline import Pipeline
 from app.ingest.snapshots import SnapshotLedger, SnapshotStore, SnapshotStoreError
 from app.ingest.stages import LocalPort, Stages

@@ -312,7 +312,10 @@ def measure_reference(pool: RequestPool, passes: int) -> Reference:
     is measured); the median pass of each step, per record."""
     from drain3.drain import Drain
 
-    from app.ingest.miner import PARAM, CountingAllocator, MinerConfig, TenantMiner
+    from app.ingest.mining.miner_config import MinerConfig
+    from app.ingest.mining.template_ids import CountingAllocator
+    from app.ingest.mining.tenant_miner import TenantMiner
+    from app.ingest.mining.tokens import PARAM
     from app.receive.otlp import PROTOBUF_CONTENT_TYPE, decode_request, flatten
 
     config = MinerConfig()

@@ -71,7 +71,8 @@ import pyarrow.parquet as pq
 import pytest
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 
-from app.ingest.miner import CountingAllocator, TenantMiner
+from app.ingest.mining.template_ids import CountingAllocator
+from app.ingest.mining.tenant_miner import TenantMiner
 from app.ingest.snapshots import decode_snapshot
 from app.receive.otlp import decode_request, flatten
 from tests.support.ackload import AckLedger, AckLoad, Outcome

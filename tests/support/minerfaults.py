@@ -21,7 +21,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from app.ingest.miner import MinerCluster, MineResult, TemplateIdAllocator, TenantMiner
+from app.ingest.mining.miner_cluster import MinerCluster
+from app.ingest.mining.template_ids import TemplateIdAllocator
+from app.ingest.mining.tenant_miner import MineResult, TenantMiner
 
 
 class InjectedMiningFailure(RuntimeError):

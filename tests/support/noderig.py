@@ -26,7 +26,8 @@ from app import points
 from app.cadence.barrier import Barrier
 from app.cadence.housekeeping import Housekeeper
 from app.ingest.landed import intent_hook
-from app.ingest.miner import FileTemplateIdAllocator, MinerCluster, TemplateIdAllocator
+from app.ingest.mining.miner_cluster import MinerCluster
+from app.ingest.mining.template_ids import FileTemplateIdAllocator, TemplateIdAllocator
 from app.ingest.pipeline import Pipeline
 from app.ingest.settlement import DEFAULT_MINING_ATTEMPTS
 from app.ingest.snapshots import SnapshotLedger, SnapshotStore

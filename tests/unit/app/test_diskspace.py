@@ -23,7 +23,7 @@ import pytest
 
 from app.cadence.housekeeping import Housekeeper
 from app.ingest.admission import Admission, Bound, DiskLevel
-from app.ingest.miner import FileTemplateIdAllocator
+from app.ingest.mining.template_ids import FileTemplateIdAllocator
 from app.ingest.snapshots import SnapshotLedger, SnapshotState, SnapshotStore
 from app.node.diskspace import DiskSpace, Reserve, ReserveState
 from app.receive.otlp import Unavailable

@@ -14,7 +14,9 @@ import pyarrow.parquet as pq
 import pytest
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 
-from app.ingest.miner import CountingAllocator, MinerCluster, MineResult
+from app.ingest.mining.miner_cluster import MinerCluster
+from app.ingest.mining.template_ids import CountingAllocator
+from app.ingest.mining.tenant_miner import MineResult
 from app.ingest.pipeline import Pipeline, ReadWriteLock, TurnGate
 from app.node.recovery import recover
 from app.receive.otlp import FlatBatch, PayloadTooLarge, Unavailable, decode_request, flatten

@@ -16,7 +16,9 @@ import crc32c
 import pytest
 
 from app.cadence.barrier import CutOutcome
-from app.ingest.miner import CountingAllocator, MinerCluster, TenantMiner
+from app.ingest.mining.miner_cluster import MinerCluster
+from app.ingest.mining.template_ids import CountingAllocator
+from app.ingest.mining.tenant_miner import TenantMiner
 from app.ingest.snapshots import (
     HEADER_SIZE,
     MAGIC,

@@ -1,0 +1,486 @@
+"""``TenantMiner``: one tenant's Drain tree, the ids and versions of its templates, and
+the search that matches a body to a template.
+
+Invariants:
+
+* ``TenantMiner.mine`` emits exactly one ``TemplateEvent`` per cluster Drain creates
+  ("created", version 1) and one per template Drain widens ("changed", version + 1).
+* Restoring a snapshot neither consumes nor rewinds ids: restored templates keep theirs
+  and only templates created afterwards draw from the allocator.
+* A restored miner mines every later input exactly as the uninterrupted miner would:
+  same template ids, parameters and events.
+* A miner that raised in the middle of a batch has absorbed part of it without its
+  caller seeing the results, so it refuses further mining and snapshots
+  (``MinerFailedError``); the pipeline rebuilds the tenant (RFC 0055 settlement).
+
+How Drain is used: ``mine`` performs the steps of drain3 0.9's ``add_log_message``
+itself, in its order, with Drain's own methods (``tree_search``, a new ``LogCluster``
+plus ``add_seq_to_prefix_tree``, ``create_template``), so a body is tokenised once for
+Drain and for its parameters, and a body that leaves its template unchanged costs one
+tuple comparison. The tests hold the result to ``add_log_message``, body for body and
+tree for tree. Drain's objects are reached through narrow typed protocols; its LRU map
+is read only with ``get`` and ``in``, and ``[]``, which moves a cluster to the recent
+end, is called exactly where ``add_log_message`` calls it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from operator import eq, itemgetter
+from typing import Literal, Protocol, cast
+
+from drain3.drain import Drain, LogCluster, Node
+
+from app.ingest.mining.errors import MinerError, MinerFailedError
+from app.ingest.mining.miner_config import MinerConfig
+from app.ingest.mining.snapshot import (
+    ClusterRow,
+    MinerSnapshot,
+    NodeRow,
+    decode_miner_snapshot,
+    encode_miner_snapshot,
+)
+from app.ingest.mining.template_ids import TemplateIdAllocator
+from app.ingest.mining.tokens import PARAM, tokenize
+
+__all__ = ["MineResult", "TemplateEvent", "TemplateInfo", "TenantMiner"]
+
+
+@dataclass(frozen=True, slots=True)
+class TemplateEvent:
+    """A template came into being or was widened by the batch that returned it."""
+
+    template_id: int
+    version: int
+    template: str
+    change: Literal["created", "changed"]
+    #: position in the mined batch of the body that caused the event
+    index: int
+
+
+@dataclass(frozen=True, slots=True)
+class MineResult:
+    """One batch's mining, in columns: entry ``i`` belongs to body ``i``."""
+
+    template_ids: list[int]
+    #: tuples, not lists: a tuple of strings leaves the cyclic collector's care after
+    #: its first young collection, so buffered rows never burden a full collection
+    template_params: list[tuple[str, ...]]
+    #: in the order the bodies caused them
+    events: list[TemplateEvent]
+
+    def __len__(self) -> int:
+        return len(self.template_ids)
+
+
+@dataclass(frozen=True, slots=True)
+class TemplateInfo:
+    """A template as the miner currently holds it (for inspection and tests)."""
+
+    template_id: int
+    version: int
+    template: str
+    size: int
+
+
+# -- typed views of drain3 --------------------------------------------------------------
+
+
+class _DrainCluster(Protocol):
+    cluster_id: int
+    log_template_tokens: tuple[str, ...]
+    size: int
+
+
+class _DrainNode(Protocol):
+    key_to_child_node: dict[str, _DrainNode]
+    cluster_ids: list[int]
+
+
+class _ClusterMap(Protocol):
+    """What we use of ``Drain.id_to_cluster`` (a dict, or drain3's LRU cache).
+
+    Deliberately no ``__getitem__``/``values``: on the LRU cache they reorder it; the
+    one deliberate reorder goes through ``_Touchable``.
+    """
+
+    def get(self, key: int) -> _DrainCluster | None: ...
+    def __setitem__(self, key: int, value: _DrainCluster) -> None: ...
+    def __contains__(self, key: object) -> bool: ...
+    def __len__(self) -> int: ...
+
+
+class _Touchable(Protocol):
+    """The LRU cache's ``[]``, which moves a key to the most recently used end."""
+
+    def __getitem__(self, key: int) -> object: ...
+
+
+class _Drain(Protocol):
+    root_node: _DrainNode
+    id_to_cluster: _ClusterMap
+    clusters_counter: int
+    sim_th: float
+    max_node_depth: int
+
+    def tree_search(
+        self, root_node: _DrainNode, tokens: list[str], sim_th: float, include_params: bool
+    ) -> _DrainCluster | None: ...
+    def add_seq_to_prefix_tree(self, root_node: _DrainNode, cluster: _DrainCluster) -> None: ...
+    def create_template(self, seq1: list[str], seq2: tuple[str, ...]) -> list[str]: ...
+
+
+def _new_drain(config: MinerConfig) -> _Drain:
+    drain = Drain(
+        depth=config.depth,
+        sim_th=config.sim_th,
+        max_children=config.max_children,
+        max_clusters=config.max_clusters,
+        extra_delimiters=config.extra_delimiters,
+        # Drain guards every profiler call with ``if self.profiler``: None skips them
+        # all, where its truthy NullProfiler default costs time (docs/BENCHMARKS.md,
+        # "Miner").
+        profiler=None,
+        param_str=PARAM,
+        parametrize_numeric_tokens=config.parametrize_numeric_tokens,
+    )
+    return cast(_Drain, drain)
+
+
+def _new_node() -> _DrainNode:
+    return cast(_DrainNode, Node())
+
+
+def _new_cluster(tokens: list[str], drain_id: int, size: int) -> _DrainCluster:
+    cluster = cast(_DrainCluster, LogCluster(tokens, drain_id))
+    cluster.size = size
+    return cluster
+
+
+# -- the miner ---------------------------------------------------------------------------
+
+
+class _Template:
+    """Our side of one Drain cluster: id, version, and how to read a body against it.
+
+    ``positions`` are the template's wildcard indices and ``params`` picks a body's
+    tokens there as a tuple (None when there are none). ``constants`` picks a body's
+    tokens at the other indices and ``expected`` is what the template has there
+    (``fixed`` of them): the count of equal pairs is Drain's similarity numerator, and
+    when they are all equal Drain's widening would change nothing — one C-level
+    comparison instead of ``get_seq_distance``'s and ``create_template``'s Python
+    loops. ``constants`` is None when every token is a wildcard (nothing can widen).
+    """
+
+    __slots__ = (
+        "template_id",
+        "version",
+        "cluster",
+        "positions",
+        "params",
+        "constants",
+        "expected",
+        "fixed",
+    )
+
+    def __init__(
+        self, template_id: int, version: int, cluster: _DrainCluster, tokens: tuple[str, ...]
+    ) -> None:
+        self.template_id = template_id
+        self.version = version
+        #: the Drain cluster this template mirrors (Drain widens it in place)
+        self.cluster = cluster
+        self.positions: tuple[int, ...] = ()
+        self.params: Callable[[list[str]], tuple[str, ...]] | None = None
+        self.constants: Callable[[list[str]], object] | None = None
+        self.expected: object = None
+        self.fixed = 0
+        self.reshape(tokens)
+
+    def reshape(self, tokens: tuple[str, ...]) -> None:
+        self.positions = tuple(i for i, token in enumerate(tokens) if token == PARAM)
+        fixed = [i for i, token in enumerate(tokens) if token != PARAM]
+        self.fixed = len(fixed)
+        if len(self.positions) > 1:
+            # itemgetter of several indices returns their items as a tuple, in C
+            self.params = cast(Callable[[list[str]], tuple[str, ...]], itemgetter(*self.positions))
+        elif self.positions:
+            only = self.positions[0]
+            self.params = lambda tokens: (tokens[only],)
+        else:
+            self.params = None
+        if fixed:
+            # itemgetter of one index returns the item, of several a tuple; both sides
+            # of the comparison come from the same getter, so either shape compares.
+            getter = cast(Callable[[Sequence[str]], object], itemgetter(*fixed))
+            self.constants = getter
+            self.expected = getter(tokens)
+        else:
+            self.constants = None
+            self.expected = None
+
+    def same(self, tokens: list[str]) -> int:
+        """How many of the template's constant tokens ``tokens`` has at their places:
+        ``get_seq_distance``'s ``sim_tokens`` (wildcards are not counted)."""
+        constants = self.constants
+        if constants is None:
+            return 0
+        got = constants(tokens)
+        expected = self.expected
+        if got == expected:
+            return self.fixed
+        if self.fixed == 1:
+            return 0
+        return sum(map(eq, cast(tuple[str, ...], got), cast(tuple[str, ...], expected)))
+
+
+class TenantMiner:
+    """One tenant's Drain tree and the template ids and versions of its clusters."""
+
+    def __init__(self, allocator: TemplateIdAllocator, config: MinerConfig | None = None) -> None:
+        self._config = config if config is not None else MinerConfig()
+        self._allocator = allocator
+        self._drain = _new_drain(self._config)
+        # Drain cluster id -> template. With max_clusters set its order is Drain's LRU
+        # order (both are touched once per body, for the cluster the body landed in),
+        # which says which cluster Drain evicted and gives the snapshot its LRU order
+        # without reading cachetools' private fields.
+        self._templates: dict[int, _Template] = {}
+        self._failed: BaseException | None = None
+
+    @property
+    def config(self) -> MinerConfig:
+        return self._config
+
+    @property
+    def template_count(self) -> int:
+        return len(self._templates)
+
+    def templates(self) -> list[TemplateInfo]:
+        """The live templates, in the snapshot's cluster order."""
+        out: list[TemplateInfo] = []
+        for drain_id, template in self._templates.items():
+            cluster = self._cluster(drain_id)
+            out.append(
+                TemplateInfo(
+                    template.template_id,
+                    template.version,
+                    " ".join(cluster.log_template_tokens),
+                    cluster.size,
+                )
+            )
+        return out
+
+    def mine(self, bodies: Sequence[str]) -> MineResult:
+        """Mine a batch of bodies in order; see the module docstring for the results."""
+        if self._failed is not None:
+            raise MinerFailedError(
+                f"miner failed earlier ({self._failed!r}); rebuild it before mining"
+            ) from self._failed
+        try:
+            return self._mine(bodies)
+        except BaseException as exc:
+            self._failed = exc
+            if isinstance(exc, Exception):
+                raise MinerFailedError(f"mining failed mid-batch: {exc!r}") from exc
+            raise
+
+    def _mine(self, bodies: Sequence[str]) -> MineResult:
+        # This is Drain.add_log_message (drain3 0.9) built from Drain's steps, in its
+        # order, so a body is tokenised once and shared by the search and the
+        # parameter extraction, and an unchanged template costs one tuple comparison.
+        # The search is ``_search`` (Drain's tree_search and fast_match computed on our
+        # templates); the tests hold it all to add_log_message's results and tree,
+        # body for body.
+        drain = self._drain
+        search = self._search
+        bounded = self._config.max_clusters is not None
+        templates = self._templates
+        # On the LRU cache, [] is the touch add_log_message does on a match.
+        touch = cast(_Touchable, drain.id_to_cluster).__getitem__
+        delimiters = self._config.extra_delimiters
+        ids: list[int] = []
+        params: list[tuple[str, ...]] = []
+        events: list[TemplateEvent] = []
+        append_id = ids.append
+        append_params = params.append
+        for index, body in enumerate(bodies):
+            tokens = body.split() if not delimiters else tokenize(body, delimiters)
+            template, exact = search(tokens)
+            if template is None:
+                template = self._create(tokens, index, events)
+            else:
+                cluster = template.cluster
+                if not exact:
+                    self._widen(cluster, tokens, template, index, events)
+                cluster.size += 1
+                if bounded:
+                    drain_id = cluster.cluster_id
+                    touch(drain_id)
+                    del templates[drain_id]
+                    templates[drain_id] = template
+            append_id(template.template_id)
+            pick = template.params
+            append_params(pick(tokens) if pick is not None else ())
+        return MineResult(ids, params, events)
+
+    def _search(self, tokens: list[str]) -> tuple[_Template | None, bool]:
+        """``Drain.tree_search(root, tokens, sim_th, include_params=False)`` computed on
+        our templates, and whether the match has every one of its constant tokens (so
+        no widening). The same leaf (first level by token count, then at most
+        ``max_node_depth - 1`` tokens, a missing token taking the wildcard child), the
+        same candidates in the leaf's order (a cluster the LRU evicted is skipped: our
+        map mirrors Drain's), the same similarity ``float(same) / len`` and the same
+        rule (the best similarity, ties to more wildcards, the first of equals; none
+        below ``sim_th``). Drain's version walks every token pair in Python, the
+        largest part of mining's time; here the constants are compared in C
+        (docs/BENCHMARKS.md, "Miner")."""
+        drain = self._drain
+        count = len(tokens)
+        node = drain.root_node.key_to_child_node.get(str(count))
+        if node is None:
+            return None, False
+        templates = self._templates
+        if count == 0:
+            # Drain returns the group's first cluster without a similarity test.
+            return templates.get(node.cluster_ids[0]), True
+        depth = 1
+        limit = drain.max_node_depth
+        for token in tokens:
+            if depth >= limit or depth == count:
+                break
+            children = node.key_to_child_node
+            child = children.get(token)
+            if child is None:
+                child = children.get(PARAM)
+                if child is None:
+                    return None, False
+            node = child
+            depth += 1
+        best: _Template | None = None
+        best_same = 0
+        max_sim = -1.0
+        max_params = -1
+        for drain_id in node.cluster_ids:
+            template = templates.get(drain_id)
+            if template is None:
+                continue
+            same = template.same(tokens)
+            sim = float(same) / count
+            wildcards = len(template.positions)
+            if sim > max_sim or (sim == max_sim and wildcards > max_params):
+                max_sim, max_params, best, best_same = sim, wildcards, template, same
+        if best is None or max_sim < drain.sim_th:
+            return None, False
+        return best, best_same == best.fixed
+
+    def _create(self, tokens: list[str], index: int, events: list[TemplateEvent]) -> _Template:
+        drain = self._drain
+        # The id first: if the allocator fails, Drain's tree has not changed.
+        template_id = self._allocator.allocate()
+        drain.clusters_counter += 1
+        drain_id = drain.clusters_counter
+        cluster = _new_cluster(tokens, drain_id, 1)
+        # Inserting may evict Drain's least recently used cluster; the prefix-tree
+        # insert after it drops evicted ids from the leaf it lands in, as in drain3.
+        drain.id_to_cluster[drain_id] = cluster
+        drain.add_seq_to_prefix_tree(drain.root_node, cluster)
+        template = _Template(template_id, 1, cluster, cluster.log_template_tokens)
+        self._templates[drain_id] = template
+        limit = self._config.max_clusters
+        if limit is not None and len(self._templates) > limit:
+            evicted = next(iter(self._templates))
+            if evicted in drain.id_to_cluster:
+                raise MinerError(f"LRU mirror disagrees with Drain: cluster {evicted} is live")
+            del self._templates[evicted]
+        events.append(TemplateEvent(template_id, 1, " ".join(tokens), "created", index))
+        return template
+
+    def _widen(
+        self,
+        cluster: _DrainCluster,
+        tokens: list[str],
+        template: _Template,
+        index: int,
+        events: list[TemplateEvent],
+    ) -> None:
+        widened = tuple(self._drain.create_template(tokens, cluster.log_template_tokens))
+        if widened == cluster.log_template_tokens:
+            raise MinerError(
+                f"cluster {cluster.cluster_id}: constants differ but Drain did not widen"
+            )
+        cluster.log_template_tokens = widened
+        template.version += 1
+        template.reshape(widened)
+        events.append(
+            TemplateEvent(
+                template.template_id, template.version, " ".join(widened), "changed", index
+            )
+        )
+
+    def _cluster(self, drain_id: int) -> _DrainCluster:
+        cluster = self._drain.id_to_cluster.get(drain_id)
+        if cluster is None:
+            raise MinerError(f"template map names cluster {drain_id}, which Drain lacks")
+        return cluster
+
+    # -- snapshots -------------------------------------------------------------------
+
+    def to_snapshot(self) -> bytes:
+        """The miner's complete state in the versioned format of ``snapshot``."""
+        if self._failed is not None:
+            raise MinerFailedError(
+                f"miner failed earlier ({self._failed!r}); its state is not snapshotted"
+            ) from self._failed
+        drain = self._drain
+        if len(drain.id_to_cluster) != len(self._templates):
+            raise MinerError(
+                f"Drain holds {len(drain.id_to_cluster)} clusters, "
+                f"the template map {len(self._templates)}"
+            )
+        clusters: list[ClusterRow] = []
+        for drain_id, template in self._templates.items():
+            cluster = self._cluster(drain_id)
+            clusters.append(
+                (
+                    drain_id,
+                    template.template_id,
+                    template.version,
+                    cluster.size,
+                    list(cluster.log_template_tokens),
+                )
+            )
+        nodes: list[NodeRow] = []
+        stack: list[tuple[int, str, _DrainNode]] = [(-1, "", drain.root_node)]
+        while stack:
+            parent, key, node = stack.pop()
+            index = len(nodes)
+            nodes.append((parent, key, list(node.cluster_ids)))
+            # Reversed onto the stack so children come out, and are rebuilt, in order.
+            for child_key, child in reversed(node.key_to_child_node.items()):
+                stack.append((index, child_key, child))
+        return encode_miner_snapshot(
+            MinerSnapshot(self._config, drain.clusters_counter, clusters, nodes)
+        )
+
+    @classmethod
+    def from_snapshot(cls, data: bytes, allocator: TemplateIdAllocator) -> TenantMiner:
+        """Rebuild a miner from ``to_snapshot`` bytes; consumes no ids of ``allocator``."""
+        state = decode_miner_snapshot(data)
+        miner = cls(allocator, state.config)
+        drain = miner._drain
+        for drain_id, template_id, version, size, tokens in state.clusters:
+            # Insertion order is the LRU order (oldest first) that was captured.
+            cluster = _new_cluster(tokens, drain_id, size)
+            drain.id_to_cluster[drain_id] = cluster
+            miner._templates[drain_id] = _Template(template_id, version, cluster, tuple(tokens))
+        built: list[_DrainNode] = []
+        for parent, key, cluster_ids in state.nodes:
+            node = drain.root_node if parent < 0 else _new_node()
+            node.cluster_ids = cluster_ids
+            if parent >= 0:
+                built[parent].key_to_child_node[key] = node
+            built.append(node)
+        drain.clusters_counter = state.clusters_counter
+        return miner
