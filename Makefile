@@ -1,8 +1,10 @@
-# The two commands the README promises: `make run` and `make test`.
+# The two commands the README promises, `make run` and `make test`, and the pieces of the
+# latter on their own: `make lint`, `make typecheck`, `make unit`.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 TOOLS := .cache/tools
+PYDIRS := app wal sink tests soak scripts
 
 .PHONY: run test lint typecheck unit bench soak soak-long clean
 
@@ -16,19 +18,29 @@ $(VENV)/.installed: pyproject.toml
 run: $(VENV)/.installed
 	$(VENV)/bin/ourios serve
 
-# Installs everything the tests need, then runs lint, type checks and the whole suite.
+# Installs everything the tests need, then runs lint, type checks, the generated-docs checks
+# and the whole suite (pytest prints the 25 slowest tests: addopts in pyproject.toml).
 test: $(VENV)/.installed
 	scripts/install-test-tools.sh $(TOOLS)
-	$(VENV)/bin/ruff check app wal sink tests soak scripts
-	$(VENV)/bin/ruff format --check app wal sink tests soak scripts
-	$(VENV)/bin/mypy wal sink app
+	$(MAKE) --no-print-directory lint typecheck
 	$(PY) scripts/gen_config_doc.py --check
 	$(PY) scripts/gen_chart_schema.py --check
 	PATH="$(CURDIR)/$(TOOLS)/bin:$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/pytest -q -p no:cacheprovider
 
+# ruff's rules and its formatting, on every Python file of the tree (.pre-commit-config.yaml
+# runs the same two).
 lint: $(VENV)/.installed
-	$(VENV)/bin/ruff check app wal sink tests soak scripts
-	$(VENV)/bin/mypy wal sink app
+	$(VENV)/bin/ruff check $(PYDIRS)
+	$(VENV)/bin/ruff format --check $(PYDIRS)
+
+# mypy --strict (pyproject.toml) on every Python file of the tree; a bare `mypy` checks the
+# same directories (`files` in pyproject.toml).
+typecheck: $(VENV)/.installed
+	$(VENV)/bin/mypy $(PYDIRS)
+
+# The unit tests alone: no subprocesses, no SeaweedFS, seconds rather than minutes.
+unit: $(VENV)/.installed
+	$(VENV)/bin/pytest -q -p no:cacheprovider tests/unit
 
 # The benchmarks (not part of `make test`): each prints its figure beside a reference
 # measured in the same run; record the results in docs/BENCHMARKS.md.

@@ -57,7 +57,7 @@ from __future__ import annotations
 import enum
 import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Final, NamedTuple
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -219,6 +219,25 @@ class RecordColumns:
     """
 
     __slots__ = ("_batches", "_rows", "_nbytes")
+
+    if TYPE_CHECKING:
+        # The column properties the loop after the class sets, one per RECORDS_SCHEMA
+        # field, declared so that a checker knows them (each is ``column(name)``).
+        tenant: list[Any]
+        time_unix_nano: list[Any]
+        observed_time_unix_nano: list[Any]
+        severity_number: list[Any]
+        severity_text: list[Any]
+        body: list[Any]
+        attributes: list[Any]
+        resource_attributes: list[Any]
+        scope_name: list[Any]
+        trace_id: list[Any]
+        span_id: list[Any]
+        template_id: list[Any]
+        template_params: list[Any]
+        wal_lsn: list[Any]
+        record_index: list[Any]
 
     def __init__(self) -> None:
         self._batches: list[pa.RecordBatch] = []

@@ -78,7 +78,7 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (  # noqa: E4
     ExportLogsServiceRequest,
 )
 
-from app.cadence.barrier import Cut  # noqa: E402
+from app.ingest.cuts import Cut  # noqa: E402
 from app.ingest.pipeline import ReadWriteLock  # noqa: E402
 from app.node.heap import freeze_long_lived_heap  # noqa: E402
 from app.receive.otlp import decode_request, flatten  # noqa: E402

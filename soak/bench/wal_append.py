@@ -118,15 +118,21 @@ def main() -> int:
         for threads in [int(x) for x in args.threads.split(",")]:
             raw_path = base / f"raw-{threads}.log"
             raw = RawLoop(raw_path)
-            raw_rate, raw_lat = drive(lambda t, d, r=raw: r.commit(d), threads, args.seconds)
+
+            def raw_commit(t: int, d: bytes, r: RawLoop = raw) -> None:
+                r.commit(d)
+
+            raw_rate, raw_lat = drive(raw_commit, threads, args.seconds)
             raw.close()
             raw_path.unlink()
             root = base / f"wal-{threads}"
             journal = Journal.open(root, WalConfig())
             tenants = [f"tenant-{t % 16}" for t in range(threads)]
-            wal_rate, wal_lat = drive(
-                lambda t, d, j=journal, ts=tenants: j.commit(ts[t], d), threads, args.seconds
-            )
+
+            def wal_commit(t: int, d: bytes, j: Journal = journal, ts: list[str] = tenants) -> None:
+                j.commit(ts[t], d)
+
+            wal_rate, wal_lat = drive(wal_commit, threads, args.seconds)
             journal.close()
             shutil.rmtree(root)
             rows.append((threads, raw_rate, raw_lat, wal_rate, wal_lat))

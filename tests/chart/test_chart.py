@@ -40,7 +40,7 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
@@ -913,7 +913,8 @@ def test_every_wal_sink_and_disk_value_reaches_the_running_node(tmp_path: Path) 
             f"{key}: the node runs with {effective[row.env_var]}"
         )
     assert status == 200
-    assert f"ourios_wal_tenants_limit {float(flat['wal.maxTenants'])}" in metrics.decode()
+    max_tenants = cast(int, flat["wal.maxTenants"])  # CHANGES holds it as an int
+    assert f"ourios_wal_tenants_limit {float(max_tenants)}" in metrics.decode()
 
 
 def test_the_app_accepts_the_schema_minima_and_maxima(tmp_path: Path) -> None:

@@ -80,7 +80,8 @@ def job(name: str) -> Obj:
 
 
 def container(job_name: str) -> Obj:
-    (c,) = job(job_name)["spec"]["template"]["spec"]["containers"]
+    containers: list[Obj] = job(job_name)["spec"]["template"]["spec"]["containers"]
+    (c,) = containers
     return c
 
 

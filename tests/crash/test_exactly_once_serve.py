@@ -170,14 +170,14 @@ def assert_exactly_once(objects_root: Path, ledger: AckLedger, context: str) -> 
     missing = sorted(acked - rids.keys())
     duplicated = sorted(rid for rid, n in rids.items() if n > 1)
     events = Counter((e["tenant"], e["template_id"], e["template_version"]) for e in audit)
-    twice = sorted(k for k, n in events.items() if n > 1)  # type: ignore[type-var]
+    twice = sorted(k for k, n in events.items() if n > 1)
     created = {(e["tenant"], e["template_id"]) for e in audit if e["change"] == "created"}
     orphans = sorted(
         {
             (r["tenant"], r["template_id"])
             for r in records
             if r["template_id"] and (r["tenant"], r["template_id"]) not in created
-        }  # type: ignore[type-var]
+        }
     )
     summary = (
         f"{context}: {len(acked)} acknowledged records, {sum(rids.values())} rows, "

@@ -115,7 +115,8 @@ def _request(tag: str, bodies: list[str]) -> bytes:
         rec.body.string_value = body
         kv = rec.attributes.add()
         kv.key, kv.value.string_value = "rid", f"{tag}/{i}"
-    return req.SerializeToString()
+    data: bytes = req.SerializeToString()  # protobuf's generated classes are untyped
+    return data
 
 
 def _post(serve: ServeProcess, tag: str, bodies: list[str]) -> None:

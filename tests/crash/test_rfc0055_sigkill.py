@@ -32,7 +32,6 @@ import io
 import os
 import random
 import time
-import uuid
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -286,7 +285,6 @@ def test_rfc0055_sigkill_with_mining_failures_loses_nothing_and_copies_only_in_a
         print(f"  round {r.number}: {r.acked} acks, gates {r.gates}, settled {spans}")
     assert not unexplained, f"{report}\ncopies outside the allowed spans: {unexplained[:10]}"
     assert settlements > 0, f"{report}\nno mining failure was settled: the run proves nothing"
-    assert uuid.UUID  # the probe's names are the publisher's own
 
 
 @pytest.fixture(autouse=True)

@@ -27,7 +27,7 @@ ENV = {
 
 def _rids(segment: bytes, path: Path) -> list[str]:
     frames, _ = scan_frames(segment, HEADER_SIZE, path=path)
-    out = []
+    out: list[str] = []
     for f in frames:
         req = decode_request(segment[f.payload_start : f.end], "application/x-protobuf")
         for rl in req.resource_logs:

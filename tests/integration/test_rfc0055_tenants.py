@@ -27,7 +27,8 @@ def body(tag: str) -> bytes:
     rec = req.resource_logs.add().scope_logs.add().log_records.add()
     rec.time_unix_nano = 1_764_000_000_000_000_000
     rec.body.string_value = f"hello {tag}"
-    return req.SerializeToString()
+    data: bytes = req.SerializeToString()  # protobuf's generated classes are untyped
+    return data
 
 
 def metrics(serve: ServeProcess) -> dict[str, float]:

@@ -25,7 +25,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from urllib.parse import parse_qs, urlsplit
 
 import yaml
@@ -193,7 +193,8 @@ class StubApiServer:
 
     @property
     def url(self) -> str:
-        host, port = self._server.server_address[:2]
+        # an AF_INET server's address: (host, port)
+        host, port = cast(tuple[str, int], self._server.server_address[:2])
         return f"http://{host}:{port}"
 
     def __enter__(self) -> StubApiServer:
@@ -265,7 +266,8 @@ class StubApiServer:
                     elif method == "GET":
                         result = cluster.read(name or "", namespace)
                     elif method == "DELETE" and name is not None:
-                        grace = (query.get("gracePeriodSeconds") or [None])[0]
+                        graces = query.get("gracePeriodSeconds")
+                        grace = graces[0] if graces else None
                         result = cluster.delete(
                             name, namespace, None if grace is None else int(grace), body
                         )

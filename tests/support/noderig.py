@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import cast
+from typing import Any, Literal, cast, overload
 
 import pyarrow.parquet as pq
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
@@ -106,6 +106,11 @@ class NodeRig:
 
     # -- life cycle ----------------------------------------------------------------------
 
+    # A replay returns its report; ``replay=False`` returns None (``replay_now`` reports).
+    @overload
+    def start(self, *, replay: Literal[True] = True) -> RecoveryReport: ...
+    @overload
+    def start(self, *, replay: bool) -> RecoveryReport | None: ...
     def start(self, *, replay: bool = True) -> RecoveryReport | None:
         """Open and recover. ``replay=False`` stops after recovery's preparation (what
         ``ourios serve`` does before it is ready): ``replay_now()`` finishes it."""
@@ -210,6 +215,24 @@ class NodeRig:
         if self.intent_log is not None:
             self.intent_log.close()
 
+    @overload
+    def restart(
+        self,
+        *,
+        crash: bool = False,
+        power_loss: bool = False,
+        replay: Literal[True] = True,
+        store_faults: Callable[[FailingStore], object] | None = None,
+    ) -> RecoveryReport: ...
+    @overload
+    def restart(
+        self,
+        *,
+        crash: bool = False,
+        power_loss: bool = False,
+        replay: bool,
+        store_faults: Callable[[FailingStore], object] | None = None,
+    ) -> RecoveryReport | None: ...
     def restart(
         self,
         *,
@@ -262,8 +285,8 @@ class NodeRig:
                     out.extend(v for k, v in attrs if k == "rid")
         return out
 
-    def audit_rows(self) -> list[dict[str, object]]:
-        rows: list[dict[str, object]] = []
+    def audit_rows(self) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = []  # pyarrow rows: each column its own type
         for key in self.memory.list("audit/"):
             rows.extend(pq.read_table(io.BytesIO(self.memory.get(key))).to_pylist())
         return rows

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ from app.ingest.admission import Admission, Bound, DiskLevel
 from app.ingest.snapshots import SnapshotLedger
 from app.receive.otlp import Unavailable
 from tests.support.walkit import SMALL, faulty, payload
-from wal import Journal, Known
+from wal import HousekeepingProgress, Journal, Known
 from wal.errors import WalNoSpace
 
 MiB = 1 << 20
@@ -43,9 +44,9 @@ class Events:
 
 
 @pytest.fixture
-def journal(tmp_path: Path) -> Journal:
+def journal(tmp_path: Path) -> Iterator[Journal]:
     j = Journal.open(tmp_path / "wal", SMALL, fs=faulty(tmp_path))
-    yield j  # type: ignore[misc]
+    yield j
     j.close()
 
 
@@ -209,7 +210,7 @@ def test_the_housekeeping_tick_samples_and_hurries(journal: Journal) -> None:
     )
     original_step = hk.step
 
-    def step(*, follow_up: bool = False) -> object:
+    def step(*, follow_up: bool = False) -> HousekeepingProgress | None:
         passes.append(follow_up)
         return original_step(follow_up=follow_up)
 

@@ -101,8 +101,9 @@ import pytest
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 
 from app import points
-from app.cadence.barrier import Barrier, Cut, CutOutcome
+from app.cadence.barrier import Barrier, CutOutcome
 from app.cadence.sweep import AgeSweep
+from app.ingest.cuts import Cut
 from app.ingest.pipeline import LATCH_CLEAR, ReadWriteLock
 from app.ingest.snapshots import decode_snapshot
 from app.receive.otlp import Unavailable, decode_request, flatten
@@ -818,6 +819,11 @@ def test_failed_cuts_back_off_instead_of_recapturing_at_once(
     rig.ingest("t", "b")
     outcomes: list[CutOutcome] = []
     first = threading.Event()
+
+    def on_cut(o: CutOutcome) -> None:
+        outcomes.append(o)
+        first.set()
+
     barrier = Barrier(
         rig.pipeline,
         rig.snapshots,
@@ -825,7 +831,7 @@ def test_failed_cuts_back_off_instead_of_recapturing_at_once(
         barrier_secs=1,
         segment_age_secs=SEGMENT_AGE,
         ceiling_bytes=rig.ceiling_bytes,
-        on_cut=lambda o: (outcomes.append(o), first.set()),
+        on_cut=on_cut,
     )
     barrier.start()
     try:

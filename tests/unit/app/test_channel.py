@@ -100,9 +100,12 @@ def test_the_worker_answers_only_once_the_core_has(pair: tuple[FakeCore, Connect
     core, worker = pair
     data, batch = batch_of("b")
     returned = threading.Event()
-    t = threading.Thread(
-        target=lambda: (RemotePipeline(worker).ingest("acme", data, batch, "http"), returned.set())
-    )
+
+    def ingest() -> None:
+        RemotePipeline(worker).ingest("acme", data, batch, "http")
+        returned.set()
+
+    t = threading.Thread(target=ingest)
     t.start()
     assert core.received.wait(10)
     # The core has the request and has not answered: the worker must still be waiting.
@@ -180,7 +183,8 @@ def test_state_reads_the_cores_flags(pair: tuple[FakeCore, Connection]) -> None:
     remote = RemotePipeline(worker)
     assert remote.ready and remote.alive
     core.flags = 2
-    assert not remote.ready and remote.alive
+    ready: bool = remote.ready  # declared: not the True the assert above narrowed it to
+    assert not ready and remote.alive
 
 
 def test_a_broken_frame_closes_the_channel() -> None:

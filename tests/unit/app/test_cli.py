@@ -52,9 +52,12 @@ def test_serve_prints_effective_configuration_before_serving(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     seen: list[object] = []
-    monkeypatch.setattr(
-        "app.cli.run_serve", lambda settings, config_file=None: seen.append(settings) or 0
-    )
+
+    def run_serve(settings: object, config_file: object = None) -> int:
+        seen.append(settings)
+        return 0
+
+    monkeypatch.setattr("app.cli.run_serve", run_serve)
     monkeypatch.setenv("OURIOS_WAL_BARRIER_SECS", "30")
     assert main(["serve"]) == 0
     err = capsys.readouterr().err

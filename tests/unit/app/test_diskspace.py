@@ -17,7 +17,9 @@ from __future__ import annotations
 import errno
 import os
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -33,6 +35,8 @@ from tests.unit.app.test_admission import Events
 from wal import Journal, WalOffset
 from wal.errors import WalNoSpace
 
+# cast(T, obj.prop) below: mypy keeps a property narrowed by an earlier assert across the
+# call that changes it; the cast restores the property's declared type.
 BLOCK = 4096
 MiB = 1 << 20
 STOP, LOW = 2 * MiB, 8 * MiB
@@ -56,9 +60,9 @@ class Volume:
 
 
 @pytest.fixture
-def journal(tmp_path: Path) -> Journal:
+def journal(tmp_path: Path) -> Iterator[Journal]:
     j = Journal.open(tmp_path / "wal", SMALL, fs=faulty(tmp_path))
-    yield j  # type: ignore[misc]
+    yield j
     j.close()
 
 
@@ -67,7 +71,8 @@ def test_nowedge_1_the_figure_is_the_last_sample_less_what_the_node_wrote_since(
 ) -> None:
     volume = Volume(100 * MiB)
     space = DiskSpace(journal.root, journal, measure=volume, block=BLOCK)
-    assert space.free_bytes is None  # nothing sampled yet
+    unsampled = space.free_bytes  # a local: an assert on the property would narrow it
+    assert unsampled is None  # nothing sampled yet
     assert space.sample() == 100 * MiB and space.free_bytes == 100 * MiB
     # frames: their bytes and one block for the tail they may open
     lsn = journal.end_lsn
@@ -196,7 +201,7 @@ def test_nowedge_2_the_reserve_is_made_at_start_released_on_enospc_and_made_agai
     space.no_space("the WAL's write failed")
     fs.fail("fallocate", "*disk-reserve", errno=errno.ENOSPC)
     space.sample()
-    assert not reserve.path.exists() and reserve.state is ReserveState.RELEASED
+    assert not reserve.path.exists() and cast(ReserveState, reserve.state) is ReserveState.RELEASED
     space.sample()
     assert reserve.path.exists() and events.names()[-1] == "disk.reserve.restored"
 
@@ -250,7 +255,7 @@ def test_nowedge_2_the_wal_filling_the_volume_releases_the_reserve_at_the_next_t
         # room for both and the resume point: allocated first, then admission resumes
         volume.free = RESERVE + a.resume_bytes
         hk.observe_disk()
-        assert reserve.path.exists() and a.refusing == ()
+        assert reserve.path.exists() and cast(tuple[Bound, ...], a.refusing) == ()
         names = events.names()
         assert names.index("disk.reserve.restored") < names.index("disk.recovered")
         j.commit("t", payload(2, 100))

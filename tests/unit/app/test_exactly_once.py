@@ -265,7 +265,12 @@ def test_issue16_the_replay_waits_for_a_store_that_does_not_answer_while_the_nod
     assert rig.restart(crash=True, replay=False, store_faults=arm) is None
     assert rig.pipeline.ready  # prepared: the node serves while the replay waits
     done = threading.Event()
-    worker = threading.Thread(target=lambda: (rig.replay_now(), done.set()), daemon=True)
+
+    def replay() -> None:
+        rig.replay_now()
+        done.set()
+
+    worker = threading.Thread(target=replay, daemon=True)
     worker.start()
     assert faults[1].reached.wait(10)  # asked again after the failure
     assert not done.is_set() and rig.recovery.backlog_bytes > 0
@@ -290,7 +295,12 @@ def test_issue16_a_shutdown_while_the_replay_waits_for_the_store_leaves_the_back
         store_faults=lambda store: held.append(store.hold(ops=["exists"])),
     )
     items = iter(rig.recovery.items())
-    cancel = threading.Timer(0.0, lambda: (held[0].reached.wait(10), rig.recovery.cancel()))
+
+    def cancel_when_held() -> None:
+        held[0].reached.wait(10)
+        rig.recovery.cancel()
+
+    cancel = threading.Timer(0.0, cancel_when_held)
     cancel.start()
     assert list(items) == []  # cancelled before the first frame
     cancel.join(10)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from app.cadence.barrier import Cut
+from app.ingest.cuts import Cut
 from app.node.heap import collection_deferred, freeze_long_lived_heap
 from tests.support.noderig import NodeRig
 

@@ -8,6 +8,7 @@ import errno
 import io
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -131,7 +132,12 @@ def test_read_write_lock_excludes_and_prefers_the_writer() -> None:
     w.start()
     # a new reader arriving while the writer waits queues behind it
     late: list[str] = []
-    late_reader = threading.Thread(target=lambda: (lock.shared().__enter__(), late.append("late")))
+
+    def late_read() -> None:
+        lock.shared().__enter__()
+        late.append("late")
+
+    late_reader = threading.Thread(target=late_read)
     assert not writer_in.wait(0.05)
     release.set()
     r.join()
@@ -166,7 +172,7 @@ def test_concurrent_ingest_mines_in_commit_order(tmp_path: Path) -> None:
     seen: list[int] = []
     real = rig.miners.mine
 
-    def recording(tenant: str, bodies: list[str]) -> MineResult:
+    def recording(tenant: str, bodies: Sequence[str]) -> MineResult:
         seen.append(int(bodies[0].split()[0][1:]))
         return real(tenant, bodies)
 

@@ -39,7 +39,8 @@ def _otlp(i: int) -> bytes:
     req = request(f"q{i}", 3)
     rec = req.resource_logs[0].scope_logs[0].log_records[0]
     rec.body.string_value += "x" * 8000
-    return req.SerializeToString()
+    data: bytes = req.SerializeToString()  # protobuf's generated classes are untyped
+    return data
 
 
 def _build(root: Path, frames: int = 24) -> list[tuple[str, WalOffset]]:

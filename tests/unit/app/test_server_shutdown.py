@@ -10,6 +10,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -50,8 +51,9 @@ def ingest(node: Node, tag: str) -> None:
     node.pipeline.ingest("t", data, batch, "test")
 
 
-def stopped(stream: io.StringIO) -> dict[str, object]:
-    lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+def stopped(stream: io.StringIO) -> dict[str, Any]:
+    # JSON objects: each field has its own type
+    lines: list[dict[str, Any]] = [json.loads(line) for line in stream.getvalue().splitlines()]
     found = [line for line in lines if line["event"] == "server.stopped"]
     assert len(found) == 1, lines
     return found[0]

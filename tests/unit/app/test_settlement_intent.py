@@ -275,7 +275,7 @@ def test_nowedge_6_an_intent_without_a_frontier_is_replayed_from_the_tenants_fir
     rig.fs.fail("open", "T.*.snap.tmp")
     assert step(rig).complete  # publishes the span as itself; the mark is below its end
     assert rig.ledger.state("T") is None  # no snapshot: the replay starts at t0
-    x = rig.journal.last_checkpoint
+    x: WalOffset | None = rig.journal.last_checkpoint  # declared: not the narrowed None above
     assert x is not None and intent.intent is not None and x.lsn < intent.intent.lsn
     assert on_disk(rig) == intent
     expected = [*rids("u0"), *rids("t0"), *rids("t1")]

@@ -17,6 +17,7 @@ from app.ingest.stages import IngestBacklogFull, Stages
 from app.receive.api import IngestOutcome
 from app.receive.otlp import FlatBatch, IngestRejection, decode_request, flatten
 from tests.support.noderig import NodeRig, request
+from wal import WalOffset
 
 
 class Answers:
@@ -106,10 +107,11 @@ def test_issue15_the_ack_comes_before_the_turn_and_no_mark_covers_an_unturned_fr
         finally:
             held.release()
     assert stages.wait_turned(30)
-    latest = rig.pipeline.latest
+    latest: WalOffset | None = rig.pipeline.latest  # declared: not the narrowed None above
     assert latest is not None and latest.lsn == rig.journal.end_lsn  # c's own end
     outcome = rig.barrier.run_cut(rig.barrier.capture(rotate_idle=False))
-    assert outcome.complete and rig.journal.last_checkpoint == latest
+    checkpoint: WalOffset | None = rig.journal.last_checkpoint  # not the narrowed None above
+    assert outcome.complete and checkpoint == latest
     assert sorted(rig.published_rids()) == sorted(
         f"{tag}/{i}" for tag in ("a", "b", "c") for i in range(3)
     )

@@ -161,8 +161,9 @@ def test_nowedge_6_the_audit_name_is_pinned_and_follows_the_rows() -> None:
     assert audit_object_name("ourios-0", "acme", day, NAME_ROWS) == (
         "ourios-0-e96bddba-110b-5e82-891a-4636055a4650"
     )
-    for i, field in enumerate(NAME_ROWS[1]):
-        changed = list(NAME_ROWS[1])
+    row: tuple[int | str, ...] = NAME_ROWS[1]
+    for i, field in enumerate(row):
+        changed = list(row)
         changed[i] = field + 1 if isinstance(field, int) else field + "x"
         other = [NAME_ROWS[0], tuple(changed)]
         assert audit_object_name("ourios-0", "acme", day, other) != audit_object_name(  # type: ignore[arg-type]

@@ -60,8 +60,8 @@ def sample_rows() -> list[RecordRow]:
 def expected_pylist(rows: list[RecordRow]) -> list[dict[str, Any]]:
     """What pyarrow's to_pylist must give back: maps as (key, value) tuples, ids hex."""
 
-    def hexid(v: bytes | str) -> str | None:
-        return (v.hex() if isinstance(v, bytes) else v.lower()) or None
+    def hexid(v: bytes | str | None) -> str | None:
+        return (v.hex() if isinstance(v, bytes) else v.lower() if v else v) or None
 
     out = []
     for row in rows:

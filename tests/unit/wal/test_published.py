@@ -508,8 +508,8 @@ def test_rfc0055_9_5_read_frames_from_releases_the_journal_between_calls(tmp_pat
     with Journal.open(tmp_path / "wal", SMALL) as j:
         spans = _spread(j)
         to = spans["A"][40]
-        cursor: FrameCursor | None = FrameCursor.after(spans["A"][0].offset)
-        frames, cursor = j.read_frames_from(cursor, to, "A", 5)
+        first = FrameCursor.after(spans["A"][0].offset)
+        frames, cursor = j.read_frames_from(first, to, "A", 5)
         appended: list[WalOffset] = []
         writer = threading.Thread(
             target=lambda: appended.append(j.commit("B", payload(999, 300)).offset)

@@ -418,8 +418,8 @@ def test_audit_frames_are_governed_by_the_checkpoint_alone(tmp_path: Path) -> No
         p.wait()
     (a,) = r.write(["A"])
     r.journal.checkpoint(a)
-    p = r.journal.maintain(Known({}), 64)  # no tenant horizons at all
-    assert p.removed_segments == 1
+    progress = r.journal.maintain(Known({}), 64)  # no tenant horizons at all
+    assert progress.removed_segments == 1
 
 
 # -- RFC0052.16 -----------------------------------------------------------------------
