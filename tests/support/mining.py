@@ -79,7 +79,7 @@ def batches(lines: Sequence[str], size: int) -> list[list[str]]:
 def mine_all(miner: TenantMiner, lines: Sequence[str], batch: int = 37) -> MineResult:
     """Mine in batches and concatenate; event indices are made global."""
     ids: list[int] = []
-    params: list[list[str]] = []
+    params: list[tuple[str, ...]] = []
     events: list[TemplateEvent] = []
     for chunk in batches(lines, batch):
         base = len(ids)
