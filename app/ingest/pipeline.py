@@ -179,7 +179,7 @@ class Ticket:
 
 
 class Pipeline:
-    """Implements ``app.receive.api.Pipeline`` for the receivers."""
+    """Implements ``app.receive.api.IngestPort`` for the receivers."""
 
     def __init__(
         self,
