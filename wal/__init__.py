@@ -21,7 +21,11 @@ from .frontiers import PublishedWriteError
 from .fs import Fs, OsFs
 from .intents import IntentKind, IntentLog, IntentRecord, IntentWriteError
 from .journal import Journal
-from .ledger import (
+from .quarantine import QuarantineError, QuarantineRecord
+from .reading import Replay
+from .reclaim_file import ConsumerMode
+from .reclamation import ArchiveRequest, ReclaimError
+from .segment_ledger import (
     FloorMin,
     FloorNone,
     FloorPinned,
@@ -29,10 +33,6 @@ from .ledger import (
     HousekeepingProgress,
     Known,
 )
-from .quarantine import QuarantineError, QuarantineRecord
-from .reading import Replay
-from .reclaim import ConsumerMode
-from .reclamation import ArchiveRequest, ReclaimError
 from .types import (
     Frame,
     FrameCursor,

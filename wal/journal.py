@@ -38,14 +38,14 @@ from .config import WalConfig
 from .errors import WalError
 from .frontiers import Frontiers
 from .fs import Fs, OsFs
-from .ledger import HousekeepingProgress, SnapshotHorizons
 from .log import Log
 from .opening import Opener, OpenReport
 from .quarantine import QuarantineRecord
 from .reading import Reader, Replay
-from .reclaim import ConsumerMode
+from .reclaim_file import ConsumerMode
 from .reclamation import ArchiveHook, ReclaimOutcome, ReclaimPlan, ReclaimState, Reclamation
 from .rotation import Rotation
+from .segment_ledger import HousekeepingProgress, SnapshotHorizons
 from .types import (
     Clock,
     CommitOutcome,

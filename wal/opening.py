@@ -35,7 +35,7 @@ import os
 import uuid
 from dataclasses import dataclass
 
-from .checkpoint import SPARE_NAME, make_spare, read_checkpoint
+from .checkpoint_file import SPARE_NAME, make_spare, read_checkpoint
 from .config import reclaim_file_bytes
 from .errors import CorruptionError, OpenError, OpenIoError
 from .frontiers import Frontiers
@@ -47,9 +47,9 @@ from .layout import (
     scan_segment,
 )
 from .log import Log, Segment
-from .published import PublishedFile
+from .published_file import PublishedFile
 from .quarantine import in_force, load_records
-from .reclaim import (
+from .reclaim_file import (
     FLAG_CHECKPOINT_ARMED,
     FLAG_CHECKPOINT_SEEN,
     Geometry,

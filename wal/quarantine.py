@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from .checkpoint import read_checkpoint
+from .checkpoint_file import read_checkpoint
 from .errors import CorruptionError, WalError
 from .frame import RawFrame, scan_frames
 from .fs import Fs, read_file

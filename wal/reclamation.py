@@ -36,16 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import WalError
-from .ledger import (
-    HousekeepingProgress,
-    Known,
-    LedgerSegment,
-    NoConsumer,
-    RetainFloor,
-    SnapshotHorizons,
-)
 from .log import Log
-from .reclaim import (
+from .reclaim_file import (
     FLAG_CHECKPOINT_ARMED,
     FLAG_CHECKPOINT_SEEN,
     ConsumerMode,
@@ -57,6 +49,14 @@ from .reclaim import (
     TenantCapacityExceeded,
 )
 from .segment import uuid7_time
+from .segment_ledger import (
+    HousekeepingProgress,
+    Known,
+    LedgerSegment,
+    NoConsumer,
+    RetainFloor,
+    SnapshotHorizons,
+)
 from .types import RotationState, WalOffset
 
 #: Horizon application is capped in (tenant, segment) steps, a constant multiple of the

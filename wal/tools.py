@@ -26,8 +26,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .checkpoint import NAME as CHECKPOINT_NAME
-from .checkpoint import decode_checkpoint
+from .checkpoint_file import NAME as CHECKPOINT_NAME
+from .checkpoint_file import decode_checkpoint
 from .errors import CorruptionError, OpenIoError
 from .frame import ScanStop, scan_frames
 from .fs import Fs, OsFs, read_file
@@ -288,8 +288,8 @@ def _damage_below_checkpoint(report: RootReport, scans: list[SegmentScan]) -> No
 
 
 def _describe_sidecars(report: RootReport, names: list[str]) -> None:
-    from .checkpoint import SIZE as CHECKPOINT_SIZE
-    from .checkpoint import SPARE_NAME, TMP_NAME
+    from .checkpoint_file import SIZE as CHECKPOINT_SIZE
+    from .checkpoint_file import SPARE_NAME, TMP_NAME
 
     present = set(names)
     report.sidecars[CHECKPOINT_NAME] = (
@@ -414,7 +414,7 @@ def _frames_after_damage(data: bytes, damage: int, path: Path) -> int:
 
 
 def _read_published_into(fs: Fs, report: RootReport) -> None:
-    from .published import PublishedFile
+    from .published_file import PublishedFile
 
     try:
         loaded = PublishedFile.read_only(fs, report.root)
@@ -445,7 +445,7 @@ def _read_published_into(fs: Fs, report: RootReport) -> None:
 
 
 def _read_reclaim_into(fs: Fs, report: RootReport) -> None:
-    from .reclaim import (
+    from .reclaim_file import (
         FLAG_CHECKPOINT_ARMED,
         FLAG_CHECKPOINT_SEEN,
         ConsumerMode,

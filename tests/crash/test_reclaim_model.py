@@ -51,7 +51,7 @@ from hypothesis.stateful import (
 
 from tests.support.walkit import payload
 from wal import Frame, FrameKind, Journal, Known, OsFs, ReclaimError, WalConfig, WalOffset
-from wal.reclaim import ReclaimFile
+from wal.reclaim_file import ReclaimFile
 from wal.testing import FaultyFs, SimulatedCrash
 
 KiB = 1024
@@ -680,7 +680,7 @@ def test_rfc0052_17_an_uncertain_deletion_outlives_a_failed_record_write(tmp_pat
     """An uncertain deletion stays on record through a pass whose RECLAIM write fails.
 
     At 66135d1 ``housekeeping_commit``'s record_error branch sent every planned segment
-    to ``Ledger.record_failed`` and dropped its planned entry, the re-planned uncertain
+    to ``SegmentLedger.record_failed`` and dropped its planned entry, the re-planned uncertain
     ones too, whose files were already unlinked: back to LIVE, off the record. The next
     record write that did not re-plan them wrote them out of RECLAIM, the next directory
     fsync made their absence durable, and the restart found them gone, unexplained."""

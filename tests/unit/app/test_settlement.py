@@ -29,8 +29,8 @@ from app.receive.otlp import PayloadTooLarge, decode_request, flatten
 from tests.support.minerfaults import FaultPlan, FaultyMiners
 from tests.support.noderig import NodeRig, rids
 from wal import ConsumerMode, FloorPinned, WalConfig, WalOffset
-from wal.ledger import NoConsumer
 from wal.reclamation import UnrecoverableTenant
+from wal.segment_ledger import NoConsumer
 
 T = TypeVar("T")
 WAIT_S = 10.0

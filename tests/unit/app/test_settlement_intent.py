@@ -33,7 +33,7 @@ from tests.support.minerfaults import FaultPlan, FaultyMiners
 from tests.support.noderig import NodeRig, rids
 from tests.unit.app.test_settlement import Worker, ingest_bodies, step
 from wal import OsFs, PublishedMarks, WalOffset
-from wal.published import PublishedFile
+from wal.published_file import PublishedFile
 from wal.testing import SimulatedCrash
 
 WAIT_S = 10.0

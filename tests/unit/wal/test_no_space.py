@@ -23,7 +23,7 @@ import pytest
 from tests.support.tmpfs import TmpfsMounts
 from tests.support.walkit import SMALL, Ledger, assert_recovers, faulty, payload, seeded
 from wal import AppendError, Journal, Known, OsFs, Retrying, WalConfig, WalOffset
-from wal.checkpoint import SPARE_NAME
+from wal.checkpoint_file import SPARE_NAME
 from wal.errors import OpenIoError, WalNoSpace
 from wal.types import Healthy
 

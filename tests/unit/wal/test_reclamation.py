@@ -14,9 +14,9 @@ import pytest
 
 from tests.support.walkit import faulty, payload
 from wal import FloorMin, FloorNone, FloorPinned, FrameKind, Journal, Known, WalConfig, WalOffset
-from wal.ledger import NoConsumer
 from wal.reclamation import APPLY_STEPS_PER_UNLINK
 from wal.segment import HEADER_SIZE, partial_name, uuid7
+from wal.segment_ledger import NoConsumer
 from wal.testing import FaultyFs
 
 FRAME = 9000  # seven frames per 64 KiB segment

@@ -57,8 +57,7 @@ from wal import (
     WalOffset,
 )
 from wal.errors import OpenError, OpenIoError
-from wal.ledger import NoConsumer, SnapshotHorizons
-from wal.reclaim import (
+from wal.reclaim_file import (
     FLAG_CHECKPOINT_ARMED,
     FLAG_CHECKPOINT_SEEN,
     FLAG_PUBLISHED_SEEDED_ARMED,
@@ -79,6 +78,7 @@ from wal.segment import (
     segment_name,
     uuid7,
 )
+from wal.segment_ledger import NoConsumer, SnapshotHorizons
 from wal.slots import FILE_HEADER_SIZE
 from wal.testing import FaultyFs, SimulatedCrash
 
@@ -911,7 +911,7 @@ def test_rfc0052_17_first_start(
         assert again.open_report.fresh is (segment_name(0) not in left)
         assert [f.payload for f in again.replay()] == []
         again.commit("A", payload(1, 200))
-    # no temp left; the checkpoint spare is allocated at open (wal/checkpoint.py)
+    # no temp left; the checkpoint spare is allocated at open (wal/checkpoint_file.py)
     assert sorted(os.listdir(root)) == sorted(
         ["CHECKPOINT.spare", "PUBLISHED", "RECLAIM", segment_name(0)]
     )

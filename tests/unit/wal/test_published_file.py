@@ -38,7 +38,7 @@ from wal import (
     WalOffset,
 )
 from wal.errors import OpenError
-from wal.published import (
+from wal.published_file import (
     ENTRY_PUBLISHING,
     ENTRY_RECORDS_VALID,
     PublishedFile,
@@ -47,7 +47,7 @@ from wal.published import (
     published_file_bytes,
     published_slot_len,
 )
-from wal.reclaim import (
+from wal.reclaim_file import (
     FLAG_PUBLISHED_SEEDED_ARMED,
     FLAG_PUBLISHED_SEEDED_CONFIRMED,
     DictRecord,

@@ -1,4 +1,4 @@
-"""The reclamation ledger: which segments hold which tenants' frames, and which of them
+"""The segment ledger: which segments hold which tenants' frames, and which of them
 may be unlinked — maintained incrementally so no housekeeping pass walks the backlog.
 
 The eligibility rule (RFC 0052 §3.2, DESIGN.md §5.7), exactly: a closed segment may be
@@ -176,7 +176,7 @@ class _TenantTrack:
         return self.segments[self.head]
 
 
-class Ledger:
+class SegmentLedger:
     """Incremental eligibility index over the surviving segments (module docstring)."""
 
     def __init__(self) -> None:
