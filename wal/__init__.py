@@ -30,8 +30,8 @@ from .segment_ledger import (
     FloorNone,
     FloorPinned,
     FloorUnknown,
-    HousekeepingProgress,
     Known,
+    ReclamationProgress,
 )
 from .types import (
     Frame,
@@ -65,7 +65,7 @@ __all__ = [
     "FrameSpan",
     "FrameTooLarge",
     "Fs",
-    "HousekeepingProgress",
+    "ReclamationProgress",
     "IntentKind",
     "IntentLog",
     "IntentRecord",

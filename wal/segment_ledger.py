@@ -107,7 +107,7 @@ RetainFloor = FloorUnknown | FloorNone | FloorMin | FloorPinned
 
 
 @dataclass(frozen=True, slots=True)
-class HousekeepingProgress:
+class ReclamationProgress:
     """What a pass did and what remains, as of the end of the ledger half that made it."""
 
     removed_segments: int = 0
@@ -189,7 +189,7 @@ class SegmentLedger:
         self.checkpoint: WalOffset | None = None
         self._rr = 0
         self.mode_known: bool | None = None  # None until a pass says which
-        # counters read by ReclaimState / HousekeepingProgress
+        # counters read by ReclaimState / ReclamationProgress
         self.unreclaimed_bytes = 0
         self.blocked_bytes = 0
         self.blocked_segments = 0
@@ -450,11 +450,11 @@ class SegmentLedger:
         horizon_applied: int = 0,
         capped: bool = False,
         skipped: str = "",
-    ) -> HousekeepingProgress:
+    ) -> ReclamationProgress:
         floor = self.floor
         holds = isinstance(floor, FloorMin | FloorPinned)
         known = self.mode_known is True
-        return HousekeepingProgress(
+        return ReclamationProgress(
             removed_segments=removed_segments,
             removed_partials=removed_partials,
             horizon_applied=horizon_applied,

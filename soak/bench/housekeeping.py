@@ -157,11 +157,11 @@ def lock_hold(base: Path, sizes: list[int]) -> None:
         holds: list[tuple[float, int, int]] = []  # (seconds, removed, horizon steps)
         while len(holds) < 24:
             t0 = time.perf_counter()
-            plan = j.housekeeping_prepare(horizons, CAP)
+            plan = j.plan_reclamation(horizons, CAP)
             t1 = time.perf_counter()
-            outcome = j.housekeeping_execute(plan)
+            outcome = j.execute_reclamation(plan)
             t2 = time.perf_counter()
-            progress = j.housekeeping_commit(plan, outcome)
+            progress = j.commit_reclamation(plan, outcome)
             t3 = time.perf_counter()
             holds.append(
                 ((t1 - t0) + (t3 - t2), progress.removed_segments, progress.horizon_applied)

@@ -283,17 +283,17 @@ class ReclaimModel(RuleBasedStateMachine):
         """prepare / execute / commit, checking the plan against the rule; the record
         stays dirty until the next pass writes it (nothing here rewrites it)."""
         j = self.journal
-        plan = j.housekeeping_prepare(self._known(), cap)
+        plan = j.plan_reclamation(self._known(), cap)
         current = self._current()
         assert len(plan.segments) + len(plan.partials) <= cap
         for planned in plan.segments:
             why = self._keeps(planned.path.name, current)
             assert why is None, f"planned {planned.path.name}, but the rule keeps it: {why}"
         before = disk_segments(self.root)
-        outcome = j.housekeeping_execute(plan)
+        outcome = j.execute_reclamation(plan)
         if outcome.record_error is not None:
             assert disk_segments(self.root) == before, "unlinked after a failed RECLAIM write"
-        j.housekeeping_commit(plan, outcome)
+        j.commit_reclamation(plan, outcome)
 
     def _drain(self, journal: Journal, cap: int) -> int:
         """Capped passes until one removes nothing and has nothing left in reach."""
@@ -679,7 +679,7 @@ def test_rfc0052_12_cap_1_drains_a_backlog_to_the_end_state_of_cap_100(tmp_path:
 def test_rfc0052_17_an_uncertain_deletion_outlives_a_failed_record_write(tmp_path: Path) -> None:
     """An uncertain deletion stays on record through a pass whose RECLAIM write fails.
 
-    At 66135d1 ``housekeeping_commit``'s record_error branch sent every planned segment
+    At 66135d1 ``commit_reclamation``'s record_error branch sent every planned segment
     to ``SegmentLedger.record_failed`` and dropped its planned entry, the re-planned uncertain
     ones too, whose files were already unlinked: back to LIVE, off the record. The next
     record write that did not re-plan them wrote them out of RECLAIM, the next directory
@@ -715,7 +715,7 @@ def _oversize_rig(tmp_path: Path) -> tuple[Rig, Known]:
 def test_nowedge_7_rfc0052_12_a_cap_above_the_record_geometry_is_clamped_to_it(
     tmp_path: Path,
 ) -> None:
-    """At 66135d1 ``housekeeping_prepare`` popped up to ``cap`` segments whatever the
+    """At 66135d1 ``plan_reclamation`` popped up to ``cap`` segments whatever the
     planned records RECLAIM holds (its ``max_unlinks``); the record write then raised
     ``UnencodableRecord``, a ``ValueError``, out of ``maintain``. Since c9ffcef the pass
     clamps the cap to the geometry (``wal/housekeeping.py``): it neither raises nor

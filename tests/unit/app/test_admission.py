@@ -21,7 +21,7 @@ from app.ingest.admission import Admission, Bound, DiskLevel
 from app.ingest.snapshots import SnapshotLedger
 from app.receive.otlp import Unavailable
 from tests.support.walkit import SMALL, faulty, payload
-from wal import HousekeepingProgress, Journal, Known
+from wal import Journal, Known, ReclamationProgress
 from wal.errors import WalNoSpace
 
 MiB = 1 << 20
@@ -210,7 +210,7 @@ def test_the_housekeeping_tick_samples_and_hurries(journal: Journal) -> None:
     )
     original_step = hk.step
 
-    def step(*, follow_up: bool = False) -> HousekeepingProgress | None:
+    def step(*, follow_up: bool = False) -> ReclamationProgress | None:
         passes.append(follow_up)
         return original_step(follow_up=follow_up)
 
