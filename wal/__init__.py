@@ -30,7 +30,7 @@ from .segment_ledger import (
     FloorNone,
     FloorPinned,
     FloorUnknown,
-    Known,
+    KnownHorizons,
     ReclamationProgress,
 )
 from .types import (
@@ -40,9 +40,9 @@ from .types import (
     FrameSpan,
     NoSpace,
     PublishedMarks,
-    Retrying,
+    RotationExhausted,
+    RotationFailing,
     RotationKind,
-    Terminal,
     WalOffset,
 )
 
@@ -71,7 +71,7 @@ __all__ = [
     "IntentWriteError",
     "InvalidConfig",
     "Journal",
-    "Known",
+    "KnownHorizons",
     "NoSpace",
     "OsFs",
     "Pending",
@@ -82,9 +82,9 @@ __all__ = [
     "ReclaimError",
     "ReclamationProgress",
     "Replay",
-    "Retrying",
+    "RotationExhausted",
     "RotationKind",
-    "Terminal",
+    "RotationFailing",
     "WalConfig",
     "WalError",
     "WalOffset",

@@ -51,9 +51,9 @@ from .reclaim_file import (
 )
 from .segment import uuid7_time
 from .segment_ledger import (
-    Known,
+    KnownHorizons,
     LedgerSegment,
-    NoConsumer,
+    NoConsumerHorizons,
     ReclamationProgress,
     RetainFloor,
     SnapshotHorizons,
@@ -294,7 +294,11 @@ class Reclamation:
     # -- the ledger half ---------------------------------------------------------------
 
     def prepare(self, horizons: SnapshotHorizons, cap: int) -> ReclaimPlan:
-        mode = ConsumerMode.NO_CONSUMER if isinstance(horizons, NoConsumer) else ConsumerMode.KNOWN
+        mode = (
+            ConsumerMode.NO_CONSUMER
+            if isinstance(horizons, NoConsumerHorizons)
+            else ConsumerMode.KNOWN
+        )
         # The planned array holds at most the geometry's max_unlinks records.
         cap = max(0, min(cap, self.file.geometry.max_unlinks))
         log = self._log
@@ -318,7 +322,7 @@ class Reclamation:
             if not log.rebuilt:
                 skipped = "ledger_not_rebuilt"
             else:
-                if isinstance(horizons, Known):
+                if isinstance(horizons, KnownHorizons):
                     self._refuse_unrecoverable_locked(horizons.horizons, horizons.unrecoverable)
                 if record.consumer_mode is ConsumerMode.UNRECORDED:
                     record.consumer_mode = mode

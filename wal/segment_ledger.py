@@ -11,7 +11,7 @@ reclaimed when
   (strict: equality can never unlink a pinned tenant's frame).
 
 Audit frames are governed by the checkpoint alone; the current segment is never
-eligible. Under ``NoConsumer`` (no miner state exists) only the checkpoint governs.
+eligible. Under ``NoConsumerHorizons`` (no miner state exists) only the checkpoint governs.
 
 The index, per RFC 0052 §3.7: every segment keeps the set of tenants still *blocking*
 it (their horizon has not yet been applied past their last offset in it). Horizons are
@@ -47,14 +47,14 @@ class SegState(enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
-class NoConsumer:
+class NoConsumerHorizons:
     """No miner state exists: the checkpoint alone governs (never the ingest receiver)."""
 
     name: str = "no_consumer"
 
 
 @dataclass(frozen=True, slots=True)
-class Known:
+class KnownHorizons:
     """The durable per-tenant snapshot horizons (from the SnapshotLedger only).
 
     A tenant with WAL frames and no entry here is pinned. ``unrecoverable`` names the
@@ -67,7 +67,7 @@ class Known:
     unrecoverable: frozenset[str] = frozenset()
 
 
-SnapshotHorizons = NoConsumer | Known
+SnapshotHorizons = NoConsumerHorizons | KnownHorizons
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,7 +282,7 @@ class SegmentLedger:
     def apply_horizons(self, horizons: SnapshotHorizons, budget: int) -> tuple[int, bool]:
         """Apply horizons to at most ``budget`` segments, round-robin across tenants.
         Returns (segments applied, whether the budget ran out with work left)."""
-        infinite = isinstance(horizons, NoConsumer)
+        infinite = isinstance(horizons, NoConsumerHorizons)
         known = {} if infinite else horizons.horizons  # type: ignore[union-attr]
         names = list(self._tenants)
         if not names or budget <= 0:
@@ -333,7 +333,7 @@ class SegmentLedger:
     # -- a pass: floor -----------------------------------------------------------------
 
     def derive_floor(self, horizons: SnapshotHorizons) -> RetainFloor:
-        if isinstance(horizons, NoConsumer):
+        if isinstance(horizons, NoConsumerHorizons):
             self.floor = FloorNone()
             return self.floor
         known = horizons.horizons

@@ -3,7 +3,7 @@
 file half with no lock → commit) with the horizons of the SnapshotLedger — installs that
 returned OK, never a directory listing. A tenant with WAL frames and no installed
 snapshot is therefore absent from the map and *pinned*; the ingest receiver never passes
-``NoConsumer``.
+``NoConsumerHorizons``.
 
 It runs independently of the barrier (a latched barrier does not stop partial sweeps),
 survives an exception in a pass (counted by error type; the next pass re-plans), and is

@@ -66,7 +66,7 @@ from wal import (
     Journal,
     Pending,
     PublishedMarks,
-    Terminal,
+    RotationExhausted,
     WalOffset,
 )
 from wal.segment import uuid7_time
@@ -245,7 +245,7 @@ class Pipeline:
 
     @property
     def ready(self) -> bool:
-        return self._ready and not isinstance(self.journal.rotation_state, Terminal)
+        return self._ready and not isinstance(self.journal.rotation_state, RotationExhausted)
 
     @property
     def alive(self) -> bool:
@@ -275,7 +275,7 @@ class Pipeline:
         if len(payload) > limit:
             raise PayloadTooLarge(limit)
         reservation: Reservation | None = None
-        if not isinstance(self.journal.rotation_state, Terminal):
+        if not isinstance(self.journal.rotation_state, RotationExhausted):
             hint = self.settler.retry_after(tenant)
             try:
                 reservation = self.tenants.admit(tenant, hint)  # a refusal writes nothing

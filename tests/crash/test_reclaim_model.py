@@ -50,7 +50,7 @@ from hypothesis.stateful import (
 )
 
 from tests.support.walkit import payload
-from wal import Frame, FrameKind, Journal, Known, OsFs, ReclaimError, WalConfig, WalOffset
+from wal import Frame, FrameKind, Journal, KnownHorizons, OsFs, ReclaimError, WalConfig, WalOffset
 from wal.reclaim_file import ReclaimFile
 from wal.testing import FaultyFs, SimulatedCrash
 
@@ -211,8 +211,8 @@ class ReclaimModel(RuleBasedStateMachine):
         names = set(self.by_segment) | {current}
         return {n for n in names if self._keeps(n, current) is not None}
 
-    def _known(self) -> Known:
-        return Known(dict(self.horizons))
+    def _known(self) -> KnownHorizons:
+        return KnownHorizons(dict(self.horizons))
 
     def _restorable(self) -> dict[str, WalOffset | None]:
         return {t: self.horizons.get(t) for t in (*SNAPSHOTTING, PINNED)}
@@ -566,7 +566,7 @@ class Rig:
         """Passes until one removes nothing and has nothing left; each pass's removals."""
         removed = []
         for _ in range(200):
-            p = self.journal.maintain(Known(dict(horizons)), cap)
+            p = self.journal.maintain(KnownHorizons(dict(horizons)), cap)
             removed.append(p.removed_segments)
             assert p.removed_segments <= cap
             if p.removed_segments == 0 and not p.capped:
@@ -688,7 +688,7 @@ def test_rfc0052_17_an_uncertain_deletion_outlives_a_failed_record_write(tmp_pat
     frames = r.write("aaaaaaaa", size=30 * KiB)  # two frames a segment: four segments
     assert len(r.journal.segment_names()) == 4
     r.journal.checkpoint(frames[-1].offset)
-    horizons = Known({"a": frames[5].offset})  # a's last frame in the third segment
+    horizons = KnownHorizons({"a": frames[5].offset})  # a's last frame in the third segment
     r.fs.fail("fsync_dir", None)  # three unlinks, then the parent fsync fails: uncertain
     with pytest.raises(ReclaimError):
         r.journal.maintain(horizons, CAP)
@@ -705,11 +705,11 @@ def test_rfc0052_17_an_uncertain_deletion_outlives_a_failed_record_write(tmp_pat
     r.journal.check_restorable({"a": frames[5].offset})  # StaleGap: "refusing to start"
 
 
-def _oversize_rig(tmp_path: Path) -> tuple[Rig, Known]:
+def _oversize_rig(tmp_path: Path) -> tuple[Rig, KnownHorizons]:
     r = rig(tmp_path)
     frames = r.write("a" * 12, size=30 * KiB)  # six segments, five of them closed
     r.journal.checkpoint(frames[-1].offset)
-    return r, Known({"a": frames[-1].offset})
+    return r, KnownHorizons({"a": frames[-1].offset})
 
 
 def test_nowedge_7_rfc0052_12_a_cap_above_the_record_geometry_is_clamped_to_it(

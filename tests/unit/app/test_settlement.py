@@ -30,7 +30,7 @@ from tests.support.minerfaults import FaultPlan, FaultyMiners
 from tests.support.noderig import NodeRig, rids
 from wal import ConsumerMode, FloorPinned, WalConfig, WalOffset
 from wal.reclamation import UnrecoverableTenant
-from wal.segment_ledger import NoConsumer
+from wal.segment_ledger import NoConsumerHorizons
 
 T = TypeVar("T")
 WAIT_S = 10.0
@@ -630,7 +630,7 @@ def test_rfc0055_9_5_a_no_consumer_entry_rebuilds_from_empty_rather_than_refusin
     for i in range(8):
         rig.ingest("T", f"t{i}", BIG)
     fresh_cut(rig)
-    rig.journal.maintain(NoConsumer(), rig.config.max_unlinks_per_pass)
+    rig.journal.maintain(NoConsumerHorizons(), rig.config.max_unlinks_per_pass)
     reclaimed = rig.journal.reclaimed_through("T")
     assert reclaimed is not None and reclaimed[0] is ConsumerMode.NO_CONSUMER
     plan.fail_at("op tx step 0 ", "before")
