@@ -174,7 +174,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "skip_set_validation",
         "open validates the set: names and headers agree, no duplicates, no overlap",
-        "wal/layout.py",
+        "wal/scan.py",
         '    sizes alone. Duplicates are checked first: two files declaring one base is the more\n    useful message than the name disagreement it also implies."""',
         '    sizes alone. Duplicates are checked first: two files declaring one base is the more\n    useful message than the name disagreement it also implies."""\n    return',
         ("tests/unit/wal/test_open.py",),
@@ -872,7 +872,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "high_water_damage_read_as_torn",
         "damage below a sealed segment's synced high-water is corruption, not a torn tail",
-        "wal/layout.py",
+        "wal/scan.py",
         '    how = "sealed" if nxt.header.predecessor_sealed else "closed by a clean rotation"\n',
         "    if nxt.header.predecessor_sealed and prev.stop.damaged:\n"
         "        return None  # the old rule: any damage in a sealed segment is its torn tail\n"

@@ -28,8 +28,8 @@ from pathlib import Path
 from .config import WalConfig
 from .errors import WalIoError, WalNoSpace, is_no_space
 from .fs import Fs
-from .layout import SegmentFile, SegmentScan, scan_segment
 from .quarantine import QuarantineRecord
+from .scan import SegmentFile, SegmentScan, scan_segment
 from .segment import HEADER_SIZE, SegmentHeader
 from .segment_ledger import LedgerSegment, SegmentLedger
 from .types import Clock, EventSink, FrameKind, NoSpace

@@ -22,10 +22,10 @@ from app.ingest.snapshots import SnapshotState, SnapshotStore
 from tests.support.noderig import request
 from tests.support.walkit import SMALL, faulty, payload
 from wal import CorruptionError, Journal, KnownHorizons, WalOffset
+from wal.inspection import verify_root
 from wal.reclamation import StaleGap
 from wal.segment import HEADER_SIZE
 from wal.testing import SimulatedCrash
-from wal.tools import verify_root
 
 FRAME_PAYLOAD = 9000
 

@@ -537,7 +537,7 @@ def test_rfc0055_9_5_a_span_not_ending_on_a_frame_boundary_is_an_error(tmp_path:
 def test_the_operator_tools_read_the_frontiers_and_name_a_missing_published(
     tmp_path: Path,
 ) -> None:
-    from wal.tools import verify_root
+    from wal.inspection import verify_root
 
     root = tmp_path / "wal"
     with Journal.open(root, CFG) as j:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tests.support.walkit import SMALL, payload, seeded
 from wal import Journal, KnownHorizons, OsFs, WalOffset
-from wal.layout import list_root
+from wal.scan import list_root
 
 TENANTS = ("a", "b", "c")
 PER_WRITER = 60

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from tests.support.walkit import payload
 from wal import Journal, KnownHorizons, WalConfig
-from wal.tools import inspect_root
+from wal.inspection import inspect_root
 
 CFG = WalConfig(segment_max_bytes=64 * 1024)
 

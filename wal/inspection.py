@@ -6,7 +6,7 @@ stopped node's volume (or a copy of it) and against a running node (they may the
 a torn tail the writer is about to complete, which is reported as such).
 
 ``verify_root`` is the full CRC walk: every segment header, every frame, the set's
-structure and chain rules (``wal.layout``), the CHECKPOINT and the quarantine records.
+structure and chain rules (``wal.scan``), the CHECKPOINT and the quarantine records.
 It collects every problem with its file and offset instead of stopping at the first.
 Each segment's synced high-water (``SegmentSummary.high_water``: its direct successor's
 header, or the checkpoint mark when the mark lies in it) decides what damage means:
@@ -31,7 +31,9 @@ from .checkpoint_file import decode_checkpoint
 from .errors import CorruptionError, OpenIoError
 from .frame import ScanStop, scan_frames
 from .fs import Fs, OsFs, read_file
-from .layout import (
+from .quarantine import DIR_NAME as QUARANTINE_DIR
+from .quarantine import QuarantineRecord, in_force, load_records
+from .scan import (
     SegmentFile,
     SegmentScan,
     chain_problem,
@@ -42,8 +44,6 @@ from .layout import (
     read_segment_file,
     scan_segment,
 )
-from .quarantine import DIR_NAME as QUARANTINE_DIR
-from .quarantine import QuarantineRecord, in_force, load_records
 from .segment import HEADER_SIZE, PARTIAL_RE, SEGMENT_RE, SegmentHeader, uuid7_time
 from .types import WalOffset
 
