@@ -1,9 +1,12 @@
 """Test doubles shipped with the WAL: ``FaultyFs`` performs the same real I/O as
-``wal.fs.OsFs`` through the same seam and adds two test powers, so tests inject faults
+``wal.fs.OsFs`` through the same seam and adds three test powers, so tests inject faults
 at any step without patching:
 
 * **Faults** — fail the k-th matching operation once or always, with any errno
   (``ENOSPC``, ``EIO``…), or tear a write after a number of bytes.
+* **Held points** — ``hold_at(op, glob)`` holds the thread making the matching
+  operation until the test releases it (``HeldFsPoint``): the seam's sync points, with
+  the same ``reached`` / ``release()`` pair as ``app.points``' named ones.
 * **Crashes** — raise ``SimulatedCrash`` at a named point (an operation on a path
   pattern, the k-th time), after which every later operation on the seam raises too,
   and ``apply_crash()`` rewrites the directories to what a power loss would have left:
@@ -99,12 +102,14 @@ class Fault:
         return True
 
 
-class Hold:
-    """A named point in the seam where a thread is held until the test releases it.
+class HeldFsPoint:
+    """A sync point in the seam (``FaultyFs.hold_at``): the thread making the matching
+    operation is held until the test releases it.
 
     ``reached`` is set when the matching operation is about to run (outside the seam's
     own lock, so other threads' I/O proceeds); the operation continues after
-    ``release()``. Deterministic interleavings without sleeping.
+    ``release()``. Deterministic interleavings without sleeping. The same ``reached`` /
+    ``release()`` pair as ``app.points.HeldPoint``, the named sync points in the code.
     """
 
     def __init__(self, op: str, path_glob: str | None, nth: int) -> None:
@@ -150,7 +155,7 @@ class FaultyFs(OsFs):
     def __init__(self, shadow_dir: Path) -> None:
         self._mu = threading.RLock()
         self._faults: list[Fault] = []
-        self._holds: list[Hold] = []
+        self._holds: list[HeldFsPoint] = []
         self._shadow = shadow_dir
         self._shadow.mkdir(parents=True, exist_ok=True)
         self._inodes: dict[int, _Inode] = {}
@@ -199,11 +204,11 @@ class FaultyFs(OsFs):
             self._faults.append(fault)
         return fault
 
-    def hold_at(self, op: str, path_glob: str | None = None, *, nth: int = 1) -> Hold:
+    def hold_at(self, op: str, path_glob: str | None = None, *, nth: int = 1) -> HeldFsPoint:
         """Hold the thread that makes the ``nth`` matching call until ``release()``."""
         if op not in OPS:
             raise ValueError(f"unknown fs op {op!r}")
-        hold = Hold(op, path_glob, nth)
+        hold = HeldFsPoint(op, path_glob, nth)
         with self._mu:
             self._holds.append(hold)
         return hold
