@@ -3,7 +3,7 @@
 at any step without patching:
 
 * **Faults** — fail the k-th matching operation once or always, with any errno
-  (``ENOSPC``, ``EIO``…), or tear a write after a number of bytes.
+  (``ENOSPC``, ``EIO``…), or tear a write after a number of bytes (``FsFault``).
 * **Held points** — ``hold_at(op, glob)`` holds the thread making the matching
   operation until the test releases it (``HeldFsPoint``): the seam's sync points, with
   the same ``reached`` / ``release()`` pair as ``app.points``' named ones.
@@ -69,7 +69,7 @@ class SimulatedCrash(BaseException):
 
 
 @dataclass
-class Fault:
+class FsFault:
     """One injected fault: which operations it matches and what it does."""
 
     op: str
@@ -154,7 +154,7 @@ class FaultyFs(OsFs):
 
     def __init__(self, shadow_dir: Path) -> None:
         self._mu = threading.RLock()
-        self._faults: list[Fault] = []
+        self._faults: list[FsFault] = []
         self._holds: list[HeldFsPoint] = []
         self._shadow = shadow_dir
         self._shadow.mkdir(parents=True, exist_ok=True)
@@ -177,11 +177,11 @@ class FaultyFs(OsFs):
         errno: int = errno_mod.EIO,
         torn_bytes: int | None = None,
         predicate: Callable[[str, Path | None], bool] | None = None,
-    ) -> Fault:
+    ) -> FsFault:
         """Fail the ``nth`` matching call (and ``count - 1`` more; None = always)."""
         if op not in OPS:
             raise ValueError(f"unknown fs op {op!r}")
-        fault = Fault(op, path_glob, nth, count, errno, False, torn_bytes, predicate=predicate)
+        fault = FsFault(op, path_glob, nth, count, errno, False, torn_bytes, predicate=predicate)
         with self._mu:
             self._faults.append(fault)
         return fault
@@ -194,12 +194,12 @@ class FaultyFs(OsFs):
         nth: int = 1,
         torn_bytes: int | None = None,
         predicate: Callable[[str, Path | None], bool] | None = None,
-    ) -> Fault:
+    ) -> FsFault:
         """Crash when the ``nth`` matching call is attempted (before it takes effect,
         except that a write with ``torn_bytes`` writes that prefix first)."""
         if op not in OPS:
             raise ValueError(f"unknown fs op {op!r}")
-        fault = Fault(op, path_glob, nth, 1, 0, True, torn_bytes, predicate=predicate)
+        fault = FsFault(op, path_glob, nth, 1, 0, True, torn_bytes, predicate=predicate)
         with self._mu:
             self._faults.append(fault)
         return fault
@@ -316,7 +316,7 @@ class FaultyFs(OsFs):
         size = os.stat(path).st_size if durable_size is None else durable_size
         self._inodes[ino] = _Inode(shadow, size)
 
-    def _before(self, op: str, path: Path | None) -> Fault | None:
+    def _before(self, op: str, path: Path | None) -> FsFault | None:
         """Common prologue: hold if asked, refuse after a crash, record, and find a
         firing fault."""
         with self._mu:
@@ -335,7 +335,7 @@ class FaultyFs(OsFs):
                     return fault
         return None
 
-    def _raise(self, fault: Fault, op: str, path: Path | None) -> None:
+    def _raise(self, fault: FsFault, op: str, path: Path | None) -> None:
         if fault.crash:
             with self._mu:
                 self._crashed = True

@@ -35,8 +35,8 @@ __all__ = [
     "IngestCall",
     "IngestObserver",
     "IngestOutcome",
-    "ListenerBindError",
     "IngestPort",
+    "ListenerBindError",
     "StubPort",
 ]
 
