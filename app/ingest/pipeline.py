@@ -50,7 +50,7 @@ from app.ingest.settlement import (
 )
 from app.ingest.snapshots import SnapshotLedger, SnapshotState
 from app.ingest.tenants import Reservation, TenantTable, TenantUnrecoverable, TurnResult
-from app.node.heap import collection_deferred
+from app.node.gc_policy import collection_deferred
 from app.receive.api import IngestOutcome
 from app.receive.otlp import BadRequest, FlatBatch, IngestRejection, PayloadTooLarge, Unavailable
 from sink.buffers import NANOS_PER_DAY, Buffers, Detached
