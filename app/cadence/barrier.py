@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING
 from app import points
 from app.ingest.cuts import Cut
 from app.ingest.landed import live_intent
-from app.ingest.settlement import Result, SettleOutcome
+from app.ingest.settlement import SettleOutcome, SettleResult
 from app.ingest.snapshots import SnapshotLedger, SnapshotStore
 from app.node.gc_policy import collection_deferred
 from wal import (
@@ -280,7 +280,7 @@ class Barrier:
         I/O of the forced frontier is allowed here, on the barrier thread."""
         outcomes = self.pipeline.settler.settle_all(force_publish=True)
         for o in outcomes:
-            if o.result is Result.FAILED:
+            if o.result is SettleResult.FAILED:
                 self._count("error", "settlement_failed")
         self.settlements = outcomes
         return outcomes
