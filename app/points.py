@@ -26,6 +26,12 @@ object's claim is durable in PUBLISHING, its PUT not started), ``publish.stored`
 PUT returned, the publish not settled: its rows are still registered in flight),
 ``barrier.stamped`` (a cut's CHECKPOINT and PUBLISHED are written, its intents not yet
 trimmed) and ``barrier.after_trim``.
+
+The WAL's fault-injecting filesystem has the same kind of point inside its I/O seam,
+named by an operation instead of a string: ``wal.testing.FaultyFs.hold_at(op, glob)``
+returns a ``wal.testing.HeldFsPoint`` with the same ``reached`` / ``release()`` pair as
+a ``HeldPoint`` here (the WAL imports nothing from ``app``, so the two cannot share a
+registry).
 """
 
 from __future__ import annotations
@@ -35,10 +41,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 _lock = threading.Lock()
-_holds: dict[str, Held] = {}
+_holds: dict[str, HeldPoint] = {}
 
 
-class Held:
+class HeldPoint:
+    """A sync point held by ``hold``: ``reached`` is set when a thread arrives, which
+    then waits until ``release()``."""
+
     def __init__(self, name: str, count: int) -> None:
         self.name = name
         self.remaining = count  # how many hits to hold (then pass through)
@@ -70,9 +79,9 @@ def hit(name: str) -> None:
 
 
 @contextmanager
-def hold(name: str, count: int = 1) -> Iterator[Held]:
+def hold(name: str, count: int = 1) -> Iterator[HeldPoint]:
     """Hold the next ``count`` threads reaching ``name`` until ``release()``."""
-    held = Held(name, count)
+    held = HeldPoint(name, count)
     with _lock:
         if name in _holds:
             raise RuntimeError(f"sync point {name} is already held")

@@ -69,7 +69,7 @@ __all__ = [
     "FLAT_SCHEMA",
     "RECORDS_SCHEMA",
     "TURN_COLUMNS",
-    "Attributes",
+    "AttributePairs",
     "AuditColumns",
     "AuditRow",
     "EncodeError",
@@ -85,7 +85,7 @@ __all__ = [
 
 #: OTLP attributes after the receiver's conversion: (key, value) pairs, values
 #: JSON-encoded unless they were strings. Key order is kept; duplicate keys are kept.
-Attributes = Sequence[tuple[str, str]]
+AttributePairs = Sequence[tuple[str, str]]
 
 _STR_MAP: Final = pa.map_(pa.string(), pa.string())
 # "element" is the Parquet-compliant name of a list's item field, so a file read back
@@ -180,8 +180,8 @@ class RecordRow(NamedTuple):
     severity_number: int
     severity_text: str
     body: str | None
-    attributes: Attributes
-    resource_attributes: Attributes
+    attributes: AttributePairs
+    resource_attributes: AttributePairs
     scope_name: str
     trace_id: bytes | str | None
     span_id: bytes | str | None
@@ -427,11 +427,11 @@ def _hex_ids(ids: list[bytes | str | None]) -> list[str | None]:
     return out
 
 
-def _shared_maps(values: list[Attributes]) -> pa.Array:
+def _shared_maps(values: list[AttributePairs]) -> pa.Array:
     """Convert a column whose rows mostly share a few sequence objects (one per OTLP
     resource): each distinct object is converted once and the rows gathered by index."""
     first: dict[int, int] = {}
-    distinct: list[Attributes] = []
+    distinct: list[AttributePairs] = []
     indices: list[int] = []
     for value in values:
         key = id(value)

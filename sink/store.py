@@ -68,8 +68,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FailingStore",
-    "Fault",
-    "FaultKind",
     "InvalidKey",
     "LocalStore",
     "MemoryStore",
@@ -79,6 +77,8 @@ __all__ = [
     "RetryPolicy",
     "S3Store",
     "StoreError",
+    "StoreFault",
+    "StoreFaultKind",
     "from_url",
 ]
 
@@ -703,8 +703,8 @@ class MemoryStore:
             self._objects.pop(key, None)
 
 
-class FaultKind(enum.Enum):
-    """What an armed ``Fault`` does to the calls it matches."""
+class StoreFaultKind(enum.Enum):
+    """What an armed ``StoreFault`` does to the calls it matches."""
 
     FAIL = 1  # raise before the inner store is called: nothing happened
     LOSE_REPLY = 2  # call the inner store, then raise an ambiguous error: it happened
@@ -712,14 +712,14 @@ class FaultKind(enum.Enum):
 
 
 @dataclass(eq=False)
-class Fault:
+class StoreFault:
     """An armed fault of a ``FailingStore``; also the handle a test waits and releases on.
 
     It fires on the ``nth`` matching call counted from when it was armed, and on every
     later one if ``always``.
     """
 
-    kind: FaultKind
+    kind: StoreFaultKind
     ops: frozenset[Op]
     nth: int
     always: bool
@@ -759,14 +759,14 @@ class FailingStore:
         self.inner = inner
         self.calls: builtins.list[tuple[Op, str]] = []
         self._lock = threading.Lock()
-        self._faults: builtins.list[Fault] = []
+        self._faults: builtins.list[StoreFault] = []
 
     def describe(self) -> str:
         return f"failing({self.inner.describe()})"
 
     def _arm(
         self,
-        kind: FaultKind,
+        kind: StoreFaultKind,
         ops: Iterable[Op],
         nth: int,
         always: bool,
@@ -774,10 +774,10 @@ class FailingStore:
         ambiguous: bool,
         hold_timeout: float = 0.0,
         prefix: str = "",
-    ) -> Fault:
+    ) -> StoreFault:
         if nth < 1:
             raise ValueError(f"nth={nth}: calls are counted from 1")
-        fault = Fault(
+        fault = StoreFault(
             kind, frozenset(ops), nth, always, error_type, ambiguous, hold_timeout, prefix
         )
         with self._lock:
@@ -793,11 +793,13 @@ class FailingStore:
         error_type: str = "injected",
         ambiguous: bool = False,
         prefix: str = "",
-    ) -> Fault:
+    ) -> StoreFault:
         """Make the ``nth`` matching call (and every later one if ``always``) raise
         ``StoreError`` without reaching the inner store. ``prefix``: only calls on keys
         starting with it match."""
-        return self._arm(FaultKind.FAIL, ops, nth, always, error_type, ambiguous, prefix=prefix)
+        return self._arm(
+            StoreFaultKind.FAIL, ops, nth, always, error_type, ambiguous, prefix=prefix
+        )
 
     def lose_reply(
         self,
@@ -806,10 +808,10 @@ class FailingStore:
         nth: int = 1,
         always: bool = False,
         error_type: str = "injected",
-    ) -> Fault:
+    ) -> StoreFault:
         """Make the ``nth`` matching call reach the inner store, then raise an ambiguous
         ``StoreError``: the "PUT reached the server, the reply was lost" case."""
-        return self._arm(FaultKind.LOSE_REPLY, ops, nth, always, error_type, True)
+        return self._arm(StoreFaultKind.LOSE_REPLY, ops, nth, always, error_type, True)
 
     def hold(
         self,
@@ -819,11 +821,13 @@ class FailingStore:
         always: bool = False,
         timeout: float = 60.0,
         prefix: str = "",
-    ) -> Fault:
+    ) -> StoreFault:
         """Block the ``nth`` matching call until ``release()``; ``reached`` is set when it
         blocks. A hold not released within ``timeout`` seconds fails the call
         (``hold_timeout``) so a broken test fails instead of hanging."""
-        return self._arm(FaultKind.HOLD, ops, nth, always, "hold_timeout", False, timeout, prefix)
+        return self._arm(
+            StoreFaultKind.HOLD, ops, nth, always, "hold_timeout", False, timeout, prefix
+        )
 
     def clear(self) -> None:
         """Disarm every fault (held calls stay held until released)."""
@@ -839,11 +843,11 @@ class FailingStore:
                 if op in f.ops and key.startswith(f.prefix) and f._count_call()
             ]
         for fault in fired:
-            if fault.kind is FaultKind.HOLD:
+            if fault.kind is StoreFaultKind.HOLD:
                 fault.reached.set()
                 if not fault._released.wait(fault.hold_timeout):
                     raise StoreError(op, key, "hold_timeout", "held call never released")
-        failing = [f for f in fired if f.kind is FaultKind.FAIL]
+        failing = [f for f in fired if f.kind is StoreFaultKind.FAIL]
         if failing:
             failing[0].reached.set()
             raise StoreError(
@@ -854,7 +858,7 @@ class FailingStore:
                 ambiguous=failing[0].ambiguous,
             )
         result = call()
-        losing = [f for f in fired if f.kind is FaultKind.LOSE_REPLY]
+        losing = [f for f in fired if f.kind is StoreFaultKind.LOSE_REPLY]
         if losing:
             losing[0].reached.set()
             raise StoreError(op, key, losing[0].error_type, "injected lost reply", ambiguous=True)

@@ -41,7 +41,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "horizon_strict",
         "a tenant's horizon is inclusive: its horizon frame's segment may go",
-        "wal/ledger.py",
+        "wal/segment_ledger.py",
         "if h is not None and seg.tenants[name][1] > h:",
         "if h is not None and seg.tenants[name][1] >= h:",
         (
@@ -51,7 +51,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "pin_inclusive",
         "a pin is strict: a pinned tenant's frame is never unlinked, equality included",
-        "wal/ledger.py",
+        "wal/segment_ledger.py",
         "            if not infinite and h is None:\n                continue  # pinned: nothing to apply, and it costs nothing",
         "            if not infinite and h is None:\n                first = self.oldest_frame(name)\n                assert first is not None\n                h = first",
         (
@@ -61,7 +61,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "checkpoint_exclusive",
         "the checkpoint is inclusive: a segment whose highest frame is the mark may go",
-        "wal/ledger.py",
+        "wal/segment_ledger.py",
         "            if key > mark.lsn:\n                break",
         "            if key >= mark.lsn:\n                break",
         (
@@ -71,7 +71,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "current_segment_eligible",
         "the current segment is never reclaimed",
-        "wal/ledger.py",
+        "wal/segment_ledger.py",
         "        if seg is self._current or seg.in_heap:\n            return",
         "        if seg.in_heap:\n            return",
         (
@@ -174,7 +174,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "skip_set_validation",
         "open validates the set: names and headers agree, no duplicates, no overlap",
-        "wal/layout.py",
+        "wal/scan.py",
         '    sizes alone. Duplicates are checked first: two files declaring one base is the more\n    useful message than the name disagreement it also implies."""',
         '    sizes alone. Duplicates are checked first: two files declaring one base is the more\n    useful message than the name disagreement it also implies."""\n    return',
         ("tests/unit/wal/test_open.py",),
@@ -268,7 +268,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "checkpoint_allocates",
         "a checkpoint needs no new block (the preallocated spare), so a full disk reclaims",
-        "wal/checkpoint.py",
+        "wal/checkpoint_file.py",
         "    try:\n        fs.rename(spare, tmp)\n    except FileNotFoundError:",
         "    try:\n        raise FileNotFoundError(tmp)\n    except FileNotFoundError:",
         ("tests/unit/wal/test_no_space.py::test_a_full_filesystem_still_checkpoints_and_reclaims",),
@@ -430,7 +430,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "        advanced = self._checkpoint_mark(mark)\n        if published:\n            self._frontiers.write(published, checkpointed=advanced)",
         "        if published:\n            self._frontiers.write(published)\n        advanced = self._checkpoint_mark(mark)",
         (
-            "tests/unit/wal/test_published.py::test_published_is_written_after_checkpoint_in_the_same_call",
+            "tests/unit/wal/test_published_file.py::test_published_is_written_after_checkpoint_in_the_same_call",
         ),
     ),
     Sabotage(
@@ -440,7 +440,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "                if mine.tenant != rec.tenant:",
         "                if False:",
         (
-            "tests/unit/wal/test_published.py::test_an_id_the_two_files_name_differently_fails_open_naming_both_files_and_the_id",
+            "tests/unit/wal/test_published_file.py::test_an_id_the_two_files_name_differently_fails_open_naming_both_files_and_the_id",
         ),
     ),
     Sabotage(
@@ -850,29 +850,29 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "checkpoint_spare_after_the_rename",
         "a checkpoint gives up no block: the old mark's inode is the next spare",
-        "wal/checkpoint.py",
+        "wal/checkpoint_file.py",
         "    linked = _link_next_spare(fs, root)",
         "    linked = False",
         (
             "tests/unit/wal/test_no_space.py::test_nowedge_2_a_checkpoint_keeps_its_spare_when_another_writer_takes_the_freed_block",
-            "tests/unit/wal/test_checkpoint.py::test_nowedge_2_the_old_mark_becomes_the_next_spare",
+            "tests/unit/wal/test_checkpoint_file.py::test_nowedge_2_the_old_mark_becomes_the_next_spare",
         ),
     ),
     Sabotage(
         "spare_shares_the_live_mark",
         "a spare sharing the live CHECKPOINT's inode is never overwritten in place",
-        "wal/checkpoint.py",
+        "wal/checkpoint_file.py",
         "    if st.st_size == SIZE and not _is_live_mark(fs, root, st):\n        return fd",
         "    if st.st_size == SIZE:\n        return fd",
         (
-            "tests/unit/wal/test_checkpoint.py::test_nowedge_2_a_spare_sharing_the_live_marks_inode_is_never_overwritten_in_place",
+            "tests/unit/wal/test_checkpoint_file.py::test_nowedge_2_a_spare_sharing_the_live_marks_inode_is_never_overwritten_in_place",
         ),
     ),
     # -- damage inside acknowledged frames is corruption, not a torn tail (issue 18 item 5)
     Sabotage(
         "high_water_damage_read_as_torn",
         "damage below a sealed segment's synced high-water is corruption, not a torn tail",
-        "wal/layout.py",
+        "wal/scan.py",
         '    how = "sealed" if nxt.header.predecessor_sealed else "closed by a clean rotation"\n',
         "    if nxt.header.predecessor_sealed and prev.stop.damaged:\n"
         "        return None  # the old rule: any damage in a sealed segment is its torn tail\n"
@@ -998,7 +998,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "        if m.intent is None:",
         (
             "tests/unit/app/test_settlement_intent.py::test_nowedge_6_a_publish_the_store_refused_keeps_the_intent_until_a_cut_covers_the_span",
-            "tests/unit/wal/test_published.py::test_nowedge_6_an_intent_is_recorded_with_its_frontier_and_kept_until_marks_reach_its_end",
+            "tests/unit/wal/test_published_file.py::test_nowedge_6_an_intent_is_recorded_with_its_frontier_and_kept_until_marks_reach_its_end",
         ),
     ),
     # -- exactly once in the store (issue 16) -------------------------------------------

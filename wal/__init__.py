@@ -21,18 +21,18 @@ from .frontiers import PublishedWriteError
 from .fs import Fs, OsFs
 from .intents import IntentKind, IntentLog, IntentRecord, IntentWriteError
 from .journal import Journal
-from .ledger import (
+from .quarantine import QuarantineError, QuarantineRecord
+from .reading import Replay
+from .reclaim_file import ConsumerMode
+from .reclamation import ArchiveRequest, ReclaimError
+from .segment_ledger import (
     FloorMin,
     FloorNone,
     FloorPinned,
     FloorUnknown,
-    HousekeepingProgress,
-    Known,
+    KnownHorizons,
+    ReclamationProgress,
 )
-from .quarantine import QuarantineError, QuarantineRecord
-from .reading import Replay
-from .reclaim import ConsumerMode
-from .reclamation import ArchiveRequest, ReclaimError
 from .types import (
     Frame,
     FrameCursor,
@@ -40,9 +40,9 @@ from .types import (
     FrameSpan,
     NoSpace,
     PublishedMarks,
-    Retrying,
+    RotationExhausted,
+    RotationFailing,
     RotationKind,
-    Terminal,
     WalOffset,
 )
 
@@ -65,14 +65,13 @@ __all__ = [
     "FrameSpan",
     "FrameTooLarge",
     "Fs",
-    "HousekeepingProgress",
     "IntentKind",
     "IntentLog",
     "IntentRecord",
     "IntentWriteError",
     "InvalidConfig",
     "Journal",
-    "Known",
+    "KnownHorizons",
     "NoSpace",
     "OsFs",
     "Pending",
@@ -81,10 +80,11 @@ __all__ = [
     "QuarantineError",
     "QuarantineRecord",
     "ReclaimError",
+    "ReclamationProgress",
     "Replay",
-    "Retrying",
+    "RotationExhausted",
+    "RotationFailing",
     "RotationKind",
-    "Terminal",
     "WalConfig",
     "WalError",
     "WalOffset",

@@ -1,5 +1,5 @@
 """Advancing the checkpoint: the monotonic mark, RECLAIM's arming before the first
-CHECKPOINT, and PUBLISHED after it (the file format is ``wal/checkpoint.py``).
+CHECKPOINT, and PUBLISHED after it (the file format is ``wal/checkpoint_file.py``).
 
 Order, and the crash each step protects against (RFC 0052 §3.2, RFC 0055 §9.4):
 
@@ -22,7 +22,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 
-from .checkpoint import write_checkpoint
+from .checkpoint_file import write_checkpoint
 from .errors import CheckpointError
 from .frontiers import Frontiers
 from .log import Log

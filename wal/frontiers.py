@@ -52,13 +52,13 @@ from pathlib import Path
 
 from .errors import CorruptionError, OpenError, OpenIoError, WalError
 from .log import Log
-from .published import (
+from .published_file import (
     PublishedEntry,
     PublishedFile,
     PublishedRecord,
     published_file_bytes,
 )
-from .reclaim import (
+from .reclaim_file import (
     FLAG_PUBLISHED_SEEDED_ARMED,
     FLAG_PUBLISHED_SEEDED_CONFIRMED,
     DictRecord,

@@ -1,7 +1,7 @@
 """The journal: the WAL's single writer, as one facade over its parts. It appends,
 group-commits, rotates, checkpoints, reclaims and replays; *when* to checkpoint, rotate
-on a timer or run a housekeeping pass is the caller's business (``app/cadence/barrier.py``,
-``app/cadence/housekeeping.py``).
+on a timer or run a reclamation pass is the caller's business (``app/cadence/barrier.py``,
+``app/cadence/housekeeping.py``: the housekeeping timer).
 
 Each concern is one part that owns its state; all of them are given the one ``Log``:
 
@@ -15,7 +15,7 @@ Each concern is one part that owns its state; all of them are given the one ``Lo
 * ``wal/rotation.py`` ``Rotation`` — when to rotate, segment creation, the
   directory-fsync obligation, the retry budget;
 * ``wal/reading.py`` ``Reader`` — replay and the bounded per-tenant reads;
-* ``wal/reclamation.py`` ``Reclamation`` — the housekeeping pass and the RECLAIM record;
+* ``wal/reclamation.py`` ``Reclamation`` — the reclamation pass and the RECLAIM record;
 * ``wal/frontiers.py`` ``Frontiers`` — PUBLISHED;
 * ``wal/checkpointing.py`` ``Checkpointer`` — the CHECKPOINT mark and its write order.
 
@@ -38,14 +38,14 @@ from .config import WalConfig
 from .errors import WalError
 from .frontiers import Frontiers
 from .fs import Fs, OsFs
-from .ledger import HousekeepingProgress, SnapshotHorizons
 from .log import Log
 from .opening import Opener, OpenReport
 from .quarantine import QuarantineRecord
 from .reading import Reader, Replay
-from .reclaim import ConsumerMode
+from .reclaim_file import ConsumerMode
 from .reclamation import ArchiveHook, ReclaimOutcome, ReclaimPlan, ReclaimState, Reclamation
 from .rotation import Rotation
+from .segment_ledger import ReclamationProgress, SnapshotHorizons
 from .types import (
     Clock,
     CommitOutcome,
@@ -268,23 +268,21 @@ class Journal:
         in bounded calls (RFC 0055 §9.4; ``Reader.read_frames_from``)."""
         return self._reader.read_frames_from(cursor, to, tenant, limit)
 
-    # ------------------------------------------------------------------ housekeeping
+    # ------------------------------------------------------------------ reclamation
 
-    def housekeeping_prepare(self, horizons: SnapshotHorizons, cap: int) -> ReclaimPlan:
+    def plan_reclamation(self, horizons: SnapshotHorizons, cap: int) -> ReclaimPlan:
         """The first ledger half of a pass (``wal/reclamation.py``), under the mutex."""
         return self._reclamation.prepare(horizons, cap)
 
-    def housekeeping_execute(self, plan: ReclaimPlan) -> ReclaimOutcome:
+    def execute_reclamation(self, plan: ReclaimPlan) -> ReclaimOutcome:
         """Record, unlinks, parent fsync — with the journal mutex released."""
         return self._reclamation.execute(plan)
 
-    def housekeeping_commit(
-        self, plan: ReclaimPlan, outcome: ReclaimOutcome
-    ) -> HousekeepingProgress:
+    def commit_reclamation(self, plan: ReclaimPlan, outcome: ReclaimOutcome) -> ReclamationProgress:
         """Fold the file half's outcome back into the ledger, under the mutex."""
         return self._reclamation.commit(plan, outcome)
 
-    def maintain(self, horizons: SnapshotHorizons, cap: int) -> HousekeepingProgress:
+    def maintain(self, horizons: SnapshotHorizons, cap: int) -> ReclamationProgress:
         """prepare → file half → commit, then make the raised ``reclaimed_through``
         durable. Raises ``ReclaimError`` (carrying progress) on a refused or failed pass."""
         return self._reclamation.maintain(horizons, cap)

@@ -28,10 +28,10 @@ from pathlib import Path
 from .config import WalConfig
 from .errors import WalIoError, WalNoSpace, is_no_space
 from .fs import Fs
-from .layout import SegmentFile, SegmentScan, scan_segment
-from .ledger import Ledger, LedgerSegment
 from .quarantine import QuarantineRecord
+from .scan import SegmentFile, SegmentScan, scan_segment
 from .segment import HEADER_SIZE, SegmentHeader
+from .segment_ledger import LedgerSegment, SegmentLedger
 from .types import Clock, EventSink, FrameKind, NoSpace
 
 
@@ -106,7 +106,7 @@ class Log:
         self.events = events
         #: the journal mutex: the single-writer position
         self.lock = threading.Lock()
-        self.ledger = Ledger()
+        self.ledger = SegmentLedger()
         #: every segment's frames are accounted in the ledger (open walked only the newest)
         self.rebuilt = False
         self._current: Segment | None = None

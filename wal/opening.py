@@ -35,21 +35,14 @@ import os
 import uuid
 from dataclasses import dataclass
 
-from .checkpoint import SPARE_NAME, make_spare, read_checkpoint
+from .checkpoint_file import SPARE_NAME, make_spare, read_checkpoint
 from .config import reclaim_file_bytes
 from .errors import CorruptionError, OpenError, OpenIoError
 from .frontiers import Frontiers
-from .layout import (
-    SegmentFile,
-    checkpoint_high_water,
-    high_water_problem,
-    list_root,
-    scan_segment,
-)
 from .log import Log, Segment
-from .published import PublishedFile
+from .published_file import PublishedFile
 from .quarantine import in_force, load_records
-from .reclaim import (
+from .reclaim_file import (
     FLAG_CHECKPOINT_ARMED,
     FLAG_CHECKPOINT_SEEN,
     Geometry,
@@ -59,6 +52,13 @@ from .reclaim import (
 )
 from .reclamation import Reclamation
 from .rotation import Rotation, StepError, create_segment
+from .scan import (
+    SegmentFile,
+    checkpoint_high_water,
+    high_water_problem,
+    list_root,
+    scan_segment,
+)
 from .segment import HEADER_SIZE, SegmentHeader, uuid7, uuid7_time
 from .types import WalOffset
 

@@ -54,11 +54,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from .checkpoint import read_checkpoint
+from .checkpoint_file import read_checkpoint
 from .errors import CorruptionError, WalError
 from .frame import RawFrame, scan_frames
 from .fs import Fs, read_file
-from .layout import SegmentFile, frames_after_damage, recorded_high_water
+from .scan import SegmentFile, frames_after_damage, recorded_high_water
 from .segment import HEADER_SIZE, SEGMENT_RE, SegmentHeader
 from .types import FrameKind
 

@@ -1,12 +1,13 @@
-"""Reclamation: the capped housekeeping pass, as two ledger halves around a file half,
-and the RECLAIM record it keeps durable.
+"""Reclamation: the capped pass that unlinks segments, as two ledger halves around a
+file half, and the RECLAIM record it keeps durable. *When* a pass runs is the
+housekeeping timer's business (``app/cadence/housekeeping.py``), not this module's.
 
-``housekeeping_prepare`` (under the journal mutex) applies horizons within the cap,
+``plan_reclamation`` (under the journal mutex) applies horizons within the cap,
 derives the retain floor, pops stale partials first and then eligible segments, marks
 them reclaiming and notes each tenant's last offset in them in the planned list.
-``housekeeping_execute`` (no journal mutex: appends continue) writes the RECLAIM slot
+``execute_reclamation`` (no journal mutex: appends continue) writes the RECLAIM slot
 in place and fsyncs it, only then unlinks, then fsyncs the parent directory.
-``housekeeping_commit`` (under the mutex again) folds the outcome back:
+``commit_reclamation`` (under the mutex again) folds the outcome back:
 
 * record write failed → nothing was unlinked; every popped segment is eligible again;
 * an unlink failed → that segment stays reclaiming and is retried next pass;
@@ -36,16 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import WalError
-from .ledger import (
-    HousekeepingProgress,
-    Known,
-    LedgerSegment,
-    NoConsumer,
-    RetainFloor,
-    SnapshotHorizons,
-)
 from .log import Log
-from .reclaim import (
+from .reclaim_file import (
     FLAG_CHECKPOINT_ARMED,
     FLAG_CHECKPOINT_SEEN,
     ConsumerMode,
@@ -57,6 +50,14 @@ from .reclaim import (
     TenantCapacityExceeded,
 )
 from .segment import uuid7_time
+from .segment_ledger import (
+    KnownHorizons,
+    LedgerSegment,
+    NoConsumerHorizons,
+    ReclamationProgress,
+    RetainFloor,
+    SnapshotHorizons,
+)
 from .types import RotationState, WalOffset
 
 #: Horizon application is capped in (tenant, segment) steps, a constant multiple of the
@@ -71,7 +72,7 @@ class ReclaimError(WalError):
 
     error_type = "wal_reclaim"
 
-    def __init__(self, message: str, progress: HousekeepingProgress | None = None) -> None:
+    def __init__(self, message: str, progress: ReclamationProgress | None = None) -> None:
         super().__init__(message)
         self.progress = progress
 
@@ -131,7 +132,7 @@ class ArchiveError(ReclaimError):
     error_type = "wal_archive"
 
     def __init__(
-        self, failures: list[tuple[Path, BaseException]], progress: HousekeepingProgress
+        self, failures: list[tuple[Path, BaseException]], progress: ReclamationProgress
     ) -> None:
         first_path, first_error = failures[0]
         super().__init__(
@@ -158,7 +159,7 @@ class ReclaimPlan:
     segments: list[PlannedSegment]
     partials: list[Path]
     write_record: bool
-    progress: HousekeepingProgress
+    progress: ReclamationProgress
     #: segments left eligible because a tenant in them has no RECLAIM id to be had
     refused: list[TenantCapacityExceeded] = field(default_factory=list)
 
@@ -194,7 +195,7 @@ class ReclaimState:
     horizon_remaining: int
     unlink_remaining: int
     stale_partials: int
-    last_progress: HousekeepingProgress | None
+    last_progress: ReclamationProgress | None
 
 
 class Reclamation:
@@ -219,7 +220,7 @@ class Reclamation:
         self._durable_version = 0
         self._armed_durable = False
         self._planned_index: dict[uuid.UUID, PlannedUnlink] = {}
-        self._last_progress: HousekeepingProgress | None = None
+        self._last_progress: ReclamationProgress | None = None
 
     # -- the record and its file ---------------------------------------------------------
 
@@ -293,7 +294,11 @@ class Reclamation:
     # -- the ledger half ---------------------------------------------------------------
 
     def prepare(self, horizons: SnapshotHorizons, cap: int) -> ReclaimPlan:
-        mode = ConsumerMode.NO_CONSUMER if isinstance(horizons, NoConsumer) else ConsumerMode.KNOWN
+        mode = (
+            ConsumerMode.NO_CONSUMER
+            if isinstance(horizons, NoConsumerHorizons)
+            else ConsumerMode.KNOWN
+        )
         # The planned array holds at most the geometry's max_unlinks records.
         cap = max(0, min(cap, self.file.geometry.max_unlinks))
         log = self._log
@@ -317,7 +322,7 @@ class Reclamation:
             if not log.rebuilt:
                 skipped = "ledger_not_rebuilt"
             else:
-                if isinstance(horizons, Known):
+                if isinstance(horizons, KnownHorizons):
                     self._refuse_unrecoverable_locked(horizons.horizons, horizons.unrecoverable)
                 if record.consumer_mode is ConsumerMode.UNRECORDED:
                     record.consumer_mode = mode
@@ -439,7 +444,7 @@ class Reclamation:
 
     # -- the ledger half again ---------------------------------------------------------
 
-    def commit(self, plan: ReclaimPlan, outcome: ReclaimOutcome) -> HousekeepingProgress:
+    def commit(self, plan: ReclaimPlan, outcome: ReclaimOutcome) -> ReclamationProgress:
         log = self._log
         with log.lock:
             ledger = log.ledger
@@ -510,7 +515,7 @@ class Reclamation:
 
     # -- the whole pass ----------------------------------------------------------------
 
-    def maintain(self, horizons: SnapshotHorizons, cap: int) -> HousekeepingProgress:
+    def maintain(self, horizons: SnapshotHorizons, cap: int) -> ReclamationProgress:
         """prepare → file half → commit, then make the raised ``reclaimed_through``
         durable. Raises ``ReclaimError`` (carrying progress) on a refused or failed pass."""
         plan = self.prepare(horizons, cap)

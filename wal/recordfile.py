@@ -16,7 +16,7 @@ rest, once for every format:
 * ``RecordFile.rebuild``: a covering geometry through ``<name>.new`` (never narrower).
 * ``RecordFile.refuse_newer``: a newer slot this build cannot read stops the open.
 
-RECLAIM (``wal/reclaim.py``, ``OWRC``) and PUBLISHED (``wal/published.py``, ``OWPB``)
+RECLAIM (``wal/reclaim_file.py``, ``OWRC``) and PUBLISHED (``wal/published_file.py``, ``OWPB``)
 are each a codec and a subclass that names it (``codec``); both byte layouts are
 theirs.
 """

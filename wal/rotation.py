@@ -13,7 +13,8 @@ directory-fsync obligation and the bounded retry budget (RFC 0052 §3.3).
   OPEN, outside the budget).
 * **The budget.** Each failed step, and each failed discharge, consumes one unit of
   ``rotation_retry_attempts``; only the obligation itself succeeding resets it; an
-  exhausted budget is ``Terminal`` and every append is refused with the first error.
+  exhausted budget is ``RotationExhausted`` and every append is refused with the first
+  error.
 * **The old segment.** Before a rotation the old segment's unsynced frames are fsynced;
   a failure seals it through the group commit (its unacknowledged frames fail) and the
   successor's header records that its predecessor was sealed.
@@ -46,7 +47,13 @@ from .segment import (
     uuid7,
     uuid7_time,
 )
-from .types import DirFsyncOrigin, Healthy, Retrying, RotationState, Terminal
+from .types import (
+    DirFsyncOrigin,
+    RotationExhausted,
+    RotationFailing,
+    RotationHealthy,
+    RotationState,
+)
 
 
 class StepError(Exception):
@@ -122,14 +129,15 @@ class Waiters(Protocol):
 class Rotation:
     """The rotation state machine and the directory-fsync obligation of one journal.
 
-    State (under the journal mutex): ``state`` (Healthy, Retrying, Terminal), the
-    directory generation counter ``dir_gen``, the highest generation a directory fsync
-    made durable ``dir_durable_gen``, and the pending obligation's origin ``dir_pending``.
+    State (under the journal mutex): ``state`` (RotationHealthy, RotationFailing,
+    RotationExhausted), the directory generation counter ``dir_gen``, the highest
+    generation a directory fsync made durable ``dir_durable_gen``, and the pending
+    obligation's origin ``dir_pending``.
     """
 
     def __init__(self, log: Log) -> None:
         self._log = log
-        self.state: RotationState = Healthy()
+        self.state: RotationState = RotationHealthy()
         self.dir_gen = 0
         self.dir_durable_gen = 0
         self.dir_pending: DirFsyncOrigin | None = None
@@ -144,7 +152,7 @@ class Rotation:
 
     def check_locked(self) -> None:
         """Refuse when the budget is exhausted (``RotationTerminal``)."""
-        if isinstance(self.state, Terminal):
+        if isinstance(self.state, RotationExhausted):
             raise RotationTerminal(self.state.attempts, self.state.first_error)
 
     def due_locked(self, size: int) -> bool:
@@ -247,19 +255,19 @@ class Rotation:
             self._log.latch.set_locked(step, path, exc)
         budget = self._log.config.rotation_retry_attempts
         state = self.state
-        if isinstance(state, Terminal):
+        if isinstance(state, RotationExhausted):
             return RotationTerminal(state.attempts, state.first_error)
-        attempts = 1 if isinstance(state, Healthy) else state.attempts + 1
-        first = what if isinstance(state, Healthy) else state.first_error
+        attempts = 1 if isinstance(state, RotationHealthy) else state.attempts + 1
+        first = what if isinstance(state, RotationHealthy) else state.first_error
         if attempts >= budget:
-            self.state = Terminal(attempts, first)
+            self.state = RotationExhausted(attempts, first)
             self._log.events(
                 "wal.rotation.terminal",
                 {"attempts": attempts, "first_error": first, "last_error": what},
             )
             return RotationTerminal(attempts, first)
-        self.state = Retrying(attempts, first)
-        if isinstance(state, Healthy):
+        self.state = RotationFailing(attempts, first)
+        if isinstance(state, RotationHealthy):
             self._log.events(
                 "wal.rotation.retrying", {"attempts": attempts, "budget": budget, "error": what}
             )
@@ -267,8 +275,8 @@ class Rotation:
 
     def succeeded_locked(self) -> None:
         state = self.state
-        if isinstance(state, Retrying):
-            self.state = Healthy()
+        if isinstance(state, RotationFailing):
+            self.state = RotationHealthy()
             self._log.events(
                 "wal.rotation.recovered",
                 {"attempts": state.attempts, "first_error": state.first_error},

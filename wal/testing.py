@@ -1,9 +1,12 @@
 """Test doubles shipped with the WAL: ``FaultyFs`` performs the same real I/O as
-``wal.fs.OsFs`` through the same seam and adds two test powers, so tests inject faults
+``wal.fs.OsFs`` through the same seam and adds three test powers, so tests inject faults
 at any step without patching:
 
 * **Faults** — fail the k-th matching operation once or always, with any errno
-  (``ENOSPC``, ``EIO``…), or tear a write after a number of bytes.
+  (``ENOSPC``, ``EIO``…), or tear a write after a number of bytes (``FsFault``).
+* **Held points** — ``hold_at(op, glob)`` holds the thread making the matching
+  operation until the test releases it (``HeldFsPoint``): the seam's sync points, with
+  the same ``reached`` / ``release()`` pair as ``app.points``' named ones.
 * **Crashes** — raise ``SimulatedCrash`` at a named point (an operation on a path
   pattern, the k-th time), after which every later operation on the seam raises too,
   and ``apply_crash()`` rewrites the directories to what a power loss would have left:
@@ -66,7 +69,7 @@ class SimulatedCrash(BaseException):
 
 
 @dataclass
-class Fault:
+class FsFault:
     """One injected fault: which operations it matches and what it does."""
 
     op: str
@@ -99,12 +102,14 @@ class Fault:
         return True
 
 
-class Hold:
-    """A named point in the seam where a thread is held until the test releases it.
+class HeldFsPoint:
+    """A sync point in the seam (``FaultyFs.hold_at``): the thread making the matching
+    operation is held until the test releases it.
 
     ``reached`` is set when the matching operation is about to run (outside the seam's
     own lock, so other threads' I/O proceeds); the operation continues after
-    ``release()``. Deterministic interleavings without sleeping.
+    ``release()``. Deterministic interleavings without sleeping. The same ``reached`` /
+    ``release()`` pair as ``app.points.HeldPoint``, the named sync points in the code.
     """
 
     def __init__(self, op: str, path_glob: str | None, nth: int) -> None:
@@ -149,8 +154,8 @@ class FaultyFs(OsFs):
 
     def __init__(self, shadow_dir: Path) -> None:
         self._mu = threading.RLock()
-        self._faults: list[Fault] = []
-        self._holds: list[Hold] = []
+        self._faults: list[FsFault] = []
+        self._holds: list[HeldFsPoint] = []
         self._shadow = shadow_dir
         self._shadow.mkdir(parents=True, exist_ok=True)
         self._inodes: dict[int, _Inode] = {}
@@ -172,11 +177,11 @@ class FaultyFs(OsFs):
         errno: int = errno_mod.EIO,
         torn_bytes: int | None = None,
         predicate: Callable[[str, Path | None], bool] | None = None,
-    ) -> Fault:
+    ) -> FsFault:
         """Fail the ``nth`` matching call (and ``count - 1`` more; None = always)."""
         if op not in OPS:
             raise ValueError(f"unknown fs op {op!r}")
-        fault = Fault(op, path_glob, nth, count, errno, False, torn_bytes, predicate=predicate)
+        fault = FsFault(op, path_glob, nth, count, errno, False, torn_bytes, predicate=predicate)
         with self._mu:
             self._faults.append(fault)
         return fault
@@ -189,21 +194,21 @@ class FaultyFs(OsFs):
         nth: int = 1,
         torn_bytes: int | None = None,
         predicate: Callable[[str, Path | None], bool] | None = None,
-    ) -> Fault:
+    ) -> FsFault:
         """Crash when the ``nth`` matching call is attempted (before it takes effect,
         except that a write with ``torn_bytes`` writes that prefix first)."""
         if op not in OPS:
             raise ValueError(f"unknown fs op {op!r}")
-        fault = Fault(op, path_glob, nth, 1, 0, True, torn_bytes, predicate=predicate)
+        fault = FsFault(op, path_glob, nth, 1, 0, True, torn_bytes, predicate=predicate)
         with self._mu:
             self._faults.append(fault)
         return fault
 
-    def hold_at(self, op: str, path_glob: str | None = None, *, nth: int = 1) -> Hold:
+    def hold_at(self, op: str, path_glob: str | None = None, *, nth: int = 1) -> HeldFsPoint:
         """Hold the thread that makes the ``nth`` matching call until ``release()``."""
         if op not in OPS:
             raise ValueError(f"unknown fs op {op!r}")
-        hold = Hold(op, path_glob, nth)
+        hold = HeldFsPoint(op, path_glob, nth)
         with self._mu:
             self._holds.append(hold)
         return hold
@@ -311,7 +316,7 @@ class FaultyFs(OsFs):
         size = os.stat(path).st_size if durable_size is None else durable_size
         self._inodes[ino] = _Inode(shadow, size)
 
-    def _before(self, op: str, path: Path | None) -> Fault | None:
+    def _before(self, op: str, path: Path | None) -> FsFault | None:
         """Common prologue: hold if asked, refuse after a crash, record, and find a
         firing fault."""
         with self._mu:
@@ -330,7 +335,7 @@ class FaultyFs(OsFs):
                     return fault
         return None
 
-    def _raise(self, fault: Fault, op: str, path: Path | None) -> None:
+    def _raise(self, fault: FsFault, op: str, path: Path | None) -> None:
         if fault.crash:
             with self._mu:
                 self._crashed = True

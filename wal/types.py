@@ -83,15 +83,16 @@ class DirFsyncOrigin(enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
-class Healthy:
+class RotationHealthy:
     """No rotation obligation is failing."""
 
     name: str = "healthy"
 
 
 @dataclass(frozen=True, slots=True)
-class Retrying:
-    """Consecutive rotation attempts failed; the budget still holds (transient)."""
+class RotationFailing:
+    """Consecutive rotation attempts failed; the budget still holds (``name`` "retrying":
+    appends are refused with ``wal.errors.RotationRetrying``, transient)."""
 
     attempts: int
     first_error: str
@@ -99,15 +100,16 @@ class Retrying:
 
 
 @dataclass(frozen=True, slots=True)
-class Terminal:
-    """The budget is exhausted; every append is refused until a restart."""
+class RotationExhausted:
+    """The budget is exhausted: the terminal state (``name`` "terminal"). Every append
+    is refused with ``wal.errors.RotationTerminal`` until a restart."""
 
     attempts: int
     first_error: str
     name: str = "terminal"
 
 
-RotationState = Healthy | Retrying | Terminal
+RotationState = RotationHealthy | RotationFailing | RotationExhausted
 
 
 @dataclass(frozen=True, slots=True)

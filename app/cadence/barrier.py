@@ -46,9 +46,9 @@ from typing import TYPE_CHECKING
 from app import points
 from app.ingest.cuts import Cut
 from app.ingest.landed import live_intent
-from app.ingest.settlement import Result, SettleOutcome
+from app.ingest.settlement import SettleOutcome, SettleResult
 from app.ingest.snapshots import SnapshotLedger, SnapshotStore
-from app.node.heap import collection_deferred
+from app.node.gc_policy import collection_deferred
 from wal import (
     AppendError,
     CheckpointError,
@@ -280,7 +280,7 @@ class Barrier:
         I/O of the forced frontier is allowed here, on the barrier thread."""
         outcomes = self.pipeline.settler.settle_all(force_publish=True)
         for o in outcomes:
-            if o.result is Result.FAILED:
+            if o.result is SettleResult.FAILED:
                 self._count("error", "settlement_failed")
         self.settlements = outcomes
         return outcomes
@@ -290,7 +290,7 @@ class Barrier:
         p = self.pipeline
         started = time.perf_counter()
         # A collection the capture would trigger runs after the exclusion is released,
-        # not inside the hold (app/node/heap.py).
+        # not inside the hold (app/node/gc_policy.py).
         with collection_deferred(), p.exclusion.exclusive():
             points.hit("barrier.after_quiesce")
             if rotate_idle:

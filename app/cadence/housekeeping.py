@@ -1,8 +1,9 @@
-"""The housekeeping thread: every ``housekeeping_secs``, one capped reclamation pass
-(``Journal.maintain``: prepare under the journal mutex → file half with no lock →
-commit) with the horizons of the SnapshotLedger — installs that returned OK, never a
-directory listing. A tenant with WAL frames and no installed snapshot is therefore
-absent from the map and *pinned*; the ingest receiver never passes ``NoConsumer``.
+"""The housekeeping timer: every ``housekeeping_secs``, one capped reclamation pass
+(``wal/reclamation.py``, through ``Journal.maintain``: prepare under the journal mutex →
+file half with no lock → commit) with the horizons of the SnapshotLedger — installs that
+returned OK, never a directory listing. A tenant with WAL frames and no installed
+snapshot is therefore absent from the map and *pinned*; the ingest receiver never passes
+``NoConsumerHorizons``.
 
 It runs independently of the barrier (a latched barrier does not stop partial sweeps),
 survives an exception in a pass (counted by error type; the next pass re-plans), and is
@@ -35,7 +36,7 @@ from app import points
 from app.ingest.admission import Admission, TickDecision
 from app.ingest.snapshots import SnapshotLedger
 from app.node.diskspace import DiskSpace, statvfs_free
-from wal import FloorPinned, HousekeepingProgress, Journal, ReclaimError, WalError
+from wal import FloorPinned, Journal, ReclaimError, ReclamationProgress, WalError
 
 log = logging.getLogger("ourios.housekeeping")
 
@@ -91,7 +92,7 @@ class Housekeeper:
         #: observers the metrics install: each pass's duration, each run's outcome
         self.on_pass: Callable[[float], None] | None = None
         self.on_run: Callable[[str, str], None] | None = None
-        self.last: HousekeepingProgress | None = None
+        self.last: ReclamationProgress | None = None
         #: free bytes on the WAL's filesystem as statvfs last said (the figure admission
         #: uses is ``space.free_bytes``)
         self.disk_free_bytes: int | None = None
@@ -125,7 +126,7 @@ class Housekeeper:
             self._follow_up.set()
             self._wake.set()
 
-    def step(self, *, follow_up: bool = False) -> HousekeepingProgress | None:
+    def step(self, *, follow_up: bool = False) -> ReclamationProgress | None:
         """One tick: sample the disk, then one pass; never raises (the outcome is
         counted and logged). ``follow_up``: the pass after a requested cut (no new
         request, so an urgent state costs one extra cut per tick, not a loop)."""
@@ -140,7 +141,7 @@ class Housekeeper:
             self._request_cut()
         started = time.perf_counter()
         points.hit("housekeeping.before_pass")
-        progress: HousekeepingProgress | None
+        progress: ReclamationProgress | None
         try:
             progress = self.journal.maintain(self.ledger.known(), self.cap)
         except ReclaimError as exc:
@@ -171,7 +172,7 @@ class Housekeeper:
         if self.on_run is not None:
             self.on_run(outcome, error_type)
 
-    def _floor_transition(self, progress: HousekeepingProgress) -> None:
+    def _floor_transition(self, progress: ReclamationProgress) -> None:
         floor = progress.floor
         pinned = isinstance(floor, FloorPinned)
         if pinned and not self._pinned:

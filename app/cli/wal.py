@@ -45,9 +45,15 @@ from app.node.datalock import LOCK_NAME, DataDirLock, DataDirLocked, DataDirLock
 from app.node.diskspace import RESERVE_NAME
 from app.receive.otlp import IngestRejection, count_records, decode_request
 from wal import OsFs, QuarantineError, WalOffset
+from wal.inspection import (
+    RootReport,
+    SegmentVerdict,
+    inspect_root,
+    verify_root,
+    verify_segment_bytes,
+)
 from wal.quarantine import quarantine_segment
 from wal.segment import SEGMENT_RE
-from wal.tools import RootReport, SegmentVerdict, inspect_root, verify_root, verify_segment_bytes
 
 EXIT_OK = 0
 EXIT_PROBLEM = 1

@@ -50,7 +50,7 @@ from app.ingest.settlement import (
 )
 from app.ingest.snapshots import SnapshotLedger, SnapshotState
 from app.ingest.tenants import Reservation, TenantTable, TenantUnrecoverable, TurnResult
-from app.node.heap import collection_deferred
+from app.node.gc_policy import collection_deferred
 from app.receive.api import IngestOutcome
 from app.receive.otlp import BadRequest, FlatBatch, IngestRejection, PayloadTooLarge, Unavailable
 from sink.buffers import NANOS_PER_DAY, Buffers, Detached
@@ -66,7 +66,7 @@ from wal import (
     Journal,
     Pending,
     PublishedMarks,
-    Terminal,
+    RotationExhausted,
     WalOffset,
 )
 from wal.segment import uuid7_time
@@ -179,7 +179,7 @@ class Ticket:
 
 
 class Pipeline:
-    """Implements ``app.receive.api.Pipeline`` for the receivers."""
+    """Implements ``app.receive.api.IngestPort`` for the receivers."""
 
     def __init__(
         self,
@@ -245,7 +245,7 @@ class Pipeline:
 
     @property
     def ready(self) -> bool:
-        return self._ready and not isinstance(self.journal.rotation_state, Terminal)
+        return self._ready and not isinstance(self.journal.rotation_state, RotationExhausted)
 
     @property
     def alive(self) -> bool:
@@ -275,7 +275,7 @@ class Pipeline:
         if len(payload) > limit:
             raise PayloadTooLarge(limit)
         reservation: Reservation | None = None
-        if not isinstance(self.journal.rotation_state, Terminal):
+        if not isinstance(self.journal.rotation_state, RotationExhausted):
             hint = self.settler.retry_after(tenant)
             try:
                 reservation = self.tenants.admit(tenant, hint)  # a refusal writes nothing

@@ -312,7 +312,9 @@ class UnminedSet:
             return len(self._entries)
 
 
-class Result(enum.Enum):
+class SettleResult(enum.Enum):
+    """How one settlement ended (``SettleOutcome.result``)."""
+
     NOTHING = 1  # no entry for the tenant
     SETTLED = 2  # rebuilt, swapped in, entries removed
     WAITED = 3  # another trigger held the claim; this one waited for its signal
@@ -323,7 +325,7 @@ class Result(enum.Enum):
 @dataclass(frozen=True, slots=True)
 class SettleOutcome:
     tenant: str
-    result: Result
+    result: SettleResult
     frames: int = 0
     records: int = 0
     events: int = 0
@@ -450,7 +452,7 @@ class Settler:
         p = self.pipeline
         if not p.unmined.has(tenant):
             p.tenants.set_settling(tenant, False)
-            return SettleOutcome(tenant, Result.NOTHING)
+            return SettleOutcome(tenant, SettleResult.NOTHING)
         # The claim is visible to admission before it exists (admission mutex alone).
         p.tenants.set_settling(tenant, True)
         signal: threading.Event | None = None
@@ -471,12 +473,12 @@ class Settler:
                     state = p.ledger.state(tenant)
         if not entries:
             p.tenants.set_settling(tenant, False)
-            return SettleOutcome(tenant, Result.NOTHING)
+            return SettleOutcome(tenant, SettleResult.NOTHING)
         if signal is not None:
             points.hit("settlement.lost")
             if wait:
                 signal.wait()
-            return SettleOutcome(tenant, Result.WAITED)
+            return SettleOutcome(tenant, SettleResult.WAITED)
         points.hit("settlement.claimed")
         try:
             outcome = self._rebuild(tenant, entries, state, claim_x, done, force_publish)
@@ -554,7 +556,7 @@ class Settler:
             exc,
             exc_info=exc,
         )
-        return SettleOutcome(tenant, Result.FAILED, error=entries[0].error)
+        return SettleOutcome(tenant, SettleResult.FAILED, error=entries[0].error)
 
     def _rebuild(
         self,
@@ -729,7 +731,7 @@ class Settler:
         )
         written = self._force_frontier(tenant, to.offset, detached) if force_publish else False
         return SettleOutcome(
-            tenant, Result.SETTLED, len(replayed), records, events_out, dropped, written
+            tenant, SettleResult.SETTLED, len(replayed), records, events_out, dropped, written
         )
 
     def _announce(self, tenant: str, r: _Replayed, attempts: FrameAttempts) -> None:
@@ -869,7 +871,7 @@ class Settler:
                 {"tenant": tenant, **fields, "frame": str(entries[0].span.offset)},
             )
         log.error("tenant %r is unrecoverable: %s", tenant, detail)
-        return SettleOutcome(tenant, Result.UNRECOVERABLE, error=detail)
+        return SettleOutcome(tenant, SettleResult.UNRECOVERABLE, error=detail)
 
 
 def _lsn(offset: WalOffset | None) -> int:

@@ -51,7 +51,7 @@ import crc32c
 
 from app.node.diskspace import DiskSpace
 from sink.keys import decode_tenant, encode_tenant
-from wal import Fs, Known, OsFs, WalOffset, is_no_space
+from wal import Fs, KnownHorizons, OsFs, WalOffset, is_no_space
 
 MAGIC: Final = b"OSNP"
 VERSION: Final = 2
@@ -353,7 +353,7 @@ def _read(fs: Fs, path: Path) -> bytes:
 
 class SnapshotLedger:
     """Installs that returned OK (after the directory fsync): the only source of
-    ``SnapshotHorizons.Known`` for housekeeping, and the state settlement rebuilds from
+    ``SnapshotHorizons.KnownHorizons`` for housekeeping, and the state settlement rebuilds from
     (the decoded state each horizon was installed from is retained beside it, so a
     rebuild never reads the directory, RFC 0055 §9.4).
 
@@ -380,11 +380,11 @@ class SnapshotLedger:
         with self._lock:
             self._refused.add(tenant)
 
-    def known(self) -> Known:
+    def known(self) -> KnownHorizons:
         """What housekeeping passes to ``Journal.maintain``."""
         with self._lock:
             horizons = {t: s.horizon for t, s in self._states.items() if t not in self._refused}
-            return Known(horizons, unrecoverable=frozenset(self._refused))
+            return KnownHorizons(horizons, unrecoverable=frozenset(self._refused))
 
     def state(self, tenant: str) -> SnapshotState | None:
         with self._lock:

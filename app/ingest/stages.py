@@ -224,7 +224,7 @@ def _answer(answer: Answer, outcome: IngestOutcome | None, error: IngestRejectio
 
 
 class LocalPort:
-    """The receivers' pipeline port in the core itself (``server.workers`` 0): each
+    """The receivers' ``IngestPort`` in the core itself (``server.workers`` 0): each
     request goes through the stages and its thread waits for the answer."""
 
     def __init__(self, stages: Stages, pipeline: Pipeline) -> None:

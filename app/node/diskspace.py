@@ -28,7 +28,7 @@ shows them — and a writer outside the node is seen at the next sample only.
 zero — by the node or by something else on it — must stay reclaimable, and reclamation
 writes new files: every tenant's snapshot (temp → rename), the embedded store's objects
 when it is on this volume, the template-id file. (CHECKPOINT, RECLAIM and PUBLISHED need
-no block: they are preallocated, ``wal/checkpoint.py``.) So ``<data_dir>/disk-reserve``,
+no block: they are preallocated, ``wal/checkpoint_file.py``.) So ``<data_dir>/disk-reserve``,
 ``disk.reserve_bytes`` long, is allocated at start-up (``posix_fallocate``, fsynced).
 The first of the node's writes that fails with ENOSPC *releases* it — the file is
 unlinked, its blocks are free — and that writer retries once; the WAL's own ENOSPC (its

@@ -31,8 +31,8 @@ from wal import (
     FloorPinned,
     FloorUnknown,
     QuarantineRecord,
-    Retrying,
-    Terminal,
+    RotationExhausted,
+    RotationFailing,
 )
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -111,7 +111,11 @@ class _StateCollector(Collector):
         for state_name in ("healthy", "retrying", "terminal"):
             rot.add_metric([state_name], 1.0 if st.rotation.name == state_name else 0.0)
         yield rot
-        attempts = st.rotation.attempts if isinstance(st.rotation, Retrying | Terminal) else 0
+        attempts = (
+            st.rotation.attempts
+            if isinstance(st.rotation, RotationFailing | RotationExhausted)
+            else 0
+        )
         yield gauge(
             "ourios_wal_rotation_failed_attempts", "Consecutive failed rotation attempts.", attempts
         )

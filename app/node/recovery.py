@@ -2,7 +2,7 @@
 
 1. ``load_all_durable`` the snapshots (after fsyncing the directory and its parent) and
    restore each tenant's miner from the one that decodes and restores;
-2. replay the WAL (its walk rebuilds the reclamation ledger as a by-product) with the
+2. replay the WAL (its walk rebuilds the segment ledger as a by-product) with the
    gates of DESIGN.md §5.8 / §13, per tenant with restored horizon S, checkpoint X and
    the tenant's PUBLISHED frontiers R (records) and A (audit), when it has them:
 
@@ -192,7 +192,7 @@ class Recovery:
     1. ``prepare`` (start-up, before the node is ready): restore the snapshots; make the
        replay, which covers exactly the frames that exist now, and validate it (the CRC
        walk and the high-water checks — damage refuses the start — which also walks
-       the frame headers into the reclamation ledger, no payload decoded);
+       the frame headers into the segment ledger, no payload decoded);
        ``check_restorable``; seed the tenant table from snapshots and frames, so
        admission knows every tenant's slot before the first request;
     2. ``items`` then ``turn`` (the turn thread, before any new frame's turn): decode

@@ -48,7 +48,7 @@ from app.node.config import Settings
 from app.node.datalock import DataDirLock, DataDirLocked, DataDirLockError
 from app.node.diskspace import open_disk_space
 from app.node.events import EventLog, configure_logging
-from app.node.heap import freeze_long_lived_heap
+from app.node.gc_policy import freeze_long_lived_heap
 from app.node.metrics import Metrics
 from app.node.recovery import Recovery
 from app.node.workers import Listeners, NodeState, Workers, worker_launcher

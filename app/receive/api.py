@@ -3,7 +3,7 @@ ingest pipeline (`app.ingest.pipeline`).
 
 A receiver decodes, validates and authorizes a request, then hands the pipeline three
 things: the tenant, the WAL payload (the protobuf `ExportLogsServiceRequest` bytes the
-frame stores) and the flattened rows. `Pipeline.ingest` blocks until the covering fsync
+frame stores) and the flattened rows. `IngestPort.ingest` blocks until the covering fsync
 and the ingest turn are done, so a return value is the acknowledgement DESIGN.md §5.1
 requires ("WAL before ack") and a raised `app.receive.otlp.IngestRejection` is what the client
 is told. Any other exception is a bug in the pipeline: the receivers answer it with
@@ -16,7 +16,7 @@ WAL frame.
 Readiness and liveness (DESIGN.md §13) are properties of the pipeline, read by
 `GET /readyz` and `GET /healthz`.
 
-`StubPipeline` is a `Pipeline` double shipped with the package (as `wal.testing.FaultyFs`
+`StubPort` is an `IngestPort` double shipped with the package (as `wal.testing.FaultyFs`
 is): it records every call and answers with a fixed outcome or raises a given error, so
 receiver tests need no patching.
 """
@@ -35,9 +35,9 @@ __all__ = [
     "IngestCall",
     "IngestObserver",
     "IngestOutcome",
+    "IngestPort",
     "ListenerBindError",
-    "Pipeline",
-    "StubPipeline",
+    "StubPort",
 ]
 
 
@@ -81,7 +81,7 @@ class _NoObserver:
 NO_OBSERVER: IngestObserver = _NoObserver()
 
 
-class Pipeline(Protocol):
+class IngestPort(Protocol):
     """What the receivers need from the ingest pipeline."""
 
     def ingest(
@@ -123,7 +123,7 @@ class ListenerBindError(OSError):
 
 @dataclass(frozen=True, slots=True)
 class IngestCall:
-    """One `Pipeline.ingest` call as `StubPipeline` saw it."""
+    """One `IngestPort.ingest` call as `StubPort` saw it."""
 
     tenant: str
     payload: bytes
@@ -131,8 +131,8 @@ class IngestCall:
     transport: str
 
 
-class StubPipeline:
-    """A `Pipeline` double: records calls, then raises `error` if set, else returns
+class StubPort:
+    """An `IngestPort` double: records calls, then raises `error` if set, else returns
     `outcome` (default: every record accepted). `on_ingest` runs first, in the caller's
     thread (a test holds calls there with an `Event` or a `Barrier`). `ready` and
     `alive` are plain attributes a test flips."""

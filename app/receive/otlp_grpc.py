@@ -11,7 +11,7 @@ re-parses is byte-for-byte what was parsed here. Per request, in this order::
                  INVALID_ARGUMENT (tenant)
     decode       app.receive.otlp.decode_request as protobuf (parse + validate_request)
     flatten      zero records: acknowledged without a WAL frame (app.receive.api)
-    ingest       Pipeline.ingest(..., "grpc") in the handler thread
+    ingest       IngestPort.ingest(..., "grpc") in the handler thread
     reply        serialized ExportLogsServiceResponse (partial_success only when the
                  pipeline rejected records)
 
@@ -50,7 +50,7 @@ from typing import Any, Final
 
 import grpc
 
-from app.receive.api import NO_OBSERVER, IngestObserver, ListenerBindError, Pipeline
+from app.receive.api import NO_OBSERVER, IngestObserver, IngestPort, ListenerBindError
 from app.receive.auth import Authenticator
 from app.receive.otlp import (
     PROTOBUF_CONTENT_TYPE,
@@ -86,7 +86,7 @@ class _ExportHandler:
 
     def __init__(
         self,
-        pipeline: Pipeline,
+        pipeline: IngestPort,
         authenticator: Authenticator,
         logger: logging.Logger,
         observer: IngestObserver = NO_OBSERVER,
@@ -203,7 +203,7 @@ class _ReceiverServer(grpc.Server):  # type: ignore[misc]
 
 
 def create_grpc_server(
-    pipeline: Pipeline,
+    pipeline: IngestPort,
     *,
     max_frame_bytes: int,
     authenticator: Authenticator,
@@ -215,7 +215,7 @@ def create_grpc_server(
     reuse_port: bool = False,
 ) -> tuple[grpc.Server, int]:
     """The LogsService server bound to `host:port` (0 picks a free port) and the bound
-    port; not started. `max_workers` handler threads may wait in `Pipeline.ingest` at
+    port; not started. `max_workers` handler threads may wait in `IngestPort.ingest` at
     once (further RPCs queue). `reuse_port` binds with ``SO_REUSEPORT`` (a worker
     process beside its siblings and the core's reservation of the port). Raises
     `ListenerBindError` when the address is taken."""

@@ -12,7 +12,7 @@ refusal (DESIGN.md §7 gives the codes)::
                  writes its whole body before reading gets the 413, not a reset
                  (which OTLP clients retry)
     worker       decompress (limit max_frame_bytes) → decode_request → WAL payload →
-                 flatten → Pipeline.ingest, in one worker thread
+                 flatten → IngestPort.ingest, in one worker thread
     reply        ExportLogsServiceResponse 200, or a google.rpc.Status
 
 Authentication comes before anything reads the body, so a client without a valid
@@ -27,7 +27,7 @@ be a frame a legitimate client meant to send. A gzip bomb under the cap is stopp
 `app.receive.otlp.decompress` at `max_frame_bytes + 1` inflated bytes.
 
 The CPU work (inflate, parse, flatten) runs in the same worker thread as the blocking
-`Pipeline.ingest`, so a large request does not hold the event loop and `/healthz`
+`IngestPort.ingest`, so a large request does not hold the event loop and `/healthz`
 stays answerable while it is parsed. Workers come from a dedicated
 `anyio.CapacityLimiter` (`ingest_concurrency`, default 256): a group commit
 acknowledges many waiters with one fsync, so many requests must be able to wait at
@@ -76,7 +76,13 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app.receive.api import NO_OBSERVER, IngestObserver, IngestOutcome, ListenerBindError, Pipeline
+from app.receive.api import (
+    NO_OBSERVER,
+    IngestObserver,
+    IngestOutcome,
+    IngestPort,
+    ListenerBindError,
+)
 from app.receive.auth import Authenticator, BearerRejected
 from app.receive.otlp import (
     JSON_CONTENT_TYPE,
@@ -128,7 +134,7 @@ _NOT_READY: Final = (
 
 
 class AsyncIngest(Protocol):
-    """``Pipeline.ingest`` awaited on the event loop (``app.receive.worker.RemotePipeline``
+    """``IngestPort.ingest`` awaited on the event loop (``app.receive.worker.RemotePort``
     has it): the receiver then needs no thread per request."""
 
     def __call__(
@@ -238,7 +244,7 @@ class _ReceiverApp(FastAPI):
 
 
 def create_http_app(
-    pipeline: Pipeline,
+    pipeline: IngestPort,
     *,
     max_frame_bytes: int,
     authenticator: Authenticator,
@@ -249,7 +255,7 @@ def create_http_app(
 ) -> FastAPI:
     """The OTLP/HTTP application (module docstring). `metrics_text` returns the
     Prometheus exposition and its content type; `ingest_concurrency` bounds the
-    worker threads waiting in `Pipeline.ingest`."""
+    worker threads waiting in `IngestPort.ingest`."""
     if max_frame_bytes < 1:
         raise ValueError(f"max_frame_bytes must be >= 1, got {max_frame_bytes}")
     if ingest_concurrency < 1:

@@ -5,7 +5,7 @@ channel (``app.receive.channel``) and the HTTP listening socket (bound and liste
 core, so every worker accepts from one queue and a worker that dies loses no queued
 connection); the gRPC port is bound here with ``SO_REUSEPORT`` beside the core's
 reservation of it. A worker serves the same receivers as the in-process node
-(``app.receive.otlp_http``, ``app.receive.otlp_grpc``) over a ``RemotePipeline``: auth,
+(``app.receive.otlp_http``, ``app.receive.otlp_grpc``) over a ``RemotePort``: auth,
 decompression, decoding and flattening to Arrow run here, and ``ingest`` hands the core
 (tenant, WAL payload, batch) and blocks until the core's answer, which it relays as is.
 It keeps no state of its own: the core counts every request (``OBSERVED`` reports), and
@@ -48,7 +48,7 @@ from app.receive.otlp_grpc import create_grpc_server
 from app.receive.otlp_http import create_http_app
 from sink.parquet import encode_table
 
-__all__ = ["RemotePipeline", "main"]
+__all__ = ["RemotePort", "main"]
 
 log = logging.getLogger("ourios.worker")
 
@@ -58,8 +58,8 @@ _PR_SET_PDEATHSIG: Final = 1
 ANSWER_TIMEOUT_S: Final = 300.0
 
 
-class RemotePipeline:
-    """The receivers' ``Pipeline`` in a worker: every call goes to the core."""
+class RemotePort:
+    """The receivers' ``IngestPort`` in a worker: every call goes to the core."""
 
     def __init__(self, conn: Connection) -> None:
         self._conn = conn
@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(settings.server.log_level)
     events = EventLog()
     conn = Connection(socket.socket(fileno=args.channel_fd))
-    remote = RemotePipeline(conn)
+    remote = RemotePort(conn)
     observer = ReportingObserver(conn)
     auth = Authenticator(settings.auth.tokens or None)
     grace = max(1, settings.server.shutdown_grace_secs // 2)

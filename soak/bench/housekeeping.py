@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from wal import Journal, Known, WalConfig  # noqa: E402
+from wal import Journal, KnownHorizons, WalConfig  # noqa: E402
 from wal.reclamation import APPLY_STEPS_PER_UNLINK  # noqa: E402
 
 CAP = 128
@@ -40,7 +40,7 @@ BIG_FRAME = b"b" * 60_000  # one frame per segment
 SMALL_FRAME = b"s" * 1024
 
 
-def build(root: Path, segments: int, tenants: int = 4) -> tuple[Journal, Known]:
+def build(root: Path, segments: int, tenants: int = 4) -> tuple[Journal, KnownHorizons]:
     j = Journal.open(root, CFG)
     last: dict[str, object] = {}
     batch = []
@@ -56,7 +56,7 @@ def build(root: Path, segments: int, tenants: int = 4) -> tuple[Journal, Known]:
     tail = j.commit("tenant-0", SMALL_FRAME).offset  # the current segment
     last["tenant-0"] = tail
     j.checkpoint(tail)
-    return j, Known(dict(last))  # type: ignore[arg-type]
+    return j, KnownHorizons(dict(last))  # type: ignore[arg-type]
 
 
 def appenders(
@@ -84,7 +84,7 @@ def pct(values: list[float], q: int) -> float:
 
 
 def measure(
-    j: Journal, window: float | None, horizons: Known | None
+    j: Journal, window: float | None, horizons: KnownHorizons | None
 ) -> tuple[list[float], int, int, float]:
     """16 appenders on ``j`` while either nothing else runs for ``window`` seconds, or
     capped passes run back to back until the backlog is drained. Returns the append
@@ -157,11 +157,11 @@ def lock_hold(base: Path, sizes: list[int]) -> None:
         holds: list[tuple[float, int, int]] = []  # (seconds, removed, horizon steps)
         while len(holds) < 24:
             t0 = time.perf_counter()
-            plan = j.housekeeping_prepare(horizons, CAP)
+            plan = j.plan_reclamation(horizons, CAP)
             t1 = time.perf_counter()
-            outcome = j.housekeeping_execute(plan)
+            outcome = j.execute_reclamation(plan)
             t2 = time.perf_counter()
-            progress = j.housekeeping_commit(plan, outcome)
+            progress = j.commit_reclamation(plan, outcome)
             t3 = time.perf_counter()
             holds.append(
                 ((t1 - t0) + (t3 - t2), progress.removed_segments, progress.horizon_applied)

@@ -34,7 +34,7 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsSer
 from tests.support.parquet_read import read_kind
 from tests.support.serve import ROOT, ServeProcess
 from wal import OsFs, PublishedMarks
-from wal.published import PublishedFile
+from wal.published_file import PublishedFile
 
 TENANT = "acme"
 ENV = {

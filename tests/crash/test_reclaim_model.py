@@ -50,8 +50,8 @@ from hypothesis.stateful import (
 )
 
 from tests.support.walkit import payload
-from wal import Frame, FrameKind, Journal, Known, OsFs, ReclaimError, WalConfig, WalOffset
-from wal.reclaim import ReclaimFile
+from wal import Frame, FrameKind, Journal, KnownHorizons, OsFs, ReclaimError, WalConfig, WalOffset
+from wal.reclaim_file import ReclaimFile
 from wal.testing import FaultyFs, SimulatedCrash
 
 KiB = 1024
@@ -211,8 +211,8 @@ class ReclaimModel(RuleBasedStateMachine):
         names = set(self.by_segment) | {current}
         return {n for n in names if self._keeps(n, current) is not None}
 
-    def _known(self) -> Known:
-        return Known(dict(self.horizons))
+    def _known(self) -> KnownHorizons:
+        return KnownHorizons(dict(self.horizons))
 
     def _restorable(self) -> dict[str, WalOffset | None]:
         return {t: self.horizons.get(t) for t in (*SNAPSHOTTING, PINNED)}
@@ -283,17 +283,17 @@ class ReclaimModel(RuleBasedStateMachine):
         """prepare / execute / commit, checking the plan against the rule; the record
         stays dirty until the next pass writes it (nothing here rewrites it)."""
         j = self.journal
-        plan = j.housekeeping_prepare(self._known(), cap)
+        plan = j.plan_reclamation(self._known(), cap)
         current = self._current()
         assert len(plan.segments) + len(plan.partials) <= cap
         for planned in plan.segments:
             why = self._keeps(planned.path.name, current)
             assert why is None, f"planned {planned.path.name}, but the rule keeps it: {why}"
         before = disk_segments(self.root)
-        outcome = j.housekeeping_execute(plan)
+        outcome = j.execute_reclamation(plan)
         if outcome.record_error is not None:
             assert disk_segments(self.root) == before, "unlinked after a failed RECLAIM write"
-        j.housekeeping_commit(plan, outcome)
+        j.commit_reclamation(plan, outcome)
 
     def _drain(self, journal: Journal, cap: int) -> int:
         """Capped passes until one removes nothing and has nothing left in reach."""
@@ -566,7 +566,7 @@ class Rig:
         """Passes until one removes nothing and has nothing left; each pass's removals."""
         removed = []
         for _ in range(200):
-            p = self.journal.maintain(Known(dict(horizons)), cap)
+            p = self.journal.maintain(KnownHorizons(dict(horizons)), cap)
             removed.append(p.removed_segments)
             assert p.removed_segments <= cap
             if p.removed_segments == 0 and not p.capped:
@@ -679,8 +679,8 @@ def test_rfc0052_12_cap_1_drains_a_backlog_to_the_end_state_of_cap_100(tmp_path:
 def test_rfc0052_17_an_uncertain_deletion_outlives_a_failed_record_write(tmp_path: Path) -> None:
     """An uncertain deletion stays on record through a pass whose RECLAIM write fails.
 
-    At 66135d1 ``housekeeping_commit``'s record_error branch sent every planned segment
-    to ``Ledger.record_failed`` and dropped its planned entry, the re-planned uncertain
+    At 66135d1 ``commit_reclamation``'s record_error branch sent every planned segment
+    to ``SegmentLedger.record_failed`` and dropped its planned entry, the re-planned uncertain
     ones too, whose files were already unlinked: back to LIVE, off the record. The next
     record write that did not re-plan them wrote them out of RECLAIM, the next directory
     fsync made their absence durable, and the restart found them gone, unexplained."""
@@ -688,7 +688,7 @@ def test_rfc0052_17_an_uncertain_deletion_outlives_a_failed_record_write(tmp_pat
     frames = r.write("aaaaaaaa", size=30 * KiB)  # two frames a segment: four segments
     assert len(r.journal.segment_names()) == 4
     r.journal.checkpoint(frames[-1].offset)
-    horizons = Known({"a": frames[5].offset})  # a's last frame in the third segment
+    horizons = KnownHorizons({"a": frames[5].offset})  # a's last frame in the third segment
     r.fs.fail("fsync_dir", None)  # three unlinks, then the parent fsync fails: uncertain
     with pytest.raises(ReclaimError):
         r.journal.maintain(horizons, CAP)
@@ -705,17 +705,17 @@ def test_rfc0052_17_an_uncertain_deletion_outlives_a_failed_record_write(tmp_pat
     r.journal.check_restorable({"a": frames[5].offset})  # StaleGap: "refusing to start"
 
 
-def _oversize_rig(tmp_path: Path) -> tuple[Rig, Known]:
+def _oversize_rig(tmp_path: Path) -> tuple[Rig, KnownHorizons]:
     r = rig(tmp_path)
     frames = r.write("a" * 12, size=30 * KiB)  # six segments, five of them closed
     r.journal.checkpoint(frames[-1].offset)
-    return r, Known({"a": frames[-1].offset})
+    return r, KnownHorizons({"a": frames[-1].offset})
 
 
 def test_nowedge_7_rfc0052_12_a_cap_above_the_record_geometry_is_clamped_to_it(
     tmp_path: Path,
 ) -> None:
-    """At 66135d1 ``housekeeping_prepare`` popped up to ``cap`` segments whatever the
+    """At 66135d1 ``plan_reclamation`` popped up to ``cap`` segments whatever the
     planned records RECLAIM holds (its ``max_unlinks``); the record write then raised
     ``UnencodableRecord``, a ``ValueError``, out of ``maintain``. Since c9ffcef the pass
     clamps the cap to the geometry (``wal/housekeeping.py``): it neither raises nor

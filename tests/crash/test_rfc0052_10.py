@@ -78,7 +78,7 @@ from app.receive.otlp import decode_request, flatten
 from tests.support.ackload import AckLedger, AckLoad, Outcome
 from tests.support.noderig import NodeRig
 from tests.support.serve import ROOT, ServeProcess
-from wal.tools import inspect_root
+from wal.inspection import inspect_root
 
 TENANTS = ("acme", "globex", "initech")
 

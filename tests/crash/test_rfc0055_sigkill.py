@@ -44,7 +44,7 @@ from app.ingest.snapshots import decode_snapshot
 from tests.support.ackload import AckLedger, AckLoad, Outcome
 from tests.support.serve import ROOT, ServeProcess
 from wal import OsFs
-from wal.published import PublishedFile
+from wal.published_file import PublishedFile
 
 TENANTS = ("acme", "globex", "initech")
 ENV = {

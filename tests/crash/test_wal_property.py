@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from tests.support.walkit import Ledger, assert_recovers, payload
-from wal import AppendError, Journal, RotationKind, Terminal, WalConfig
+from wal import AppendError, Journal, RotationExhausted, RotationKind, WalConfig
 from wal.commit import Pending
 from wal.testing import FaultyFs, SimulatedCrash
 
@@ -156,7 +156,7 @@ class WalMachine(RuleBasedStateMachine):
     def terminal_refuses_everything(self) -> None:
         if self.journal is None or self.fs.crashed:
             return
-        if isinstance(self.journal.rotation_state, Terminal):
+        if isinstance(self.journal.rotation_state, RotationExhausted):
             try:
                 self.journal.append_batch("t", b"x")
             except AppendError:

@@ -26,8 +26,8 @@ from app.receive.otlp_grpc import create_grpc_server
 from app.receive.otlp_http import create_http_app
 from tests.support.noderig import NodeRig, request
 from tests.unit.app.test_http_receiver import call
-from wal import Retrying, Terminal, WalConfig
-from wal.types import Healthy
+from wal import RotationExhausted, RotationFailing, WalConfig
+from wal.types import RotationHealthy
 
 ATTEMPTS = 3
 STATUS_DETAILS = "grpc-status-details-bin"
@@ -123,7 +123,7 @@ def test_rfc0052_15_an_fsync_failure_is_transient_on_both_transports(wire: Wire)
     # was sealed, and the node takes the next batch on a fresh segment
     assert wire.http("after")[0] == 200
     assert wire.grpc("after-g")[0] is grpc.StatusCode.OK
-    assert isinstance(wire.rig.journal.rotation_state, Healthy)
+    assert isinstance(wire.rig.journal.rotation_state, RotationHealthy)
     assert written(wire.rig) > before
     refused = {k for k in wire.counted.requests if k[1] != "ok"}
     assert {(t, e) for t, _, e in refused} == {("http", "wal_io"), ("grpc", "wal_io")}
@@ -139,7 +139,7 @@ def test_rfc0052_15_rotation_retrying_then_terminal_on_both_transports(wire: Wir
         if status != 200:
             break
     state = rig.journal.rotation_state
-    assert isinstance(state, Retrying) and state.attempts == 1
+    assert isinstance(state, RotationFailing) and state.attempts == 1
 
     code, details, retry_info = wire.grpc("r2")  # the second attempt, also failing
 
@@ -147,10 +147,10 @@ def test_rfc0052_15_rotation_retrying_then_terminal_on_both_transports(wire: Wir
     assert "transient, retrying" in message and "rotat" in message
     assert code is grpc.StatusCode.UNAVAILABLE and not retry_info
     assert "transient, retrying" in details
-    while isinstance(rig.journal.rotation_state, Retrying):
+    while isinstance(rig.journal.rotation_state, RotationFailing):
         assert wire.http("r3")[0] == 503
     state = rig.journal.rotation_state
-    assert isinstance(state, Terminal) and state.attempts == ATTEMPTS
+    assert isinstance(state, RotationExhausted) and state.attempts == ATTEMPTS
     end = written(rig)
 
     status, headers, message = wire.http("t1")

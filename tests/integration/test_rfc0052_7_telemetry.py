@@ -34,7 +34,7 @@ from tests.chart.test_alerts import ABSENT_WHEN_CLEAR, INTERFACE
 from tests.support.noderig import NodeRig, request
 from tests.support.serve import ServeProcess
 from tests.support.tools import require_tool
-from wal import Terminal
+from wal import RotationExhausted
 
 FAST_TIMERS = {"OURIOS_WAL_BARRIER_SECS": "1", "OURIOS_WAL_HOUSEKEEPING_SECS": "1"}
 HISTOGRAMS = [name for name, (kind, _) in INTERFACE.items() if kind == "histogram"]
@@ -329,7 +329,7 @@ def terminal_rotation(rig: NodeRig, tmp_path: Path, monkeypatch: pytest.MonkeyPa
         if exc is not None:
             refusals.append(exc)
         rig.barrier.step()  # the idle rotation draws on the same budget
-    assert isinstance(rig.journal.rotation_state, Terminal)
+    assert isinstance(rig.journal.rotation_state, RotationExhausted)
     assert len(refusals) >= 4 and all(isinstance(e, Unavailable) for e in refusals)
     assert "terminal" in refusals[-1].message
 

@@ -21,7 +21,7 @@ integer enums), independently of the server's decoder; `gzip_bytes` and `gzip_bo
 (streamed, never holding the inflated bytes) compress. `grpc_export` makes one raw
 `LogsService/Export` call and returns the status code instead of raising.
 
-WAL evidence: `wal_frame_count` (read-only `wal.tools.verify_root`, safe against a
+WAL evidence: `wal_frame_count` (read-only `wal.inspection.verify_root`, safe against a
 running server) and `wal_batches` (every frame's tenant, end LSN and payload; read-only,
 consistent once the server is stopped or idle).
 """
@@ -61,9 +61,9 @@ from opentelemetry.sdk.resources import Resource
 from wal import FrameKind
 from wal.frame import iter_payloads
 from wal.fs import OsFs
-from wal.layout import list_root, scan_segment
+from wal.inspection import verify_root
+from wal.scan import list_root, scan_segment
 from wal.segment import HEADER_SIZE
-from wal.tools import verify_root
 
 __all__ = [
     "EXPORT_METHOD",

@@ -21,7 +21,7 @@ from app.ingest.admission import Admission, Bound, DiskLevel
 from app.ingest.snapshots import SnapshotLedger
 from app.receive.otlp import Unavailable
 from tests.support.walkit import SMALL, faulty, payload
-from wal import HousekeepingProgress, Journal, Known
+from wal import Journal, KnownHorizons, ReclamationProgress
 from wal.errors import WalNoSpace
 
 MiB = 1 << 20
@@ -183,7 +183,7 @@ def test_the_unreclaimed_limit_refuses_and_the_timers_alone_clear_it(
     refusal(a)
     # the barrier's checkpoint and a housekeeping pass (the timers) reclaim
     journal.checkpoint(offs[-1])
-    journal.maintain(Known({"t": offs[-1]}), 64)
+    journal.maintain(KnownHorizons({"t": offs[-1]}), 64)
     assert journal.unreclaimed_bytes <= limit
     refusal(a)  # reclaimed, but only the tick lifts the bound (no flapping per request)
     decision = a.observe(LOW * 4, None)
@@ -210,7 +210,7 @@ def test_the_housekeeping_tick_samples_and_hurries(journal: Journal) -> None:
     )
     original_step = hk.step
 
-    def step(*, follow_up: bool = False) -> HousekeepingProgress | None:
+    def step(*, follow_up: bool = False) -> ReclamationProgress | None:
         passes.append(follow_up)
         return original_step(follow_up=follow_up)
 

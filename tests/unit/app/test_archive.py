@@ -18,7 +18,7 @@ from app.cadence.archive import (
 from app.cli import wal as walcli
 from sink.store import FailingStore, LocalStore, MemoryStore
 from tests.support.walkit import SMALL, faulty, payload
-from wal import Journal, Known, WalOffset
+from wal import Journal, KnownHorizons, WalOffset
 from wal.reclamation import ArchiveError
 from wal.segment import HEADER_SIZE
 from wal.testing import FaultyFs
@@ -68,7 +68,7 @@ def test_every_unlinked_segment_is_byte_identical_in_the_archive_before_its_unli
         offs = _fill(j)
         names = j.segment_names()
         j.checkpoint(offs[-1])
-        progress = j.maintain(Known({"t0": offs[-2], "t1": offs[-1]}), 64)
+        progress = j.maintain(KnownHorizons({"t0": offs[-2], "t1": offs[-1]}), 64)
         assert progress.removed_segments == len(names) - 1
     assert sorted(checked) == sorted(names[:-1])
     assert archiver.archived == len(checked) and not archiver.failures
@@ -94,7 +94,7 @@ def test_an_archive_failure_keeps_the_segment_and_is_visible(tmp_path: Path, fau
         elif fault == "read":
             archiver._read = lambda path: (_ for _ in ()).throw(OSError(5, "injected EIO"))
         j.checkpoint(offs[-1])
-        horizons = Known({"t0": offs[-2], "t1": offs[-1]})
+        horizons = KnownHorizons({"t0": offs[-2], "t1": offs[-1]})
         with pytest.raises(ArchiveError) as info:
             j.maintain(horizons, 64)
         assert first in str(info.value) and "kept, not unlinked" in str(info.value)
@@ -148,7 +148,7 @@ def test_an_archive_left_by_an_interrupted_pass_is_accepted_when_identical(
         first = j.segment_names()[0]
         store.put(f"wal-archive/{NODE}/{first}", (root / first).read_bytes())
         j.checkpoint(offs[-1])
-        j.maintain(Known({"t0": offs[-2], "t1": offs[-1]}), 64)
+        j.maintain(KnownHorizons({"t0": offs[-2], "t1": offs[-1]}), 64)
         assert first not in j.segment_names() and not archiver.failures
 
 
@@ -195,7 +195,7 @@ def test_wal_verify_checks_archived_segments_from_a_file_or_the_store(
     with Journal.open(root, SMALL, archive=Archiver(store, NODE)) as j:
         offs = _fill(j)
         j.checkpoint(offs[-1])
-        j.maintain(Known({"t0": offs[-2], "t1": offs[-1]}), 64)
+        j.maintain(KnownHorizons({"t0": offs[-2], "t1": offs[-1]}), 64)
     archived = sorted((objects / "wal-archive" / NODE).glob("*.wal"))
     assert len(archived) >= 2
     monkeypatch.setenv("OURIOS_STORE_URL", objects.as_uri())

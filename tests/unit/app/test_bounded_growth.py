@@ -19,7 +19,7 @@ from pathlib import Path
 
 from app.cadence.barrier import CutOutcome
 from tests.support.noderig import NodeRig
-from wal import FloorMin, FloorPinned, HousekeepingProgress, Journal, WalConfig, WalOffset
+from wal import FloorMin, FloorPinned, Journal, ReclamationProgress, WalConfig, WalOffset
 from wal.reclamation import ReclaimState
 from wal.segment import HEADER_SIZE
 
@@ -106,7 +106,7 @@ class Driver:
     rig: NodeRig
     t: int = 0
     frames: list[Appended] = field(default_factory=list)
-    passes: list[tuple[int, HousekeepingProgress]] = field(default_factory=list)
+    passes: list[tuple[int, ReclamationProgress]] = field(default_factory=list)
     #: the current segment when each pass ran
     pass_current: list[uuid.UUID] = field(default_factory=list)
     cuts: list[tuple[int, CutOutcome]] = field(default_factory=list)
@@ -183,7 +183,7 @@ class Driver:
             if (tenant is None or f.tenant == tenant) and (before is None or f.second < before)
         }
 
-    def held_by_pin(self, tenant: str) -> list[tuple[int, HousekeepingProgress, set[uuid.UUID]]]:
+    def held_by_pin(self, tenant: str) -> list[tuple[int, ReclamationProgress, set[uuid.UUID]]]:
         """Per pass: (second, progress, the closed segments holding ``tenant``'s frames)."""
         return [
             (t, p, self.segments_of(tenant, before=t) - {current})

@@ -1,4 +1,4 @@
-"""app.receive.channel and the worker's side of it (app.receive.worker.RemotePipeline): framing, the
+"""app.receive.channel and the worker's side of it (app.receive.worker.RemotePort): framing, the
 bodies, and that a worker answers a client with exactly what the core answered — never
 before it."""
 
@@ -18,7 +18,7 @@ from app.receive import channel
 from app.receive.api import IngestOutcome
 from app.receive.channel import ChannelClosed, Connection, Kind
 from app.receive.otlp import BadRequest, FlatBatch, Unavailable, decode_request, flatten
-from app.receive.worker import RemotePipeline
+from app.receive.worker import RemotePort
 from tests.support.noderig import request
 
 
@@ -84,7 +84,7 @@ def test_an_ingest_crosses_the_channel_intact(pair: tuple[FakeCore, Connection])
     data, batch = batch_of("a", 5)
     done: list[IngestOutcome] = []
     t = threading.Thread(
-        target=lambda: done.append(RemotePipeline(worker).ingest("acme", data, batch, "grpc"))
+        target=lambda: done.append(RemotePort(worker).ingest("acme", data, batch, "grpc"))
     )
     t.start()
     assert core.received.wait(10)
@@ -102,7 +102,7 @@ def test_the_worker_answers_only_once_the_core_has(pair: tuple[FakeCore, Connect
     returned = threading.Event()
 
     def ingest() -> None:
-        RemotePipeline(worker).ingest("acme", data, batch, "http")
+        RemotePort(worker).ingest("acme", data, batch, "http")
         returned.set()
 
     t = threading.Thread(target=ingest)
@@ -138,7 +138,7 @@ def test_the_worker_relays_the_cores_refusal_as_is(
 
     def run() -> None:
         try:
-            RemotePipeline(worker).ingest("acme", data, batch, "http")
+            RemotePort(worker).ingest("acme", data, batch, "http")
         except BaseException as exc:  # noqa: BLE001 - inspected below
             raised.append(exc)
 
@@ -164,7 +164,7 @@ def test_a_core_gone_mid_request_is_a_retryable_unavailable(
 
     def run() -> None:
         try:
-            RemotePipeline(worker).ingest("acme", data, batch, "http")
+            RemotePort(worker).ingest("acme", data, batch, "http")
         except BaseException as exc:  # noqa: BLE001 - inspected below
             raised.append(exc)
 
@@ -180,7 +180,7 @@ def test_a_core_gone_mid_request_is_a_retryable_unavailable(
 
 def test_state_reads_the_cores_flags(pair: tuple[FakeCore, Connection]) -> None:
     core, worker = pair
-    remote = RemotePipeline(worker)
+    remote = RemotePort(worker)
     assert remote.ready and remote.alive
     core.flags = 2
     ready: bool = remote.ready  # declared: not the True the assert above narrowed it to
@@ -266,9 +266,7 @@ def test_an_ingest_awaited_on_an_event_loop_gets_the_cores_answer(
                 await asyncio.sleep(0.001)
 
         beat = asyncio.ensure_future(ticker())
-        ingest = asyncio.ensure_future(
-            RemotePipeline(worker).ingest_async("acme", data, batch, "http")
-        )
+        ingest = asyncio.ensure_future(RemotePort(worker).ingest_async("acme", data, batch, "http"))
         while not core.ingests:
             await asyncio.sleep(0.001)
         ((ident, *_),) = core.ingests
@@ -290,9 +288,7 @@ def test_an_ingest_awaited_on_an_event_loop_is_unavailable_when_the_core_goes(
     data, batch = batch_of("f")
 
     async def go() -> None:
-        ingest = asyncio.ensure_future(
-            RemotePipeline(worker).ingest_async("acme", data, batch, "grpc")
-        )
+        ingest = asyncio.ensure_future(RemotePort(worker).ingest_async("acme", data, batch, "grpc"))
         while not core.ingests:
             await asyncio.sleep(0.001)
         core.close()

@@ -1,5 +1,5 @@
 """Tests for app/receive/otlp_grpc.py: LogsService/Export through real grpcio stubs against
-the real server on 127.0.0.1, with `StubPipeline` in place of the pipeline.
+the real server on 127.0.0.1, with `StubPort` in place of the pipeline.
 
 Every refusal test checks that nothing reached the pipeline; every server a test starts
 is stopped (the suite fails a test that leaves its handler pool running).
@@ -23,7 +23,7 @@ from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.logs.v1 import logs_pb2
 
 from app.ingest.tenants import SettlementInProgress, TenantCapacity, TenantUnrecoverable
-from app.receive.api import IngestOutcome, ListenerBindError, StubPipeline
+from app.receive.api import IngestOutcome, ListenerBindError, StubPort
 from app.receive.auth import Authenticator
 from app.receive.otlp import BadRequest, IngestRejection, PayloadTooLarge, Unavailable
 from app.receive.otlp_grpc import EXPORT_METHOD, create_grpc_server
@@ -52,7 +52,7 @@ def make_request(records: int = 3, *, body_text: str = "hello") -> ExportLogsSer
 class Client:
     stub: logs_service_pb2_grpc.LogsServiceStub
     raw: grpc.UnaryUnaryMultiCallable  # bytes in, bytes out
-    pipeline: StubPipeline
+    pipeline: StubPort
     port: int
 
     def export(
@@ -83,7 +83,7 @@ class Client:
 
 @dataclass
 class Harness:
-    pipeline: StubPipeline
+    pipeline: StubPort
     stack: list[tuple[grpc.Server, grpc.Channel]]
 
     def start(
@@ -111,7 +111,7 @@ class Harness:
 
 @pytest.fixture
 def harness() -> Iterator[Harness]:
-    h = Harness(StubPipeline(), [])
+    h = Harness(StubPort(), [])
     try:
         yield h
     finally:

@@ -3,7 +3,7 @@
 Most tests drive the ASGI app in-process through `_call`, a minimal ASGI client that
 also counts how many body chunks the app pulled (so "refused without reading the body"
 is observable). A second group runs the app on a real uvicorn (uvloop + httptools) on
-127.0.0.1 with `http.client` and raw asyncio sockets. `StubPipeline` stands in for the
+127.0.0.1 with `http.client` and raw asyncio sockets. `StubPort` stands in for the
 pipeline; every refusal test also checks that nothing reached it.
 """
 
@@ -38,7 +38,7 @@ from opentelemetry.proto.logs.v1 import logs_pb2
 
 from app.ingest.tenants import SettlementInProgress, TenantCapacity, TenantUnrecoverable
 from app.receive import otlp_http as http_receiver
-from app.receive.api import IngestOutcome, ListenerBindError, StubPipeline
+from app.receive.api import IngestOutcome, ListenerBindError, StubPort
 from app.receive.auth import BEARER_CHALLENGE, Authenticator
 from app.receive.otlp import (
     BadRequest,
@@ -248,12 +248,12 @@ def call(
 
 
 @pytest.fixture
-def pipeline() -> StubPipeline:
-    return StubPipeline()
+def pipeline() -> StubPort:
+    return StubPort()
 
 
 def make_app(
-    pipeline: StubPipeline,
+    pipeline: StubPort,
     *,
     tokens: dict[str, frozenset[str]] | None = None,
     max_frame_bytes: int = LIMIT,
@@ -270,12 +270,12 @@ def make_app(
 
 
 @pytest.fixture
-def app(pipeline: StubPipeline) -> FastAPI:
+def app(pipeline: StubPort) -> FastAPI:
     return make_app(pipeline)
 
 
-class LoopPipeline(StubPipeline):
-    """A pipeline that answers on the event loop (a worker's ``RemotePipeline``): its
+class LoopPort(StubPort):
+    """A pipeline that answers on the event loop (a worker's ``RemotePort``): its
     blocking ``ingest`` must not be called, and each awaited call records the thread."""
 
     def __init__(self) -> None:
@@ -295,7 +295,7 @@ class LoopPipeline(StubPipeline):
 
 
 def test_an_event_loop_pipeline_is_awaited_without_a_thread_per_request() -> None:
-    pipeline = LoopPipeline()
+    pipeline = LoopPort()
     app = make_app(pipeline)
     for body, headers in (
         (pb_body(3), []),  # decoded on the loop
@@ -318,7 +318,7 @@ def assert_status(reply: Reply, http_status: int, code: grpc.StatusCode, *, as_j
 # ── success ─────────────────────────────────────────────────────────────────────────
 
 
-def test_protobuf_success_stores_the_body_as_received(app: FastAPI, pipeline: StubPipeline) -> None:
+def test_protobuf_success_stores_the_body_as_received(app: FastAPI, pipeline: StubPort) -> None:
     body = pb_body(5)
     reply = call(app, body, headers=[("x-ourios-tenant", "team-a")])
     assert reply.status == 200
@@ -334,9 +334,7 @@ def test_protobuf_success_stores_the_body_as_received(app: FastAPI, pipeline: St
     assert only.batch.bodies == [f"hello {i}" for i in range(5)]
 
 
-def test_json_success_stores_the_protobuf_it_parsed_to(
-    app: FastAPI, pipeline: StubPipeline
-) -> None:
+def test_json_success_stores_the_protobuf_it_parsed_to(app: FastAPI, pipeline: StubPort) -> None:
     reply = call(app, json_body(4), content_type="application/json; charset=utf-8")
     assert reply.status == 200
     assert reply.content_type == JSON
@@ -350,7 +348,7 @@ def test_json_success_stores_the_protobuf_it_parsed_to(
 
 @pytest.mark.parametrize("media_type", sorted(http_receiver._PROTOBUF_MEDIA_TYPES))
 def test_protobuf_media_types_agree_with_the_decoder(
-    app: FastAPI, pipeline: StubPipeline, media_type: str
+    app: FastAPI, pipeline: StubPort, media_type: str
 ) -> None:
     decode_request(b"", media_type)  # the decoder reads it as protobuf too
     assert call(app, pb_body(1), content_type=media_type).status == 200
@@ -358,7 +356,7 @@ def test_protobuf_media_types_agree_with_the_decoder(
 
 
 @pytest.mark.parametrize("as_json", [False, True], ids=["protobuf", "json"])
-def test_partial_success_reports_rejected_records(pipeline: StubPipeline, as_json: bool) -> None:
+def test_partial_success_reports_rejected_records(pipeline: StubPort, as_json: bool) -> None:
     pipeline.outcome = IngestOutcome(records=2, rejected=3, message="3 records too old")
     app = make_app(pipeline)
     body, ctype = (json_body(5), JSON) if as_json else (pb_body(5), PB)
@@ -372,7 +370,7 @@ def test_partial_success_reports_rejected_records(pipeline: StubPipeline, as_jso
 
 @pytest.mark.parametrize("as_json", [False, True], ids=["protobuf", "json"])
 def test_gzip_body_is_inflated_and_stored_decompressed(
-    app: FastAPI, pipeline: StubPipeline, as_json: bool
+    app: FastAPI, pipeline: StubPort, as_json: bool
 ) -> None:
     raw, ctype = (json_body(3), JSON) if as_json else (pb_body(3), PB)
     reply = call(
@@ -393,7 +391,7 @@ def test_gzip_body_is_inflated_and_stored_decompressed(
     ],
 )
 def test_empty_request_is_acknowledged_without_a_wal_frame(
-    app: FastAPI, pipeline: StubPipeline, body: bytes, ctype: str
+    app: FastAPI, pipeline: StubPort, body: bytes, ctype: str
 ) -> None:
     headers = [("content-encoding", "gzip")] if body[:2] == b"\x1f\x8b" else []
     reply = call(app, body, content_type=ctype, headers=headers)
@@ -402,7 +400,7 @@ def test_empty_request_is_acknowledged_without_a_wal_frame(
     assert pipeline.calls == []
 
 
-def test_chunked_body_is_reassembled(app: FastAPI, pipeline: StubPipeline) -> None:
+def test_chunked_body_is_reassembled(app: FastAPI, pipeline: StubPort) -> None:
     body = pb_body(50)
     chunks = [body[i : i + 100] for i in range(0, len(body), 100)]
     reply = call(app, chunks)
@@ -410,7 +408,7 @@ def test_chunked_body_is_reassembled(app: FastAPI, pipeline: StubPipeline) -> No
     assert pipeline.calls[0].payload == body
 
 
-def test_a_body_of_exactly_the_limit_is_accepted(pipeline: StubPipeline) -> None:
+def test_a_body_of_exactly_the_limit_is_accepted(pipeline: StubPort) -> None:
     app = make_app(pipeline, max_frame_bytes=64 * KiB)
     body = sized_request(64 * KiB)
     assert call(app, body).status == 200
@@ -419,9 +417,7 @@ def test_a_body_of_exactly_the_limit_is_accepted(pipeline: StubPipeline) -> None
     assert [c.payload for c in pipeline.calls] == [body, body]
 
 
-def test_the_registered_route_answers_like_the_fast_path(
-    app: FastAPI, pipeline: StubPipeline
-) -> None:
+def test_the_registered_route_answers_like_the_fast_path(app: FastAPI, pipeline: StubPort) -> None:
     # POST /v1/logs is dispatched before FastAPI's stack; the router's copy (what a
     # mounted app would use) must behave the same.
     router_path = functools.partial(FastAPI.__call__, app)
@@ -433,7 +429,7 @@ def test_the_registered_route_answers_like_the_fast_path(
     assert len(pipeline.calls) == 2
 
 
-def test_many_requests_wait_in_the_pipeline_at_once(pipeline: StubPipeline) -> None:
+def test_many_requests_wait_in_the_pipeline_at_once(pipeline: StubPort) -> None:
     # More than anyio's default 40 worker threads: a group commit acknowledges many
     # waiters with one fsync, so they must all be able to wait at the same time.
     waiting = 64
@@ -454,7 +450,7 @@ def test_many_requests_wait_in_the_pipeline_at_once(pipeline: StubPipeline) -> N
 
 
 def test_success_logs_nothing(
-    app: FastAPI, pipeline: StubPipeline, caplog: pytest.LogCaptureFixture
+    app: FastAPI, pipeline: StubPort, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG)
     assert call(app, pb_body(2)).status == 200
@@ -491,7 +487,7 @@ SECTION7_PIPELINE_ROWS = [
 @pytest.mark.parametrize("as_json", [False, True], ids=["protobuf", "json"])
 @pytest.mark.parametrize(("error", "http_status", "retry_after"), SECTION7_PIPELINE_ROWS)
 def test_section7_pipeline_refusals(
-    pipeline: StubPipeline,
+    pipeline: StubPort,
     error: IngestRejection,
     http_status: int,
     retry_after: int | None,
@@ -518,7 +514,7 @@ def test_section7_pipeline_refusals(
 
 @pytest.mark.parametrize("as_json", [False, True], ids=["protobuf", "json"])
 def test_unexpected_exception_is_500_internal_and_logged(
-    pipeline: StubPipeline, as_json: bool, caplog: pytest.LogCaptureFixture
+    pipeline: StubPort, as_json: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
     pipeline.error = RuntimeError("boom: secret detail")
     app = make_app(pipeline)
@@ -554,7 +550,7 @@ def test_unexpected_exception_is_500_internal_and_logged(
 )
 def test_400_invalid_argument(
     app: FastAPI,
-    pipeline: StubPipeline,
+    pipeline: StubPort,
     body: bytes,
     ctype: str,
     headers: list[tuple[str, str]],
@@ -575,7 +571,7 @@ def test_400_invalid_argument(
 )
 @pytest.mark.parametrize("as_json", [False, True], ids=["protobuf", "json"])
 def test_401_unauthenticated_with_challenge(
-    pipeline: StubPipeline, authorization: str | None, challenge: str, as_json: bool
+    pipeline: StubPort, authorization: str | None, challenge: str, as_json: bool
 ) -> None:
     app = make_app(pipeline, tokens=TOKENS)
     headers = [("x-ourios-tenant", "acme")]
@@ -589,7 +585,7 @@ def test_401_unauthenticated_with_challenge(
     assert pipeline.calls == []
 
 
-def test_403_another_tenants_token(pipeline: StubPipeline) -> None:
+def test_403_another_tenants_token(pipeline: StubPort) -> None:
     app = make_app(pipeline, tokens=TOKENS)
     reply = call(
         app,
@@ -604,7 +600,7 @@ def test_403_another_tenants_token(pipeline: StubPipeline) -> None:
     assert pipeline.calls == []
 
 
-def test_token_with_one_tenant_defaults_to_it(pipeline: StubPipeline) -> None:
+def test_token_with_one_tenant_defaults_to_it(pipeline: StubPort) -> None:
     app = make_app(pipeline, tokens=TOKENS)
     assert call(app, pb_body(1), headers=[("authorization", "Bearer tok-acme")]).status == 200
     reply = call(app, pb_body(1), headers=[("authorization", "bearer tok-multi")])
@@ -618,7 +614,7 @@ def test_token_with_one_tenant_defaults_to_it(pipeline: StubPipeline) -> None:
     assert [c.tenant for c in pipeline.calls] == ["acme", "globex"]
 
 
-def test_auth_comes_before_reading_the_body(pipeline: StubPipeline, gzip_bomb: bytes) -> None:
+def test_auth_comes_before_reading_the_body(pipeline: StubPort, gzip_bomb: bytes) -> None:
     app = make_app(pipeline, tokens=TOKENS)
     reply = call(
         app,
@@ -636,7 +632,7 @@ def test_auth_comes_before_reading_the_body(pipeline: StubPipeline, gzip_bomb: b
     "ctype", ["text/plain", "application/xml", "", None], ids=["text", "xml", "empty", "missing"]
 )
 def test_415_unknown_content_type_is_a_json_status(
-    app: FastAPI, pipeline: StubPipeline, ctype: str | None
+    app: FastAPI, pipeline: StubPort, ctype: str | None
 ) -> None:
     reply = call(app, iter([pb_body(1)]), content_type=ctype)
     assert_status(reply, 415, grpc.StatusCode.INVALID_ARGUMENT, as_json=True)
@@ -645,7 +641,7 @@ def test_415_unknown_content_type_is_a_json_status(
     assert pipeline.calls == []
 
 
-def test_415_unknown_content_encoding(app: FastAPI, pipeline: StubPipeline) -> None:
+def test_415_unknown_content_encoding(app: FastAPI, pipeline: StubPort) -> None:
     reply = call(app, pb_body(1), headers=[("content-encoding", "br")])
     assert_status(reply, 415, grpc.StatusCode.INVALID_ARGUMENT, as_json=False)
     assert "Content-Encoding" in reply.status_message().message
@@ -653,7 +649,7 @@ def test_415_unknown_content_encoding(app: FastAPI, pipeline: StubPipeline) -> N
 
 
 @pytest.mark.parametrize("method", ["GET", "PUT", "DELETE", "PATCH"])
-def test_405_other_methods_on_logs(app: FastAPI, pipeline: StubPipeline, method: str) -> None:
+def test_405_other_methods_on_logs(app: FastAPI, pipeline: StubPort, method: str) -> None:
     reply = call(app, b"", method=method)
     assert reply.status == 405
     assert "POST" in reply.headers["allow"]
@@ -676,7 +672,7 @@ def test_raw_body_cap() -> None:
 
 @pytest.mark.parametrize("encoding", [None, "gzip"])
 def test_413_declared_length_over_the_cap_discards_the_body_then_answers(
-    app: FastAPI, pipeline: StubPipeline, encoding: str | None
+    app: FastAPI, pipeline: StubPort, encoding: str | None
 ) -> None:
     """A client that writes its whole body before reading must read the 413 (a reset
     would make it retry): the body is read and thrown away, never buffered."""
@@ -692,7 +688,7 @@ def test_413_declared_length_over_the_cap_discards_the_body_then_answers(
 
 
 def test_413_declared_length_over_the_cap_waiting_for_100_continue_reads_nothing(
-    app: FastAPI, pipeline: StubPipeline
+    app: FastAPI, pipeline: StubPort
 ) -> None:
     headers = [("content-length", str(LIMIT + 1)), ("expect", "100-continue")]
     reply = call(app, iter([b"x" * KiB] * 2000), headers=headers)
@@ -702,7 +698,7 @@ def test_413_declared_length_over_the_cap_waiting_for_100_continue_reads_nothing
 
 
 def test_413_declared_length_beyond_the_discard_bound_reads_nothing(
-    app: FastAPI, pipeline: StubPipeline
+    app: FastAPI, pipeline: StubPort
 ) -> None:
     headers = [("content-length", str(LIMIT + DISCARD_BYTES + 1))]
     reply = call(app, iter([b"x" * KiB] * 2000), headers=headers)
@@ -711,7 +707,7 @@ def test_413_declared_length_beyond_the_discard_bound_reads_nothing(
 
 
 def test_413_streamed_body_is_discarded_past_the_cap_up_to_the_bound(
-    app: FastAPI, pipeline: StubPipeline
+    app: FastAPI, pipeline: StubPort
 ) -> None:
     chunk = 64 * KiB
     within = call(app, iter([b"\x00" * chunk] * 1000), content_type=JSON)
@@ -723,7 +719,7 @@ def test_413_streamed_body_is_discarded_past_the_cap_up_to_the_bound(
     assert pipeline.calls == []
 
 
-def test_413_identity_body_one_byte_over(pipeline: StubPipeline) -> None:
+def test_413_identity_body_one_byte_over(pipeline: StubPort) -> None:
     app = make_app(pipeline, max_frame_bytes=64 * KiB)
     reply = call(app, sized_request(64 * KiB + 1))
     assert_status(reply, 413, grpc.StatusCode.RESOURCE_EXHAUSTED, as_json=False)
@@ -731,7 +727,7 @@ def test_413_identity_body_one_byte_over(pipeline: StubPipeline) -> None:
     assert pipeline.calls == []
 
 
-def test_413_gzip_body_that_inflates_past_the_limit(pipeline: StubPipeline) -> None:
+def test_413_gzip_body_that_inflates_past_the_limit(pipeline: StubPort) -> None:
     app = make_app(pipeline, max_frame_bytes=64 * KiB)
     body = gzip.compress(sized_request(64 * KiB + 1))
     assert len(body) < 64 * KiB
@@ -741,7 +737,7 @@ def test_413_gzip_body_that_inflates_past_the_limit(pipeline: StubPipeline) -> N
 
 
 def test_413_gzip_bomb_is_refused_quickly_in_bounded_memory(
-    app: FastAPI, pipeline: StubPipeline, gzip_bomb: bytes
+    app: FastAPI, pipeline: StubPort, gzip_bomb: bytes
 ) -> None:
     # 1 GiB of zeros in about 1 MiB of gzip; the raw cap lets it in, the inflater stops
     # one byte past the 1 MiB limit.
@@ -764,19 +760,19 @@ def test_413_gzip_bomb_is_refused_quickly_in_bounded_memory(
 # ── probes and metrics ──────────────────────────────────────────────────────────────
 
 
-def test_healthz(app: FastAPI, pipeline: StubPipeline) -> None:
+def test_healthz(app: FastAPI, pipeline: StubPort) -> None:
     reply = call(app, method="GET", path="/healthz", content_type=None)
     assert (reply.status, reply.body) == (200, b"ok\n")
     pipeline.alive = False
     assert call(app, method="GET", path="/healthz", content_type=None).status == 503
 
 
-def test_healthz_stays_up_when_not_ready(app: FastAPI, pipeline: StubPipeline) -> None:
+def test_healthz_stays_up_when_not_ready(app: FastAPI, pipeline: StubPort) -> None:
     pipeline.ready = False  # e.g. the terminal rotation state (DESIGN.md §13)
     assert call(app, method="GET", path="/healthz", content_type=None).status == 200
 
 
-def test_readyz(app: FastAPI, pipeline: StubPipeline) -> None:
+def test_readyz(app: FastAPI, pipeline: StubPort) -> None:
     ready = call(app, method="GET", path="/readyz", content_type=None)
     assert ready.status == 200
     pipeline.ready = False
@@ -788,7 +784,7 @@ def test_readyz(app: FastAPI, pipeline: StubPipeline) -> None:
     assert call(app, method="GET", path="/readyz", content_type=None).status == 200
 
 
-def test_metrics(pipeline: StubPipeline) -> None:
+def test_metrics(pipeline: StubPort) -> None:
     asked: list[int] = []
 
     def metrics_text() -> tuple[bytes, str]:
@@ -803,7 +799,7 @@ def test_metrics(pipeline: StubPipeline) -> None:
     assert asked == [1]
 
 
-def test_create_http_app_refuses_bad_bounds(pipeline: StubPipeline) -> None:
+def test_create_http_app_refuses_bad_bounds(pipeline: StubPort) -> None:
     with pytest.raises(ValueError, match="max_frame_bytes"):
         make_app(pipeline, max_frame_bytes=0)
     with pytest.raises(ValueError, match="ingest_concurrency"):
@@ -816,7 +812,7 @@ def test_create_http_app_refuses_bad_bounds(pipeline: StubPipeline) -> None:
 @dataclass
 class RealServer:
     port: int
-    pipeline: StubPipeline
+    pipeline: StubPort
     extra: list[str] = field(default_factory=list)
 
     def connection(self) -> http.client.HTTPConnection:
@@ -824,7 +820,7 @@ class RealServer:
 
 
 @pytest.fixture
-def real_server(pipeline: StubPipeline) -> Iterator[RealServer]:
+def real_server(pipeline: StubPort) -> Iterator[RealServer]:
     server, thread, port = start_in_thread(http_server(make_app(pipeline), "127.0.0.1", 0))
     try:
         yield RealServer(port, pipeline)
@@ -941,7 +937,7 @@ def test_start_in_thread_refuses_a_taken_port(real_server: RealServer) -> None:
         start_in_thread(http_server(make_app(real_server.pipeline), "127.0.0.1", real_server.port))
 
 
-def test_stopped_server_closes_its_port(pipeline: StubPipeline) -> None:
+def test_stopped_server_closes_its_port(pipeline: StubPort) -> None:
     server, thread, port = start_in_thread(http_server(make_app(pipeline), "127.0.0.1", 0))
     stop_in_thread(server, thread)
     assert not thread.is_alive()

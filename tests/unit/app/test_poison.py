@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from app.cadence.barrier import CutOutcome
-from app.ingest.settlement import NO_TEMPLATE, Result
+from app.ingest.settlement import NO_TEMPLATE, SettleResult
 from app.ingest.tenants import SettlementInProgress, TenantUnrecoverable
 from tests.support.minerfaults import FaultPlan, FaultyMiners, Trigger
 from tests.support.noderig import NodeRig, rids
@@ -129,13 +129,13 @@ def test_nowedge_4_a_frame_failing_every_time_is_isolated_at_the_bound_and_the_m
 
     first = step(rig)  # the tick's rebuild fails on tx (attempt 2): the mark stays clamped
 
-    assert [o.result for o in rig.barrier.settlements] == [Result.FAILED]
+    assert [o.result for o in rig.barrier.settlements] == [SettleResult.FAILED]
     assert first.mark == u0 and rig.journal.last_checkpoint == u0
     assert rig.pipeline.settler.attempts("T", tx) == 2 and not isolated_events(rig)
 
     second = step(rig)  # attempt 3 fails: at the bound, rebuilt at once with tx isolated
 
-    assert [o.result for o in rig.barrier.settlements] == [Result.SETTLED]
+    assert [o.result for o in rig.barrier.settlements] == [SettleResult.SETTLED]
     assert trigger.fired == 3  # mined exactly the bound's times, never again
     assert second.ok and second.mark == u1 and rig.journal.last_checkpoint == u1
     (event,) = isolated_events(rig)
@@ -177,7 +177,7 @@ def test_nowedge_4_with_one_attempt_the_first_settlement_isolates_without_mining
     out = step(rig)
 
     assert trigger.fired == 1 and out.mark == u1
-    assert [o.result for o in rig.barrier.settlements] == [Result.SETTLED]
+    assert [o.result for o in rig.barrier.settlements] == [SettleResult.SETTLED]
     assert templates(rig, "T")["tx/1"] == [NO_TEMPLATE]
 
 
@@ -189,7 +189,7 @@ def test_a_frame_that_fails_once_is_not_isolated(make: Make) -> None:
     plan.fail_at("op tx step 1 ", "after", times=1)
     rig.ingest("T", "tx")
     step(rig)
-    assert [o.result for o in rig.barrier.settlements] == [Result.SETTLED]
+    assert [o.result for o in rig.barrier.settlements] == [SettleResult.SETTLED]
     assert not isolated_events(rig)
     assert all(t != [NO_TEMPLATE] for t in templates(rig, "T").values())
 
@@ -286,7 +286,7 @@ def test_a_frame_whose_rows_cannot_be_buffered_even_untemplated_isolates_its_ten
     u1 = rig.ingest("U", "u1")
     out = step(rig)
 
-    assert [o.result for o in rig.barrier.settlements] == [Result.UNRECOVERABLE]
+    assert [o.result for o in rig.barrier.settlements] == [SettleResult.UNRECOVERABLE]
     assert out.mark == u1 and rig.journal.last_checkpoint == u1
     assert rig.pipeline.refused == {"T"}
     with pytest.raises(TenantUnrecoverable):
@@ -314,10 +314,10 @@ def test_a_settlement_failing_for_no_frame_isolates_the_tenant_at_the_bound(
     u1 = rig.ingest("U", "u1")
 
     step(rig)
-    assert [o.result for o in rig.barrier.settlements] == [Result.FAILED]
+    assert [o.result for o in rig.barrier.settlements] == [SettleResult.FAILED]
     out = step(rig)
 
-    assert [o.result for o in rig.barrier.settlements] == [Result.UNRECOVERABLE]
+    assert [o.result for o in rig.barrier.settlements] == [SettleResult.UNRECOVERABLE]
     assert out.mark == u1 and rig.pipeline.refused == {"T"}
     (event,) = [f for n, f in rig.events if n == "tenant.unrecoverable"]
     assert event["reason"] == "settlement_failed"
@@ -360,6 +360,6 @@ def test_nowedge_4_a_replayed_entry_re_emits_above_the_gates_its_replay_applied(
     assert list(report.unmined) == ["T"]
     rig.ingest("U", "u3")
     step(rig)  # attempt 2 of this process: isolated, settled
-    assert [o.result for o in rig.barrier.settlements] == [Result.SETTLED]
+    assert [o.result for o in rig.barrier.settlements] == [SettleResult.SETTLED]
     assert copies(rig, "T") == Counter([*rids("a0"), *rids("tx")])
     assert templates(rig, "T")["tx/0"] == [NO_TEMPLATE]

@@ -21,11 +21,11 @@ from app.cli import wal as walcli
 from app.ingest.snapshots import SnapshotState, SnapshotStore
 from tests.support.noderig import request
 from tests.support.walkit import SMALL, faulty, payload
-from wal import CorruptionError, Journal, Known, WalOffset
+from wal import CorruptionError, Journal, KnownHorizons, WalOffset
+from wal.inspection import verify_root
 from wal.reclamation import StaleGap
 from wal.segment import HEADER_SIZE
 from wal.testing import SimulatedCrash
-from wal.tools import verify_root
 
 FRAME_PAYLOAD = 9000
 
@@ -226,7 +226,7 @@ def test_seg11_a_corrupt_snapshot_removes_nothing_it_alone_covered(tmp_path: Pat
     with Journal.open(root, SMALL) as j:
         list(j.replay())
         j.checkpoint(acked[-1][1])
-        j.maintain(Known({t: s.horizon for t, s in loaded.states.items()}), 64)
+        j.maintain(KnownHorizons({t: s.horizon for t, s in loaded.states.items()}), 64)
     survivors = set(_replayed(root))
     # every t0 frame survives: only the corrupt snapshot covered them
     assert {o for t, o in acked if t == "t0"} <= survivors
@@ -246,12 +246,12 @@ def test_seg13_a_crash_after_the_kth_unlink_recovers_the_same_records(
     j.checkpoint(acked[-3][1])
     fs.crash_at("unlink", "*.wal", nth=k + 1)  # after k unlinks completed
     with pytest.raises(SimulatedCrash):
-        j.maintain(Known(h), 64)
+        j.maintain(KnownHorizons(h), 64)
     fs.apply_crash(power_loss=True)  # the process is gone; its journal is never closed
     with Journal.open(root, SMALL) as again:
         replayed = {f.offset for f in again.replay()}
         again.check_restorable(h)  # a valid set: no stale gap, nothing unrecoverable
-        again.maintain(Known(h), 64)  # and the next pass completes the interrupted one
+        again.maintain(KnownHorizons(h), 64)  # and the next pass completes the interrupted one
     needed = {o for t, o in acked if o.lsn > h[t].lsn}
     assert needed <= replayed, "a record above its tenant's horizon was lost"
     assert needed <= set(_replayed(root))

@@ -22,15 +22,15 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsSer
 
 from app import points
 from app.cadence.barrier import CutOutcome
-from app.ingest.settlement import EntryState, Result
+from app.ingest.settlement import EntryState, SettleResult
 from app.ingest.snapshots import decode_snapshot
 from app.ingest.tenants import SettlementInProgress, TenantCapacity, TenantUnrecoverable
 from app.receive.otlp import PayloadTooLarge, decode_request, flatten
 from tests.support.minerfaults import FaultPlan, FaultyMiners
 from tests.support.noderig import NodeRig, rids
 from wal import ConsumerMode, FloorPinned, WalConfig, WalOffset
-from wal.ledger import NoConsumer
 from wal.reclamation import UnrecoverableTenant
+from wal.segment_ledger import NoConsumerHorizons
 
 T = TypeVar("T")
 WAIT_S = 10.0
@@ -169,7 +169,7 @@ def test_rfc0055_9_5_an_unresolved_entry_clamps_the_mark_and_withholds_only_its_
 
     out = step(rig)  # the tick settles T, then captures
 
-    assert [o.result for o in rig.barrier.settlements] == [Result.SETTLED]
+    assert [o.result for o in rig.barrier.settlements] == [SettleResult.SETTLED]
     assert out.ok and out.mark == u1 and rig.journal.last_checkpoint == u1
     assert horizon(rig, "T") == rig.pipeline.folded["T"] and not rig.pipeline.unmined.tenants()
     assert copies(rig, "T") == Counter([*rids("a0"), *rids("t1")])
@@ -217,9 +217,9 @@ def test_rfc0055_9_5_two_entries_the_mark_is_the_lower_clamp_until_both_settle(
     settler = rig.pipeline.settler
 
     assert rig.pipeline.last_durable == v0
-    assert settler.settle("T", force_publish=False).result is Result.SETTLED
+    assert settler.settle("T", force_publish=False).result is SettleResult.SETTLED
     assert rig.pipeline.last_durable == u1  # the remaining entry's clamp, no further
-    assert settler.settle("V", force_publish=False).result is Result.SETTLED
+    assert settler.settle("V", force_publish=False).result is SettleResult.SETTLED
     assert rig.pipeline.last_durable == u2  # the latest acknowledged offset again
     assert step(rig).mark == u2
     assert copies(rig, "T") == Counter([*rids("a0"), *rids("t1")])
@@ -254,7 +254,7 @@ def test_rfc0055_3_the_rebuild_publishes_no_row_under_a_template_id_it_did_not_a
     out = step(rig)
 
     settled = rig.barrier.settlements[0]
-    assert settled.result is Result.SETTLED and settled.dropped > 0 and out.ok
+    assert settled.result is SettleResult.SETTLED and settled.dropped > 0 and out.ok
     rows = record_rows(rig, "T")
     assert Counter(r for r, _ in rows) == Counter(["a0/0", "t1/0", "t1/1", "t2/0", "t3/0", "t3/1"])
     used = {tid for _, tid in rows}
@@ -291,7 +291,7 @@ def test_rfc0055_9_5_settlement_rebuilds_from_the_ledger_not_the_directory(
     step(rig)
 
     settled = rig.barrier.settlements[0]
-    assert settled.result is Result.SETTLED
+    assert settled.result is SettleResult.SETTLED
     assert settled.frames == 2  # t1 and t2: replayed from the ledger's horizon a0
     assert copies(rig, "T") == Counter([*rids("a0"), *rids("t1"), *rids("t2")])
 
@@ -314,7 +314,7 @@ def test_rfc0055_9_5_settlement_reads_in_bounded_calls_and_an_append_lands_betwe
         assert rig.pipeline.latest == u
         read.release()
         outcome = settle.join()
-    assert outcome.result is Result.SETTLED and outcome.frames == 5
+    assert outcome.result is SettleResult.SETTLED and outcome.frames == 5
     assert read.hits == 3  # 2 + 2 + 1 frames: three calls
 
 
@@ -379,7 +379,7 @@ def test_rfc0055_9_5_a_failure_inside_the_settlement_returns_the_entry_to_unreso
 
     first = step(rig)
 
-    assert [o.result for o in rig.barrier.settlements] == [Result.FAILED]
+    assert [o.result for o in rig.barrier.settlements] == [SettleResult.FAILED]
     (entry,) = rig.pipeline.unmined.of("T")
     assert entry.state is EntryState.UNRESOLVED and entry.failures == 1
     assert entry.done.is_set()  # waiters were signalled
@@ -389,7 +389,7 @@ def test_rfc0055_9_5_a_failure_inside_the_settlement_returns_the_entry_to_unreso
 
     step(rig)  # the next tick claims it afresh
 
-    assert [o.result for o in rig.barrier.settlements] == [Result.SETTLED]
+    assert [o.result for o in rig.barrier.settlements] == [SettleResult.SETTLED]
     assert rig.pipeline.settler.rebuilds == 1
     step(rig)
     got = copies(rig, "T")
@@ -421,7 +421,7 @@ def test_rfc0055_9_5_copies_exactly_once_at_most_twice_never_absent_and_no_more_
 
     rig.barrier.settle()
     settled = rig.barrier.settlements[0]
-    assert settled.result is Result.SETTLED and settled.marks_written
+    assert settled.result is SettleResult.SETTLED and settled.marks_written
 
     got = copies(rig, "T")
     assert all(got[r] == 1 for r in rids("a0"))  # at or below the frontier
@@ -487,7 +487,7 @@ def test_rfc0055_9_5_an_unrecoverable_tenant_is_isolated_and_the_checkpoint_adva
 
     rig.barrier.settle()
 
-    assert [o.result for o in rig.barrier.settlements] == [Result.UNRECOVERABLE]
+    assert [o.result for o in rig.barrier.settlements] == [SettleResult.UNRECOVERABLE]
     assert rig.pipeline.refused == {"T"} and not rig.pipeline.unmined.tenants()
     with pytest.raises(TenantUnrecoverable) as refused:
         rig.ingest("T", "ty")
@@ -586,7 +586,7 @@ def test_rfc0055_9_5_a_tenant_with_no_installed_snapshot_is_rebuilt_by_a_full_re
     rig.barrier.settle()
 
     settled = rig.barrier.settlements[0]
-    assert settled.result is Result.SETTLED and settled.frames == 2
+    assert settled.result is SettleResult.SETTLED and settled.frames == 2
     templates = [t.template for t in rig.miners.miner("T").templates()]
     assert templates == ["disk <*> is <*> percent full"]
     assert copies(rig, "T") == Counter(["a0/0", "t1/0"])
@@ -630,7 +630,7 @@ def test_rfc0055_9_5_a_no_consumer_entry_rebuilds_from_empty_rather_than_refusin
     for i in range(8):
         rig.ingest("T", f"t{i}", BIG)
     fresh_cut(rig)
-    rig.journal.maintain(NoConsumer(), rig.config.max_unlinks_per_pass)
+    rig.journal.maintain(NoConsumerHorizons(), rig.config.max_unlinks_per_pass)
     reclaimed = rig.journal.reclaimed_through("T")
     assert reclaimed is not None and reclaimed[0] is ConsumerMode.NO_CONSUMER
     plan.fail_at("op tx step 0 ", "before")
@@ -639,5 +639,5 @@ def test_rfc0055_9_5_a_no_consumer_entry_rebuilds_from_empty_rather_than_refusin
 
     rig.barrier.settle()
 
-    assert [o.result for o in rig.barrier.settlements] == [Result.SETTLED]
+    assert [o.result for o in rig.barrier.settlements] == [SettleResult.SETTLED]
     assert not rig.pipeline.refused

@@ -28,12 +28,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from app import points
-from app.ingest.settlement import Result
+from app.ingest.settlement import SettleResult
 from tests.support.minerfaults import FaultPlan, FaultyMiners
 from tests.support.noderig import NodeRig, rids
 from tests.unit.app.test_settlement import Worker, ingest_bodies, step
 from wal import OsFs, PublishedMarks, WalOffset
-from wal.published import PublishedFile
+from wal.published_file import PublishedFile
 from wal.testing import SimulatedCrash
 
 WAIT_S = 10.0
@@ -218,7 +218,7 @@ def test_nowedge_6_settlement_records_its_intent_before_the_publish_and_clears_i
         still = on_disk(rig)
         assert still is not None and still.publishing and still.intent == through
     (outcome,) = worker.join()
-    assert outcome.result is Result.SETTLED and outcome.marks_written
+    assert outcome.result is SettleResult.SETTLED and outcome.marks_written
     confirmed = on_disk(rig)
     assert confirmed == PublishedMarks(through, through)
 
@@ -234,7 +234,7 @@ def test_nowedge_6_a_publish_the_store_refused_keeps_the_intent_until_a_cut_cove
     (entry,) = rig.pipeline.unmined.of("T")
     rig.store.fail(prefix="records/")
     (outcome,) = rig.barrier.settle()
-    assert outcome.result is Result.SETTLED and not outcome.marks_written
+    assert outcome.result is SettleResult.SETTLED and not outcome.marks_written
     (settled,) = [f for n, f in rig.events if n == "tenant.settled"]
     assert settled["intent"] == str(entry.span.offset)
     kept = on_disk(rig)
@@ -269,7 +269,7 @@ def test_nowedge_6_an_intent_without_a_frontier_is_replayed_from_the_tenants_fir
     assert rig.journal.last_checkpoint is None
     rig.store.fail(prefix="records/")
     (outcome,) = rig.barrier.settle()
-    assert outcome.result is Result.SETTLED and not outcome.marks_written
+    assert outcome.result is SettleResult.SETTLED and not outcome.marks_written
     intent = on_disk(rig)
     assert intent is not None and intent.records is None and intent.publishing
     rig.fs.fail("open", "T.*.snap.tmp")

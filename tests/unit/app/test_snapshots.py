@@ -33,7 +33,7 @@ from app.ingest.snapshots import (
 )
 from app.node.recovery import RecoveryReport
 from tests.support.noderig import NodeRig, rids
-from wal import FloorMin, FloorNone, FloorPinned, HousekeepingProgress, WalConfig, WalOffset
+from wal import FloorMin, FloorNone, FloorPinned, ReclamationProgress, WalConfig, WalOffset
 from wal.reclamation import UnrecoverableTenant
 from wal.testing import FaultyFs
 
@@ -314,7 +314,7 @@ def cut(rig: NodeRig) -> CutOutcome:
     return outcome
 
 
-def housekeep(rig: NodeRig) -> HousekeepingProgress:
+def housekeep(rig: NodeRig) -> ReclamationProgress:
     progress = rig.housekeeper.step()
     assert progress is not None, rig.housekeeper.runs
     return progress

@@ -27,7 +27,7 @@ from app.ingest.tenants import (
 )
 from app.receive.otlp import PayloadTooLarge, Unavailable, decode_request, flatten
 from tests.support.noderig import NodeRig, rids
-from wal import AppendError, RotationKind, Terminal, WalConfig
+from wal import AppendError, RotationExhausted, RotationKind, WalConfig
 
 WAIT_S = 10.0
 
@@ -257,7 +257,7 @@ def test_rfc0055_9_5_the_size_and_the_wal_state_are_reported_before_the_tenant_s
     for _ in range(rig.config.rotation_retry_attempts):
         with pytest.raises(AppendError):
             rig.journal.rotate(RotationKind.OWED)
-    assert isinstance(rig.journal.rotation_state, Terminal)
+    assert isinstance(rig.journal.rotation_state, RotationExhausted)
     with pytest.raises(Unavailable) as terminal:
         rig.ingest("T", "t2")
     assert terminal.value.error_type == "wal_rotation_terminal"

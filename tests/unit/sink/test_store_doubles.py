@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from sink.store import FailingStore, FaultKind, MemoryStore, ObjectStore, StoreError
+from sink.store import FailingStore, MemoryStore, ObjectStore, StoreError, StoreFaultKind
 
 
 @pytest.fixture
@@ -71,7 +71,7 @@ def test_lose_reply_stores_the_object_then_fails_ambiguously(
     store: FailingStore, inner: MemoryStore
 ) -> None:
     fault = store.lose_reply()
-    assert fault.kind is FaultKind.LOSE_REPLY
+    assert fault.kind is StoreFaultKind.LOSE_REPLY
     with pytest.raises(StoreError) as info:
         store.put("k", b"v")
     assert info.value.ambiguous

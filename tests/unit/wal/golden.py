@@ -15,7 +15,7 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
-from wal.checkpoint import encode_checkpoint
+from wal.checkpoint_file import encode_checkpoint
 from wal.frame import encode_frame
 from wal.segment import FLAG_HAS_PREDECESSOR, FLAG_PREDECESSOR_SEALED, SegmentHeader
 from wal.types import FrameKind, WalOffset

@@ -1,4 +1,4 @@
-"""Golden PUBLISHED file (RFC 0055, ``wal/published.py``). Regenerate only on purpose:
+"""Golden PUBLISHED file (RFC 0055, ``wal/published_file.py``). Regenerate only on purpose:
 
     .venv/bin/python -m tests.unit.wal.golden_published
 
@@ -11,13 +11,13 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
-from wal.published import (
+from wal.published_file import (
     PublishedEntry,
     PublishedRecord,
     encode_file_header,
     encode_slot,
 )
-from wal.reclaim import DictRecord
+from wal.reclaim_file import DictRecord
 from wal.types import WalOffset
 
 DATA = Path(__file__).parent / "data"

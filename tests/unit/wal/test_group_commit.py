@@ -14,7 +14,7 @@ from tests.support.walkit import SMALL, Ledger, assert_recovers, faulty, payload
 from wal import AppendError, ErrorClass, Journal, WalConfig
 from wal.errors import RotationRetrying, RotationTerminal, WalIoError, WalNoSpace
 from wal.segment import HEADER_SIZE, SegmentHeader
-from wal.types import Healthy
+from wal.types import RotationHealthy
 
 
 def test_concurrent_appenders_are_all_durable_in_order(tmp_path: Path) -> None:
@@ -104,7 +104,7 @@ def test_write_failure_seals_and_the_next_append_starts_a_new_segment(
         with pytest.raises(WalIoError) as info:
             j.commit("t", payload(2, 500))
         assert info.value.error_class is ErrorClass.TRANSIENT
-        assert j.rotation_state == Healthy()
+        assert j.rotation_state == RotationHealthy()
         if err == errno.ENOSPC:
             # A full disk latches: nothing is attempted (no rotation budget spent) until
             # the owner reports free space again.
@@ -164,13 +164,13 @@ def test_rfc0052_15_ordinary_io_failures_stay_transient(tmp_path: Path) -> None:
         with pytest.raises(WalIoError) as info:
             j.commit("t", payload(1, 10))
         assert info.value.error_class is ErrorClass.TRANSIENT
-        assert j.rotation_state == Healthy()
+        assert j.rotation_state == RotationHealthy()
         fs.fail("fsync", "*.wal", errno=errno.ENOSPC)
         with pytest.raises(WalIoError) as info2:
             j.commit("t", payload(2, 10))
         assert info2.value.error_class is ErrorClass.TRANSIENT
         assert "not acknowledged" in str(info2.value)
-        assert j.rotation_state == Healthy()
+        assert j.rotation_state == RotationHealthy()
         latch = j.no_space  # ENOSPC latches until the owner reports free space
         assert isinstance(info2.value, WalNoSpace) and latch is not None
         j.clear_no_space(latch.seq)

@@ -22,10 +22,10 @@ import pytest
 
 from tests.support.tmpfs import TmpfsMounts
 from tests.support.walkit import SMALL, Ledger, assert_recovers, faulty, payload, seeded
-from wal import AppendError, Journal, Known, OsFs, Retrying, WalConfig, WalOffset
-from wal.checkpoint import SPARE_NAME
+from wal import AppendError, Journal, KnownHorizons, OsFs, RotationFailing, WalConfig, WalOffset
+from wal.checkpoint_file import SPARE_NAME
 from wal.errors import OpenIoError, WalNoSpace
-from wal.types import Healthy
+from wal.types import RotationHealthy
 
 FRAME = 9000
 
@@ -73,7 +73,7 @@ def test_seg14_enospc_at_fsync_acknowledges_nothing_after_the_failure(tmp_path: 
     with pytest.raises(WalNoSpace) as refused:
         j.commit("t", payload(999, 100))
     assert refused.value.latched and "no free space has been reported" in str(refused.value)
-    assert fs.log[ops:] == [] and j.rotation_state == Healthy()
+    assert fs.log[ops:] == [] and j.rotation_state == RotationHealthy()
     fs.clear_faults()
     assert j.clear_no_space(latch.seq) == latch
     assert ledger.commit(j, "t", payload(1000, 100))  # resumes without a restart
@@ -118,16 +118,18 @@ def test_enospc_at_any_step_is_transient_and_resumes_when_space_returns(
         latch = j.no_space
         assert latch is not None, "ENOSPC did not latch"
         # A rotation failure counted at most once; never terminal.
-        assert isinstance(j.rotation_state, Healthy | Retrying)
+        assert isinstance(j.rotation_state, RotationHealthy | RotationFailing)
         with pytest.raises(WalNoSpace):
             j.commit("t", payload(500, 100))
         fs.clear_faults()
         j.clear_no_space(latch.seq)
         assert ledger.commit(j, "t", payload(501, 100))
         state = j.rotation_state
-        assert isinstance(state, Healthy) or state.attempts == 1  # one attempt, not one each
+        assert (
+            isinstance(state, RotationHealthy) or state.attempts == 1
+        )  # one attempt, not one each
         j.rotate()  # the owed or the next rotation succeeds once there is room
-        assert j.rotation_state == Healthy()
+        assert j.rotation_state == RotationHealthy()
         assert ledger.commit(j, "t", payload(502, 100))
     assert_recovers(root, ledger)
 
@@ -208,7 +210,7 @@ def test_a_full_filesystem_still_checkpoints_and_reclaims(full_root: Path) -> No
         # The checkpoint needs no new block (its spare), the pass none (RECLAIM).
         mark = acked[-1][1]
         assert j.checkpoint(mark)
-        progress = j.maintain(Known({"t": mark}), 8)
+        progress = j.maintain(KnownHorizons({"t": mark}), 8)
         assert progress.removed_segments > 0
         assert _free(full_root) > 4 * FRAME
         assert j.clear_no_space(latch.seq) == latch

@@ -13,10 +13,19 @@ from pathlib import Path
 import pytest
 
 from tests.support.walkit import faulty, payload
-from wal import FloorMin, FloorNone, FloorPinned, FrameKind, Journal, Known, WalConfig, WalOffset
-from wal.ledger import NoConsumer
+from wal import (
+    FloorMin,
+    FloorNone,
+    FloorPinned,
+    FrameKind,
+    Journal,
+    KnownHorizons,
+    WalConfig,
+    WalOffset,
+)
 from wal.reclamation import APPLY_STEPS_PER_UNLINK
 from wal.segment import HEADER_SIZE, partial_name, uuid7
+from wal.segment_ledger import NoConsumerHorizons
 from wal.testing import FaultyFs
 
 FRAME = 9000  # seven frames per 64 KiB segment
@@ -93,7 +102,7 @@ def _live_uuids(r: Rig) -> set[uuid.UUID]:
     return out
 
 
-def drain(r: Rig, horizons: Known | NoConsumer, cap: int | None = None) -> int:
+def drain(r: Rig, horizons: KnownHorizons | NoConsumerHorizons, cap: int | None = None) -> int:
     """Passes until one removes nothing; returns the segments removed."""
     total = 0
     for _ in range(200):
@@ -120,7 +129,7 @@ def test_rfc0052_2_only_covered_segments_below_the_checkpoint_are_unlinked(
     r.journal.checkpoint(closed_end)
     b_horizon = [o for t, o, _ in r.frames if t == "B"][7]  # inside the third segment
     before = set(_live_uuids(r))
-    p = r.journal.maintain(Known({"A": mark, "B": b_horizon}), 64)
+    p = r.journal.maintain(KnownHorizons({"A": mark, "B": b_horizon}), 64)
     after = _live_uuids(r)
     removed = before - after
     # exactly the segments whose every B frame is at or below B's horizon
@@ -142,7 +151,7 @@ def test_rfc0052_2_only_covered_segments_below_the_checkpoint_are_unlinked(
         if t == "B" and off.lsn > b_horizon.lsn:
             assert ("B", data) in replayed
     # and once B's horizon reaches them, they go
-    drain(r, Known({"A": mark, "B": r.last("B")}))
+    drain(r, KnownHorizons({"A": mark, "B": r.last("B")}))
     assert r.names() == [r.names()[-1]] and len(r.names()) == 1  # only the current one
 
 
@@ -153,7 +162,7 @@ def test_rfc0052_2_a_segment_holding_only_the_horizon_frame_is_unlinked(tmp_path
     r.write(["A"] * 3)  # the segment closes
     r.write(["A"] * 7)
     r.journal.checkpoint(r.last("A"))
-    horizons = Known({"A": r.last("A"), "C": c_only})
+    horizons = KnownHorizons({"A": r.last("A"), "C": c_only})
     drain(r, horizons)
     assert c_only.segment not in _live_uuids(r)
     r.restart()
@@ -169,10 +178,10 @@ def test_rfc0052_2_a_segment_above_a_horizon_waits_for_it(tmp_path: Path) -> Non
     b_frames = [o for t, o, _ in r.frames if t == "B"]
     # the second segment holds B's frames 3..6; a horizon at frame 5 leaves frame 6 above it
     assert {b_frames[i].segment for i in (3, 6)} == {b_frames[5].segment}
-    drain(r, Known({"A": r.last("A"), "B": b_frames[5]}))
+    drain(r, KnownHorizons({"A": r.last("A"), "B": b_frames[5]}))
     assert b_frames[5].segment in _live_uuids(r)
     assert b_frames[2].segment not in _live_uuids(r)
-    drain(r, Known({"A": r.last("A"), "B": b_frames[6]}))
+    drain(r, KnownHorizons({"A": r.last("A"), "B": b_frames[6]}))
     assert b_frames[6].segment not in _live_uuids(r)
 
 
@@ -185,7 +194,7 @@ def test_rfc0052_2_a_pin_retains_exactly_the_pinned_tenants_segments(tmp_path: P
     stale = r.root / partial_name(uuid7(1.8e9))
     stale.write_bytes(b"debris")
     r.restart()
-    p = r.journal.maintain(Known({"A": r.last("A")}), 64)
+    p = r.journal.maintain(KnownHorizons({"A": r.last("A")}), 64)
     live = _live_uuids(r)
     assert segments_holding(r, "P") <= live
     assert len(live) == 2 and p.removed_segments == 2
@@ -208,7 +217,7 @@ def _backlog(tmp_path: Path, segments: int, cap: int) -> Rig:
 def test_rfc0052_12_a_pass_unlinks_at_most_the_cap_reading_nothing(tmp_path: Path) -> None:
     r = _backlog(tmp_path, 300, cap=16)
     start = len(r.fs.log)
-    p = r.journal.maintain(Known({"A": r.last("A")}), 16)
+    p = r.journal.maintain(KnownHorizons({"A": r.last("A")}), 16)
     ops = r.fs.log[start:]
     assert p.removed_segments == 16 and p.capped
     assert not [op for op, _ in ops if op in ("listdir", "read", "pread", "open", "stat")], ops
@@ -228,7 +237,7 @@ def test_rfc0052_12_an_append_completes_while_the_file_half_is_held(tmp_path: Pa
 
     def housekeep() -> None:
         try:
-            r.journal.maintain(Known({"A": r.last("A")}), 8)
+            r.journal.maintain(KnownHorizons({"A": r.last("A")}), 8)
         except BaseException as exc:  # noqa: BLE001 - surfaced below
             errors.append(exc)
         done.set()
@@ -247,10 +256,10 @@ def test_rfc0052_12_an_append_completes_while_the_file_half_is_held(tmp_path: Pa
 def test_rfc0052_12_horizon_application_is_capped_and_resumes(tmp_path: Path) -> None:
     r = _backlog(tmp_path, 300, cap=2)
     steps = APPLY_STEPS_PER_UNLINK * 2  # horizon steps per pass
-    first = r.journal.maintain(Known({"A": r.last("A")}), 2)
+    first = r.journal.maintain(KnownHorizons({"A": r.last("A")}), 2)
     assert first.horizon_applied == steps and first.capped
     remaining = first.horizon_remaining
-    second = r.journal.maintain(Known({"A": r.last("A")}), 2)
+    second = r.journal.maintain(KnownHorizons({"A": r.last("A")}), 2)
     assert second.horizon_applied == steps
     assert second.horizon_remaining == remaining - steps
 
@@ -258,7 +267,7 @@ def test_rfc0052_12_horizon_application_is_capped_and_resumes(tmp_path: Path) ->
 def test_rfc0052_12_an_unchanged_pinned_backlog_costs_nothing(tmp_path: Path) -> None:
     r = _backlog(tmp_path, 200, cap=4)
     for _ in range(3):
-        p = r.journal.maintain(Known({}), 4)  # A has no snapshot: pinned
+        p = r.journal.maintain(KnownHorizons({}), 4)  # A has no snapshot: pinned
         assert p.horizon_applied == 0 and p.removed_segments == 0
         assert isinstance(p.floor, FloorPinned)
 
@@ -272,10 +281,10 @@ def test_rfc0052_12_a_set_emptied_above_the_checkpoint_is_reclaimed_once_passed(
     r.write(["A"] * 14)
     r.write(["A"])
     r.journal.checkpoint(first_mark)
-    drain(r, Known({"A": r.last("A")}))  # sets empty, but the checkpoint is low
+    drain(r, KnownHorizons({"A": r.last("A")}))  # sets empty, but the checkpoint is low
     assert len(r.names()) == 3
     r.journal.checkpoint(r.last("A"))  # O(1): stores the mark, promotes nothing
-    p = r.journal.maintain(Known({"A": r.last("A")}), 64)
+    p = r.journal.maintain(KnownHorizons({"A": r.last("A")}), 64)
     assert p.removed_segments == 2 and len(r.names()) == 1
 
 
@@ -291,7 +300,7 @@ def test_rfc0052_12_stale_partials_of_a_previous_process_are_swept_without_listi
     r.journal = Journal.open(r.root, r.cfg, fs=r.fs)
     list(r.journal.replay())
     start = len(r.fs.log)
-    progress = r.journal.maintain(Known({"A": r.last("A")}), 64)
+    progress = r.journal.maintain(KnownHorizons({"A": r.last("A")}), 64)
     assert progress.removed_partials == 3 and not any(p.exists() for p in stale)
     assert "listdir" not in [op for op, _ in r.fs.log[start:]]
 
@@ -302,7 +311,7 @@ def test_rfc0052_12_a_pinned_oldest_segment_does_not_shadow_a_later_one(tmp_path
     r.write(["A"] * 7)
     r.write(["A"])
     r.journal.checkpoint(r.last("A"))
-    p = r.journal.maintain(Known({"A": r.last("A")}), 64)
+    p = r.journal.maintain(KnownHorizons({"A": r.last("A")}), 64)
     assert p.removed_segments == 1
     assert segments_holding(r, "P") <= _live_uuids(r)
 
@@ -315,7 +324,7 @@ def test_rfc0052_12_capped_passes_reach_the_uncapped_end_state(tmp_path: Path) -
         r.write(layout)
         r.write(["A"])
         r.journal.checkpoint(r.last("A"))
-        horizons = Known(
+        horizons = KnownHorizons(
             {"A": r.last("A"), "B": r.last("B"), "C": [o for t, o, _ in r.frames if t == "C"][4]}
         )
         drain(r, horizons, cap)
@@ -332,7 +341,7 @@ def test_rfc0052_12_partials_first_then_the_rest_of_the_cap(tmp_path: Path) -> N
         p.write_bytes(b"")
     r.journal = Journal.open(r.root, r.cfg, fs=r.fs)
     list(r.journal.replay())
-    first = r.journal.maintain(Known({"A": r.last("A")}), 10)
+    first = r.journal.maintain(KnownHorizons({"A": r.last("A")}), 10)
     assert first.removed_partials == 4 and first.removed_segments == 6
 
 
@@ -345,7 +354,9 @@ def test_rfc0052_12_a_backlog_of_partials_is_bounded_by_the_cap(tmp_path: Path) 
         p.write_bytes(b"")
     r.journal = Journal.open(r.root, r.cfg, fs=r.fs)
     list(r.journal.replay())
-    counts = [r.journal.maintain(Known({"A": r.last("A")}), 3).removed_partials for _ in range(3)]
+    counts = [
+        r.journal.maintain(KnownHorizons({"A": r.last("A")}), 3).removed_partials for _ in range(3)
+    ]
     assert counts == [3, 3, 1]
 
 
@@ -357,11 +368,11 @@ def test_rfc0052_13_the_pin_lifts_when_a_horizon_arrives(tmp_path: Path) -> None
     r.write(["P", "A"] * 10)
     r.write(["A"])
     r.journal.checkpoint(r.last("A"))
-    p = r.journal.maintain(Known({"A": r.last("A")}), 64)
+    p = r.journal.maintain(KnownHorizons({"A": r.last("A")}), 64)
     assert p.removed_segments == 0 and isinstance(p.floor, FloorPinned)
     assert r.journal.reclaim_state().pinned_tenants == 1
     assert p.lag_segments == len(r.names()) - 1 and p.lag_bytes > 0
-    drain(r, Known({"A": r.last("A"), "P": r.last("P")}))
+    drain(r, KnownHorizons({"A": r.last("A"), "P": r.last("P")}))
     assert len(r.names()) == 1
     assert isinstance(r.journal.reclaim_state().floor, FloorMin)
 
@@ -372,12 +383,12 @@ def test_rfc0052_13_a_tenant_leaves_the_ledger_with_its_last_segment(tmp_path: P
     r.write(["A"] * 20)
     r.journal.checkpoint(r.last("A"))
     assert "C" in r.journal.tenants_with_frames()
-    drain(r, Known({"A": r.last("A"), "C": once}))
+    drain(r, KnownHorizons({"A": r.last("A"), "C": once}))
     assert "C" not in r.journal.tenants_with_frames()
     # churn leaves no permanent pin: C's absence from later horizons changes nothing
     r.write(["A"] * 8)
     r.journal.checkpoint(r.last("A"))
-    drain(r, Known({"A": r.last("A")}))
+    drain(r, KnownHorizons({"A": r.last("A")}))
     assert len(r.names()) == 1
 
 
@@ -389,11 +400,11 @@ def test_rfc0052_13_equality_never_unlinks_a_pinned_frame(tmp_path: Path) -> Non
     r.write(["A"])
     r.journal.checkpoint(pinned)
     # every other tenant's horizon at or beyond P's frame; P has none
-    p = r.journal.maintain(Known({"A": r.last("A")}), 64)
+    p = r.journal.maintain(KnownHorizons({"A": r.last("A")}), 64)
     assert pinned.segment in _live_uuids(r)
     assert p.removed_segments == 0  # the later segment is above the checkpoint
     r.journal.checkpoint(r.last("A"))
-    r.journal.maintain(Known({"A": r.last("A")}), 64)
+    r.journal.maintain(KnownHorizons({"A": r.last("A")}), 64)
     assert pinned.segment in _live_uuids(r)
     assert len(r.names()) == 2  # the later segment holding none of P's frames went
 
@@ -402,12 +413,12 @@ def test_rfc0052_13_pinned_is_not_no_consumer(tmp_path: Path) -> None:
     r = rig(tmp_path)
     r.write(["A"] * 8)
     r.journal.checkpoint(r.last("A"))
-    pinned = r.journal.maintain(Known({}), 64)
+    pinned = r.journal.maintain(KnownHorizons({}), 64)
     assert isinstance(pinned.floor, FloorPinned) and pinned.removed_segments == 0
     other = rig(tmp_path / "nc")
     other.write(["A"] * 8)
     other.journal.checkpoint(other.last("A"))
-    nc = other.journal.maintain(NoConsumer(), 64)
+    nc = other.journal.maintain(NoConsumerHorizons(), 64)
     assert isinstance(nc.floor, FloorNone) and nc.removed_segments == 1
 
 
@@ -418,7 +429,7 @@ def test_audit_frames_are_governed_by_the_checkpoint_alone(tmp_path: Path) -> No
         p.wait()
     (a,) = r.write(["A"])
     r.journal.checkpoint(a)
-    progress = r.journal.maintain(Known({}), 64)  # no tenant horizons at all
+    progress = r.journal.maintain(KnownHorizons({}), 64)  # no tenant horizons at all
     assert progress.removed_segments == 1
 
 
@@ -442,7 +453,7 @@ def test_rfc0052_16_the_sweep_touches_only_the_reserved_partial_shape(tmp_path: 
     r.journal = Journal.open(r.root, r.cfg, fs=r.fs)
     list(r.journal.replay())
     start = len(r.fs.log)
-    p = r.journal.maintain(Known({"A": r.last("A")}), 64)
+    p = r.journal.maintain(KnownHorizons({"A": r.last("A")}), 64)
     assert p.removed_partials == 1 and not partial.exists()
     assert (r.root / "CHECKPOINT.tmp").exists() and (r.root / "RECLAIM").exists()
     assert (r.root / "snapshots" / "acme.123.snap.tmp").exists()
@@ -465,7 +476,7 @@ def test_reclaim_state_counts_are_incremental_and_honest(tmp_path: Path, segment
     assert state.oldest_unreclaimed_age is not None
     assert state.disk_bytes >= frame_bytes + (segments + 1) * HEADER_SIZE
     r.journal.checkpoint(r.last("A"))
-    drain(r, Known({"A": r.last("A")}))
+    drain(r, KnownHorizons({"A": r.last("A")}))
     after = r.journal.reclaim_state()
     assert after.segments == 1
     assert after.unreclaimed_bytes == r.last("A").lsn - int(r.names()[0][:20])

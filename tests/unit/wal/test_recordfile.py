@@ -1,8 +1,8 @@
 """The two-slot record file RECLAIM and PUBLISHED are each a codec over
 (``wal/recordfile.py``): what its lifecycle does alike for both formats, through both.
 
-Each format's bytes, refusals and crash points are tested beside it (test_reclaim.py,
-test_published.py). Here: a newer slot that this build cannot read refuses the open,
+Each format's bytes, refusals and crash points are tested beside it (test_reclaim_file.py,
+test_published_file.py). Here: a newer slot that this build cannot read refuses the open,
 naming the file, the slot and the byte, and an older one does not.
 """
 
@@ -15,8 +15,8 @@ import pytest
 
 from tests.support.walkit import payload
 from wal import CorruptionError, Journal, OsFs, PublishedMarks, WalConfig
-from wal.published import PublishedFile
-from wal.reclaim import ReclaimFile
+from wal.published_file import PublishedFile
+from wal.reclaim_file import ReclaimFile
 from wal.slots import FILE_HEADER_SIZE, seal_slot
 
 CFG = WalConfig(segment_max_bytes=64 * 1024, max_frame_bytes=32 * 1024, max_tenants=4)

@@ -50,15 +50,14 @@ from wal import (
     FloorPinned,
     FrameKind,
     Journal,
-    Known,
+    KnownHorizons,
     OsFs,
     ReclaimError,
     WalConfig,
     WalOffset,
 )
 from wal.errors import OpenError, OpenIoError
-from wal.ledger import NoConsumer, SnapshotHorizons
-from wal.reclaim import (
+from wal.reclaim_file import (
     FLAG_CHECKPOINT_ARMED,
     FLAG_CHECKPOINT_SEEN,
     FLAG_PUBLISHED_SEEDED_ARMED,
@@ -79,6 +78,7 @@ from wal.segment import (
     segment_name,
     uuid7,
 )
+from wal.segment_ledger import NoConsumerHorizons, SnapshotHorizons
 from wal.slots import FILE_HEADER_SIZE
 from wal.testing import FaultyFs, SimulatedCrash
 
@@ -216,8 +216,8 @@ def planned_segments(record: ReclaimRecord) -> set[uuid.UUID]:
     return {p.segment for p in record.planned}
 
 
-def known(**horizons: WalOffset) -> Known:
-    return Known(dict(horizons))
+def known(**horizons: WalOffset) -> KnownHorizons:
+    return KnownHorizons(dict(horizons))
 
 
 def reclaimed_root(tmp_path: Path, mode: str = "known") -> Rig:
@@ -230,7 +230,7 @@ def reclaimed_root(tmp_path: Path, mode: str = "known") -> Rig:
     horizons: SnapshotHorizons
     if mode == "no_consumer":
         r.journal.checkpoint(s1["B"])  # only the checkpoint governs: keep the third
-        horizons = NoConsumer()
+        horizons = NoConsumerHorizons()
     else:
         r.journal.checkpoint(r.last)
         horizons = known(A=s1["A"], B=s1["B"])
@@ -298,7 +298,7 @@ def test_rfc0052_17_record_states_x_snapshot(
     # C's entry is satisfied by C's absence: it has no surviving frame to re-mine.
     r.journal.check_restorable(restorable)
     pass_horizons = {t: h for t, h in restorable.items() if h is not None}
-    progress = r.journal.maintain(Known(pass_horizons), CAP)
+    progress = r.journal.maintain(KnownHorizons(pass_horizons), CAP)
     if restorable_a == "undecodable":
         # proceeds with A pinned at its oldest surviving frame, nothing of A unlinked
         assert isinstance(progress.floor, FloorPinned)
@@ -402,7 +402,7 @@ def test_rfc0052_17_entries_only_rise(tmp_path: Path) -> None:
     s3 = r.segment(["C", "C"])
     r.journal.checkpoint(r.last)
 
-    def entries_after(horizons: Known, removed: int) -> dict[str, WalOffset]:
+    def entries_after(horizons: KnownHorizons, removed: int) -> dict[str, WalOffset]:
         generation = on_disk(r.root).generation
         assert r.journal.maintain(horizons, CAP).removed_segments == removed
         record = on_disk(r.root)
@@ -621,7 +621,9 @@ def test_rfc0052_17_neither_sidecar_in_an_empty_directory_opens_fresh(
         assert j.last_checkpoint is None
         mark = j.commit("A", payload(1, 200)).offset
         j.checkpoint(mark)
-        horizons: SnapshotHorizons = NoConsumer() if mode == "no_consumer" else known(A=mark)
+        horizons: SnapshotHorizons = (
+            NoConsumerHorizons() if mode == "no_consumer" else known(A=mark)
+        )
         j.maintain(horizons, CAP)
     record = on_disk(root)
     assert record.consumer_mode is (NO_CONSUMER if mode == "no_consumer" else KNOWN)
@@ -825,7 +827,7 @@ def test_rfc0052_17_passes_never_allocate(tmp_path: Path) -> None:
         r.segment(tenants + tenants)
         r.journal.checkpoint(r.last)
         mark = len(r.fs.log)
-        horizons = Known({t: r.latest(t) for t, _, _ in r.frames})
+        horizons = KnownHorizons({t: r.latest(t) for t, _, _ in r.frames})
         progress = r.journal.maintain(horizons, CAP)
         assert progress.removed_segments == 1
         writes += len(
@@ -911,7 +913,7 @@ def test_rfc0052_17_first_start(
         assert again.open_report.fresh is (segment_name(0) not in left)
         assert [f.payload for f in again.replay()] == []
         again.commit("A", payload(1, 200))
-    # no temp left; the checkpoint spare is allocated at open (wal/checkpoint.py)
+    # no temp left; the checkpoint spare is allocated at open (wal/checkpoint_file.py)
     assert sorted(os.listdir(root)) == sorted(
         ["CHECKPOINT.spare", "PUBLISHED", "RECLAIM", segment_name(0)]
     )
@@ -1113,7 +1115,7 @@ def test_rfc0052_17_no_consumer_restarts_without_a_snapshot(tmp_path: Path) -> N
     s1 = r.segment(["B", "A", "B"])
     r.journal.commit("A", payload(500, 200))  # the current segment is never reclaimed
     r.journal.checkpoint(s1["B"])
-    progress = r.journal.maintain(NoConsumer(), CAP)
+    progress = r.journal.maintain(NoConsumerHorizons(), CAP)
     assert progress.removed_segments == 2
     record = on_disk(r.root)
     assert record.consumer_mode is NO_CONSUMER
@@ -1128,7 +1130,7 @@ def test_rfc0052_17_no_consumer_restarts_without_a_snapshot(tmp_path: Path) -> N
     assert r.restart() == [payload(500, 200)]
     r.journal.check_restorable({})  # no snapshot at all
     r.journal.check_restorable({"A": None, "B": None})
-    assert r.journal.maintain(NoConsumer(), CAP).removed_segments == 0
+    assert r.journal.maintain(NoConsumerHorizons(), CAP).removed_segments == 0
     r.journal.close()
 
 
@@ -1137,8 +1139,8 @@ def test_rfc0052_17_no_consumer_restarts_without_a_snapshot(tmp_path: Path) -> N
 
 def _horizons(r: Rig, mode: str) -> SnapshotHorizons:
     if mode == "no_consumer":
-        return NoConsumer()
-    return Known({t: r.latest(t) for t, _, _ in r.frames})
+        return NoConsumerHorizons()
+    return KnownHorizons({t: r.latest(t) for t, _, _ in r.frames})
 
 
 @pytest.mark.parametrize(

@@ -16,10 +16,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.support.walkit import SMALL, Ledger, assert_recovers, faulty, payload
-from wal import AppendError, ErrorClass, Journal, Retrying, RotationKind, Terminal, WalConfig
+from wal import (
+    AppendError,
+    ErrorClass,
+    Journal,
+    RotationExhausted,
+    RotationFailing,
+    RotationKind,
+    WalConfig,
+)
 from wal.errors import RotationRetrying, RotationTerminal
 from wal.testing import FaultyFs
-from wal.types import DirFsyncOrigin, Healthy, RotationState
+from wal.types import DirFsyncOrigin, RotationHealthy, RotationState
 
 #: The five rotation steps and where the fault seam sees them.
 STEPS: dict[str, tuple[str, str | None]] = {
@@ -103,9 +111,9 @@ def test_rfc0052_4_pre_rename_failure_via_append_recovers(tmp_path: Path, step: 
     with pytest.raises(RotationRetrying) as info:
         r.journal.commit("t", payload(0, FRAME))
     assert info.value.error_class is ErrorClass.TRANSIENT and "retrying" in str(info.value)
-    assert r.journal.rotation_state == Retrying(1, r.journal.rotation_state.first_error)  # type: ignore[union-attr]
+    assert r.journal.rotation_state == RotationFailing(1, r.journal.rotation_state.first_error)  # type: ignore[union-attr]
     assert r.commit()  # the next append re-enters rotate, which succeeds
-    assert r.rotation_state() == Healthy()
+    assert r.rotation_state() == RotationHealthy()
     assert r.events.count("wal.rotation.retrying") == 1
     assert r.events.count("wal.rotation.recovered") == 1
     again = reopen_and_check(r)
@@ -121,7 +129,7 @@ def test_rfc0052_4_pre_rename_failure_via_rotate_recovers(tmp_path: Path, step: 
         r.journal.rotate(RotationKind.DISCRETIONARY)
     assert len(r.journal.segment_names()) == 1
     assert r.journal.rotate(RotationKind.DISCRETIONARY) is True
-    assert r.journal.rotation_state == Healthy()
+    assert r.journal.rotation_state == RotationHealthy()
     assert r.commit()
     reopen_and_check(r).close()
 
@@ -132,7 +140,7 @@ def test_rfc0052_4_parent_fsync_failure_via_append_is_discharged_by_sync(
     r = rig(tmp_path)
     inject(r, "parent_fsync", 1)
     assert r.commit()  # installed, frame written, the sync discharges and acks
-    assert r.journal.rotation_state == Healthy()
+    assert r.journal.rotation_state == RotationHealthy()
     assert r.journal.dir_fsync_pending is None
     assert r.events.names.count("wal.rotation.retrying") == 1
     assert r.events.names.count("wal.rotation.recovered") == 1
@@ -149,10 +157,10 @@ def test_rfc0052_4_parent_fsync_failure_via_rotate(tmp_path: Path) -> None:
     r = rig(tmp_path)
     inject(r, "parent_fsync", 1)
     assert r.journal.rotate(RotationKind.DISCRETIONARY) is True
-    assert isinstance(r.journal.rotation_state, Retrying)
+    assert isinstance(r.journal.rotation_state, RotationFailing)
     assert r.journal.dir_fsync_pending is DirFsyncOrigin.ROTATION
     assert r.commit()  # discharged by the sync without re-entering rotate
-    assert r.rotation_state() == Healthy()
+    assert r.rotation_state() == RotationHealthy()
     assert len(r.journal.segment_names()) == 2
     reopen_and_check(r).close()
 
@@ -161,10 +169,10 @@ def test_rfc0052_4_no_ack_while_the_rotation_obligation_is_pending(tmp_path: Pat
     r = rig(tmp_path)
     inject(r, "parent_fsync", 2)  # the rotation's fsync and the first discharge fail
     assert not r.commit()
-    assert isinstance(r.journal.rotation_state, Retrying)
+    assert isinstance(r.journal.rotation_state, RotationFailing)
     assert r.journal.rotation_state.attempts == 2
     assert r.commit()  # the second discharge succeeds
-    assert r.rotation_state() == Healthy()
+    assert r.rotation_state() == RotationHealthy()
     reopen_and_check(r).close()
 
 
@@ -205,7 +213,7 @@ def test_rfc0052_5_persistent_pre_rename_failure_goes_terminal(tmp_path: Path, s
     assert [type(e) for e in errors[:3]] == [RotationRetrying, RotationRetrying, RotationTerminal]
     assert all(isinstance(e, RotationTerminal) for e in errors[2:])
     state = r.journal.rotation_state
-    assert isinstance(state, Terminal) and state.attempts == 3
+    assert isinstance(state, RotationExhausted) and state.attempts == 3
     first = str(errors[0].first_error)  # type: ignore[attr-defined]
     assert "injected EIO" in first and state.first_error == first
     assert all(e.first_error == first for e in errors)  # type: ignore[attr-defined]
@@ -224,7 +232,7 @@ def test_rfc0052_5_persistent_parent_fsync_failure_goes_terminal(tmp_path: Path)
     results = [r.commit() for _ in range(4)]
     assert results == [False, False, False, False]
     state = r.journal.rotation_state
-    assert isinstance(state, Terminal) and state.attempts == 3
+    assert isinstance(state, RotationExhausted) and state.attempts == 3
     assert "fsync the parent directory" in state.first_error
     assert r.events.count("wal.rotation.terminal") == 1
     reopen_and_check(r).close()
@@ -247,7 +255,7 @@ def test_budget_resets_only_when_the_obligation_itself_succeeds(tmp_path: Path) 
     inject(r, "parent_fsync", None)
     outcomes = [r.commit() for _ in range(5)]
     assert outcomes == [False] * 5
-    assert isinstance(r.journal.rotation_state, Terminal)
+    assert isinstance(r.journal.rotation_state, RotationExhausted)
     r.journal.close()
 
 
@@ -297,12 +305,12 @@ def test_rfc0052_4_5_property_any_step_any_count(
     # Each failing attempt consumes one unit; the parent-fsync step fails once in the
     # rotation and then once per discharge, so both count the same way.
     if failures is None or failures >= budget:
-        assert isinstance(state, Terminal)
+        assert isinstance(state, RotationExhausted)
         assert state.attempts == budget
         with pytest.raises(RotationTerminal):
             r.journal.commit("t", payload(0, 10))
     else:
-        assert state == Healthy()
+        assert state == RotationHealthy()
         assert r.commit()
     reopen_and_check(r).close()
 
@@ -312,13 +320,13 @@ def test_rfc0052_4_5_property_any_step_any_count(
 
 @pytest.mark.parametrize("step", ["create", "header_write", "header_fsync", "rename"])
 def test_rfc0052_4_failed_attempts_debris_is_gone_after_one_pass(tmp_path: Path, step: str) -> None:
-    from wal import Known
+    from wal import KnownHorizons
 
     r = rig(tmp_path)
     inject(r, step, None)
     for _ in range(5):
         r.commit()
-    assert isinstance(r.journal.rotation_state, Terminal)
+    assert isinstance(r.journal.rotation_state, RotationExhausted)
     debris = r.journal.stale_partials
     # create fails before the file exists; every later step leaves one partial per attempt
     assert len(debris) == (0 if step == "create" else 3)
@@ -326,7 +334,7 @@ def test_rfc0052_4_failed_attempts_debris_is_gone_after_one_pass(tmp_path: Path,
     r.fs.clear_faults()
     # max_unlinks_per_pass >= rotation_retry_attempts, so one pass clears one rotation's
     # debris: a persistently retrying node cannot fill its disk with it
-    progress = r.journal.maintain(Known({}), r.journal.config.rotation_retry_attempts)
+    progress = r.journal.maintain(KnownHorizons({}), r.journal.config.rotation_retry_attempts)
     assert progress.removed_partials == len(debris)
     assert not any(p.exists() for p in debris) and r.journal.stale_partials == []
     r.journal.close()

@@ -14,8 +14,8 @@ import threading
 from pathlib import Path
 
 from tests.support.walkit import SMALL, payload, seeded
-from wal import Journal, Known, OsFs, WalOffset
-from wal.layout import list_root
+from wal import Journal, KnownHorizons, OsFs, WalOffset
+from wal.scan import list_root
 
 TENANTS = ("a", "b", "c")
 PER_WRITER = 60
@@ -59,7 +59,7 @@ def test_seg10_reclamation_never_outruns_the_checkpoint_or_a_horizon_under_load(
                     pick = mine[rng.randrange(len(mine))]
                     if tenant not in horizons or pick.lsn > horizons[tenant].lsn:
                         horizons[tenant] = pick
-            progress = j.maintain(Known(dict(horizons)), 4)
+            progress = j.maintain(KnownHorizons(dict(horizons)), 4)
             passes += 1
             removed += progress.removed_segments
             alive = {f.header.uuid for f in list_root(OsFs(), root).segments}

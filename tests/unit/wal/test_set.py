@@ -9,7 +9,7 @@ import pytest
 from tests.support.walkit import seeded
 from wal import Journal, WalConfig
 from wal.fs import OsFs
-from wal.layout import list_root, scan_segment
+from wal.scan import list_root, scan_segment
 from wal.segment import HEADER_SIZE
 
 MiB = 1024 * 1024

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.support.walkit import payload
-from wal import Journal, Known, WalConfig
-from wal.tools import inspect_root
+from wal import Journal, KnownHorizons, WalConfig
+from wal.inspection import inspect_root
 
 CFG = WalConfig(segment_max_bytes=64 * 1024)
 
@@ -16,7 +16,7 @@ def test_inspect_explains_retention_with_and_without_horizons(tmp_path: Path) ->
     with Journal.open(root, CFG) as j:
         offs = [j.commit(f"t{i % 2}", payload(i, 9000)).offset for i in range(30)]
         j.checkpoint(offs[20])
-        j.maintain(Known({"t0": offs[10], "t1": offs[11]}), 8)
+        j.maintain(KnownHorizons({"t0": offs[10], "t1": offs[11]}), 8)
     report = inspect_root(root)
     assert report.reclaim is not None and report.reclaim.consumer_mode == "known"
     assert report.reclaim.checkpoint_seen and set(report.reclaim.entries) == {"t0", "t1"}

@@ -11,7 +11,7 @@ import pytest
 from tests.support.walkit import SMALL, faulty, payload
 from tests.unit.wal.golden import DATA, SEGMENT_UUID, golden_checkpoint
 from wal import CheckpointError, CorruptionError, Journal, OsFs, WalOffset
-from wal.checkpoint import (
+from wal.checkpoint_file import (
     NAME,
     SPARE_NAME,
     TMP_NAME,
@@ -100,7 +100,7 @@ def _ino(path: Path) -> int:
 
 def test_nowedge_2_the_old_mark_becomes_the_next_spare(tmp_path: Path) -> None:
     """Issue 18 item 2: a write gives up no block — the old CHECKPOINT's inode is the
-    next spare, linked before the rename (see ``wal/checkpoint.py``)."""
+    next spare, linked before the rename (see ``wal/checkpoint_file.py``)."""
     fs = OsFs()
     a, b = WalOffset(SEGMENT_UUID, 100), WalOffset(SEGMENT_UUID, 200)
     write_checkpoint(fs, tmp_path, a)

@@ -28,7 +28,7 @@ from tests.unit.wal.golden_reclaim import (
 from wal import CorruptionError, OsFs, WalOffset
 from wal.config import reclaim_file_bytes
 from wal.errors import InvalidTenant
-from wal.reclaim import (
+from wal.reclaim_file import (
     FLAG_CHECKPOINT_ARMED,
     FLAG_CHECKPOINT_SEEN,
     FLAG_PUBLISHED_SEEDED_ARMED,

@@ -6,7 +6,7 @@ stopped node's volume (or a copy of it) and against a running node (they may the
 a torn tail the writer is about to complete, which is reported as such).
 
 ``verify_root`` is the full CRC walk: every segment header, every frame, the set's
-structure and chain rules (``wal.layout``), the CHECKPOINT and the quarantine records.
+structure and chain rules (``wal.scan``), the CHECKPOINT and the quarantine records.
 It collects every problem with its file and offset instead of stopping at the first.
 Each segment's synced high-water (``SegmentSummary.high_water``: its direct successor's
 header, or the checkpoint mark when the mark lies in it) decides what damage means:
@@ -26,12 +26,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .checkpoint import NAME as CHECKPOINT_NAME
-from .checkpoint import decode_checkpoint
+from .checkpoint_file import NAME as CHECKPOINT_NAME
+from .checkpoint_file import decode_checkpoint
 from .errors import CorruptionError, OpenIoError
 from .frame import ScanStop, scan_frames
 from .fs import Fs, OsFs, read_file
-from .layout import (
+from .quarantine import DIR_NAME as QUARANTINE_DIR
+from .quarantine import QuarantineRecord, in_force, load_records
+from .scan import (
     SegmentFile,
     SegmentScan,
     chain_problem,
@@ -42,8 +44,6 @@ from .layout import (
     read_segment_file,
     scan_segment,
 )
-from .quarantine import DIR_NAME as QUARANTINE_DIR
-from .quarantine import QuarantineRecord, in_force, load_records
 from .segment import HEADER_SIZE, PARTIAL_RE, SEGMENT_RE, SegmentHeader, uuid7_time
 from .types import WalOffset
 
@@ -288,8 +288,8 @@ def _damage_below_checkpoint(report: RootReport, scans: list[SegmentScan]) -> No
 
 
 def _describe_sidecars(report: RootReport, names: list[str]) -> None:
-    from .checkpoint import SIZE as CHECKPOINT_SIZE
-    from .checkpoint import SPARE_NAME, TMP_NAME
+    from .checkpoint_file import SIZE as CHECKPOINT_SIZE
+    from .checkpoint_file import SPARE_NAME, TMP_NAME
 
     present = set(names)
     report.sidecars[CHECKPOINT_NAME] = (
@@ -414,7 +414,7 @@ def _frames_after_damage(data: bytes, damage: int, path: Path) -> int:
 
 
 def _read_published_into(fs: Fs, report: RootReport) -> None:
-    from .published import PublishedFile
+    from .published_file import PublishedFile
 
     try:
         loaded = PublishedFile.read_only(fs, report.root)
@@ -445,7 +445,7 @@ def _read_published_into(fs: Fs, report: RootReport) -> None:
 
 
 def _read_reclaim_into(fs: Fs, report: RootReport) -> None:
-    from .reclaim import (
+    from .reclaim_file import (
         FLAG_CHECKPOINT_ARMED,
         FLAG_CHECKPOINT_SEEN,
         ConsumerMode,

@@ -29,7 +29,7 @@ from wal import (
     FrameCursor,
     FrameSpan,
     Journal,
-    Known,
+    KnownHorizons,
     OsFs,
     PublishedMarks,
     PublishedWriteError,
@@ -38,7 +38,7 @@ from wal import (
     WalOffset,
 )
 from wal.errors import OpenError
-from wal.published import (
+from wal.published_file import (
     ENTRY_PUBLISHING,
     ENTRY_RECORDS_VALID,
     PublishedFile,
@@ -47,7 +47,7 @@ from wal.published import (
     published_file_bytes,
     published_slot_len,
 )
-from wal.reclaim import (
+from wal.reclaim_file import (
     FLAG_PUBLISHED_SEEDED_ARMED,
     FLAG_PUBLISHED_SEEDED_CONFIRMED,
     DictRecord,
@@ -293,7 +293,7 @@ def test_rfc0055_5_a_tenant_introduced_by_a_published_only_write_keeps_its_slot_
         a = j.commit("A", payload(1, 200)).offset
         j.rotate()
         j.checkpoint(a)
-        j.maintain(Known({"A": a}), 8)  # RECLAIM assigns A id 0
+        j.maintain(KnownHorizons({"A": a}), 8)  # RECLAIM assigns A id 0
         j.publish_marks({"B": PublishedMarks(a, a)})  # PUBLISHED alone: B id 1
     assert _reclaim_ids(root) == {"A": 0}
     assert _tenant_ids(_published(root)) == {"A": 0, "B": 1}
@@ -301,7 +301,7 @@ def test_rfc0055_5_a_tenant_introduced_by_a_published_only_write_keeps_its_slot_
         c = j.commit("C", payload(2, 200)).offset
         j.rotate()
         j.checkpoint(c)
-        j.maintain(Known({"A": a, "C": c}), 8)
+        j.maintain(KnownHorizons({"A": a, "C": c}), 8)
         assert j.published_marks() == {"B": PublishedMarks(a, a)}
     assert _reclaim_ids(root) == {"A": 0, "B": 1, "C": 2}
     loaded = ReclaimFile.read_only(OsFs(), root)
@@ -371,7 +371,7 @@ def _assigned_root(tmp_path: Path) -> Path:
         a = j.commit("A", payload(1, 200)).offset
         j.rotate()
         j.checkpoint(a, {"A": PublishedMarks(a, a)})
-        j.maintain(Known({"A": a}), 8)
+        j.maintain(KnownHorizons({"A": a}), 8)
     return root
 
 
@@ -425,7 +425,7 @@ def test_rfc0055_2_mixed_geometry_restart_comes_up_at_the_larger_geometry_with_i
         a = j.commit("A", payload(1, 200)).offset
         j.rotate()
         j.checkpoint(a, {"A": PublishedMarks(a, a), "B": PublishedMarks(a, None)})
-        j.maintain(Known({"A": a}), 8)
+        j.maintain(KnownHorizons({"A": a}), 8)
         marks = j.published_marks()
     ids = _tenant_ids(_published(root))
     fs = OsFs()
@@ -537,7 +537,7 @@ def test_rfc0055_9_5_a_span_not_ending_on_a_frame_boundary_is_an_error(tmp_path:
 def test_the_operator_tools_read_the_frontiers_and_name_a_missing_published(
     tmp_path: Path,
 ) -> None:
-    from wal.tools import verify_root
+    from wal.inspection import verify_root
 
     root = tmp_path / "wal"
     with Journal.open(root, CFG) as j:

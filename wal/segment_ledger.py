@@ -1,4 +1,4 @@
-"""The reclamation ledger: which segments hold which tenants' frames, and which of them
+"""The segment ledger: which segments hold which tenants' frames, and which of them
 may be unlinked — maintained incrementally so no housekeeping pass walks the backlog.
 
 The eligibility rule (RFC 0052 §3.2, DESIGN.md §5.7), exactly: a closed segment may be
@@ -11,7 +11,7 @@ reclaimed when
   (strict: equality can never unlink a pinned tenant's frame).
 
 Audit frames are governed by the checkpoint alone; the current segment is never
-eligible. Under ``NoConsumer`` (no miner state exists) only the checkpoint governs.
+eligible. Under ``NoConsumerHorizons`` (no miner state exists) only the checkpoint governs.
 
 The index, per RFC 0052 §3.7: every segment keeps the set of tenants still *blocking*
 it (their horizon has not yet been applied past their last offset in it). Horizons are
@@ -47,14 +47,14 @@ class SegState(enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
-class NoConsumer:
+class NoConsumerHorizons:
     """No miner state exists: the checkpoint alone governs (never the ingest receiver)."""
 
     name: str = "no_consumer"
 
 
 @dataclass(frozen=True, slots=True)
-class Known:
+class KnownHorizons:
     """The durable per-tenant snapshot horizons (from the SnapshotLedger only).
 
     A tenant with WAL frames and no entry here is pinned. ``unrecoverable`` names the
@@ -67,7 +67,7 @@ class Known:
     unrecoverable: frozenset[str] = frozenset()
 
 
-SnapshotHorizons = NoConsumer | Known
+SnapshotHorizons = NoConsumerHorizons | KnownHorizons
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +107,7 @@ RetainFloor = FloorUnknown | FloorNone | FloorMin | FloorPinned
 
 
 @dataclass(frozen=True, slots=True)
-class HousekeepingProgress:
+class ReclamationProgress:
     """What a pass did and what remains, as of the end of the ledger half that made it."""
 
     removed_segments: int = 0
@@ -176,7 +176,7 @@ class _TenantTrack:
         return self.segments[self.head]
 
 
-class Ledger:
+class SegmentLedger:
     """Incremental eligibility index over the surviving segments (module docstring)."""
 
     def __init__(self) -> None:
@@ -189,7 +189,7 @@ class Ledger:
         self.checkpoint: WalOffset | None = None
         self._rr = 0
         self.mode_known: bool | None = None  # None until a pass says which
-        # counters read by ReclaimState / HousekeepingProgress
+        # counters read by ReclaimState / ReclamationProgress
         self.unreclaimed_bytes = 0
         self.blocked_bytes = 0
         self.blocked_segments = 0
@@ -282,7 +282,7 @@ class Ledger:
     def apply_horizons(self, horizons: SnapshotHorizons, budget: int) -> tuple[int, bool]:
         """Apply horizons to at most ``budget`` segments, round-robin across tenants.
         Returns (segments applied, whether the budget ran out with work left)."""
-        infinite = isinstance(horizons, NoConsumer)
+        infinite = isinstance(horizons, NoConsumerHorizons)
         known = {} if infinite else horizons.horizons  # type: ignore[union-attr]
         names = list(self._tenants)
         if not names or budget <= 0:
@@ -333,7 +333,7 @@ class Ledger:
     # -- a pass: floor -----------------------------------------------------------------
 
     def derive_floor(self, horizons: SnapshotHorizons) -> RetainFloor:
-        if isinstance(horizons, NoConsumer):
+        if isinstance(horizons, NoConsumerHorizons):
             self.floor = FloorNone()
             return self.floor
         known = horizons.horizons
@@ -450,11 +450,11 @@ class Ledger:
         horizon_applied: int = 0,
         capped: bool = False,
         skipped: str = "",
-    ) -> HousekeepingProgress:
+    ) -> ReclamationProgress:
         floor = self.floor
         holds = isinstance(floor, FloorMin | FloorPinned)
         known = self.mode_known is True
-        return HousekeepingProgress(
+        return ReclamationProgress(
             removed_segments=removed_segments,
             removed_partials=removed_partials,
             horizon_applied=horizon_applied,

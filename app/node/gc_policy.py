@@ -1,4 +1,4 @@
-"""The cyclic garbage collector's part in ingest latency.
+"""The garbage-collector policy: the cyclic collector's part in ingest latency.
 
 A full collection holds the GIL while it scans every tracked container, so it stalls
 every thread; its cost is the size of the tracked heap. Two measures keep it off the

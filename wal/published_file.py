@@ -2,7 +2,7 @@
 
 RFC 0055 (§9.4; SEED-DIGEST A.7) gives PUBLISHED RECLAIM's shape, not its bytes: the
 two-slot record file of ``wal/recordfile.py`` (over ``wal/slots.py``), a per-slot
-dictionary laid out exactly as RECLAIM's (its code is ``wal/reclaim.py``'s, and so is
+dictionary laid out exactly as RECLAIM's (its code is ``wal/reclaim_file.py``'s, and so is
 the id space: the journal keeps one in-memory table seeded from the union of both
 dictionaries), then one fixed entry per id. No planned area, so ``slot_len`` derives
 from ``max_tenants`` alone. All integers little-endian, UUIDs in RFC 4122 byte order,
@@ -69,7 +69,7 @@ from pathlib import Path
 from typing import Final
 
 from .errors import CorruptionError
-from .reclaim import (
+from .reclaim_file import (
     DICT_RECORD_SIZE,
     MAX_TENANTS,
     DictRecord,
