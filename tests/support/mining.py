@@ -1,4 +1,4 @@
-"""Shared by the mining tests (``tests/unit/app/mining/``): a seeded corpus of realistic
+"""Shared by the mining tests (``tests/unit/app/ingest/mining/``): a seeded corpus of realistic
 log lines, batch-wise mining, Drain's state read from drain3's own objects, and the
 configurations the tests sweep."""
 

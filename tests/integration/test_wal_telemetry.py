@@ -369,7 +369,8 @@ def floor_pinned_and_lifted(rig: NodeRig, tmp_path: Path, monkeypatch: pytest.Mo
 
 def latch_set(rig: NodeRig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A barrier tick that raises latches its epoch, once however often it repeats (a
-    mining failure no longer latches: RFC 0055 settles it, test_settlement.py)."""
+    mining failure no longer latches: RFC 0055 settles it,
+    tests/unit/app/ingest/test_settlement.py)."""
     read = collector(rig, tmp_path)
     rig.ingest("good", "a")
     assert cut_ok(rig)

@@ -13,7 +13,7 @@ The crash model is ``NodeRig``'s (``restart(crash=True)``: the process is abando
 the journal's files are what the kernel keeps); the settling thread is held at a named
 sync point (``app.points``) and the fs is declared crashed before it is let go, so
 nothing it does after the point reaches the disk. The real-process test is
-``tests/crash/test_nowedge_6_serve.py``.
+``tests/crash/test_settlement_intent_sigkill.py``.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from app import points
 from app.ingest.settlement import Result
 from tests.support.minerfaults import FaultPlan, FaultyMiners
 from tests.support.noderig import NodeRig, rids
-from tests.unit.app.test_settlement import Worker, ingest_bodies, step
+from tests.unit.app.ingest.test_settlement import Worker, ingest_bodies, step
 from wal import OsFs, PublishedMarks, WalOffset
 from wal.published import PublishedFile
 from wal.testing import SimulatedCrash

@@ -49,8 +49,8 @@ A0 = ["op a0 step 0 took 0 ms", "op a0 step 1 took 7 ms", "op a0 step 2 took 14 
 #: widens a0's template (an id the snapshot holds), creates one, fails widening it
 T1 = ["op t1 step 0 took 0 ms", "disk sda1 is 91 percent full", "disk sda2 is 17 percent full"]
 
-_PROBE = '''"""Probe for tests/crash/test_nowedge_6_serve.py (loaded as sitecustomize by the
-ourios serve that test starts)."""
+_PROBE = '''"""Probe for tests/crash/test_settlement_intent_sigkill.py (loaded as sitecustomize by
+the ourios serve that test starts)."""
 
 import json
 import os

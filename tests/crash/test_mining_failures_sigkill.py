@@ -59,7 +59,7 @@ ENV = {
     "OURIOS_SERVER_SHUTDOWN_GRACE_SECS": "20",
 }
 
-_PROBE = '''"""Probe for tests/crash/test_rfc0055_sigkill.py (loaded as sitecustomize by the
+_PROBE = '''"""Probe for tests/crash/test_mining_failures_sigkill.py (loaded as sitecustomize by the
 ourios serve that test starts): the node's miners fail at chosen records."""
 
 import os

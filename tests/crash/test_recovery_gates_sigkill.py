@@ -100,8 +100,8 @@ BASE_ENV = {
 #: and "snapfail" (a failed snapshot install, then a checkpoint, then the kill).
 HOLDS = ("flush", "snap", "ckpt", "unlink", "snapfail")
 
-_PROBE_SOURCE = '''"""Probe for tests/crash/test_rfc0052_10.py, loaded as sitecustomize by the
-ourios serve that test starts: reports steps of the barrier and housekeeping threads as
+_PROBE_SOURCE = '''"""Probe for tests/crash/test_recovery_gates_sigkill.py, loaded as sitecustomize
+by the ourios serve that test starts: reports steps of the barrier and housekeeping threads as
 datagrams and, with RFC0052_10_HOLD=<where>:<n>, holds the n-th such step."""
 
 import errno
