@@ -10,11 +10,10 @@ Interleavings use named sync points, never sleeps. The criterion ids are RFC 005
 from __future__ import annotations
 
 import io
-import threading
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Generic, Literal, TypeVar, cast
+from typing import Literal, TypeVar
 
 import pyarrow.parquet as pq
 import pytest
@@ -28,36 +27,13 @@ from app.ingest.tenants import SettlementInProgress, TenantCapacity, TenantUnrec
 from app.receive.otlp import PayloadTooLarge, decode_request, flatten
 from tests.support.minerfaults import FaultPlan, FaultyMiners
 from tests.support.noderig import NodeRig, rids
+from tests.support.threads import Worker
 from wal import ConsumerMode, FloorPinned, WalConfig, WalOffset
 from wal.ledger import NoConsumer
 from wal.reclamation import UnrecoverableTenant
 
 T = TypeVar("T")
 WAIT_S = 10.0
-
-
-class Worker(Generic[T]):
-    """Runs ``fn`` on a named thread; ``join`` returns its result or re-raises."""
-
-    def __init__(self, name: str, fn: Callable[[], T]) -> None:
-        self._fn = fn
-        self._result: T | None = None
-        self._error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        try:
-            self._result = self._fn()
-        except BaseException as exc:  # noqa: BLE001 - re-raised by join
-            self._error = exc
-
-    def join(self) -> T:
-        self.thread.join(WAIT_S)
-        assert not self.thread.is_alive(), f"{self.thread.name} did not finish in {WAIT_S} s"
-        if self._error is not None:
-            raise self._error
-        return cast(T, self._result)
 
 
 @pytest.fixture

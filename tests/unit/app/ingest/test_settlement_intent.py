@@ -31,7 +31,8 @@ from app import points
 from app.ingest.settlement import Result
 from tests.support.minerfaults import FaultPlan, FaultyMiners
 from tests.support.noderig import NodeRig, rids
-from tests.unit.app.ingest.test_settlement import Worker, ingest_bodies, step
+from tests.support.threads import Worker
+from tests.unit.app.ingest.test_settlement import ingest_bodies, step
 from wal import OsFs, PublishedMarks, WalOffset
 from wal.published import PublishedFile
 from wal.testing import SimulatedCrash
