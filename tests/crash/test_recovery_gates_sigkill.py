@@ -69,7 +69,6 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
-from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 
 from app.ingest.mining.template_ids import CountingAllocator
 from app.ingest.mining.tenant_miner import TenantMiner
@@ -87,7 +86,7 @@ from tests.support.crashrig import (
     store_objects,
     write_probe,
 )
-from tests.support.noderig import NodeRig
+from tests.support.noderig import NodeRig, bodies_request
 from tests.support.serve import ServeProcess
 from wal.tools import inspect_root
 
@@ -616,16 +615,8 @@ class Frame:
 
 
 def _ingest(rig: NodeRig, tenant: str, tag: str, bodies: Sequence[str]) -> Frame:
-    req = ExportLogsServiceRequest()
-    sl = req.resource_logs.add().scope_logs.add()
     rids = tuple(f"{tag}/{i}" for i in range(len(bodies)))
-    for i, (body, rid) in enumerate(zip(bodies, rids, strict=True)):
-        rec = sl.log_records.add()
-        rec.time_unix_nano = 1_764_000_000_000_000_000 + i
-        rec.body.string_value = body
-        kv = rec.attributes.add()
-        kv.key, kv.value.string_value = "rid", rid
-    data = req.SerializeToString()
+    data = bodies_request(tag, bodies).SerializeToString()
     batch = flatten(decode_request(data, "application/x-protobuf"), tenant)
     rig.pipeline.ingest(tenant, data, batch, "test")
     mark = rig.pipeline.last_durable

@@ -71,6 +71,20 @@ def request(tag: str, n: int = 3, *, tenant_attr: str = "") -> ExportLogsService
     return req
 
 
+def bodies_request(tag: str, bodies: Sequence[str]) -> ExportLogsServiceRequest:
+    """One record per body, in order, with ``rid`` attributes ``tag/i``: a test that
+    chooses the bodies chooses the templates the miner makes of them."""
+    req = ExportLogsServiceRequest()
+    sl = req.resource_logs.add().scope_logs.add()
+    for i, body in enumerate(bodies):
+        rec = sl.log_records.add()
+        rec.time_unix_nano = 1_764_000_000_000_000_000 + i
+        rec.body.string_value = body
+        kv = rec.attributes.add()
+        kv.key, kv.value.string_value = "rid", f"{tag}/{i}"
+    return req
+
+
 @dataclass
 class NodeRig:
     root: Path

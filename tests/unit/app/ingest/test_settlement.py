@@ -17,7 +17,6 @@ from typing import Literal, TypeVar
 
 import pyarrow.parquet as pq
 import pytest
-from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 
 from app import points
 from app.cadence.barrier import CutOutcome
@@ -26,7 +25,7 @@ from app.ingest.snapshots import decode_snapshot
 from app.ingest.tenants import SettlementInProgress, TenantCapacity, TenantUnrecoverable
 from app.receive.otlp import PayloadTooLarge, decode_request, flatten
 from tests.support.minerfaults import FaultPlan, FaultyMiners
-from tests.support.noderig import NodeRig, rids
+from tests.support.noderig import NodeRig, bodies_request, rids
 from tests.support.threads import Worker
 from wal import ConsumerMode, FloorPinned, WalConfig, WalOffset
 from wal.ledger import NoConsumer
@@ -77,15 +76,7 @@ def horizon(rig: NodeRig, tenant: str) -> WalOffset | None:
 
 def ingest_bodies(rig: NodeRig, tenant: str, tag: str, bodies: Sequence[str]) -> WalOffset:
     """One frame whose records carry ``bodies`` and ``rid`` attributes ``tag/i``."""
-    req = ExportLogsServiceRequest()
-    sl = req.resource_logs.add().scope_logs.add()
-    for i, body in enumerate(bodies):
-        rec = sl.log_records.add()
-        rec.time_unix_nano = 1_764_000_000_000_000_000 + i
-        rec.body.string_value = body
-        kv = rec.attributes.add()
-        kv.key, kv.value.string_value = "rid", f"{tag}/{i}"
-    data = req.SerializeToString()
+    data = bodies_request(tag, bodies).SerializeToString()
     batch = flatten(decode_request(data, "application/x-protobuf"), tenant)
     rig.pipeline.ingest(tenant, data, batch, "test")
     latest = rig.pipeline.latest
