@@ -98,7 +98,7 @@ DrainState = tuple[list[Any], list[tuple[int, tuple[str, ...], int]], int, str]
 
 def drain_state(miner: TenantMiner) -> DrainState:
     """Drain's full state read from drain3's own objects, independent of our codec."""
-    return state_of(miner._drain)  # the point is to look past our encoder
+    return state_of(miner.drain)  # the point is to look past our encoder
 
 
 def state_of(drain: Any) -> DrainState:

@@ -778,15 +778,15 @@ def test_failed_cuts_back_off_instead_of_recapturing_at_once(
     for _ in range(6):
         out = rig.barrier.step(timer=True)
         assert out is not None and not out.ok
-        delays.append(rig.barrier._retry_not_before - rig.clock())
+        delays.append(rig.barrier.retry_not_before - rig.clock())
     assert delays == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0]  # barrier_secs is 300 here
     rig.barrier.barrier_secs = 3
     assert rig.barrier.step(timer=True) is not None
-    assert rig.barrier._retry_not_before - rig.clock() == 3  # capped at the period
+    assert rig.barrier.retry_not_before - rig.clock() == 3  # capped at the period
     rig.store.clear()
     out = rig.barrier.step(timer=True)
     assert out is not None and out.ok
-    assert rig.barrier._retry_not_before == 0.0  # reset
+    assert rig.barrier.retry_not_before == 0.0  # reset
 
     # The thread: a failing store for ~2 s of real time is a handful of cuts, not a spin.
     rig.store.fail(ops=("put",), always=True)
