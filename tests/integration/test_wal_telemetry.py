@@ -252,10 +252,10 @@ def collector(rig: NodeRig, tmp_path: Path) -> Callable[[], Scrape]:
 
 
 def journal_events_to(rig: NodeRig, monkeypatch: pytest.MonkeyPatch) -> None:
-    # NodeRig's journal reports into rig._event like the pipeline, barrier and
+    # NodeRig's journal reports into rig.record_event like the pipeline, barrier and
     # housekeeper: one ordered stream holds every transition, as `ourios serve`'s one
     # EventLog does. Checked, not assumed.
-    assert rig.journal.events == rig._event
+    assert rig.journal.events == rig.record_event
 
 
 def cut_ok(rig: NodeRig) -> bool:

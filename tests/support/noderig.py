@@ -135,7 +135,7 @@ class NodeRig:
         self.log_stream = io.StringIO()
         self.event_log = EventLog(self.log_stream)
         self.journal = Journal.open(
-            data / "wal", self.config, fs=self.fs, clock=self.clock, events=self._event
+            data / "wal", self.config, fs=self.fs, clock=self.clock, events=self.record_event
         )
         self.intent_log: IntentLog | None = (
             IntentLog.open(self.fs, data / "wal") if self.intents else None
@@ -167,7 +167,7 @@ class NodeRig:
             self.buffers,
             self.publisher,
             clock=self.clock,
-            events=self._event,
+            events=self.record_event,
             ledger=self.ledger,
             mining_attempts=self.mining_attempts,
         )
@@ -181,7 +181,7 @@ class NodeRig:
             segment_age_secs=self.config.segment_age_secs,
             ceiling_bytes=self.ceiling_bytes,
             clock=self.clock,
-            events=self._event,
+            events=self.record_event,
             intents=self.intent_log,
         )
         self.housekeeper = Housekeeper(
@@ -190,7 +190,7 @@ class NodeRig:
             every=self.housekeeping_secs,
             cap=self.config.max_unlinks_per_pass,
             clock=self.clock,
-            events=self._event,
+            events=self.record_event,
         )
         self.recovery = Recovery(
             self.journal,
@@ -215,7 +215,9 @@ class NodeRig:
         self.report = self.recovery.finish()
         return self.report
 
-    def _event(self, name: str, fields: object) -> None:
+    def record_event(self, name: str, fields: object) -> None:
+        """Where every component of the rig reports: kept in ``events`` and written by
+        the production ``EventLog``, one ordered stream as in `ourios serve`."""
         self.events.append((name, dict(fields)))  # type: ignore[call-overload]
         self.event_log(name, fields)  # type: ignore[arg-type]
 
