@@ -37,6 +37,7 @@ from app.receive.otlp import decode_request, flatten
 from sink.buffers import Buffers
 from sink.publisher import Publisher
 from sink.store import FailingStore, MemoryStore
+from tests.support.minerfaults import FaultPlan, FaultyMiners
 from wal import IntentLog, Journal, OsFs, WalConfig, WalOffset
 from wal.testing import FaultyFs, SimulatedCrash
 
@@ -310,3 +311,30 @@ class NodeRig:
 
 def rids(tag: str, n: int = 3) -> Sequence[str]:
     return [f"{tag}/{i}" for i in range(n)]
+
+
+class FaultyRigs:
+    """Builds ``NodeRig``s whose miners fail as each one's own ``FaultPlan`` says (the
+    ``miners_factory`` seam), each under its own directory, and closes them all on exit:
+    the settlement and poison tests start a node, crash it and restart another."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.rigs: list[NodeRig] = []
+
+    def build(self, **kwargs: Any) -> tuple[NodeRig, FaultPlan]:
+        plan = FaultPlan()
+        rig = NodeRig(
+            self.root / f"node{len(self.rigs)}",
+            miners_factory=lambda allocator: FaultyMiners(allocator, plan),
+            **kwargs,
+        )
+        self.rigs.append(rig)
+        return rig, plan
+
+    def __enter__(self) -> FaultyRigs:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for rig in self.rigs:
+            rig.close()

@@ -24,8 +24,8 @@ from app.ingest.settlement import EntryState, Result
 from app.ingest.snapshots import decode_snapshot
 from app.ingest.tenants import SettlementInProgress, TenantCapacity, TenantUnrecoverable
 from app.receive.otlp import PayloadTooLarge, decode_request, flatten
-from tests.support.minerfaults import FaultPlan, FaultyMiners
-from tests.support.noderig import NodeRig, bodies_request, rids
+from tests.support.minerfaults import FaultPlan
+from tests.support.noderig import FaultyRigs, NodeRig, bodies_request, rids
 from tests.support.threads import Worker
 from wal import ConsumerMode, FloorPinned, WalConfig, WalOffset
 from wal.ledger import NoConsumer
@@ -37,21 +37,8 @@ WAIT_S = 10.0
 
 @pytest.fixture
 def make(tmp_path: Path) -> Iterator[Callable[..., tuple[NodeRig, FaultPlan]]]:
-    rigs: list[NodeRig] = []
-
-    def build(**kwargs: object) -> tuple[NodeRig, FaultPlan]:
-        plan = FaultPlan()
-        rig = NodeRig(
-            tmp_path / f"node{len(rigs)}",
-            miners_factory=lambda allocator: FaultyMiners(allocator, plan),
-            **kwargs,  # type: ignore[arg-type]
-        )
-        rigs.append(rig)
-        return rig, plan
-
-    yield build
-    for rig in rigs:
-        rig.close()
+    with FaultyRigs(tmp_path) as rigs:
+        yield rigs.build
 
 
 def step(rig: NodeRig) -> CutOutcome:

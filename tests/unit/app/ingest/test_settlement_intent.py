@@ -22,15 +22,14 @@ import io
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
 
 from app import points
 from app.ingest.settlement import Result
-from tests.support.minerfaults import FaultPlan, FaultyMiners
-from tests.support.noderig import NodeRig, rids
+from tests.support.minerfaults import FaultPlan
+from tests.support.noderig import FaultyRigs, NodeRig, rids
 from tests.support.threads import Worker
 from tests.unit.app.ingest.test_settlement import ingest_bodies, step
 from wal import OsFs, PublishedMarks, WalOffset
@@ -48,21 +47,8 @@ T1 = ["op t1 step 0 took 0 ms", "disk sda1 is 91 percent full", "disk sda2 is 17
 
 @pytest.fixture
 def make(tmp_path: Path) -> Iterator[Callable[..., tuple[NodeRig, FaultPlan]]]:
-    rigs: list[NodeRig] = []
-
-    def build(**kwargs: Any) -> tuple[NodeRig, FaultPlan]:
-        plan = FaultPlan()
-        rig = NodeRig(
-            tmp_path / f"node{len(rigs)}",
-            miners_factory=lambda allocator: FaultyMiners(allocator, plan),
-            **kwargs,
-        )
-        rigs.append(rig)
-        return rig, plan
-
-    yield build
-    for rig in rigs:
-        rig.close()
+    with FaultyRigs(tmp_path) as rigs:
+        yield rigs.build
 
 
 def records(rig: NodeRig, tenant: str = "T") -> list[tuple[str, int]]:
