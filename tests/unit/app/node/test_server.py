@@ -203,7 +203,7 @@ def test_sigterm_while_the_main_thread_holds_the_stop_lock_still_stops_the_node(
     # node ignored SIGTERM for good (seen in CI after recovery.done).
     done = subprocess.run(
         [sys.executable, "-c", SIGNAL_WHILE_WAITING],
-        cwd=Path(__file__).resolve().parents[3],
+        cwd=Path(__file__).resolve().parents[4],
         capture_output=True,
         text=True,
         timeout=60,
