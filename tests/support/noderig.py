@@ -338,3 +338,19 @@ class FaultyRigs:
     def __exit__(self, *exc: object) -> None:
         for rig in self.rigs:
             rig.close()
+
+
+def record_rows(rig: NodeRig, tenant: str) -> list[tuple[str, int]]:
+    """(rid, template_id) of every published record row of ``tenant``, with repeats."""
+    out: list[tuple[str, int]] = []
+    for key in rig.memory.list("records/"):
+        table = pq.read_table(io.BytesIO(rig.memory.get(key)))
+        for t, attrs, tid in zip(
+            table.column("tenant").to_pylist(),
+            table.column("attributes").to_pylist(),
+            table.column("template_id").to_pylist(),
+            strict=True,
+        ):
+            if t == tenant:
+                out.extend((v, tid) for k, v in attrs if k == "rid")
+    return out

@@ -9,13 +9,11 @@ Interleavings use named sync points, never sleeps. The criterion ids are RFC 005
 
 from __future__ import annotations
 
-import io
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Literal, TypeVar
 
-import pyarrow.parquet as pq
 import pytest
 
 from app import points
@@ -25,7 +23,7 @@ from app.ingest.snapshots import decode_snapshot
 from app.ingest.tenants import SettlementInProgress, TenantCapacity, TenantUnrecoverable
 from app.receive.otlp import PayloadTooLarge, decode_request, flatten
 from tests.support.minerfaults import FaultPlan
-from tests.support.noderig import FaultyRigs, NodeRig, bodies_request, rids
+from tests.support.noderig import FaultyRigs, NodeRig, bodies_request, record_rows, rids
 from tests.support.threads import Worker
 from wal import ConsumerMode, FloorPinned, WalConfig, WalOffset
 from wal.ledger import NoConsumer
@@ -69,22 +67,6 @@ def ingest_bodies(rig: NodeRig, tenant: str, tag: str, bodies: Sequence[str]) ->
     latest = rig.pipeline.latest
     assert latest is not None
     return latest
-
-
-def record_rows(rig: NodeRig, tenant: str) -> list[tuple[str, int]]:
-    """(rid, template_id) of every published record row of ``tenant``, with repeats."""
-    out: list[tuple[str, int]] = []
-    for key in rig.memory.list("records/"):
-        table = pq.read_table(io.BytesIO(rig.memory.get(key)))
-        for t, attrs, tid in zip(
-            table.column("tenant").to_pylist(),
-            table.column("attributes").to_pylist(),
-            table.column("template_id").to_pylist(),
-            strict=True,
-        ):
-            if t == tenant:
-                out.extend((v, tid) for k, v in attrs if k == "rid")
-    return out
 
 
 def copies(rig: NodeRig, tenant: str) -> Counter[str]:

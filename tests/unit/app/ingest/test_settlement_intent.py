@@ -29,7 +29,7 @@ import pytest
 from app import points
 from app.ingest.settlement import Result
 from tests.support.minerfaults import FaultPlan
-from tests.support.noderig import FaultyRigs, NodeRig, rids
+from tests.support.noderig import FaultyRigs, NodeRig, record_rows, rids
 from tests.support.threads import Worker
 from tests.unit.app.ingest.test_settlement import ingest_bodies, step
 from wal import OsFs, PublishedMarks, WalOffset
@@ -53,18 +53,7 @@ def make(tmp_path: Path) -> Iterator[Callable[..., tuple[NodeRig, FaultPlan]]]:
 
 def records(rig: NodeRig, tenant: str = "T") -> list[tuple[str, int]]:
     """(rid, template_id) of every published record row of ``tenant``, with repeats."""
-    out: list[tuple[str, int]] = []
-    for key in rig.memory.list("records/"):
-        table = pq.read_table(io.BytesIO(rig.memory.get(key)))
-        for t, attrs, tid in zip(
-            table.column("tenant").to_pylist(),
-            table.column("attributes").to_pylist(),
-            table.column("template_id").to_pylist(),
-            strict=True,
-        ):
-            if t == tenant:
-                out.extend((v, tid) for k, v in attrs if k == "rid")
-    return out
+    return record_rows(rig, tenant)
 
 
 def events(rig: NodeRig) -> Counter[tuple[int, int]]:
