@@ -545,6 +545,12 @@ class S3Store:
     def prefix(self) -> str:
         return self._prefix
 
+    @property
+    def region(self) -> str | None:
+        """The region the client signs for: the setting, else the AWS chain's."""
+        region: str | None = self._client.meta.region_name
+        return region
+
     def describe(self) -> str:
         where = f"s3://{self._bucket}/{self._prefix}" if self._prefix else f"s3://{self._bucket}"
         return f"{where} at {self._client.meta.endpoint_url}"

@@ -85,6 +85,12 @@ class ServeNode:
         return proc is not None and proc.proc is not None and proc.proc.poll() is None
 
     @property
+    def process(self) -> ServeProcess | None:
+        """The current ``ServeProcess`` (None before the first start), to talk to the
+        node directly (``post_logs``, ``event``)."""
+        return self._proc
+
+    @property
     def pid(self) -> int | None:
         proc = self._proc
         return proc.proc.pid if proc is not None and proc.proc is not None else None

@@ -93,8 +93,8 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "        if plan.write_record:\n            try:\n                self.write_record()\n            except OSError as exc:\n                outcome.record_error = exc\n                segments = []  # nothing the record accounts for may be unlinked\n",
         "",
         (
-            "tests/unit/wal/test_rfc0052_17.py::test_rfc0052_17_crash_inside_a_pass",
-            "tests/unit/wal/test_rfc0052_17.py",
+            "tests/unit/wal/test_reclaim_fails_closed.py::test_rfc0052_17_crash_inside_a_pass",
+            "tests/unit/wal/test_reclaim_fails_closed.py",
         ),
         more=(
             (
@@ -111,7 +111,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         '        with collection_deferred(), p.exclusion.exclusive():\n            points.hit("barrier.after_quiesce")',
         '        early = p.last_durable()\n        with collection_deferred(), p.exclusion.exclusive():\n            points.hit("barrier.after_quiesce")',
         (
-            "tests/unit/app/test_barrier.py::test_rfc0052_14_mark_is_read_after_the_quiesce_under_the_exclusion",
+            "tests/unit/app/cadence/test_barrier.py::test_rfc0052_14_mark_is_read_after_the_quiesce_under_the_exclusion",
         ),
         more=(
             (
@@ -126,7 +126,9 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "app/ingest/pipeline.py",
         "            ticket.offset = ticket.pending.wait().offset\n",
         "            ticket.offset = ticket.pending.wait().durable_eof\n",
-        ("tests/unit/app/test_barrier.py::test_rfc0052_14_own_frame_mark_across_a_two_turn_flush",),
+        (
+            "tests/unit/app/cadence/test_barrier.py::test_rfc0052_14_own_frame_mark_across_a_two_turn_flush",
+        ),
     ),
     Sabotage(
         "skip_the_recheck",
@@ -135,8 +137,8 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "        latched = p.failed_epoch <= cut.epoch  # the recheck, after the waits",
         "        latched = False",
         (
-            "tests/unit/app/test_barrier.py::test_rfc0052_1_prior_publish_failing_while_the_barrier_waits",
-            "tests/unit/app/test_barrier.py::test_rfc0052_1_raising_barrier_tick_latches_and_the_next_tick_runs",
+            "tests/unit/app/cadence/test_barrier.py::test_rfc0052_1_prior_publish_failing_while_the_barrier_waits",
+            "tests/unit/app/cadence/test_barrier.py::test_rfc0052_1_raising_barrier_tick_latches_and_the_next_tick_runs",
         ),
     ),
     Sabotage(
@@ -146,7 +148,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "        if not outcome.ok:\n            self._invalidate_pending(outcome)",
         "        if not outcome.ok:\n            pass",
         (
-            "tests/unit/app/test_barrier.py::test_rfc0052_14_pending_cut_inherits_the_running_cuts_outcome",
+            "tests/unit/app/cadence/test_barrier.py::test_rfc0052_14_pending_cut_inherits_the_running_cuts_outcome",
         ),
     ),
     Sabotage(
@@ -156,8 +158,8 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "            publish_records=lsn > gate,",
         "            publish_records=lsn > (-1 if s is None else s.lsn),",
         (
-            "tests/crash/test_rfc0052_10.py::test_rfc0052_10_s_below_x_remines_s_to_x_and_suppresses_it",
-            "tests/unit/app/test_pipeline.py::test_recovery_replays_every_frame_and_gates_the_sink_on_the_checkpoint",
+            "tests/crash/test_recovery_gates_sigkill.py::test_rfc0052_10_s_below_x_remines_s_to_x_and_suppresses_it",
+            "tests/unit/app/ingest/test_pipeline.py::test_recovery_replays_every_frame_and_gates_the_sink_on_the_checkpoint",
         ),
     ),
     Sabotage(
@@ -167,7 +169,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "                    and not (self.recapture and self._clock() >= self._retry_not_before)",
         "                    and not self.recapture",
         (
-            "tests/unit/app/test_barrier.py::test_failed_cuts_back_off_instead_of_recapturing_at_once",
+            "tests/unit/app/cadence/test_barrier.py::test_failed_cuts_back_off_instead_of_recapturing_at_once",
         ),
     ),
     # -- the WAL core (issue 2) ---------------------------------------------------------
@@ -177,7 +179,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "wal/scan.py",
         '    sizes alone. Duplicates are checked first: two files declaring one base is the more\n    useful message than the name disagreement it also implies."""',
         '    sizes alone. Duplicates are checked first: two files declaring one base is the more\n    useful message than the name disagreement it also implies."""\n    return',
-        ("tests/unit/wal/test_open.py",),
+        ("tests/unit/wal/test_opening.py",),
     ),
     Sabotage(
         "rename_before_header_fsync",
@@ -205,7 +207,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "        if scan.stop.damaged:\n            seg.sealed = True",
         "        if False:\n            seg.sealed = True",
         (
-            "tests/unit/wal/test_open.py::test_torn_tail_is_sealed_and_kept_and_a_second_restart_works",
+            "tests/unit/wal/test_opening.py::test_torn_tail_is_sealed_and_kept_and_a_second_restart_works",
         ),
     ),
     Sabotage(
@@ -214,7 +216,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "wal/commit.py",
         "_finish(w, CommitOutcome(w.seq, w.offset, eof), None)",
         "_finish(w, CommitOutcome(w.seq, eof, eof), None)",
-        ("tests/unit/wal/test_group_commit.py::test_the_mark_is_the_frames_own_end_not_the_eof",),
+        ("tests/unit/wal/test_commit.py::test_the_mark_is_the_frames_own_end_not_the_eof",),
     ),
     Sabotage(
         "retry_forever",
@@ -232,7 +234,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "        if self._level is DiskLevel.STOP_WATER or self._unreclaimed_since is not None:",
         "        if self._unreclaimed_since is not None:",
         (
-            "tests/unit/app/test_admission.py::test_stop_water_refuses_new_batches_and_resumes_by_itself",
+            "tests/unit/app/ingest/test_admission.py::test_stop_water_refuses_new_batches_and_resumes_by_itself",
         ),
     ),
     Sabotage(
@@ -242,7 +244,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "                if self._latch is not None and free_bytes >= max(floor, 1):",
         "                if self._latch is not None:",
         (
-            "tests/unit/app/test_admission.py::test_enospc_refuses_at_the_next_request_and_the_tick_alone_lifts_it",
+            "tests/unit/app/ingest/test_admission.py::test_enospc_refuses_at_the_next_request_and_the_tick_alone_lifts_it",
         ),
     ),
     Sabotage(
@@ -280,7 +282,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "                    outcome.archive_failed.append((p.path, exc))\n                    continue",
         "                    outcome.archive_failed.append((p.path, exc))",
         (
-            "tests/unit/app/test_archive.py::test_an_archive_failure_keeps_the_segment_and_is_visible",
+            "tests/unit/app/cadence/test_archive.py::test_an_archive_failure_keeps_the_segment_and_is_visible",
         ),
     ),
     Sabotage(
@@ -290,7 +292,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "                try:\n                    archive(ArchiveRequest(",
         "                try:\n                    fs.unlink(p.path)\n                    archive(ArchiveRequest(",
         (
-            "tests/unit/app/test_archive.py::test_every_unlinked_segment_is_byte_identical_in_the_archive_before_its_unlink",
+            "tests/unit/app/cadence/test_archive.py::test_every_unlinked_segment_is_byte_identical_in_the_archive_before_its_unlink",
         ),
     ),
     Sabotage(
@@ -300,7 +302,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "        if back == data:\n            return len(data)",
         "        if True:\n            return len(data)",
         (
-            "tests/unit/app/test_archive.py::test_an_archive_failure_keeps_the_segment_and_is_visible",
+            "tests/unit/app/cadence/test_archive.py::test_an_archive_failure_keeps_the_segment_and_is_visible",
         ),
     ),
     Sabotage(
@@ -309,7 +311,9 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "app/cadence/archive.py",
         "    if inside:\n        raise ArchiveLocationError(",
         "    if False:\n        raise ArchiveLocationError(",
-        ("tests/unit/app/test_archive.py::test_an_archive_location_inside_the_wal_is_refused",),
+        (
+            "tests/unit/app/cadence/test_archive.py::test_an_archive_location_inside_the_wal_is_refused",
+        ),
     ),
     Sabotage(
         "quarantine_reuses_lsns",
@@ -318,7 +322,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "        if quarantined_end > log.end_lsn:",
         "        if False:",
         (
-            "tests/unit/app/test_quarantine.py::test_quarantining_the_newest_segment_never_reuses_its_lsns",
+            "tests/unit/app/cli/test_wal_quarantine.py::test_quarantining_the_newest_segment_never_reuses_its_lsns",
         ),
     ),
     Sabotage(
@@ -328,7 +332,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "                if any(q.explains(h.segment, h.lsn) for q in log.quarantined):",
         "                if True:",
         (
-            "tests/unit/app/test_quarantine.py::test_seg12_a_segment_deleted_by_hand_is_caught_at_start_up_naming_tenant_and_offsets",
+            "tests/unit/app/cli/test_wal_quarantine.py::test_seg12_a_segment_deleted_by_hand_is_caught_at_start_up_naming_tenant_and_offsets",
         ),
     ),
     Sabotage(
@@ -338,7 +342,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "    if not mine and not force:",
         "    if False:",
         (
-            "tests/unit/app/test_quarantine.py::test_quarantine_refuses_a_segment_that_verifies_clean",
+            "tests/unit/app/cli/test_wal_quarantine.py::test_quarantine_refuses_a_segment_that_verifies_clean",
         ),
     ),
     # -- RFC 0055: frontiers, slots, settlement, keys (issue 7) ---------------------------
@@ -349,8 +353,8 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "        if not clamped:\n            self._last_durable = latest",
         "        if True:\n            self._last_durable = latest",
         (
-            "tests/unit/app/test_settlement.py::test_rfc0055_9_5_two_entries_the_mark_is_the_lower_clamp_until_both_settle",
-            "tests/unit/app/test_settlement.py::test_rfc0055_9_5_an_unresolved_entry_clamps_the_mark_and_withholds_only_its_snapshot",
+            "tests/unit/app/ingest/test_settlement.py::test_rfc0055_9_5_two_entries_the_mark_is_the_lower_clamp_until_both_settle",
+            "tests/unit/app/ingest/test_settlement.py::test_rfc0055_9_5_an_unresolved_entry_clamps_the_mark_and_withholds_only_its_snapshot",
         ),
     ),
     Sabotage(
@@ -360,7 +364,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "                    state = p.ledger.state(tenant)",
         "                    state = p.barrier.store.load_all_durable().states.get(tenant)  # type: ignore[union-attr]",
         (
-            "tests/unit/app/test_settlement.py::test_rfc0055_9_5_settlement_rebuilds_from_the_ledger_not_the_directory",
+            "tests/unit/app/ingest/test_settlement.py::test_rfc0055_9_5_settlement_rebuilds_from_the_ledger_not_the_directory",
         ),
     ),
     Sabotage(
@@ -370,7 +374,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "                dropped = p.buffers.drop_tenant(tenant)",
         "                dropped = 0",
         (
-            "tests/unit/app/test_settlement.py::test_rfc0055_3_the_rebuild_publishes_no_row_under_a_template_id_it_did_not_allocate",
+            "tests/unit/app/ingest/test_settlement.py::test_rfc0055_3_the_rebuild_publishes_no_row_under_a_template_id_it_did_not_allocate",
         ),
     ),
     Sabotage(
@@ -380,7 +384,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "                if busy:\n                    signal = busy[0].done",
         "                if False:\n                    signal = busy[0].done",
         (
-            "tests/unit/app/test_settlement.py::test_rfc0055_9_5_the_tick_and_a_turn_racing_for_one_entry_make_exactly_one_rebuild",
+            "tests/unit/app/ingest/test_settlement.py::test_rfc0055_9_5_the_tick_and_a_turn_racing_for_one_entry_make_exactly_one_rebuild",
         ),
     ),
     Sabotage(
@@ -390,7 +394,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "        records_gate, audit_gate = gates(self._frontiers.get(tenant), self._x, lsn)",
         "        records_gate, audit_gate = self._x, self._x",
         (
-            "tests/unit/app/test_settlement.py::test_rfc0055_9_5_an_unrecoverable_tenant_is_isolated_and_the_checkpoint_advances_for_others",
+            "tests/unit/app/ingest/test_settlement.py::test_rfc0055_9_5_an_unrecoverable_tenant_is_isolated_and_the_checkpoint_advances_for_others",
         ),
     ),
     Sabotage(
@@ -410,7 +414,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "                count = self._held + self._reserved",
         "                count = self._held",
         (
-            "tests/unit/app/test_tenants.py::test_rfc0055_9_5_a_burst_of_new_ids_never_overshoots_the_limit",
+            "tests/unit/app/ingest/test_tenants.py::test_rfc0055_9_5_a_burst_of_new_ids_never_overshoots_the_limit",
         ),
     ),
     Sabotage(
@@ -420,7 +424,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "            if result is TurnResult.FRAME_LEFT:\n                slot.frame_pending = True",
         "            if result is TurnResult.FRAME_LEFT:\n                pass",
         (
-            "tests/unit/app/test_tenants.py::test_rfc0055_4_a_failed_sync_keeps_the_reservation_and_a_restart_holds_the_tenant",
+            "tests/unit/app/ingest/test_tenants.py::test_rfc0055_4_a_failed_sync_keeps_the_reservation_and_a_restart_holds_the_tenant",
         ),
     ),
     Sabotage(
@@ -462,7 +466,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "            pass\n",
         (
             "tests/unit/sink/test_parquet.py::test_batches_encode_the_rows_in_order",
-            "tests/unit/app/test_pipeline.py::test_rows_carry_the_frames_own_end_and_the_mark_follows_each_turn",
+            "tests/unit/app/ingest/test_pipeline.py::test_rows_carry_the_frames_own_end_and_the_mark_follows_each_turn",
         ),
     ),
     Sabotage(
@@ -500,8 +504,8 @@ SABOTAGES: tuple[Sabotage, ...] = (
             )
             return IngestOutcome(len(batch))""",
         (
-            "tests/unit/app/test_channel.py::test_the_worker_answers_only_once_the_core_has",
-            "tests/unit/app/test_channel.py::test_the_worker_relays_the_cores_refusal_as_is",
+            "tests/unit/app/receive/test_channel.py::test_the_worker_answers_only_once_the_core_has",
+            "tests/unit/app/receive/test_channel.py::test_the_worker_relays_the_cores_refusal_as_is",
         ),
     ),
     Sabotage(
@@ -512,8 +516,8 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "            answer(IngestOutcome(len(batch)), None)\n"
         "            self._durable.put((ticket, lambda outcome, refusal: None))",
         (
-            "tests/unit/app/test_stages.py::test_stages_answer_only_after_the_covering_fsync",
-            "tests/unit/app/test_stages.py::test_issue15_the_ack_comes_before_the_turn_and_no_mark_covers_an_unturned_frame",
+            "tests/unit/app/ingest/test_stages.py::test_stages_answer_only_after_the_covering_fsync",
+            "tests/unit/app/ingest/test_stages.py::test_issue15_the_ack_comes_before_the_turn_and_no_mark_covers_an_unturned_frame",
         ),
     ),
     Sabotage(
@@ -542,7 +546,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "            answer = call.wait(0)",
         "            return IngestOutcome(len(batch))",
         (
-            "tests/unit/app/test_channel.py::test_an_ingest_awaited_on_an_event_loop_gets_the_cores_answer",
+            "tests/unit/app/receive/test_channel.py::test_an_ingest_awaited_on_an_event_loop_gets_the_cores_answer",
         ),
     ),
     Sabotage(
@@ -552,7 +556,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "            if not stopping:\n                self._links[index] = link",
         "            self._links[index] = link\n            stopping = False",
         (
-            "tests/unit/app/test_workers.py::test_a_worker_launched_while_stopping_is_ended_not_left_running",
+            "tests/unit/app/node/test_workers.py::test_a_worker_launched_while_stopping_is_ended_not_left_running",
         ),
     ),
     Sabotage(
@@ -562,8 +566,8 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "        return encode_records(cols, compression)\n",
         '        raise ChannelClosed("no worker encoded the partition")\n',
         (
-            "tests/unit/app/test_workers.py::test_the_core_encodes_a_partition_itself_when_no_worker_answers",
-            "tests/unit/app/test_workers.py::test_a_partition_over_the_channels_frame_bound_is_encoded_by_the_core",
+            "tests/unit/app/node/test_workers.py::test_the_core_encodes_a_partition_itself_when_no_worker_answers",
+            "tests/unit/app/node/test_workers.py::test_a_partition_over_the_channels_frame_bound_is_encoded_by_the_core",
         ),
     ),
     Sabotage(
@@ -573,7 +577,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "        os.write(write_end, bytes([signum]))\n",
         "        received.append(signum)\n        stop.set()\n",
         (
-            "tests/unit/app/test_server_shutdown.py::test_sigterm_while_the_main_thread_holds_the_stop_lock_still_stops_the_node",
+            "tests/unit/app/node/test_server.py::test_sigterm_while_the_main_thread_holds_the_stop_lock_still_stops_the_node",
         ),
     ),
     Sabotage(
@@ -583,7 +587,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "                link.conn.call(Kind.FLUSH, [], 5.0)",
         "                pass",
         (
-            "tests/unit/app/test_workers.py::test_a_scrape_counts_every_report_sent_before_it_through_any_worker",
+            "tests/unit/app/node/test_workers.py::test_a_scrape_counts_every_report_sent_before_it_through_any_worker",
         ),
     ),
     # -- no wedge on a failed audit publish; truthful cadences and shutdown (issue 18) --
@@ -606,7 +610,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "            outcome = PublishOutcome(d.id, False, epoch, error_type)",
         (
             "tests/unit/sink/test_publisher.py::test_nowedge_0_a_failed_audit_publish_releases_its_waiter_and_requeues_the_records",
-            "tests/unit/app/test_nowedge.py::test_nowedge_0_a_failed_audit_publish_redrained_by_a_pending_cut_releases_every_waiter[back]",
+            "tests/unit/app/cadence/test_barrier_never_wedges.py::test_nowedge_0_a_failed_audit_publish_redrained_by_a_pending_cut_releases_every_waiter[back]",
         ),
     ),
     Sabotage(
@@ -617,7 +621,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "            item.wait(self._wait_secs)\n"
         "            outcome = item.outcome or PublishOutcome(item.detached.id, False)\n",
         (
-            "tests/unit/app/test_nowedge.py::test_nowedge_0_a_failed_audit_publish_redrained_by_a_pending_cut_releases_every_waiter[back]",
+            "tests/unit/app/cadence/test_barrier_never_wedges.py::test_nowedge_0_a_failed_audit_publish_redrained_by_a_pending_cut_releases_every_waiter[back]",
         ),
     ),
     Sabotage(
@@ -627,7 +631,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "        if not claimed and not self.in_flight.claim(d):\n            return None",
         "        if not claimed:\n            self.in_flight.claim(d)",
         (
-            "tests/unit/app/test_nowedge.py::test_nowedge_0_a_failed_audit_publish_redrained_by_a_pending_cut_releases_every_waiter[back]",
+            "tests/unit/app/cadence/test_barrier_never_wedges.py::test_nowedge_0_a_failed_audit_publish_redrained_by_a_pending_cut_releases_every_waiter[back]",
             "tests/unit/sink/test_publisher.py::test_a_park_of_events_another_thread_already_wrote_puts_nothing_back",
         ),
     ),
@@ -638,7 +642,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "            self.publisher.publish(item.detached)\n            unsettled = unsettled or item.outcome is None",
         "            item.wait(self.publisher._wait_secs)\n            unsettled = unsettled or item.outcome is None",
         (
-            "tests/unit/app/test_nowedge.py::test_nowedge_0_a_cut_writes_the_prior_publishes_nobody_is_writing",
+            "tests/unit/app/cadence/test_barrier_never_wedges.py::test_nowedge_0_a_cut_writes_the_prior_publishes_nobody_is_writing",
         ),
     ),
     Sabotage(
@@ -648,7 +652,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         '        if outcome.complete:\n            self._count("ok", "")',
         '        if outcome.ok:\n            self._count("ok", "")',
         (
-            "tests/unit/app/test_nowedge.py::test_nowedge_2_a_cut_whose_stamp_failed_is_counted_as_an_error_never_ok",
+            "tests/unit/app/cadence/test_barrier_never_wedges.py::test_nowedge_2_a_cut_whose_stamp_failed_is_counted_as_an_error_never_ok",
         ),
     ),
     Sabotage(
@@ -658,7 +662,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "        flying = self.in_flight.unsettled_rows()",
         "        flying = (0, 0)",
         (
-            "tests/unit/app/test_server_shutdown.py::test_a_barrier_that_does_not_join_is_read_as_a_failed_cut",
+            "tests/unit/app/node/test_server.py::test_a_barrier_that_does_not_join_is_read_as_a_failed_cut",
         ),
     ),
     Sabotage(
@@ -668,7 +672,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "    code = EXIT_ROWS_LEFT if left or not final_cut else 0",
         "    code = 0",
         (
-            "tests/unit/app/test_server_shutdown.py::test_nowedge_0_a_shutdown_with_the_store_down_counts_the_rows_left_and_exits_non_zero",
+            "tests/unit/app/node/test_server.py::test_nowedge_0_a_shutdown_with_the_store_down_counts_the_rows_left_and_exits_non_zero",
         ),
     ),
     Sabotage(
@@ -689,7 +693,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "    lock = DataDirLock.acquire(server.data_dir)\n",
         '    lock = DataDirLock.acquire(Path(__import__("tempfile").mkdtemp()))\n',
         (
-            "tests/unit/app/test_datalock.py::test_nowedge_3_build_node_takes_the_lock_before_it_reads_or_writes_anything",
+            "tests/unit/app/node/test_datalock.py::test_nowedge_3_build_node_takes_the_lock_before_it_reads_or_writes_anything",
             "tests/integration/test_one_writer_per_wal.py::test_nowedge_3_a_second_serve_on_a_live_data_directory_refuses_and_the_first_serves_on",
         ),
     ),
@@ -701,7 +705,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "    Journal.open(server.wal_dir, settings.wal).close()\n"
         "    lock = DataDirLock.acquire(server.data_dir)\n",
         (
-            "tests/unit/app/test_datalock.py::test_nowedge_3_build_node_takes_the_lock_before_it_reads_or_writes_anything",
+            "tests/unit/app/node/test_datalock.py::test_nowedge_3_build_node_takes_the_lock_before_it_reads_or_writes_anything",
             "tests/integration/test_one_writer_per_wal.py::test_nowedge_3_a_second_serve_on_a_live_data_directory_refuses_and_the_first_serves_on",
         ),
     ),
@@ -712,7 +716,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         '        lock = DataDirLock.acquire_existing(root.parent, command="ourios wal quarantine")\n',
         "        lock = None\n",
         (
-            "tests/unit/app/test_datalock.py::test_nowedge_3_quarantine_refuses_while_a_node_holds_the_data_directory",
+            "tests/unit/app/node/test_datalock.py::test_nowedge_3_quarantine_refuses_while_a_node_holds_the_data_directory",
         ),
     ),
     Sabotage(
@@ -722,7 +726,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "            return {lsn: a for lsn, a in frames.items() if a.failures >= self.max_attempts}",
         "            return {}",
         (
-            "tests/unit/app/test_poison.py::test_nowedge_4_a_frame_failing_every_time_is_isolated_at_the_bound_and_the_mark_moves_on",
+            "tests/unit/app/ingest/test_poison_batches.py::test_nowedge_4_a_frame_failing_every_time_is_isolated_at_the_bound_and_the_mark_moves_on",
             "tests/crash/test_poison_frame_serve.py::test_nowedge_4_a_poison_frame_is_isolated_and_the_others_publish_and_reclaim_across_a_restart",
         ),
         more=(("                if failures >= self.max_attempts:", "                if False:"),),
@@ -734,7 +738,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "        if failed:\n            self.settler.note_failure(tenant, offset, why)\n",
         "",
         (
-            "tests/unit/app/test_poison.py::test_nowedge_4_a_frame_failing_every_time_is_isolated_at_the_bound_and_the_mark_moves_on",
+            "tests/unit/app/ingest/test_poison_batches.py::test_nowedge_4_a_frame_failing_every_time_is_isolated_at_the_bound_and_the_mark_moves_on",
         ),
     ),
     Sabotage(
@@ -744,7 +748,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "        except Exception as exc:  # noqa: BLE001 - the guard: settled after the start",
         "        except NotImplementedError as exc:  # noqa: BLE001 - the guard, removed",
         (
-            "tests/unit/app/test_poison.py::test_nowedge_4_replay_turns_a_failing_frame_into_an_entry_and_the_node_starts",
+            "tests/unit/app/ingest/test_poison_batches.py::test_nowedge_4_replay_turns_a_failing_frame_into_an_entry_and_the_node_starts",
             "tests/crash/test_poison_frame_serve.py::test_nowedge_4_a_poison_frame_is_isolated_and_the_others_publish_and_reclaim_across_a_restart",
         ),
     ),
@@ -755,7 +759,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "        if tenant in unmined:\n",
         "        if False:\n",
         (
-            "tests/unit/app/test_poison.py::test_nowedge_4_replay_turns_a_failing_frame_into_an_entry_and_the_node_starts",
+            "tests/unit/app/ingest/test_poison_batches.py::test_nowedge_4_replay_turns_a_failing_frame_into_an_entry_and_the_node_starts",
         ),
     ),
     Sabotage(
@@ -765,7 +769,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "            if e.gates is not None:  # a start-up replay's entry: never above its gates",
         "            if False:",
         (
-            "tests/unit/app/test_poison.py::test_nowedge_4_a_replayed_entry_re_emits_above_the_gates_its_replay_applied",
+            "tests/unit/app/ingest/test_poison_batches.py::test_nowedge_4_a_replayed_entry_re_emits_above_the_gates_its_replay_applied",
         ),
     ),
     Sabotage(
@@ -775,7 +779,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "        skip = self.refused | self.unmined.replayed()\n",
         "        skip = self.refused\n",
         (
-            "tests/unit/app/test_poison.py::test_nowedge_4_a_replayed_entry_re_emits_above_the_gates_its_replay_applied",
+            "tests/unit/app/ingest/test_poison_batches.py::test_nowedge_4_a_replayed_entry_re_emits_above_the_gates_its_replay_applied",
         ),
     ),
     # -- the volume's headroom and a volume filled to zero (issue 18) -------------------
@@ -787,8 +791,8 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "        return wal + self._reported - taken.reported",
         "        return 0",
         (
-            "tests/unit/app/test_diskspace.py::test_nowedge_1_the_figure_is_the_last_sample_less_what_the_node_wrote_since",
-            "tests/unit/app/test_diskspace.py::test_nowedge_1_admission_refuses_at_stop_water_by_the_figure_between_two_ticks",
+            "tests/unit/app/node/test_diskspace.py::test_nowedge_1_the_figure_is_the_last_sample_less_what_the_node_wrote_since",
+            "tests/unit/app/node/test_diskspace.py::test_nowedge_1_admission_refuses_at_stop_water_by_the_figure_between_two_ticks",
             "tests/integration/test_disk_headroom.py::test_nowedge_1_a_store_outage_under_load_never_eats_the_headroom",
         ),
     ),
@@ -799,8 +803,8 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "                floor = self.resume_bytes if self._level is DiskLevel.STOP_WATER else stop",
         "                floor = stop",
         (
-            "tests/unit/app/test_admission.py::test_stop_water_refuses_new_batches_and_resumes_by_itself",
-            "tests/unit/app/test_diskspace.py::test_nowedge_1_admission_refuses_at_stop_water_by_the_figure_between_two_ticks",
+            "tests/unit/app/ingest/test_admission.py::test_stop_water_refuses_new_batches_and_resumes_by_itself",
+            "tests/unit/app/node/test_diskspace.py::test_nowedge_1_admission_refuses_at_stop_water_by_the_figure_between_two_ticks",
         ),
     ),
     Sabotage(
@@ -810,8 +814,8 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "            if self.size == 0 or self._state is not ReserveState.IN_PLACE:\n                return 0",
         "            if True:\n                return 0",
         (
-            "tests/unit/app/test_diskspace.py::test_nowedge_2_the_reserve_is_made_at_start_released_on_enospc_and_made_again",
-            "tests/unit/app/test_diskspace.py::test_nowedge_2_a_snapshot_install_on_a_full_volume_takes_the_reserve",
+            "tests/unit/app/node/test_diskspace.py::test_nowedge_2_the_reserve_is_made_at_start_released_on_enospc_and_made_again",
+            "tests/unit/app/node/test_diskspace.py::test_nowedge_2_a_snapshot_install_on_a_full_volume_takes_the_reserve",
             "tests/integration/test_disk_headroom.py::test_nowedge_2_a_volume_filled_to_zero_recovers_without_a_restart",
         ),
     ),
@@ -822,7 +826,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "        return reserve.owed if reserve is not None and self.reserve_on_volume else 0",
         "        return 0",
         (
-            "tests/unit/app/test_diskspace.py::test_nowedge_2_the_reserve_is_made_at_start_released_on_enospc_and_made_again",
+            "tests/unit/app/node/test_diskspace.py::test_nowedge_2_the_reserve_is_made_at_start_released_on_enospc_and_made_again",
         ),
     ),
     Sabotage(
@@ -832,7 +836,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "            if not is_no_space(exc) or space is None:\n                raise",
         "            if True:\n                raise",
         (
-            "tests/unit/app/test_diskspace.py::test_nowedge_2_a_snapshot_install_on_a_full_volume_takes_the_reserve",
+            "tests/unit/app/node/test_diskspace.py::test_nowedge_2_a_snapshot_install_on_a_full_volume_takes_the_reserve",
             "tests/integration/test_disk_headroom.py::test_nowedge_2_a_volume_filled_to_zero_recovers_without_a_restart",
         ),
     ),
@@ -843,7 +847,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         '            if _local_error_type(exc) != "local_no_space" or ask is None:\n                raise',
         "            if True:\n                raise",
         (
-            "tests/unit/app/test_diskspace.py::test_nowedge_2_the_embedded_store_on_a_full_volume_takes_the_reserve",
+            "tests/unit/app/node/test_diskspace.py::test_nowedge_2_the_embedded_store_on_a_full_volume_takes_the_reserve",
             "tests/integration/test_disk_headroom.py::test_nowedge_2_a_volume_filled_to_zero_recovers_without_a_restart[file]",
         ),
     ),
@@ -879,7 +883,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         '    how = "sealed" if nxt.header.predecessor_sealed else "closed by a clean rotation"\n',
         (
             "tests/unit/wal/test_high_water.py::test_nowedge_5_a_bit_flip_below_the_high_water_refuses_recovery_and_quarantine_recovers",
-            "tests/integration/test_nowedge_5_high_water_serve.py::test_nowedge_5_a_real_node_refuses_a_bit_flip_below_a_sealed_segments_high_water",
+            "tests/integration/test_high_water_serve.py::test_nowedge_5_a_real_node_refuses_a_bit_flip_below_a_sealed_segments_high_water",
         ),
     ),
     Sabotage(
@@ -899,7 +903,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "        seg.synced_lsn = scan.valid_end_lsn\n",
         "        seg.synced_lsn = newest_file.data_end\n",
         (
-            "tests/unit/wal/test_open.py::test_torn_tail_is_sealed_and_kept_and_a_second_restart_works",
+            "tests/unit/wal/test_opening.py::test_torn_tail_is_sealed_and_kept_and_a_second_restart_works",
             "tests/unit/wal/test_high_water.py::test_nowedge_5_rotation_records_the_synced_end_as_the_high_water",
         ),
     ),
@@ -923,7 +927,9 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "            threading.Thread(target=lambda: [turn_replayed(i) for i in replay]).start()\n"
         "            replay = None\n"
         "        if replay is not None:\n            error: BaseException | None = None",
-        ("tests/unit/app/test_stages.py::test_issue15_replayed_frames_are_turned_before_new_ones",),
+        (
+            "tests/unit/app/ingest/test_stages.py::test_issue15_replayed_frames_are_turned_before_new_ones",
+        ),
     ),
     Sabotage(
         "replayed_frame_is_a_mark",
@@ -932,7 +938,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "            result = self.miners.mine(tenant, batch.bodies)\n        self.folded[tenant] = offset\n",
         "            result = self.miners.mine(tenant, batch.bodies)\n        self.folded[tenant] = offset\n"
         "        self._last_durable = self._latest = offset\n",
-        ("tests/unit/app/test_recovery.py::test_issue15_nothing_replayed_is_a_mark",),
+        ("tests/unit/app/node/test_recovery.py::test_issue15_nothing_replayed_is_a_mark",),
     ),
     # -- issue 18 item 6: settlement's intent is durable (RFC 0055 §9.4) ---------------
     Sabotage(
@@ -942,9 +948,9 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "            p.journal.publish_marks({tenant: PublishedMarks(lo, lo, intent=through)})",
         "            pass",
         (
-            "tests/unit/app/test_settlement_intent.py::test_nowedge_6_a_sigkill_between_a_settlements_publish_and_its_marks_adds_no_copy",
-            "tests/unit/app/test_settlement_intent.py::test_nowedge_6_settlement_records_its_intent_before_the_publish_and_clears_it_with_the_marks",
-            "tests/crash/test_nowedge_6_serve.py::test_nowedge_6_sigkill_between_a_settlements_publish_and_its_marks_adds_no_copy",
+            "tests/unit/app/ingest/test_settlement_intent.py::test_nowedge_6_a_sigkill_between_a_settlements_publish_and_its_marks_adds_no_copy",
+            "tests/unit/app/ingest/test_settlement_intent.py::test_nowedge_6_settlement_records_its_intent_before_the_publish_and_clears_it_with_the_marks",
+            "tests/crash/test_settlement_intent_sigkill.py::test_nowedge_6_sigkill_between_a_settlements_publish_and_its_marks_adds_no_copy",
         ),
     ),
     Sabotage(
@@ -954,8 +960,8 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "        span = intent_end(self._frontiers.get(tenant))",
         "        span = -1",
         (
-            "tests/unit/app/test_settlement_intent.py::test_nowedge_6_a_sigkill_between_a_settlements_publish_and_its_marks_adds_no_copy",
-            "tests/unit/app/test_settlement_intent.py::test_nowedge_6_repeated_crashes_inside_the_republish_add_no_copy",
+            "tests/unit/app/ingest/test_settlement_intent.py::test_nowedge_6_a_sigkill_between_a_settlements_publish_and_its_marks_adds_no_copy",
+            "tests/unit/app/ingest/test_settlement_intent.py::test_nowedge_6_repeated_crashes_inside_the_republish_add_no_copy",
         ),
     ),
     Sabotage(
@@ -966,8 +972,8 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "    if marks is None:\n        return x, x\n    if marks.intent is not None:\n"
         "        return marks.intent.lsn, marks.intent.lsn\n",
         (
-            "tests/unit/app/test_settlement_intent.py::test_nowedge_6_a_sigkill_after_a_partial_publish_loses_nothing_and_duplicates_nothing",
-            "tests/crash/test_nowedge_6_serve.py::test_nowedge_6_sigkill_between_a_settlements_publish_and_its_marks_adds_no_copy",
+            "tests/unit/app/ingest/test_settlement_intent.py::test_nowedge_6_a_sigkill_after_a_partial_publish_loses_nothing_and_duplicates_nothing",
+            "tests/crash/test_settlement_intent_sigkill.py::test_nowedge_6_sigkill_between_a_settlements_publish_and_its_marks_adds_no_copy",
         ),
     ),
     Sabotage(
@@ -977,7 +983,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "    return marks.terminal or (marks.intent is not None and lsn <= marks.intent.lsn)",
         "    return marks.terminal",
         (
-            "tests/unit/app/test_settlement_intent.py::test_nowedge_6_an_intent_without_a_frontier_is_replayed_from_the_tenants_first_frame",
+            "tests/unit/app/ingest/test_settlement_intent.py::test_nowedge_6_an_intent_without_a_frontier_is_replayed_from_the_tenants_first_frame",
         ),
     ),
     Sabotage(
@@ -987,7 +993,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "        return audit_object_name(self._node, part.tenant, day, rows)",
         "        return new_object_name(self._node)",
         (
-            "tests/unit/app/test_settlement_intent.py::test_nowedge_6_a_sigkill_between_a_settlements_publish_and_its_marks_adds_no_copy",
+            "tests/unit/app/ingest/test_settlement_intent.py::test_nowedge_6_a_sigkill_between_a_settlements_publish_and_its_marks_adds_no_copy",
         ),
     ),
     Sabotage(
@@ -997,7 +1003,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "        if m.intent is None and _reaches(m, old.intent):",
         "        if m.intent is None:",
         (
-            "tests/unit/app/test_settlement_intent.py::test_nowedge_6_a_publish_the_store_refused_keeps_the_intent_until_a_cut_covers_the_span",
+            "tests/unit/app/ingest/test_settlement_intent.py::test_nowedge_6_a_publish_the_store_refused_keeps_the_intent_until_a_cut_covers_the_span",
             "tests/unit/wal/test_published_file.py::test_nowedge_6_an_intent_is_recorded_with_its_frontier_and_kept_until_marks_reach_its_end",
         ),
     ),
@@ -1009,8 +1015,8 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "        wanted = [rec for rec in self._intents if needed(rec)]",
         "        wanted: list[IntentRecord] = []",
         (
-            "tests/unit/app/test_exactly_once.py::test_issue16_rows_published_above_the_frontier_are_not_published_again",
-            "tests/unit/app/test_exactly_once.py::test_issue16_template_events_published_before_a_crash_are_not_published_again",
+            "tests/unit/app/ingest/test_landed.py::test_issue16_rows_published_above_the_frontier_are_not_published_again",
+            "tests/unit/app/ingest/test_landed.py::test_issue16_template_events_published_before_a_crash_are_not_published_again",
             "tests/crash/test_exactly_once_serve.py::test_issue16_a_sigkill_at_each_step_of_a_publish_adds_no_copy",
         ),
     ),
@@ -1022,7 +1028,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "        return Claim(key, part.kind, part.tenant, part.day,"
         " frames=tuple(range(min(frames), max(frames) + 1)))",
         (
-            "tests/unit/app/test_exactly_once.py::test_issue16_an_object_states_exactly_the_frames_it_holds_after_a_merge",
+            "tests/unit/app/ingest/test_landed.py::test_issue16_an_object_states_exactly_the_frames_it_holds_after_a_merge",
         ),
     ),
     Sabotage(
@@ -1049,7 +1055,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "            identity = (self._retry_name(d) if d.partition.kind is Kind.RECORDS else None)"
         " if exc.ambiguous else None",
         (
-            "tests/unit/app/test_exactly_once.py::test_issue16_an_ambiguous_put_retried_in_process_is_stored_once",
+            "tests/unit/app/ingest/test_landed.py::test_issue16_an_ambiguous_put_retried_in_process_is_stored_once",
             "tests/unit/sink/test_retry_identity.py::test_rfc0055_9_3_an_ambiguous_retry_keeps_its_identity_and_never_merges_with_new_rows",
         ),
     ),

@@ -462,3 +462,9 @@ class Barrier:
     def pending(self) -> Cut | None:
         with self._cond:
             return self._pending
+
+    @property
+    def retry_not_before(self) -> float:
+        """The clock time before which no fresh capture follows a failed cut (0.0 once
+        a cut succeeds): what the retry backoff has come to."""
+        return self._retry_not_before

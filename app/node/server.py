@@ -89,27 +89,36 @@ class Node:
 
 
 def build_node(
-    settings: Settings, events: EventLog, clock: Callable[[], float] = time.time
+    settings: Settings,
+    events: EventLog,
+    clock: Callable[[], float] = time.time,
+    *,
+    store: ObjectStore | None = None,
 ) -> Node:
     """Take the data directory's lock, then build everything in start-up order. The lock
     comes first: a second node on a live directory refuses before it reads or writes
-    anything there (``DataDirLocked``, naming the directory and the holder)."""
+    anything there (``DataDirLocked``, naming the directory and the holder). ``store``
+    replaces the one the settings name (a test's failing store)."""
     server = settings.server
     server.data_dir.mkdir(parents=True, exist_ok=True)
     lock = DataDirLock.acquire(server.data_dir)
     try:
-        return _build_node(settings, events, clock, lock)
+        return _build_node(settings, events, clock, lock, store)
     except BaseException:
         lock.release()
         raise
 
 
 def _build_node(
-    settings: Settings, events: EventLog, clock: Callable[[], float], lock: DataDirLock
+    settings: Settings,
+    events: EventLog,
+    clock: Callable[[], float],
+    lock: DataDirLock,
+    given_store: ObjectStore | None,
 ) -> Node:
     server = settings.server
     metrics = Metrics(settings)
-    store = _store(settings)
+    store = given_store if given_store is not None else _store(settings)
     node = node_identity(server.node_id)
     archiver: Archiver | None = None
     if settings.wal.archive:

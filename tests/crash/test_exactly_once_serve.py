@@ -23,7 +23,6 @@ event stream); nothing sleeps to hope. Seeds are printed (``ONCE_SEED`` reruns o
 from __future__ import annotations
 
 import io
-import os
 import random
 import signal
 import time
@@ -35,9 +34,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.support.ackload import AckLedger, AckLoad, Outcome
+from tests.support.crashrig import release, seed_from, write_probe
 from tests.support.parquet_read import download_prefix
 from tests.support.seaweed import S3Bucket
-from tests.support.serve import ROOT, ServeProcess
+from tests.support.serve import ServeProcess
 
 pytestmark = pytest.mark.slow
 
@@ -120,24 +120,8 @@ if any(os.environ.get(k) for k in ("ONCE_KILL_AT", "ONCE_LOSE_REPLY", "ONCE_SLOW
 '''
 
 
-def _seed() -> int:
-    raw = os.environ.get("ONCE_SEED")
-    seed = int(raw) if raw else random.SystemRandom().randrange(2**32)
-    print(f"ONCE_SEED={seed}")
-    return seed
-
-
 def _probe_env(tmp_path: Path, **probe: str) -> dict[str, str]:
-    probe_dir = tmp_path / "probe"
-    probe_dir.mkdir(exist_ok=True)
-    (probe_dir / "sitecustomize.py").write_text(_PROBE)
-    return {"PYTHONPATH": f"{probe_dir}{os.pathsep}{ROOT}", **probe}
-
-
-def _release(serve: ServeProcess) -> None:
-    serve.kill()
-    if serve.proc is not None and serve.proc.stderr is not None:
-        serve.proc.stderr.close()
+    return {**write_probe(tmp_path / "probe", _PROBE), **probe}
 
 
 def _tables(paths: Iterable[Path]) -> tuple[list[dict[str, object]], list[dict[str, object]]]:
@@ -211,7 +195,7 @@ def _finish(data: Path, env: dict[str, str], ledger: AckLedger, rng: random.Rand
             (stopped,) = serve.event("server.stopped")
             assert stopped["rows_left_in_wal"] == 0, serve.tail()
     finally:
-        _release(serve)
+        release(serve)
 
 
 def _killed_round(
@@ -242,14 +226,14 @@ def _killed_round(
         done = serve.event("recovery.done")
         return done[0] if done else {}
     finally:
-        _release(serve)
+        release(serve)
 
 
 @pytest.mark.parametrize("point", ["publish.intended", "publish.stored", "barrier.stamped"])
 def test_issue16_a_sigkill_at_each_step_of_a_publish_adds_no_copy(
     tmp_path: Path, point: str
 ) -> None:
-    seed = _seed()
+    seed = seed_from("ONCE_SEED")
     rng = random.Random(seed)
     data = tmp_path / "data"
     ledger = AckLedger()
@@ -262,7 +246,7 @@ def test_issue16_a_sigkill_at_each_step_of_a_publish_adds_no_copy(
 
 
 def test_issue16_an_ambiguous_put_then_a_sigkill_adds_no_copy(tmp_path: Path) -> None:
-    seed = _seed()
+    seed = seed_from("ONCE_SEED")
     rng = random.Random(seed)
     data = tmp_path / "data"
     ledger = AckLedger()
@@ -283,13 +267,13 @@ def _restart_recovery(data: Path, ledger: AckLedger, rng: random.Random) -> str:
         assert serve.terminate() == 0, serve.tail()
         return f"recovery {recovery['objects_checked']} checked, {recovery['objects_found']} found"
     finally:
-        _release(serve)
+        release(serve)
 
 
 def test_issue16_seaweedfs_sigkills_under_load_lose_nothing_and_copy_nothing(
     tmp_path: Path, s3_bucket: S3Bucket
 ) -> None:
-    seed = _seed()
+    seed = seed_from("ONCE_SEED")
     rng = random.Random(seed)
     data = tmp_path / "data"
     ledger = AckLedger()
@@ -319,7 +303,7 @@ def test_issue16_seaweedfs_sigkills_under_load_lose_nothing_and_copy_nothing(
                     serve.kill()
                     load.join()
         finally:
-            _release(serve)
+            release(serve)
     objects = tmp_path / "objects"
     download_prefix(s3_bucket.server.client(), s3_bucket.name, "", objects)
     summary = assert_exactly_once(objects, ledger, f"seed {seed}, {kills} SIGKILLs, SeaweedFS")

@@ -11,7 +11,6 @@ sitecustomize: it blocks on a FIFO until the test opens it for writing — so "b
 from __future__ import annotations
 
 import os
-import random
 import threading
 from collections import Counter
 from pathlib import Path
@@ -21,6 +20,7 @@ import pytest
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 
 from tests.support.ackload import AckLedger, AckLoad, Outcome, rid_of_body
+from tests.support.crashrig import seed_from
 from tests.support.serve import ROOT, ServeProcess
 
 TENANTS = ("acme", "globex")
@@ -52,13 +52,6 @@ if _fifo and "--channel-fd" not in sys.argv:  # the core, not its workers
 
     _recovery.Recovery.turn = _hold_first
 """
-
-
-def _seed() -> int:
-    raw = os.environ.get("READY_SEED")
-    seed = int(raw) if raw else random.SystemRandom().randrange(2**32)
-    print(f"READY_SEED={seed}")
-    return seed
 
 
 def _objects(data_dir: Path, kind: str = "records") -> list[Path]:
@@ -114,7 +107,7 @@ def probe(tmp_path: Path) -> tuple[dict[str, str], Path]:
 def test_issue15_a_new_batch_is_acknowledged_before_recovery_done_and_turned_after_the_replay(
     tmp_path: Path, probe: tuple[dict[str, str], Path]
 ) -> None:
-    seed = _seed()
+    seed = seed_from("READY_SEED")
     data_dir = tmp_path / "data"
     data_dir.mkdir()
     ledger = AckLedger()
@@ -152,7 +145,7 @@ def test_issue15_a_new_batch_is_acknowledged_before_recovery_done_and_turned_aft
 def test_issue15_a_sigkill_during_the_replay_loses_nothing_acknowledged(
     tmp_path: Path, probe: tuple[dict[str, str], Path]
 ) -> None:
-    seed = _seed()
+    seed = seed_from("READY_SEED")
     data_dir = tmp_path / "data"
     data_dir.mkdir()
     ledger = AckLedger()

@@ -23,7 +23,6 @@ placed by counting acknowledgements, the server's readiness is awaited by
 
 from __future__ import annotations
 
-import os
 import random
 import time
 from collections import Counter
@@ -36,6 +35,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.support.ackload import AckLedger, AckLoad, Outcome, rid_of_body
+from tests.support.crashrig import release, seed_from
 from tests.support.serve import ServeProcess
 
 TENANTS = ("acme", "globex", "initech")
@@ -51,13 +51,6 @@ BASE_ENV = {
     "OURIOS_DISK_STOP_WATER_BYTES": "0",
     "OURIOS_SERVER_SHUTDOWN_GRACE_SECS": "20",
 }
-
-
-def _seed() -> int:
-    raw = os.environ.get("SIGKILL_SEED")
-    seed = int(raw) if raw else random.SystemRandom().randrange(2**32)
-    print(f"SIGKILL_SEED={seed}")
-    return seed
 
 
 @dataclass
@@ -98,7 +91,7 @@ class Campaign:
         try:
             r = self._serve(serve, rng, final=final)
         finally:
-            _release(serve)
+            release(serve)
         r.new_objects = sorted(set(_objects(self.data_dir)) - before)
         r.temps_after = len(_temps(self.data_dir))
 
@@ -159,14 +152,6 @@ class Campaign:
             )
         lines.append(f"  outcomes: { {k: dict(v) for k, v in self.ledger.summary().items()} }")
         return "\n".join(lines)
-
-
-def _release(serve: ServeProcess) -> None:
-    """Make sure the process is gone and close its stderr pipe, which ``ServeProcess``
-    leaves open (a ResourceWarning, an error under ``filterwarnings = error``)."""
-    serve.kill()
-    if serve.proc is not None and serve.proc.stderr is not None:
-        serve.proc.stderr.close()
 
 
 def _metric(serve: ServeProcess, name: str) -> float:
@@ -289,7 +274,7 @@ def test_every_acknowledged_record_survives_sigkill_at_random_points(tmp_path: P
     campaign = Campaign(
         data_dir=tmp_path / "data",
         env={**BASE_ENV, "OURIOS_SINK_FLUSH_BYTES": "4096"},
-        seed=_seed(),
+        seed=seed_from("SIGKILL_SEED"),
         kills=4,
         ack_window=(60, 500),
         senders=6,
@@ -311,7 +296,7 @@ def test_every_acknowledged_record_survives_sigkill_during_constant_flushes(
         # The smallest flush size: every turn detaches a partition, so the publisher is
         # always mid-publish (encoding, writing a temp file, renaming) when the kill lands.
         env={**BASE_ENV, "OURIOS_SINK_FLUSH_BYTES": "1024"},
-        seed=_seed(),
+        seed=seed_from("SIGKILL_SEED"),
         kills=2,
         ack_window=(150, 400),
         senders=4,

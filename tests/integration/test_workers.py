@@ -24,6 +24,7 @@ import pytest
 from opentelemetry.sdk.resources import Resource
 
 from tests.support.ackload import AckLedger, AckLoad, Outcome, rid_of_body
+from tests.support.crashrig import seed_from
 from tests.support.otel import grpc_client, http_client
 from tests.support.serve import ServeProcess
 
@@ -37,13 +38,6 @@ ENV = {
     "OURIOS_DISK_STOP_WATER_BYTES": "0",
     "OURIOS_SERVER_SHUTDOWN_GRACE_SECS": "20",
 }
-
-
-def _seed() -> int:
-    raw = os.environ.get("WORKERS_SEED")
-    seed = int(raw) if raw else random.SystemRandom().randrange(2**32)
-    print(f"WORKERS_SEED={seed}")
-    return seed
 
 
 def _objects(data_dir: Path) -> list[Path]:
@@ -150,7 +144,7 @@ def test_workers_sdk_http_and_grpc_records_are_each_published_once(data_dir: Pat
 def test_workers_sigkill_of_a_worker_under_load_loses_nothing_and_it_comes_back(
     data_dir: Path,
 ) -> None:
-    seed = _seed()
+    seed = seed_from("WORKERS_SEED")
     rng = random.Random(seed)
     ledger = AckLedger()
     with ServeProcess(data_dir, ENV) as serve:
@@ -178,7 +172,7 @@ def test_workers_sigkill_of_a_worker_under_load_loses_nothing_and_it_comes_back(
 def test_workers_sigkill_of_the_core_leaves_no_orphan_and_loses_nothing(
     data_dir: Path,
 ) -> None:
-    seed = _seed()
+    seed = seed_from("WORKERS_SEED")
     rng = random.Random(seed)
     ledger = AckLedger()
     for _ in range(2):
@@ -202,7 +196,7 @@ def test_workers_sigkill_of_the_core_leaves_no_orphan_and_loses_nothing(
 
 
 def test_workers_sigterm_drains_cleanly(data_dir: Path) -> None:
-    seed = _seed()
+    seed = seed_from("WORKERS_SEED")
     ledger = AckLedger()
     with ServeProcess(data_dir, ENV) as serve:
         workers = _workers(serve)

@@ -52,7 +52,7 @@ def test_the_sampler_reads_the_products_metrics(tmp_path: Path) -> None:
     node.start()
     try:
         body = sample_request("soak", 7, time_base_ns=time.time_ns()).SerializeToString()
-        proc = node._proc
+        proc = node.process
         assert proc is not None
         status, _, _ = proc.post_logs(body, {"X-Ourios-Tenant": "t1"})
         assert status == 200

@@ -111,11 +111,12 @@ def test_a_torn_last_line_is_skipped_and_counted(tmp_path: Path) -> None:
     ledger.acked("r.1", 200, 5.0)
     ledger.sent("r.2", 2, "t1")
     path = ledger.path
-    # A SIGKILLed worker: no end line, and half of an A line.
-    ledger._file.close()  # type: ignore[union-attr]
-    with path.open("a", encoding="utf-8") as f:
-        f.write("A\tr.2\t20")
-    index = read_ledgers(tmp_path)
+    # A SIGKILLed worker: no end line, and half of an A line. The writer's file stays
+    # open, as a killed worker's does, until the test is done reading.
+    with ledger:
+        with path.open("a", encoding="utf-8") as f:
+            f.write("A\tr.2\t20")
+        index = read_ledgers(tmp_path)
     assert index.torn_lines == 1 and not index.ended
     assert index.requests["r.2"].outcome is Outcome.IN_FLIGHT
     assert index.requests["r.1"].outcome is Outcome.ACKED

@@ -11,7 +11,7 @@ restores (``restore_failures``) and the next ``replace_tenant`` calls.
 The hook is ``MinerCluster(miner_type=...)``, the production seam (as ``wal.testing.FaultyFs``
 is for I/O): no production type carries a test field, and a real ``ourios serve`` gets
 the same plan through a ``sitecustomize`` probe that only the test's process loads
-(``tests/crash/test_rfc0055_sigkill.py``).
+(``tests/crash/test_mining_failures_sigkill.py``).
 """
 
 from __future__ import annotations

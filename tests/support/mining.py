@@ -1,4 +1,4 @@
-"""Shared by the mining tests (``tests/unit/app/mining/``): a seeded corpus of realistic
+"""Shared by the mining tests (``tests/unit/app/ingest/mining/``): a seeded corpus of realistic
 log lines, batch-wise mining, Drain's state read from drain3's own objects, and the
 configurations the tests sweep."""
 
@@ -98,7 +98,7 @@ DrainState = tuple[list[Any], list[tuple[int, tuple[str, ...], int]], int, str]
 
 def drain_state(miner: TenantMiner) -> DrainState:
     """Drain's full state read from drain3's own objects, independent of our codec."""
-    return state_of(miner._drain)  # the point is to look past our encoder
+    return state_of(miner.drain)  # the point is to look past our encoder
 
 
 def state_of(drain: Any) -> DrainState:

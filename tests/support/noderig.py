@@ -37,6 +37,7 @@ from app.receive.otlp import decode_request, flatten
 from sink.buffers import Buffers
 from sink.publisher import Publisher
 from sink.store import FailingStore, MemoryStore
+from tests.support.minerfaults import FaultPlan, FaultyMiners
 from wal import IntentLog, Journal, OsFs, WalConfig, WalOffset
 from wal.testing import FaultyFs, SimulatedCrash
 
@@ -68,6 +69,20 @@ def request(tag: str, n: int = 3, *, tenant_attr: str = "") -> ExportLogsService
         rec.body.string_value = f"op {tag} step {i} took {i * 7} ms"
         a = rec.attributes.add()
         a.key, a.value.string_value = "rid", f"{tag}/{i}"
+    return req
+
+
+def bodies_request(tag: str, bodies: Sequence[str]) -> ExportLogsServiceRequest:
+    """One record per body, in order, with ``rid`` attributes ``tag/i``: a test that
+    chooses the bodies chooses the templates the miner makes of them."""
+    req = ExportLogsServiceRequest()
+    sl = req.resource_logs.add().scope_logs.add()
+    for i, body in enumerate(bodies):
+        rec = sl.log_records.add()
+        rec.time_unix_nano = 1_764_000_000_000_000_000 + i
+        rec.body.string_value = body
+        kv = rec.attributes.add()
+        kv.key, kv.value.string_value = "rid", f"{tag}/{i}"
     return req
 
 
@@ -121,7 +136,7 @@ class NodeRig:
         self.log_stream = io.StringIO()
         self.event_log = EventLog(self.log_stream)
         self.journal = Journal.open(
-            data / "wal", self.config, fs=self.fs, clock=self.clock, events=self._event
+            data / "wal", self.config, fs=self.fs, clock=self.clock, events=self.record_event
         )
         self.intent_log: IntentLog | None = (
             IntentLog.open(self.fs, data / "wal") if self.intents else None
@@ -153,7 +168,7 @@ class NodeRig:
             self.buffers,
             self.publisher,
             clock=self.clock,
-            events=self._event,
+            events=self.record_event,
             ledger=self.ledger,
             mining_attempts=self.mining_attempts,
         )
@@ -167,7 +182,7 @@ class NodeRig:
             segment_age_secs=self.config.segment_age_secs,
             ceiling_bytes=self.ceiling_bytes,
             clock=self.clock,
-            events=self._event,
+            events=self.record_event,
             intents=self.intent_log,
         )
         self.housekeeper = Housekeeper(
@@ -176,7 +191,7 @@ class NodeRig:
             every=self.housekeeping_secs,
             cap=self.config.max_unlinks_per_pass,
             clock=self.clock,
-            events=self._event,
+            events=self.record_event,
         )
         self.recovery = Recovery(
             self.journal,
@@ -201,7 +216,9 @@ class NodeRig:
         self.report = self.recovery.finish()
         return self.report
 
-    def _event(self, name: str, fields: object) -> None:
+    def record_event(self, name: str, fields: object) -> None:
+        """Where every component of the rig reports: kept in ``events`` and written by
+        the production ``EventLog``, one ordered stream as in `ourios serve`."""
         self.events.append((name, dict(fields)))  # type: ignore[call-overload]
         self.event_log(name, fields)  # type: ignore[arg-type]
 
@@ -294,3 +311,46 @@ class NodeRig:
 
 def rids(tag: str, n: int = 3) -> Sequence[str]:
     return [f"{tag}/{i}" for i in range(n)]
+
+
+class FaultyRigs:
+    """Builds ``NodeRig``s whose miners fail as each one's own ``FaultPlan`` says (the
+    ``miners_factory`` seam), each under its own directory, and closes them all on exit:
+    the settlement and poison tests start a node, crash it and restart another."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.rigs: list[NodeRig] = []
+
+    def build(self, **kwargs: Any) -> tuple[NodeRig, FaultPlan]:
+        plan = FaultPlan()
+        rig = NodeRig(
+            self.root / f"node{len(self.rigs)}",
+            miners_factory=lambda allocator: FaultyMiners(allocator, plan),
+            **kwargs,
+        )
+        self.rigs.append(rig)
+        return rig, plan
+
+    def __enter__(self) -> FaultyRigs:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for rig in self.rigs:
+            rig.close()
+
+
+def record_rows(rig: NodeRig, tenant: str) -> list[tuple[str, int]]:
+    """(rid, template_id) of every published record row of ``tenant``, with repeats."""
+    out: list[tuple[str, int]] = []
+    for key in rig.memory.list("records/"):
+        table = pq.read_table(io.BytesIO(rig.memory.get(key)))
+        for t, attrs, tid in zip(
+            table.column("tenant").to_pylist(),
+            table.column("attributes").to_pylist(),
+            table.column("template_id").to_pylist(),
+            strict=True,
+        ):
+            if t == tenant:
+                out.extend((v, tid) for k, v in attrs if k == "rid")
+    return out

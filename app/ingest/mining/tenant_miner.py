@@ -257,6 +257,18 @@ class TenantMiner:
     def template_count(self) -> int:
         return len(self._templates)
 
+    @property
+    def cluster_ids(self) -> list[int]:
+        """Drain's cluster ids of the live templates, least recently used first (the
+        order eviction follows and the snapshot keeps)."""
+        return list(self._templates)
+
+    @property
+    def drain(self) -> object:
+        """The drain3 tree itself, read-only by convention: for a reader that must look
+        past this module's codec (a test comparing it with a reference tree)."""
+        return self._drain
+
     def templates(self) -> list[TemplateInfo]:
         """The live templates, in the snapshot's cluster order."""
         out: list[TemplateInfo] = []

@@ -23,15 +23,6 @@ DAY_NS = 20_000 * 86_400 * 1_000_000_000
 WAIT_S = 10.0
 
 
-def wait_for(condition: Callable[[], bool], what: str) -> None:
-    """Wait (bounded) for a condition another thread makes true."""
-    deadline = time.monotonic() + WAIT_S
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.001)
-
-
 def add_events(buffers: Buffers, tenant: str, n: int, lsn: int) -> list[Detached]:
     events = [(lsn * 100 + k, 1, f"template {lsn} <*> {k}", "created", DAY_NS) for k in range(n)]
     return buffers.add_audit(tenant, events, lsn)
@@ -188,7 +179,9 @@ def test_the_publisher_thread_writes_events_queued_behind_their_records_first(
     publisher.start()
 
     assert publisher.offer(records)  # the records reach the queue first
-    wait_for(lambda: len(buffers.in_flight) == 0, "both to settle")
+    # Both settle (each partition's registration in flight wakes its waiters then).
+    assert audit.flight is not None and records.flight is not None
+    assert audit.flight.wait(WAIT_S) and records.flight.wait(WAIT_S), "both to settle"
     assert kinds_in_put_order(memory) == ["audit", "records"]
     assert publisher.offer(audit)  # the turn offers its events after all
     assert publisher.close(WAIT_S)

@@ -347,8 +347,8 @@ def test_from_url_s3_passes_the_region_to_the_client(monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("AWS_DEFAULT_REGION", "eu-west-1")
     store = from_url("s3://logs", endpoint_url="http://127.0.0.1:1", region="ap-south-2")
     assert isinstance(store, S3Store)
-    assert store._client.meta.region_name == "ap-south-2"  # the setting, not the chain
-    assert from_url("s3://logs")._client.meta.region_name == "eu-west-1"  # type: ignore[attr-defined]
+    assert store.region == "ap-south-2"  # the setting, not the chain
+    assert from_url("s3://logs").region == "eu-west-1"  # type: ignore[attr-defined]
     with pytest.raises(ValueError, match="region 'ap-south-2' applies only to s3://"):
         from_url("file:///tmp/x", region="ap-south-2")
 

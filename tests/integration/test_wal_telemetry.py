@@ -252,10 +252,10 @@ def collector(rig: NodeRig, tmp_path: Path) -> Callable[[], Scrape]:
 
 
 def journal_events_to(rig: NodeRig, monkeypatch: pytest.MonkeyPatch) -> None:
-    # NodeRig's journal reports into rig._event like the pipeline, barrier and
+    # NodeRig's journal reports into rig.record_event like the pipeline, barrier and
     # housekeeper: one ordered stream holds every transition, as `ourios serve`'s one
     # EventLog does. Checked, not assumed.
-    assert rig.journal.events == rig._event
+    assert rig.journal.events == rig.record_event
 
 
 def cut_ok(rig: NodeRig) -> bool:
@@ -369,7 +369,8 @@ def floor_pinned_and_lifted(rig: NodeRig, tmp_path: Path, monkeypatch: pytest.Mo
 
 def latch_set(rig: NodeRig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A barrier tick that raises latches its epoch, once however often it repeats (a
-    mining failure no longer latches: RFC 0055 settles it, test_settlement.py)."""
+    mining failure no longer latches: RFC 0055 settles it,
+    tests/unit/app/ingest/test_settlement.py)."""
     read = collector(rig, tmp_path)
     rig.ingest("good", "a")
     assert cut_ok(rig)

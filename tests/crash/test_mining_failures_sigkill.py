@@ -28,8 +28,6 @@ The seed is printed; set ``RFC0055_SEED`` to rerun one.
 
 from __future__ import annotations
 
-import io
-import os
 import random
 import time
 from collections import Counter, defaultdict
@@ -37,29 +35,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
 import pytest
 
-from app.ingest.snapshots import decode_snapshot
 from tests.support.ackload import AckLedger, AckLoad, Outcome
-from tests.support.serve import ROOT, ServeProcess
+from tests.support.crashrig import (
+    CYCLE_ENV,
+    Row,
+    lsn_of,
+    read_rows,
+    release,
+    seed_from,
+    snapshot_horizons,
+    store_objects,
+    write_probe,
+)
+from tests.support.serve import ServeProcess
 from wal import OsFs
 from wal.published_file import PublishedFile
 
 TENANTS = ("acme", "globex", "initech")
-ENV = {
-    "OURIOS_WAL_BARRIER_SECS": "1",
-    "OURIOS_WAL_HOUSEKEEPING_SECS": "1",
-    "OURIOS_WAL_SEGMENT_AGE_SECS": "1",
-    "OURIOS_WAL_SEGMENT_MAX_BYTES": "65536",
-    "OURIOS_SINK_FLUSH_AGE_SECS": "1",
-    "OURIOS_SINK_FLUSH_BYTES": "4096",
-    "OURIOS_DISK_LOW_WATER_BYTES": "1",
-    "OURIOS_DISK_STOP_WATER_BYTES": "0",
-    "OURIOS_SERVER_SHUTDOWN_GRACE_SECS": "20",
-}
-
-_PROBE = '''"""Probe for tests/crash/test_rfc0055_sigkill.py (loaded as sitecustomize by the
+_PROBE = '''"""Probe for tests/crash/test_mining_failures_sigkill.py (loaded as sitecustomize by the
 ourios serve that test starts): the node's miners fail at chosen records."""
 
 import os
@@ -103,63 +98,10 @@ if os.environ.get("RFC0055_FAULTS"):
 '''
 
 
-def _seed() -> int:
-    raw = os.environ.get("RFC0055_SEED")
-    seed = int(raw) if raw else random.SystemRandom().randrange(2**32)
-    print(f"RFC0055_SEED={seed}")
-    return seed
-
-
-def _lsn(offset: object) -> int:
-    return -1 if offset is None else int(str(offset).partition("@")[0])
-
-
-@dataclass(frozen=True)
-class Row:
-    kind: str
-    tenant: str
-    wal_lsn: int
-    rid: str | None
-    template_id: int
-    change: str | None
-
-
-def _objects(data: Path) -> set[Path]:
-    root = data / "objects"
-    return set(root.glob("records/tenant=*/date=*/*.parquet")) | set(
-        root.glob("audit/tenant=*/date=*/*.parquet")
-    )
-
-
-def _rows(paths: set[Path]) -> list[Row]:
-    out: list[Row] = []
-    for path in sorted(paths):
-        table = pq.read_table(io.BytesIO(path.read_bytes()))
-        cols = table.to_pydict()
-        if "records" in path.parts:
-            for tenant, lsn, attrs, tid in zip(
-                cols["tenant"],
-                cols["wal_lsn"],
-                cols["attributes"],
-                cols["template_id"],
-                strict=True,
-            ):
-                out.append(Row("records", tenant, lsn, dict(attrs).get("rid"), tid, None))
-        else:
-            for tenant, lsn, tid, change in zip(
-                cols["tenant"], cols["wal_lsn"], cols["template_id"], cols["change"], strict=True
-            ):
-                out.append(Row("audit", tenant, lsn, None, tid, change))
-    return out
-
-
 def _before_start(data: Path) -> tuple[dict[str, int], dict[str, int]]:
     """What the next start recovers with, read before it runs (recovery writes
     snapshots): each tenant's snapshot horizon S and PUBLISHED records frontier R."""
-    s: dict[str, int] = {}
-    for path in (data / "snapshots").glob("*.snap"):
-        state = decode_snapshot(path.read_bytes(), path)
-        s[state.tenant] = state.horizon.lsn
+    s = snapshot_horizons(data)
     r: dict[str, int] = {}
     loaded = PublishedFile.read_only(OsFs(), data / "wal") if (data / "wal").exists() else None
     if loaded is not None:
@@ -184,38 +126,29 @@ class Round:
     acked: int = 0
 
 
-def _release(serve: ServeProcess) -> None:
-    serve.kill()
-    if serve.proc is not None and serve.proc.stderr is not None:
-        serve.proc.stderr.close()
-
-
 def test_rfc0055_sigkill_with_mining_failures_loses_nothing_and_copies_only_in_a_settlement(
     tmp_path: Path,
 ) -> None:
     started = time.monotonic()
-    seed = _seed()
+    seed = seed_from("RFC0055_SEED")
     rng = random.Random(seed)
-    probe = tmp_path / "probe"
-    probe.mkdir()
-    (probe / "sitecustomize.py").write_text(_PROBE)
     data = tmp_path / "data"
     env = {
-        **ENV,
-        "PYTHONPATH": f"{probe}{os.pathsep}{ROOT}",
+        **CYCLE_ENV,
+        **write_probe(tmp_path / "probe", _PROBE),
         "RFC0055_FAULTS": f"{seed}:400",
     }
     ledger = AckLedger()
     rounds: list[Round] = []
     for number in range(1, 6):
         last = number == 5
-        before = _objects(data)
+        before = store_objects(data)
         s, r_marks = _before_start(data)
         serve = ServeProcess(data, env)
         try:
             with serve:
                 (recovery,) = serve.event("recovery.done")
-                r = Round(number, _gates(s, r_marks, _lsn(recovery["checkpoint"])))
+                r = Round(number, _gates(s, r_marks, lsn_of(recovery["checkpoint"])))
                 rounds.append(r)
                 with AckLoad(
                     ledger, serve.http_port, senders=6, tenants=TENANTS, seed=rng.getrandbits(64)
@@ -235,12 +168,12 @@ def test_rfc0055_sigkill_with_mining_failures_loses_nothing_and_copies_only_in_a
                     r.acked = load.acked
                 r.settled = serve.event("tenant.settled")
         finally:
-            _release(serve)
+            release(serve)
         if not last:
             r.settled = serve.event("tenant.settled")
-        r.rows = _rows(_objects(data) - before)
+        r.rows = read_rows(store_objects(data) - before)
 
-    rows = _rows(_objects(data))
+    rows = read_rows(store_objects(data))
     records = [x for x in rows if x.kind == "records"]
     created = {x.template_id for x in rows if x.kind == "audit" and x.change == "created"}
     orphans = sorted({x.template_id for x in records} - created)
@@ -261,7 +194,7 @@ def test_rfc0055_sigkill_with_mining_failures_loses_nothing_and_copies_only_in_a
     unexplained: list[tuple[int, Row]] = []
     duplicates = 0
     for r in rounds:
-        spans = [(s["tenant"], int(s["records_frontier"]), _lsn(s["through"])) for s in r.settled]
+        spans = [(s["tenant"], int(s["records_frontier"]), lsn_of(s["through"])) for s in r.settled]
         for x in r.rows:
             if x.kind != "records" or not x.rid:
                 continue

@@ -75,13 +75,26 @@ def test_every_unlinked_segment_is_byte_identical_in_the_archive_before_its_unli
     assert not events  # no failure, so no transition
 
 
+class Reads:
+    """The archiver's ``read`` seam: the segment's bytes, or ``error`` while it is set."""
+
+    def __init__(self) -> None:
+        self.error: OSError | None = None
+
+    def __call__(self, path: Path) -> bytes:
+        if self.error is not None:
+            raise self.error
+        return path.read_bytes()
+
+
 @pytest.mark.parametrize("fault", ["put", "lying", "conflict", "read"])
 def test_an_archive_failure_keeps_the_segment_and_is_visible(tmp_path: Path, fault: str) -> None:
     fs = FaultyFs(tmp_path / ".shadow")
     inner: MemoryStore = LyingStore() if fault == "lying" else MemoryStore()
     store = FailingStore(inner)
     events: list[tuple[str, dict[str, object]]] = []
-    archiver = Archiver(store, NODE, events=lambda n, f: events.append((n, dict(f))))
+    reads = Reads()
+    archiver = Archiver(store, NODE, read=reads, events=lambda n, f: events.append((n, dict(f))))
     root = tmp_path / "wal"
     with Journal.open(root, SMALL, fs=fs, archive=archiver) as j:
         offs = _fill(j)
@@ -92,7 +105,7 @@ def test_an_archive_failure_keeps_the_segment_and_is_visible(tmp_path: Path, fau
         elif fault == "conflict":
             inner.put(f"wal-archive/{NODE}/{first}", b"another segment of the same name")
         elif fault == "read":
-            archiver._read = lambda path: (_ for _ in ()).throw(OSError(5, "injected EIO"))
+            reads.error = OSError(5, "injected EIO")
         j.checkpoint(offs[-1])
         horizons = KnownHorizons({"t0": offs[-2], "t1": offs[-1]})
         with pytest.raises(ArchiveError) as info:
@@ -128,7 +141,7 @@ def test_an_archive_failure_keeps_the_segment_and_is_visible(tmp_path: Path, fau
         if fault == "lying":
             archiver.store = FailingStore(MemoryStore())
         if fault == "read":
-            archiver._read = lambda path: path.read_bytes()
+            reads.error = None
         j.maintain(horizons, 64)
         assert first not in j.segment_names()
         held = archiver.store.get(f"wal-archive/{NODE}/{first}")

@@ -121,12 +121,11 @@ def test_a_housekeeping_pass_that_does_not_join_keeps_the_wal_open(
 
 
 def test_nowedge_0_a_shutdown_with_the_store_down_counts_the_rows_left_and_exits_non_zero(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
 ) -> None:
     """The final cut cannot publish: the acknowledged rows are only in the WAL, so
     ``server.stopped`` says how many and the exit status is not 0."""
     failing = FailingStore(LocalStore(tmp_path / "objects"))
-    monkeypatch.setattr("app.node.server._store", lambda settings: failing)
     settings = load_settings(
         {
             "OURIOS_SERVER_DATA_DIR": str(tmp_path / "data"),
@@ -135,7 +134,7 @@ def test_nowedge_0_a_shutdown_with_the_store_down_counts_the_rows_left_and_exits
         }
     )
     stream = io.StringIO()
-    n = build_node(settings, EventLog(stream))
+    n = build_node(settings, EventLog(stream), store=failing)
     n.pipeline.publisher.start()
     recover(n.journal, n.pipeline, n.snapshots, n.ledger)
     n.pipeline.set_ready(True)
@@ -204,7 +203,7 @@ def test_sigterm_while_the_main_thread_holds_the_stop_lock_still_stops_the_node(
     # node ignored SIGTERM for good (seen in CI after recovery.done).
     done = subprocess.run(
         [sys.executable, "-c", SIGNAL_WHILE_WAITING],
-        cwd=Path(__file__).resolve().parents[3],
+        cwd=Path(__file__).resolve().parents[4],
         capture_output=True,
         text=True,
         timeout=60,

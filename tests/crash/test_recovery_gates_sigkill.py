@@ -69,39 +69,35 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
-from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 
 from app.ingest.mining.template_ids import CountingAllocator
 from app.ingest.mining.tenant_miner import TenantMiner
 from app.ingest.snapshots import decode_snapshot
 from app.receive.otlp import decode_request, flatten
 from tests.support.ackload import AckLedger, AckLoad, Outcome
-from tests.support.noderig import NodeRig
-from tests.support.serve import ROOT, ServeProcess
+from tests.support.crashrig import (
+    CYCLE_ENV,
+    Row,
+    lsn_of,
+    read_rows,
+    release,
+    seed_from,
+    snapshot_horizons,
+    store_objects,
+    write_probe,
+)
+from tests.support.noderig import NodeRig, bodies_request
+from tests.support.serve import ServeProcess
 from wal.inspection import inspect_root
 
 TENANTS = ("acme", "globex", "initech")
-
-BASE_ENV = {
-    # The shortest cadences the configuration accepts (1 s; the issue's 100 ms is below
-    # the validated minimum), so cuts, rotations and reclamation run all the time.
-    "OURIOS_WAL_BARRIER_SECS": "1",
-    "OURIOS_WAL_HOUSEKEEPING_SECS": "1",
-    "OURIOS_WAL_SEGMENT_AGE_SECS": "1",
-    "OURIOS_WAL_SEGMENT_MAX_BYTES": "65536",
-    "OURIOS_SINK_FLUSH_AGE_SECS": "1",
-    "OURIOS_SINK_FLUSH_BYTES": "4096",
-    "OURIOS_DISK_LOW_WATER_BYTES": "1",
-    "OURIOS_DISK_STOP_WATER_BYTES": "0",
-    "OURIOS_SERVER_SHUTDOWN_GRACE_SECS": "20",
-}
 
 #: Where a kill can be placed (module docstring): the steps the probe holds a thread at,
 #: and "snapfail" (a failed snapshot install, then a checkpoint, then the kill).
 HOLDS = ("flush", "snap", "ckpt", "unlink", "snapfail")
 
-_PROBE_SOURCE = '''"""Probe for tests/crash/test_rfc0052_10.py, loaded as sitecustomize by the
-ourios serve that test starts: reports steps of the barrier and housekeeping threads as
+_PROBE_SOURCE = '''"""Probe for tests/crash/test_recovery_gates_sigkill.py, loaded as sitecustomize
+by the ourios serve that test starts: reports steps of the barrier and housekeeping threads as
 datagrams and, with RFC0052_10_HOLD=<where>:<n>, holds the n-th such step."""
 
 import errno
@@ -227,16 +223,6 @@ if os.environ.get("RFC0052_10_PROBE"):
 '''
 
 
-def _seed() -> int:
-    raw = os.environ.get("RFC0052_10_SEED")
-    seed = int(raw) if raw else random.SystemRandom().randrange(2**32)
-    print(f"RFC0052_10_SEED={seed}")
-    return seed
-
-
-# -- the probe's receiving end ---------------------------------------------------------------
-
-
 class ProbeLog:
     """Receives the probe's datagrams on an abstract Unix socket (no file, no path
     length limit); ``wait_for`` blocks on a condition the reader thread notifies."""
@@ -333,59 +319,12 @@ def _landed(events: Sequence[Mapping[str, Any]]) -> list[str]:
 # -- what the store and the data directory hold ----------------------------------------------
 
 
-def _objects(data_dir: Path) -> set[Path]:
-    root = data_dir / "objects"
-    return set(root.glob("records/tenant=*/date=*/*.parquet")) | set(
-        root.glob("audit/tenant=*/date=*/*.parquet")
-    )
-
-
-def _horizons(data_dir: Path) -> dict[str, int]:
-    """Each tenant's installed snapshot horizon S (LSN), as the next start will load it."""
-    out: dict[str, int] = {}
-    for path in sorted((data_dir / "snapshots").glob("*.snap")):
-        state = decode_snapshot(path.read_bytes(), path)
-        out[state.tenant] = state.horizon.lsn
-    return out
-
-
-def _lsn(offset: object) -> int:
-    """The LSN of ``recovery.done``'s ``checkpoint`` (``"<lsn>@<uuid>"``), -1 for None."""
-    return -1 if offset is None else int(str(offset).partition("@")[0])
-
-
 def _rid_round(rid: str | None) -> int:
     """The ackload round of a record id ``r<round>-s..``; 0 when it is not one."""
     if not rid or not rid.startswith("r"):
         return 0
     head = rid[1:].partition("-")[0]
     return int(head) if head.isdigit() else 0
-
-
-@dataclass(frozen=True)
-class Row:
-    kind: str  # "records" or "audit"
-    tenant: str
-    wal_lsn: int
-    rid: str | None  # records only
-    template_id: int | None = None  # audit only
-
-
-def _rows(paths: Iterable[Path]) -> list[Row]:
-    rows: list[Row] = []
-    for path in sorted(paths):
-        kind = "records" if "records" in path.parts else "audit"
-        extra = "attributes" if kind == "records" else "template_id"
-        table = pq.read_table(path, columns=["tenant", "wal_lsn", extra])
-        tenants = table.column("tenant").to_pylist()
-        lsns = table.column("wal_lsn").to_pylist()
-        extras = table.column(extra).to_pylist()
-        for tenant, lsn, x in zip(tenants, lsns, extras, strict=True):
-            if kind == "records":
-                rows.append(Row(kind, tenant, lsn, dict(x).get("rid")))
-            else:
-                rows.append(Row(kind, tenant, lsn, None, x))
-    return rows
 
 
 def _metric(serve: ServeProcess, name: str) -> float | None:
@@ -397,14 +336,6 @@ def _metric(serve: ServeProcess, name: str) -> float | None:
         if key == name:
             return float(value)
     return None
-
-
-def _release(serve: ServeProcess) -> None:
-    """The process is gone and its stderr pipe closed (``ServeProcess`` leaves it open,
-    a ResourceWarning, an error under ``filterwarnings = error``)."""
-    serve.kill()
-    if serve.proc is not None and serve.proc.stderr is not None:
-        serve.proc.stderr.close()
 
 
 # -- the real-process campaign ---------------------------------------------------------------
@@ -452,7 +383,7 @@ class Round:
 @dataclass
 class Campaign:
     data_dir: Path
-    probe_dir: Path
+    probe_env: Mapping[str, str]
     probe: ProbeLog
     seed: int
     env: Mapping[str, str]
@@ -467,13 +398,9 @@ class Campaign:
             self._round(rng, mode)
 
     def _round(self, rng: random.Random, mode: str) -> None:
-        before = _objects(self.data_dir)
-        horizons = _horizons(self.data_dir) if (self.data_dir / "snapshots").is_dir() else {}
-        env = {
-            **self.env,
-            "PYTHONPATH": f"{self.probe_dir}{os.pathsep}{ROOT}",
-            "RFC0052_10_PROBE": self.probe.name,
-        }
+        before = store_objects(self.data_dir)
+        horizons = snapshot_horizons(self.data_dir)
+        env = {**self.env, **self.probe_env, "RFC0052_10_PROBE": self.probe.name}
         nth = 0
         if mode == "snapfail":
             nth = rng.randint(1, 3)
@@ -491,14 +418,14 @@ class Campaign:
                     len(self.rounds) + 1,
                     mode,
                     recovery[0],
-                    _lsn(recovery[0]["checkpoint"]),
+                    lsn_of(recovery[0]["checkpoint"]),
                     horizons,
                     hold_nth=nth,
                 )
                 self.rounds.append(r)
                 self._serve(serve, rng, r)
         finally:
-            _release(serve)
+            release(serve)
         events = self.probe.take()
         r.landed = _landed(events) if mode != "sigterm" else []
         r.unlinks = sum(1 for e in events if e["probe"] == "unlink")
@@ -507,10 +434,10 @@ class Campaign:
         )
         reclaim = inspect_root(self.data_dir / "wal").reclaim
         r.planned_after = 0 if reclaim is None else len(reclaim.planned)
-        r.new_rows = _rows(_objects(self.data_dir) - before)
+        r.new_rows = read_rows(store_objects(self.data_dir) - before)
         r.bound_before = {
             row.template_id
-            for row in _rows(path for path in before if "audit" in path.parts)
+            for row in read_rows(path for path in before if "audit" in path.parts)
             if row.template_id is not None
         }
 
@@ -585,7 +512,7 @@ class Campaign:
                 f"{report}\nround {r.number} (X={r.x}, S={r.s}) republished {len(bad)} rows at"
                 f" or below its gates max(X, S) (records) / X (audit); first: {bad[:5]}"
             )
-        rows = [r for r in _rows(_objects(self.data_dir)) if r.kind == "records"]
+        rows = [r for r in read_rows(store_objects(self.data_dir)) if r.kind == "records"]
         present = Counter(r.rid for r in rows if r.rid)
         acked = self.ledger.rids(Outcome.ACKED)
         missing = sorted(acked - present.keys())
@@ -618,13 +545,11 @@ class Campaign:
 
 @pytest.fixture
 def campaign(tmp_path: Path) -> Iterator[Callable[..., Campaign]]:
-    probe_dir = tmp_path / "probe"
-    probe_dir.mkdir()
-    (probe_dir / "sitecustomize.py").write_text(_PROBE_SOURCE)
+    probe_env = write_probe(tmp_path / "probe", _PROBE_SOURCE)
     probe = ProbeLog()
 
     def make(**kwargs: Any) -> Campaign:
-        return Campaign(tmp_path / "data", probe_dir, probe, **kwargs)
+        return Campaign(tmp_path / "data", probe_env, probe, **kwargs)
 
     try:
         yield make
@@ -636,7 +561,7 @@ def test_rfc0052_10_sigkill_at_random_points_loses_nothing_and_republishes_nothi
     campaign: Callable[..., Campaign],
 ) -> None:
     started = time.monotonic()
-    c = campaign(seed=_seed(), env=BASE_ENV, ack_window=(200, 900))
+    c = campaign(seed=seed_from("RFC0052_10_SEED"), env=CYCLE_ENV, ack_window=(200, 900))
     c.run(["random"] * 6)
     c.check()
     inside = [r for r in c.rounds[:-1] if r.landed]
@@ -650,11 +575,11 @@ def test_rfc0052_10_sigkill_inside_cut_and_file_half_loses_nothing_and_republish
     campaign: Callable[..., Campaign],
 ) -> None:
     started = time.monotonic()
-    seed = _seed()
+    seed = seed_from("RFC0052_10_SEED")
     modes = list(HOLDS) * 2
     random.Random(seed).shuffle(modes)
     # A larger size trigger leaves more for each cut to flush.
-    c = campaign(seed=seed, env={**BASE_ENV, "OURIOS_SINK_FLUSH_BYTES": "16384"})
+    c = campaign(seed=seed, env={**CYCLE_ENV, "OURIOS_SINK_FLUSH_BYTES": "16384"})
     c.run(modes)
     c.check()
     expected = {
@@ -690,16 +615,8 @@ class Frame:
 
 
 def _ingest(rig: NodeRig, tenant: str, tag: str, bodies: Sequence[str]) -> Frame:
-    req = ExportLogsServiceRequest()
-    sl = req.resource_logs.add().scope_logs.add()
     rids = tuple(f"{tag}/{i}" for i in range(len(bodies)))
-    for i, (body, rid) in enumerate(zip(bodies, rids, strict=True)):
-        rec = sl.log_records.add()
-        rec.time_unix_nano = 1_764_000_000_000_000_000 + i
-        rec.body.string_value = body
-        kv = rec.attributes.add()
-        kv.key, kv.value.string_value = "rid", rid
-    data = req.SerializeToString()
+    data = bodies_request(tag, bodies).SerializeToString()
     batch = flatten(decode_request(data, "application/x-protobuf"), tenant)
     rig.pipeline.ingest(tenant, data, batch, "test")
     mark = rig.pipeline.last_durable

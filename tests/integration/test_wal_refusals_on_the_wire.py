@@ -25,7 +25,7 @@ from app.receive.auth import Authenticator
 from app.receive.otlp_grpc import create_grpc_server
 from app.receive.otlp_http import create_http_app
 from tests.support.noderig import NodeRig, request
-from tests.unit.app.test_http_receiver import call
+from tests.unit.app.receive.test_otlp_http import call
 from wal import RotationExhausted, RotationFailing, WalConfig
 from wal.types import RotationHealthy
 

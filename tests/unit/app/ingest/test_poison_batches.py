@@ -30,8 +30,8 @@ import pytest
 from app.cadence.barrier import CutOutcome
 from app.ingest.settlement import NO_TEMPLATE, SettleResult
 from app.ingest.tenants import SettlementInProgress, TenantUnrecoverable
-from tests.support.minerfaults import FaultPlan, FaultyMiners, Trigger
-from tests.support.noderig import NodeRig, rids
+from tests.support.minerfaults import FaultPlan, Trigger
+from tests.support.noderig import FaultyRigs, NodeRig, rids
 from wal import WalOffset
 
 Make = Callable[..., tuple[NodeRig, FaultPlan]]
@@ -41,21 +41,8 @@ BIG = 200  # records per frame: ≈11 KiB, five frames to a 64 KiB segment
 
 @pytest.fixture
 def make(tmp_path: Path) -> Iterator[Make]:
-    rigs: list[NodeRig] = []
-
-    def build(**kwargs: object) -> tuple[NodeRig, FaultPlan]:
-        plan = FaultPlan()
-        rig = NodeRig(
-            tmp_path / f"node{len(rigs)}",
-            miners_factory=lambda allocator: FaultyMiners(allocator, plan),
-            **kwargs,  # type: ignore[arg-type]
-        )
-        rigs.append(rig)
-        return rig, plan
-
-    yield build
-    for rig in rigs:
-        rig.close()
+    with FaultyRigs(tmp_path) as rigs:
+        yield rigs.build
 
 
 def step(rig: NodeRig) -> CutOutcome:

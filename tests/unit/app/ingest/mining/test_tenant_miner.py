@@ -198,7 +198,7 @@ def test_lru_eviction_mirrors_drain_and_never_reuses_ids() -> None:
     miner = TenantMiner(CountingAllocator(), MinerConfig(max_clusters=2))
     first = miner.mine(["alpha one", "beta two three", "gamma four five six"])
     assert miner.template_count == 2
-    assert [c[0] for c in drain_state(miner)[1]] == list(miner._templates)
+    assert [c[0] for c in drain_state(miner)[1]] == miner.cluster_ids
     again = miner.mine(["alpha one"])  # evicted, so Drain makes a new cluster
     assert again.events[0].change == "created"
     assert again.template_ids[0] not in first.template_ids

@@ -34,7 +34,8 @@ from app.node.metrics import Metrics
 from app.receive.otlp import decode_request, flatten
 from sink.buffers import Kind
 from tests.support.noderig import NodeRig, request, rids
-from tests.unit.app.test_barrier import BIG, Worker, fill_to_rotation
+from tests.support.threads import Worker
+from tests.unit.app.cadence.test_barrier import BIG, fill_to_rotation
 
 #: every bounded wait in this file
 WAIT_S = 10.0

@@ -86,12 +86,16 @@ class Fleet:
     def __init__(self) -> None:
         self.launched: list[FakeWorker] = []
         self._cond = threading.Condition()
+        #: when set, a launch returns only once this is set (the supervisor stays inside it)
+        self.hold: threading.Event | None = None
 
     def launch(self, index: int, worker_end: socket.socket) -> FakeWorker:
         worker = FakeWorker(index, worker_end.dup())
         with self._cond:
             self.launched.append(worker)
             self._cond.notify_all()
+        if self.hold is not None:
+            assert self.hold.wait(30)
         return worker
 
     def wait_launched(self, n: int) -> None:
@@ -197,14 +201,7 @@ def test_a_worker_launched_while_stopping_is_ended_not_left_running(rig: NodeRig
     workers, _ = make(rig, fleet, observed)
     workers.start()
     release = threading.Event()
-    plain = fleet.launch
-
-    def held_launch(index: int, worker_end: socket.socket) -> FakeWorker:
-        worker = plain(index, worker_end)
-        assert release.wait(30)  # the supervisor is inside the launch meanwhile
-        return worker
-
-    workers._launch = held_launch
+    fleet.hold = release  # the supervisor is inside the next launch meanwhile
     stopper: threading.Thread | None = None
     try:
         fleet.launched[0].exit()

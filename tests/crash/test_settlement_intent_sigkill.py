@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 
+from tests.support.noderig import bodies_request
 from tests.support.parquet_read import read_kind
 from tests.support.serve import ROOT, ServeProcess
 from wal import OsFs, PublishedMarks
@@ -49,8 +49,8 @@ A0 = ["op a0 step 0 took 0 ms", "op a0 step 1 took 7 ms", "op a0 step 2 took 14 
 #: widens a0's template (an id the snapshot holds), creates one, fails widening it
 T1 = ["op t1 step 0 took 0 ms", "disk sda1 is 91 percent full", "disk sda2 is 17 percent full"]
 
-_PROBE = '''"""Probe for tests/crash/test_nowedge_6_serve.py (loaded as sitecustomize by the
-ourios serve that test starts)."""
+_PROBE = '''"""Probe for tests/crash/test_settlement_intent_sigkill.py (loaded as sitecustomize by
+the ourios serve that test starts)."""
 
 import json
 import os
@@ -107,15 +107,9 @@ if os.environ.get("NOWEDGE6_PROBE"):
 
 
 def _request(tag: str, bodies: list[str]) -> bytes:
-    req = ExportLogsServiceRequest()
-    sl = req.resource_logs.add().scope_logs.add()
-    for i, body in enumerate(bodies):
-        rec = sl.log_records.add()
-        rec.time_unix_nano = 1_764_000_000_000_000_000 + i
-        rec.body.string_value = body
-        kv = rec.attributes.add()
-        kv.key, kv.value.string_value = "rid", f"{tag}/{i}"
-    data: bytes = req.SerializeToString()  # protobuf's generated classes are untyped
+    data: bytes = bodies_request(
+        tag, bodies
+    ).SerializeToString()  # protobuf's generated classes are untyped
     return data
 
 

@@ -13,7 +13,7 @@ The crash model is ``NodeRig``'s (``restart(crash=True)``: the process is abando
 the journal's files are what the kernel keeps); the settling thread is held at a named
 sync point (``app.points``) and the fs is declared crashed before it is let go, so
 nothing it does after the point reaches the disk. The real-process test is
-``tests/crash/test_nowedge_6_serve.py``.
+``tests/crash/test_settlement_intent_sigkill.py``.
 """
 
 from __future__ import annotations
@@ -22,16 +22,16 @@ import io
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
 
 from app import points
 from app.ingest.settlement import SettleResult
-from tests.support.minerfaults import FaultPlan, FaultyMiners
-from tests.support.noderig import NodeRig, rids
-from tests.unit.app.test_settlement import Worker, ingest_bodies, step
+from tests.support.minerfaults import FaultPlan
+from tests.support.noderig import FaultyRigs, NodeRig, record_rows, rids
+from tests.support.threads import Worker
+from tests.unit.app.ingest.test_settlement import ingest_bodies, step
 from wal import OsFs, PublishedMarks, WalOffset
 from wal.published_file import PublishedFile
 from wal.testing import SimulatedCrash
@@ -47,37 +47,13 @@ T1 = ["op t1 step 0 took 0 ms", "disk sda1 is 91 percent full", "disk sda2 is 17
 
 @pytest.fixture
 def make(tmp_path: Path) -> Iterator[Callable[..., tuple[NodeRig, FaultPlan]]]:
-    rigs: list[NodeRig] = []
-
-    def build(**kwargs: Any) -> tuple[NodeRig, FaultPlan]:
-        plan = FaultPlan()
-        rig = NodeRig(
-            tmp_path / f"node{len(rigs)}",
-            miners_factory=lambda allocator: FaultyMiners(allocator, plan),
-            **kwargs,
-        )
-        rigs.append(rig)
-        return rig, plan
-
-    yield build
-    for rig in rigs:
-        rig.close()
+    with FaultyRigs(tmp_path) as rigs:
+        yield rigs.build
 
 
 def records(rig: NodeRig, tenant: str = "T") -> list[tuple[str, int]]:
     """(rid, template_id) of every published record row of ``tenant``, with repeats."""
-    out: list[tuple[str, int]] = []
-    for key in rig.memory.list("records/"):
-        table = pq.read_table(io.BytesIO(rig.memory.get(key)))
-        for t, attrs, tid in zip(
-            table.column("tenant").to_pylist(),
-            table.column("attributes").to_pylist(),
-            table.column("template_id").to_pylist(),
-            strict=True,
-        ):
-            if t == tenant:
-                out.extend((v, tid) for k, v in attrs if k == "rid")
-    return out
+    return record_rows(rig, tenant)
 
 
 def events(rig: NodeRig) -> Counter[tuple[int, int]]:

@@ -27,8 +27,6 @@ bucket's listing, acknowledgement counts); nothing sleeps to hope. The seed is p
 
 from __future__ import annotations
 
-import os
-import random
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -36,6 +34,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.ackload import AckLedger, AckLoad, Outcome
+from tests.support.crashrig import seed_from
 from tests.support.parquet_read import download_prefix, read_kind
 from tests.support.seaweed import S3Bucket, SeaweedS3
 from tests.support.serve import ServeProcess
@@ -62,13 +61,6 @@ ENV = {
     "OURIOS_DISK_STOP_WATER_BYTES": "0",
     "OURIOS_SERVER_SHUTDOWN_GRACE_SECS": "5",
 }
-
-
-def _seed() -> int:
-    raw = os.environ.get("NOWEDGE_SEED")
-    seed = int(raw) if raw else random.SystemRandom().randrange(2**32)
-    print(f"NOWEDGE_SEED={seed}")
-    return seed
 
 
 @pytest.fixture
@@ -146,7 +138,7 @@ def check_acked_published(ledger: AckLedger, bucket: S3Bucket, dest: Path) -> in
 def test_nowedge_0_the_node_publishes_and_cuts_again_after_a_store_outage_under_load(
     tmp_path: Path, seaweed: SeaweedS3
 ) -> None:
-    seed = _seed()
+    seed = seed_from("NOWEDGE_SEED")
     bucket = S3Bucket.create(seaweed, "nowedge")
     ledger = AckLedger()
     serve = ServeProcess(tmp_path / "node", serve_env(seaweed, bucket))
@@ -204,7 +196,7 @@ def test_nowedge_0_the_node_publishes_and_cuts_again_after_a_store_outage_under_
 def test_nowedge_0_a_shutdown_with_the_store_down_exits_non_zero_and_counts_the_rows(
     tmp_path: Path, seaweed: SeaweedS3
 ) -> None:
-    seed = _seed()
+    seed = seed_from("NOWEDGE_SEED")
     bucket = S3Bucket.create(seaweed, "nowedge")
     ledger = AckLedger()
     data = tmp_path / "node"

@@ -31,7 +31,7 @@ from app.node.diskspace import DiskSpace, Reserve, ReserveState
 from app.receive.otlp import Unavailable
 from tests.support.tmpfs import TmpfsMounts
 from tests.support.walkit import SMALL, faulty, payload
-from tests.unit.app.test_admission import Events
+from tests.unit.app.ingest.test_admission import Events
 from wal import Journal, WalOffset
 from wal.errors import WalNoSpace
 

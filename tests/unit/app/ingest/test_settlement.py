@@ -9,16 +9,12 @@ Interleavings use named sync points, never sleeps. The criterion ids are RFC 005
 
 from __future__ import annotations
 
-import io
-import threading
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Generic, Literal, TypeVar, cast
+from typing import Literal, TypeVar
 
-import pyarrow.parquet as pq
 import pytest
-from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 
 from app import points
 from app.cadence.barrier import CutOutcome
@@ -26,8 +22,9 @@ from app.ingest.settlement import EntryState, SettleResult
 from app.ingest.snapshots import decode_snapshot
 from app.ingest.tenants import SettlementInProgress, TenantCapacity, TenantUnrecoverable
 from app.receive.otlp import PayloadTooLarge, decode_request, flatten
-from tests.support.minerfaults import FaultPlan, FaultyMiners
-from tests.support.noderig import NodeRig, rids
+from tests.support.minerfaults import FaultPlan
+from tests.support.noderig import FaultyRigs, NodeRig, bodies_request, record_rows, rids
+from tests.support.threads import Worker
 from wal import ConsumerMode, FloorPinned, WalConfig, WalOffset
 from wal.reclamation import UnrecoverableTenant
 from wal.segment_ledger import NoConsumerHorizons
@@ -36,47 +33,10 @@ T = TypeVar("T")
 WAIT_S = 10.0
 
 
-class Worker(Generic[T]):
-    """Runs ``fn`` on a named thread; ``join`` returns its result or re-raises."""
-
-    def __init__(self, name: str, fn: Callable[[], T]) -> None:
-        self._fn = fn
-        self._result: T | None = None
-        self._error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        try:
-            self._result = self._fn()
-        except BaseException as exc:  # noqa: BLE001 - re-raised by join
-            self._error = exc
-
-    def join(self) -> T:
-        self.thread.join(WAIT_S)
-        assert not self.thread.is_alive(), f"{self.thread.name} did not finish in {WAIT_S} s"
-        if self._error is not None:
-            raise self._error
-        return cast(T, self._result)
-
-
 @pytest.fixture
 def make(tmp_path: Path) -> Iterator[Callable[..., tuple[NodeRig, FaultPlan]]]:
-    rigs: list[NodeRig] = []
-
-    def build(**kwargs: object) -> tuple[NodeRig, FaultPlan]:
-        plan = FaultPlan()
-        rig = NodeRig(
-            tmp_path / f"node{len(rigs)}",
-            miners_factory=lambda allocator: FaultyMiners(allocator, plan),
-            **kwargs,  # type: ignore[arg-type]
-        )
-        rigs.append(rig)
-        return rig, plan
-
-    yield build
-    for rig in rigs:
-        rig.close()
+    with FaultyRigs(tmp_path) as rigs:
+        yield rigs.build
 
 
 def step(rig: NodeRig) -> CutOutcome:
@@ -101,36 +61,12 @@ def horizon(rig: NodeRig, tenant: str) -> WalOffset | None:
 
 def ingest_bodies(rig: NodeRig, tenant: str, tag: str, bodies: Sequence[str]) -> WalOffset:
     """One frame whose records carry ``bodies`` and ``rid`` attributes ``tag/i``."""
-    req = ExportLogsServiceRequest()
-    sl = req.resource_logs.add().scope_logs.add()
-    for i, body in enumerate(bodies):
-        rec = sl.log_records.add()
-        rec.time_unix_nano = 1_764_000_000_000_000_000 + i
-        rec.body.string_value = body
-        kv = rec.attributes.add()
-        kv.key, kv.value.string_value = "rid", f"{tag}/{i}"
-    data = req.SerializeToString()
+    data = bodies_request(tag, bodies).SerializeToString()
     batch = flatten(decode_request(data, "application/x-protobuf"), tenant)
     rig.pipeline.ingest(tenant, data, batch, "test")
     latest = rig.pipeline.latest
     assert latest is not None
     return latest
-
-
-def record_rows(rig: NodeRig, tenant: str) -> list[tuple[str, int]]:
-    """(rid, template_id) of every published record row of ``tenant``, with repeats."""
-    out: list[tuple[str, int]] = []
-    for key in rig.memory.list("records/"):
-        table = pq.read_table(io.BytesIO(rig.memory.get(key)))
-        for t, attrs, tid in zip(
-            table.column("tenant").to_pylist(),
-            table.column("attributes").to_pylist(),
-            table.column("template_id").to_pylist(),
-            strict=True,
-        ):
-            if t == tenant:
-                out.extend((v, tid) for k, v in attrs if k == "rid")
-    return out
 
 
 def copies(rig: NodeRig, tenant: str) -> Counter[str]:

@@ -95,7 +95,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Generic, TypeVar, cast
+from typing import TypeVar
 
 import pytest
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
@@ -110,6 +110,7 @@ from app.receive.otlp import Unavailable, decode_request, flatten
 from sink.buffers import NANOS_PER_DAY, Detached
 from sink.store import StoreError
 from tests.support.noderig import NodeRig, request, rids
+from tests.support.threads import Worker
 from wal import AppendError, FrameSpan, WalConfig, WalOffset
 from wal.types import CommitOutcome
 
@@ -125,33 +126,6 @@ SEGMENT_AGE = WalConfig().segment_age_secs
 
 
 # -- helpers -------------------------------------------------------------------------
-
-
-class Worker(Generic[T]):
-    """Runs ``fn`` on a named thread; ``join`` returns its result or re-raises."""
-
-    def __init__(self, name: str, fn: Callable[[], T]) -> None:
-        self._fn = fn
-        self._result: T | None = None
-        self._error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        try:
-            self._result = self._fn()
-        except BaseException as exc:  # noqa: BLE001 - re-raised by join
-            self._error = exc
-
-    def finished(self, timeout: float = WAIT_S) -> bool:
-        self.thread.join(timeout)
-        return not self.thread.is_alive()
-
-    def join(self) -> T:
-        assert self.finished(), f"thread {self.thread.name} did not finish in {WAIT_S} s"
-        if self._error is not None:
-            raise self._error
-        return cast(T, self._result)
 
 
 class GatedPut:
@@ -804,15 +778,15 @@ def test_failed_cuts_back_off_instead_of_recapturing_at_once(
     for _ in range(6):
         out = rig.barrier.step(timer=True)
         assert out is not None and not out.ok
-        delays.append(rig.barrier._retry_not_before - rig.clock())
+        delays.append(rig.barrier.retry_not_before - rig.clock())
     assert delays == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0]  # barrier_secs is 300 here
     rig.barrier.barrier_secs = 3
     assert rig.barrier.step(timer=True) is not None
-    assert rig.barrier._retry_not_before - rig.clock() == 3  # capped at the period
+    assert rig.barrier.retry_not_before - rig.clock() == 3  # capped at the period
     rig.store.clear()
     out = rig.barrier.step(timer=True)
     assert out is not None and out.ok
-    assert rig.barrier._retry_not_before == 0.0  # reset
+    assert rig.barrier.retry_not_before == 0.0  # reset
 
     # The thread: a failing store for ~2 s of real time is a handful of cuts, not a spin.
     rig.store.fail(ops=("put",), always=True)

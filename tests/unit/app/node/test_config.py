@@ -31,7 +31,7 @@ from app.node.config import (
 )
 from wal.config import WalConfig
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 KiB, MiB, GiB = 1024, 1024**2, 1024**3
 ROWS = {row.yaml_key: row for row in SETTINGS}
 INT_ROWS = [row for row in SETTINGS if row.kind is Kind.INT]
