@@ -962,6 +962,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         (
             "tests/unit/app/ingest/test_settlement_intent.py::test_nowedge_6_a_sigkill_between_a_settlements_publish_and_its_marks_adds_no_copy",
             "tests/unit/app/ingest/test_settlement_intent.py::test_nowedge_6_repeated_crashes_inside_the_republish_add_no_copy",
+            "tests/unit/app/ingest/test_settlement_intent.py::test_nowedge_6_the_staged_republish_alone_keeps_the_span_from_being_copied",
         ),
     ),
     Sabotage(

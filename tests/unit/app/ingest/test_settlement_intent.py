@@ -101,9 +101,11 @@ def die_at(rig: NodeRig, point: str, run: Callable[[], object]) -> None:
             pass
 
 
-def settle_failed_frame(make: Callable[..., tuple[NodeRig, FaultPlan]]) -> tuple[NodeRig, str]:
+def settle_failed_frame(
+    make: Callable[..., tuple[NodeRig, FaultPlan]], **options: object
+) -> tuple[NodeRig, str]:
     """T's frontier and snapshot at a0; then a frame whose mining fails (an entry)."""
-    rig, plan = make()
+    rig, plan = make(**options)
     rig.ingest("T", "a0")
     assert step(rig).complete
     plan.fail_at("disk sda2 ", "after")
@@ -129,6 +131,20 @@ def test_nowedge_6_a_sigkill_between_a_settlements_publish_and_its_marks_adds_no
     seen = (Counter(records(rig)), events(rig))
     rig.restart(crash=True)
     assert (Counter(records(rig)), events(rig)) == seen
+
+
+def test_nowedge_6_the_staged_republish_alone_keeps_the_span_from_being_copied(
+    make: Callable[..., tuple[NodeRig, FaultPlan]],
+) -> None:
+    """The same kill between the settlement's publish and its marks, on a node without
+    publish intents: issue 16's check of what landed also suppresses the span, so only
+    without it does this test see the settlement's own guard — the span republished
+    staged, under the names its attempt used, and found there."""
+    rig, _ = settle_failed_frame(make, intents=False)
+    die_at(rig, "settlement.published", rig.barrier.settle)
+    assert Counter(r for r, _ in records(rig)) == Counter(EXPECTED)
+    rig.restart(crash=True)
+    assert_once(rig, EXPECTED)
 
 
 def test_nowedge_6_a_sigkill_after_a_partial_publish_loses_nothing_and_duplicates_nothing(
