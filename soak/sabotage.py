@@ -581,6 +581,17 @@ SABOTAGES: tuple[Sabotage, ...] = (
         ),
     ),
     Sabotage(
+        "cut_flushes_one_partition_at_a_time",
+        "sustained ingest does not grow the WAL without bound: a cut publishes its partitions"
+        " side by side, so one slow PUT does not hold the checkpoint",
+        "app/cadence/barrier.py",
+        "FLUSH_CONCURRENCY = 8\n",
+        "FLUSH_CONCURRENCY = 1\n",
+        (
+            "tests/unit/app/cadence/test_barrier.py::test_a_cuts_partitions_are_published_side_by_side_a_held_put_holds_no_other",
+        ),
+    ),
+    Sabotage(
         "scrape_without_flush",
         "a scrape counts every request a client has had its answer to, whichever worker serves it",
         "app/node/workers.py",

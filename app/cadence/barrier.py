@@ -61,6 +61,7 @@ from wal import (
 
 if TYPE_CHECKING:
     from app.ingest.pipeline import Pipeline
+    from sink.buffers import Detached
 
 log = logging.getLogger("ourios.barrier")
 
@@ -101,6 +102,11 @@ class CutOutcome:
         return self.ok and not self.checkpoint_error
 
 
+#: A cut's partitions published at once: their encodes, intent fsyncs and PUTs overlap
+#: (the store's connection pool holds ten).
+FLUSH_CONCURRENCY = 8
+
+
 class Barrier:
     """The barrier thread: a timer every ``barrier_secs`` plus the rotation hook's slot."""
 
@@ -118,8 +124,11 @@ class Barrier:
         on_cut: Callable[[CutOutcome], None] | None = None,
         on_run: Callable[[str, str], None] | None = None,
         intents: IntentLog | None = None,
+        flush_concurrency: int = FLUSH_CONCURRENCY,
     ) -> None:
         self.pipeline = pipeline
+        #: how many of a cut's partitions are published at once (``_flush``)
+        self.flush_concurrency = max(1, flush_concurrency)
         #: the publish intents, trimmed to what lies above the frontiers after each cut
         self.intents = intents
         self.store = store
@@ -339,12 +348,9 @@ class Barrier:
         p = self.pipeline
         p.serialize_frozen(cut)
         points.hit("barrier.before_flush")
-        flushed = failures = 0
-        for d in cut.batches:
-            if p.publisher.publish(d).ok:
-                flushed += 1
-            else:
-                failures += 1
+        results = self._flush(cut.batches)
+        flushed = sum(results)
+        failures = len(results) - flushed
         points.hit("barrier.after_flush")
         prior_ok = p.prior_publishes_ok(cut)
         latched = p.failed_epoch <= cut.epoch  # the recheck, after the waits
@@ -380,6 +386,48 @@ class Barrier:
         else:
             self._count("refused", "prior_publish_failed")
         return outcome
+
+    def _flush(self, batches: list[Detached]) -> list[bool]:
+        """Publish a cut's partitions, ``flush_concurrency`` at a time, each on a thread
+        of the cut's own (joined before this returns): one partition's encode, intent
+        fsync and PUT wait on other processes, and one after the other the flush of a
+        busy node's cut outlasted the cadence — the checkpoint fell further behind
+        every cut and the WAL grew without bound (the 2026-12-03 soak). Whether each
+        publish succeeded, in ``batches``' order; an unexpected exception is raised
+        here once every thread has stopped."""
+        publish = self.pipeline.publisher.publish
+        lanes = min(self.flush_concurrency, len(batches))
+        if lanes <= 1:
+            return [publish(d).ok for d in batches]
+        results: list[bool] = [False] * len(batches)
+        errors: list[BaseException] = []
+        next_index = iter(range(len(batches)))
+        lock = threading.Lock()
+
+        def lane() -> None:
+            while True:
+                with lock:
+                    i = next(next_index, None)
+                    if i is None or errors:
+                        return
+                try:
+                    results[i] = publish(batches[i]).ok
+                except BaseException as exc:  # noqa: BLE001 - raised by the cut's thread
+                    with lock:
+                        errors.append(exc)
+                    return
+
+        threads = [
+            threading.Thread(target=lane, name=f"ourios-flush-{n}", daemon=True)
+            for n in range(lanes)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+        return results
 
     def _stamp(self, cut: Cut, outcome: CutOutcome) -> CutOutcome:
         installed = failed = 0

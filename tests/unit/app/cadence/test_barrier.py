@@ -1226,7 +1226,9 @@ def test_rfc0052_14_rotation_fired_cut_does_no_store_io_in_the_turn(
     out = Worker("barrier", rig.barrier.step).join()
 
     assert out is not None and out.reason == "rotation" and out.checkpointed
-    assert set(gate.threads) == {"barrier"}
+    # the PUTs ran on the barrier's side: its thread or the cut's flush lanes
+    assert gate.threads
+    assert all(t == "barrier" or t.startswith("ourios-flush-") for t in gate.threads)
     assert out.mark == fill.prev == checkpoint(rig)
     assert horizon(rig, "t") == fill.prev
     assert published(rig) == all_rids((fill.closed, BIG))  # neither R's nor s's rows
@@ -1403,3 +1405,42 @@ def test_rfc0052_14_publish_registered_after_the_cut_that_fails_is_not_lost(
     assert later.ok and later.mark == b == checkpoint(rig)
     assert published(rig) == all_rids((["a", "b"], 3))
     assert audit_unique(rig) >= 1
+
+
+def test_a_cuts_partitions_are_published_side_by_side_a_held_put_holds_no_other(
+    make_rig: Callable[..., NodeRig], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One after the other, a busy node's flush outlasted the cadence and the checkpoint
+    # fell behind without bound (the 2026-12-03 soak): the cut publishes its partitions
+    # on lanes of its own, so every other tenant's object lands while one PUT is held.
+    rig = make_rig()
+    tenants = ["t0", "t1", "t2", "t3"]
+    for t in tenants:
+        rig.ingest(t, t)
+    inner = rig.store.put
+    held, release = threading.Event(), threading.Event()
+    landed = threading.Condition()
+    others: list[str] = []
+
+    def put(key: str, data: bytes) -> None:
+        if key.startswith("records/tenant=t0/"):
+            held.set()
+            assert release.wait(WAIT_S), "never released"
+        inner(key, data)
+        if key.startswith("records/") and not key.startswith("records/tenant=t0/"):
+            with landed:
+                others.append(key)
+                landed.notify_all()
+
+    monkeypatch.setattr(rig.store, "put", put)
+    barrier = Worker("barrier", rig.barrier.step)
+    try:
+        assert held.wait(WAIT_S)
+        with landed:
+            # every other tenant's records land while t0's PUT is held
+            assert landed.wait_for(lambda: len(others) == 3, WAIT_S), others
+    finally:
+        release.set()
+    out = barrier.join()
+    assert out is not None and out.ok and out.checkpointed and out.flushed == 8
+    assert published(rig) == all_rids((tenants, 3))
