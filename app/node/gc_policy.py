@@ -7,7 +7,8 @@ ingest path (soak/bench/barrier.py measures both):
 * ``freeze_long_lived_heap`` — once recovery is done, everything start-up built
   (modules, configuration, restored miners, the replay's state) is moved out of the
   collector's generations, so a full collection scans only what ingest allocated
-  since (~70k fewer objects: 50–80 ms per full collection here before, 1–20 ms after).
+  since, which makes a full collection an order of magnitude shorter
+  (docs/BENCHMARKS.md, the ingest stall a cut causes).
 * ``collection_deferred`` — a cut's capture holds the barrier exclusion exclusively,
   so a collection landing inside it would stall every waiting turn for the capture
   plus the collection. The capture runs with automatic collection off; a collection

@@ -24,9 +24,9 @@ worker's channel has a reader thread here that
   ``STOP``).
 
 ``encode_records`` is the publisher's records encoder with workers: the partition's rows
-go to a worker as an Arrow IPC stream and its Parquet object comes back (the zstd and
-Parquet encoding measured about a sixth of the core's CPU per record under the ingest
-benchmark's load). The encode is a pure function of the rows, so when no worker answers
+go to a worker as an Arrow IPC stream and its Parquet object comes back, because the
+encoding is a large share of the core's CPU (docs/BENCHMARKS.md, issue 14). The encode
+is a pure function of the rows, so when no worker answers
 — none is up, it died, it timed out, it refused — the core encodes the same rows itself
 and gets the same object, or the same ``EncodeError``.
 

@@ -249,8 +249,8 @@ class Connection:
         with its head, and several small frames arrive with one call. A larger body is
         received into its own buffer: what already arrived is copied once and the rest
         is read straight into it with ``MSG_WAITALL`` — one system call, one release of
-        the interpreter lock. (A stream buffer cost the link reader's interpreter time
-        in copies and reallocations, measured under the ingest benchmark's load.)"""
+        the interpreter lock, where a stream buffer spent the link reader's time in
+        copies and reallocations (docs/BENCHMARKS.md, issue 14)."""
         buf, start, end = self._buf, self._start, self._end
         if end - start >= n:
             self._start = start + n

@@ -34,9 +34,8 @@ acknowledges many waiters with one fsync, so many requests must be able to wait 
 once. A pipeline that can be awaited on the event loop (`ingest_async`: a worker
 process's, which only waits for the core's answer) is awaited there instead, and an
 uncompressed body up to `INLINE_BODY_BYTES` is decoded on the loop's thread: no thread
-per request (the hop to a thread and back, and the threads contending for the
-interpreter, measured about a fifth of a worker's interpreter time under the ingest
-benchmark's load); a larger or compressed body is still decoded on a thread.
+per request, whose hop to a thread and back cost a worker much of its interpreter time
+(docs/BENCHMARKS.md, issue 14); a larger or compressed body is still decoded on a thread.
 
 A request with zero log records is valid OTLP. It is decoded and acknowledged with 200
 but never reaches the pipeline, so it writes no WAL frame (there is nothing to make
@@ -54,7 +53,7 @@ Starlette routes taking a `Request` and returning a `Response`. `POST /v1/logs` 
 dispatched by the app itself before FastAPI's middleware stack and router (the route
 stays registered, and is what a mounted copy of the app would use): on uvicorn with
 httptools + uvloop that stack cost about as much per request as the worker-thread hop
-(measured with a no-op endpoint: about a third fewer requests/s through it).
+(docs/BENCHMARKS.md).
 FastAPI's native OpenTelemetry instrumentation is switched off: an ingester must not
 trace every request it receives into whatever providers the process has.
 """

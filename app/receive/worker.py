@@ -82,9 +82,9 @@ class RemotePort:
     ) -> IngestOutcome:
         """``ingest`` for a receiver on an event loop: the call is sent from the loop's
         thread and the loop is woken when the answer is there, so a request needs no
-        thread of its own. (Each request's hop to a thread and back, and sixteen
-        threads contending for the interpreter, cost the worker about a fifth of its
-        interpreter time under the ingest benchmark's load.)"""
+        thread of its own: a hop to a thread and back per request, and the threads
+        contending for the interpreter, were a large share of a worker's time
+        (docs/BENCHMARKS.md, issue 14)."""
         loop = asyncio.get_running_loop()
         answered: asyncio.Future[None] = loop.create_future()
 
