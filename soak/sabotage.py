@@ -504,8 +504,8 @@ SABOTAGES: tuple[Sabotage, ...] = (
             )
             return IngestOutcome(len(batch))""",
         (
-            "tests/unit/app/receive/test_channel.py::test_the_worker_answers_only_once_the_core_has",
-            "tests/unit/app/receive/test_channel.py::test_the_worker_relays_the_cores_refusal_as_is",
+            "tests/unit/app/receive/test_worker.py::test_the_worker_answers_only_once_the_core_has",
+            "tests/unit/app/receive/test_worker.py::test_the_worker_relays_the_cores_refusal_as_is",
         ),
     ),
     Sabotage(
@@ -546,7 +546,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "            answer = call.wait(0)",
         "            return IngestOutcome(len(batch))",
         (
-            "tests/unit/app/receive/test_channel.py::test_an_ingest_awaited_on_an_event_loop_gets_the_cores_answer",
+            "tests/unit/app/receive/test_worker.py::test_an_ingest_awaited_on_an_event_loop_gets_the_cores_answer",
         ),
     ),
     Sabotage(
