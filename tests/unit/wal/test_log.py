@@ -53,8 +53,8 @@ def test_only_the_latching_the_owner_saw_is_cleared() -> None:
     latch.set_locked("write", PATH, OSError(errno.ENOSPC, "full"))
     first = latch.current
     assert first is not None
-    assert latch.clear_locked(first.seq + 1) is None and latch.current is first
-    assert latch.clear_locked(first.seq) is first and latch.current is None
+    assert latch.clear_locked(first.seq + 1) is None and current(latch) is first
+    assert latch.clear_locked(first.seq) is first and current(latch) is None
     assert latch.clear_locked(first.seq) is None  # cleared already
     latch.set_locked("rename", PATH, OSError(errno.ENOSPC, "full again"))
     again = current(latch)
