@@ -1,23 +1,34 @@
 """The housekeeper (``app/cadence/housekeeping.py``) against RFC0052.1 on a ``NodeRig``
 (``tests/support/noderig.py``): a housekeeping pass that raises is counted
 ``cadence_panic`` and the next pass re-plans; a latched barrier stops the checkpoint,
-not housekeeping. Its disk-sampling tick is tested with admission
-(``tests/unit/app/ingest/test_admission.py``) and with the disk monitor
-(``tests/unit/app/node/test_diskspace.py``).
+not housekeeping; the tick samples the disk into admission, asks for a cut below low
+water and runs a follow-up pass when that cut ends, and a failed sample changes nothing.
+The disk monitor's figure and reserve are tested in ``tests/unit/app/node/test_diskspace.py``.
 """
 
 from __future__ import annotations
 
+import errno
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from app.cadence.housekeeping import Housekeeper
+from app.ingest.admission import DiskLevel
 from app.ingest.pipeline import LATCH_CLEAR
+from app.ingest.snapshots import SnapshotLedger
+from tests.support.admissionkit import CADENCE, LOW, STOP, Events, admission, faulty_journal
 from tests.support.noderig import NodeRig, checkpoint, rig_factory, step
-from wal import AppendError, WalConfig
+from wal import AppendError, Journal, ReclamationProgress, WalConfig
 
 SEGMENT_AGE = WalConfig().segment_age_secs
+
+
+@pytest.fixture
+def journal(tmp_path: Path) -> Iterator[Journal]:
+    yield from faulty_journal(tmp_path)
 
 
 @pytest.fixture
@@ -84,3 +95,56 @@ def test_rfc0052_1_housekeeping_keeps_sweeping_while_the_barrier_is_latched(
     assert not debris[0].exists() and rig.journal.stale_partials == []
     assert first not in rig.journal.segment_names()
     assert rig.housekeeper.runs[("ok", "")] == 1
+
+
+def test_the_housekeeping_tick_samples_and_hurries(journal: Journal) -> None:
+    events = Events()
+    a = admission(journal, events)
+    free = [LOW * 4]
+    cuts: list[int] = []
+    passes: list[bool] = []
+    hk = Housekeeper(
+        journal,
+        SnapshotLedger(),
+        every=CADENCE,
+        cap=8,
+        events=events,
+        admission=a,
+        request_cut=lambda: cuts.append(1),
+        disk_free=lambda path: free[0],
+    )
+    original_step = hk.step
+
+    def step(*, follow_up: bool = False) -> ReclamationProgress | None:
+        passes.append(follow_up)
+        return original_step(follow_up=follow_up)
+
+    hk.step = step  # type: ignore[method-assign]
+    hk.step()
+    assert cuts == [] and a.level is DiskLevel.HEALTHY
+    free[0] = LOW - 1
+    hk.step()
+    assert cuts == [1] and "requests a barrier cut" in str(events.last("disk.low_water")["action"])
+    # the requested cut ends: the barrier's hook runs the follow-up pass at once
+    ran = threading.Event()
+    hk.on_pass = lambda seconds: ran.set()
+    hk.start()
+    try:
+        hk.after_cut()
+        assert ran.wait(10)
+    finally:
+        hk.close()
+    assert passes[-1] is True and cuts == [1]  # the follow-up requests no further cut
+    assert hk.disk_free_bytes == LOW - 1
+
+
+def test_a_failed_sample_changes_nothing(journal: Journal) -> None:
+    a = admission(journal, Events())
+
+    def broken(path: Path) -> int:
+        raise OSError(errno.EIO, "statvfs failed")
+
+    hk = Housekeeper(journal, SnapshotLedger(), every=CADENCE, cap=8, admission=a, disk_free=broken)
+    a.observe(STOP - 1, None)
+    hk.step()
+    assert a.level is DiskLevel.STOP_WATER  # not lifted by a missing figure
