@@ -1,7 +1,7 @@
 """``wal.quarantine``, called directly on a real WAL: what a record says a segment held,
 the record written before the move, the refusals that move nothing, and reading the
-records back. The operator's command around it (``ourios wal quarantine``) is tested in
-``tests/unit/app/cli/test_wal_quarantine.py``."""
+records back, a version 1 record included. The operator's command around it
+(``ourios wal quarantine``) is tested in ``tests/unit/app/cli/test_wal_quarantine.py``."""
 
 from __future__ import annotations
 
@@ -10,7 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.walkit import SMALL, payload
+from app.cli import wal as walcli
+from tests.support.highwater import flip as _flip
+from tests.support.highwater import frame_starts as _frame_starts
+from tests.support.highwater import run_cli as _run
+from tests.support.highwater import sealed_after_a_failed_fsync as _sealed_after_a_failed_fsync
+from tests.support.highwater import segments as _segments
+from tests.support.walkit import SMALL, Ledger, faulty, payload
 from wal import CorruptionError, Journal, OsFs, WalOffset
 from wal.quarantine import (
     DIR_NAME,
@@ -139,3 +145,31 @@ def test_no_quarantine_directory_is_no_records(tmp_path: Path) -> None:
     (root / DIR_NAME).write_bytes(b"")
     with pytest.raises(CorruptionError, match="quarantine is not a directory"):
         load_records(OsFs(), root)
+
+
+def test_a_version_1_quarantine_record_is_still_read(tmp_path: Path) -> None:
+    """Version 2 of the quarantine record added the high-water fields; a version 1
+    record (written before them) still reads, its high-water unknown."""
+    root = tmp_path / "wal"
+    ledger = Ledger()
+    _sealed_after_a_failed_fsync(root, faulty(tmp_path), ledger)
+    sealed = _segments(root)[0]
+    _flip(sealed, _frame_starts(sealed)[1] + 40)
+    assert _run(walcli.quarantine, sealed, now=1.8e9)[0] == walcli.EXIT_OK
+    path = root / "quarantine" / f"{sealed.name}.json"
+    doc = json.loads(path.read_text())
+    assert doc["version"] == 2
+    for key in (
+        "high_water_lsn",
+        "high_water_source",
+        "frames_after_damage",
+        "frames_after_damage_below_high_water",
+    ):
+        del doc[key]
+    doc["version"] = 1
+    record = QuarantineRecord.from_json(json.dumps(doc).encode(), path)
+    assert record.high_water_lsn is None and record.frames_after_damage == 0
+    assert "may have held acknowledged frames" in record.summary()
+    doc["version"] = 3
+    with pytest.raises(CorruptionError, match="unknown quarantine record version 3"):
+        QuarantineRecord.from_json(json.dumps(doc).encode(), path)
