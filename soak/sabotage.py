@@ -434,7 +434,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "        advanced = self._checkpoint_mark(mark)\n        if published:\n            self._frontiers.write(published, checkpointed=advanced)",
         "        if published:\n            self._frontiers.write(published)\n        advanced = self._checkpoint_mark(mark)",
         (
-            "tests/unit/wal/test_published_file.py::test_published_is_written_after_checkpoint_in_the_same_call",
+            "tests/unit/wal/test_frontiers.py::test_published_is_written_after_checkpoint_in_the_same_call",
         ),
     ),
     Sabotage(
@@ -444,7 +444,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "                if mine.tenant != rec.tenant:",
         "                if False:",
         (
-            "tests/unit/wal/test_published_file.py::test_an_id_the_two_files_name_differently_fails_open_naming_both_files_and_the_id",
+            "tests/unit/wal/test_frontiers.py::test_an_id_the_two_files_name_differently_fails_open_naming_both_files_and_the_id",
         ),
     ),
     Sabotage(
@@ -504,8 +504,8 @@ SABOTAGES: tuple[Sabotage, ...] = (
             )
             return IngestOutcome(len(batch))""",
         (
-            "tests/unit/app/receive/test_channel.py::test_the_worker_answers_only_once_the_core_has",
-            "tests/unit/app/receive/test_channel.py::test_the_worker_relays_the_cores_refusal_as_is",
+            "tests/unit/app/receive/test_worker.py::test_the_worker_answers_only_once_the_core_has",
+            "tests/unit/app/receive/test_worker.py::test_the_worker_relays_the_cores_refusal_as_is",
         ),
     ),
     Sabotage(
@@ -546,7 +546,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "            answer = call.wait(0)",
         "            return IngestOutcome(len(batch))",
         (
-            "tests/unit/app/receive/test_channel.py::test_an_ingest_awaited_on_an_event_loop_gets_the_cores_answer",
+            "tests/unit/app/receive/test_worker.py::test_an_ingest_awaited_on_an_event_loop_gets_the_cores_answer",
         ),
     ),
     Sabotage(
@@ -1016,7 +1016,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "        if m.intent is None:",
         (
             "tests/unit/app/ingest/test_settlement_intent.py::test_nowedge_6_a_publish_the_store_refused_keeps_the_intent_until_a_cut_covers_the_span",
-            "tests/unit/wal/test_published_file.py::test_nowedge_6_an_intent_is_recorded_with_its_frontier_and_kept_until_marks_reach_its_end",
+            "tests/unit/wal/test_frontiers.py::test_nowedge_6_an_intent_is_recorded_with_its_frontier_and_kept_until_marks_reach_its_end",
         ),
     ),
     # -- exactly once in the store (issue 16) -------------------------------------------

@@ -14,7 +14,7 @@ from __future__ import annotations
 import io
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, cast, overload
@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 
 from app import points
-from app.cadence.barrier import Barrier
+from app.cadence.barrier import Barrier, CutOutcome
 from app.cadence.housekeeping import Housekeeper
 from app.ingest.landed import intent_hook
 from app.ingest.mining.miner_cluster import MinerCluster
@@ -354,3 +354,29 @@ def record_rows(rig: NodeRig, tenant: str) -> list[tuple[str, int]]:
             if t == tenant:
                 out.extend((v, tid) for k, v in attrs if k == "rid")
     return out
+
+
+def rig_factory(tmp_path: Path) -> Iterator[Callable[..., NodeRig]]:
+    """The body of a ``make_rig`` fixture: makes rigs under ``tmp_path``, closes them all."""
+    rigs: list[NodeRig] = []
+
+    def make(**kwargs: object) -> NodeRig:
+        rig = NodeRig(tmp_path / f"node{len(rigs)}", **kwargs)  # type: ignore[arg-type]
+        rigs.append(rig)
+        return rig
+
+    yield make
+    for rig in rigs:
+        rig.close()
+
+
+def step(rig: NodeRig) -> CutOutcome:
+    """One barrier cut, which must have run."""
+    out = rig.barrier.step()
+    assert out is not None
+    return out
+
+
+def checkpoint(rig: NodeRig) -> WalOffset | None:
+    """The journal's checkpoint mark (a call, so that mypy does not narrow it)."""
+    return rig.journal.last_checkpoint

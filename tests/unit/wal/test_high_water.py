@@ -12,63 +12,23 @@ tail.
 
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 
 import pytest
 
 from app.cli import wal as walcli
+from tests.support.highwater import SIZE
+from tests.support.highwater import flip as _flip
+from tests.support.highwater import frame_starts as _frame_starts
+from tests.support.highwater import run_cli as _run
+from tests.support.highwater import sealed_after_a_failed_fsync as _sealed_after_a_failed_fsync
+from tests.support.highwater import segment_header as _header
+from tests.support.highwater import segments as _segments
 from tests.support.walkit import SMALL, Ledger, assert_recovers, faulty, payload
 from wal import CorruptionError, Journal
 from wal.frame import scan_frames
-from wal.quarantine import QuarantineRecord
-from wal.segment import HEADER_SIZE, SegmentHeader
-from wal.testing import FaultyFs
-
-SIZE = 2000
-
-
-def _segments(root: Path) -> list[Path]:
-    return sorted(root.glob("*.wal"))
-
-
-def _header(path: Path) -> SegmentHeader:
-    return SegmentHeader.decode(path.read_bytes()[:HEADER_SIZE], path)
-
-
-def _frame_starts(path: Path) -> list[int]:
-    frames, _ = scan_frames(path.read_bytes(), HEADER_SIZE, path=path)
-    return [f.start for f in frames]
-
-
-def _flip(path: Path, offset: int) -> None:
-    data = bytearray(path.read_bytes())
-    data[offset] ^= 0x20
-    path.write_bytes(bytes(data))
-
-
-def _run(fn: object, *args: object, **kw: object) -> tuple[int, str]:
-    out = io.StringIO()
-    code = fn(*args, out, **kw)  # type: ignore[operator]
-    return code, out.getvalue()
-
-
-def _sealed_after_a_failed_fsync(root: Path, fs: FaultyFs, ledger: Ledger) -> int:
-    """Five acknowledged frames, then an fsync failure seals the segment (the sixth frame
-    is written and never acknowledged), then four acknowledged frames in the successor,
-    whose header records the seal. Returns the high-water the successor records."""
-    with Journal.open(root, SMALL, fs=fs) as j:
-        for i in range(5):
-            assert ledger.commit(j, "t", payload(i, SIZE))
-        fs.fail("fsync", "*.wal")
-        assert not ledger.commit(j, "t", payload(5, SIZE))  # sealed: never acknowledged
-        for i in range(6, 10):
-            assert ledger.commit(j, "u", payload(i, SIZE))
-    sealed, successor = _segments(root)
-    header = _header(successor)
-    assert header.predecessor_sealed and header.prev_base_lsn == int(sealed.name[:20])
-    return header.prev_high_water
+from wal.segment import HEADER_SIZE
 
 
 def test_nowedge_5_a_bit_flip_below_the_high_water_refuses_recovery_and_quarantine_recovers(
@@ -219,31 +179,3 @@ def test_nowedge_5_rotation_records_the_synced_end_as_the_high_water(tmp_path: P
     header = _header(_segments(root)[-1])
     assert header.predecessor_sealed and header.prev_high_water == valid_end
     assert header.base_lsn == valid_end + 8  # the torn bytes' range is never reused
-
-
-def test_a_version_1_quarantine_record_is_still_read(tmp_path: Path) -> None:
-    """Version 2 of the quarantine record added the high-water fields; a version 1
-    record (written before them) still reads, its high-water unknown."""
-    root = tmp_path / "wal"
-    ledger = Ledger()
-    _sealed_after_a_failed_fsync(root, faulty(tmp_path), ledger)
-    sealed = _segments(root)[0]
-    _flip(sealed, _frame_starts(sealed)[1] + 40)
-    assert _run(walcli.quarantine, sealed, now=1.8e9)[0] == walcli.EXIT_OK
-    path = root / "quarantine" / f"{sealed.name}.json"
-    doc = json.loads(path.read_text())
-    assert doc["version"] == 2
-    for key in (
-        "high_water_lsn",
-        "high_water_source",
-        "frames_after_damage",
-        "frames_after_damage_below_high_water",
-    ):
-        del doc[key]
-    doc["version"] = 1
-    record = QuarantineRecord.from_json(json.dumps(doc).encode(), path)
-    assert record.high_water_lsn is None and record.frames_after_damage == 0
-    assert "may have held acknowledged frames" in record.summary()
-    doc["version"] = 3
-    with pytest.raises(CorruptionError, match="unknown quarantine record version 3"):
-        QuarantineRecord.from_json(json.dumps(doc).encode(), path)

@@ -27,7 +27,7 @@ Legs → tests (seed ``000_21bfad6f2285f3e3.txt``). Scenario RFC0052.1:
   pass re-plans:
   ``test_rfc0052_1_raising_barrier_tick_latches_and_the_next_tick_runs``,
   ``test_rfc0052_1_barrier_thread_logs_counts_a_raising_tick_and_takes_the_next``,
-  ``test_rfc0052_1_raising_housekeeping_pass_counts_and_the_next_pass_replans``.
+  ``test_housekeeping.py::test_rfc0052_1_raising_housekeeping_pass_counts_and_the_next_pass_replans``.
 - a batch queued before cut E's capture carries epoch E; a partition detached before
   the capture and enqueued after it is covered (the cut waits for it); a failed send
   parks → the full-queue park:
@@ -109,9 +109,9 @@ from app.ingest.snapshots import decode_snapshot
 from app.receive.otlp import Unavailable, decode_request, flatten
 from sink.buffers import NANOS_PER_DAY, Detached
 from sink.store import StoreError
-from tests.support.noderig import NodeRig, request, rids
+from tests.support.noderig import NodeRig, checkpoint, request, rids, rig_factory, step
 from tests.support.threads import Worker
-from wal import AppendError, FrameSpan, WalConfig, WalOffset
+from wal import FrameSpan, WalConfig, WalOffset
 from wal.types import CommitOutcome
 
 T = TypeVar("T")
@@ -258,11 +258,6 @@ def last_durable(rig: NodeRig) -> WalOffset | None:
     return rig.pipeline.last_durable
 
 
-def checkpoint(rig: NodeRig) -> WalOffset | None:
-    """The journal's checkpoint mark (a call, so that mypy does not narrow it)."""
-    return rig.journal.last_checkpoint
-
-
 def checkpoint_writes(rig: NodeRig) -> int:
     """How many times a CHECKPOINT write was attempted (its temp opened)."""
     return sum(
@@ -300,24 +295,9 @@ def two_day_request(tag: str, n: int) -> ExportLogsServiceRequest:
     return req
 
 
-def step(rig: NodeRig) -> CutOutcome:
-    out = rig.barrier.step()
-    assert out is not None
-    return out
-
-
 @pytest.fixture
 def make_rig(tmp_path: Path) -> Iterator[Callable[..., NodeRig]]:
-    rigs: list[NodeRig] = []
-
-    def make(**kwargs: object) -> NodeRig:
-        rig = NodeRig(tmp_path / f"node{len(rigs)}", **kwargs)  # type: ignore[arg-type]
-        rigs.append(rig)
-        return rig
-
-    yield make
-    for rig in rigs:
-        rig.close()
+    yield from rig_factory(tmp_path)
 
 
 @pytest.fixture
@@ -733,37 +713,6 @@ def test_rfc0052_1_barrier_thread_logs_counts_a_raising_tick_and_takes_the_next(
     assert checkpoint(rig) is None
 
 
-def test_rfc0052_1_raising_housekeeping_pass_counts_and_the_next_pass_replans(
-    make_rig: Callable[..., NodeRig], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    rig = make_rig()
-    a = rig.ingest("t", "a")
-    rig.clock.advance(SEGMENT_AGE + 1)
-    assert step(rig).checkpointed  # the idle segment rotated: the first one is eligible
-    first, second = rig.journal.segment_names()
-    real_unlink = rig.fs.unlink
-    raised: list[Path] = []
-
-    def unlink(path: Path) -> None:
-        if path.name == first and not raised:
-            raised.append(path)
-            raise RuntimeError("injected housekeeping failure")  # in the file half
-        real_unlink(path)
-
-    monkeypatch.setattr(rig.fs, "unlink", unlink)
-
-    assert rig.housekeeper.step() is None
-
-    assert raised and rig.housekeeper.runs[("error", "cadence_panic")] == 1
-    assert checkpoint(rig) == a
-    assert first in rig.journal.segment_names()
-
-    rig.housekeeper.step()  # re-plans the uncommitted plan
-
-    assert rig.housekeeper.runs[("ok", "")] == 1
-    assert rig.journal.segment_names() == [second] and checkpoint(rig) == a
-
-
 def test_failed_cuts_back_off_instead_of_recapturing_at_once(
     make_rig: Callable[..., NodeRig],
 ) -> None:
@@ -816,36 +765,6 @@ def test_failed_cuts_back_off_instead_of_recapturing_at_once(
         assert barrier.close(WAIT_S)
     assert 2 <= len(outcomes) <= 6, [o.reason for o in outcomes]
     assert not any(o.ok for o in outcomes)
-
-
-def test_rfc0052_1_housekeeping_keeps_sweeping_while_the_barrier_is_latched(
-    make_rig: Callable[..., NodeRig],
-) -> None:
-    """A latch stops the checkpoint, not housekeeping: partials of failed rotations are
-    swept and what the last good checkpoint and snapshots cover is still reclaimed."""
-    rig = make_rig()
-    rig.ingest("good", "a")
-    rig.clock.advance(SEGMENT_AGE + 1)
-    assert step(rig).checkpointed  # the idle first segment rotated and is covered
-    first = rig.journal.segment_names()[0]
-    rig.ingest("good", "x")
-    rig.barrier.tick_failed(RuntimeError("injected barrier tick failure"))  # latches
-    assert rig.pipeline.failed_epoch != LATCH_CLEAR
-    # a rotation whose rename fails leaves a partial behind; the next append retries it
-    rig.fs.fail("rename", "*.wal")  # the seam sees a rename by its destination
-    with pytest.raises(AppendError):
-        rig.journal.rotate()
-    debris = rig.journal.stale_partials
-    assert len(debris) == 1 and debris[0].exists()
-    rig.ingest("good", "b")
-    assert step(rig).latched
-
-    progress = rig.housekeeper.step()
-
-    assert progress is not None and progress.removed_partials == 1
-    assert not debris[0].exists() and rig.journal.stale_partials == []
-    assert first not in rig.journal.segment_names()
-    assert rig.housekeeper.runs[("ok", "")] == 1
 
 
 @pytest.mark.parametrize("order", ["requeued_before_capture", "requeued_after_capture"])

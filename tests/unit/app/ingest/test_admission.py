@@ -1,5 +1,6 @@
-"""Admission's bounds and the housekeeping tick that samples the disk (issue 8; DESIGN.md
-§7, §12; segment-set seed §6, §12.9, §12.13, §12.14).
+"""Admission's bounds, lifted by the housekeeping tick that samples the disk (issue 8;
+DESIGN.md §7, §12; segment-set seed §6, §12.9, §12.13, §12.14). The tick itself (what it
+samples, the cut it asks for) is tested in ``tests/unit/app/cadence/test_housekeeping.py``.
 
 Stop water, a WAL that hit ENOSPC, and the unreclaimed-bytes limit each refuse a new
 batch with 503 / UNAVAILABLE, a Retry-After of the housekeeping cadence, an error type
@@ -10,55 +11,22 @@ so admission resumes with no restart and no append; each level change is one eve
 from __future__ import annotations
 
 import errno
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from app.cadence.housekeeping import Housekeeper
 from app.ingest.admission import Admission, Bound, DiskLevel
-from app.ingest.snapshots import SnapshotLedger
 from app.receive.otlp import Unavailable
+from tests.support.admissionkit import CADENCE, LOW, STOP, Events, admission, faulty_journal
 from tests.support.walkit import SMALL, faulty, payload
-from wal import Journal, KnownHorizons, ReclamationProgress
+from wal import Journal, KnownHorizons
 from wal.errors import WalNoSpace
-
-MiB = 1 << 20
-LOW, STOP = 8 * MiB, 2 * MiB
-CADENCE = 7
-
-
-class Events:
-    def __init__(self) -> None:
-        self.seen: list[tuple[str, dict[str, object]]] = []
-
-    def __call__(self, name: str, fields: object) -> None:
-        self.seen.append((name, dict(fields)))  # type: ignore[call-overload]
-
-    def names(self) -> list[str]:
-        return [n for n, _ in self.seen]
-
-    def last(self, name: str) -> dict[str, object]:
-        return [f for n, f in self.seen if n == name][-1]
 
 
 @pytest.fixture
 def journal(tmp_path: Path) -> Iterator[Journal]:
-    j = Journal.open(tmp_path / "wal", SMALL, fs=faulty(tmp_path))
-    yield j
-    j.close()
-
-
-def admission(journal: Journal, events: Events, **kw: int) -> Admission:
-    return Admission(
-        journal,
-        low_water_bytes=kw.get("low", LOW),
-        stop_water_bytes=kw.get("stop", STOP),
-        unreclaimed_bytes_limit=kw.get("limit", 0),
-        retry_after_secs=CADENCE,
-        events=events,
-    )
+    yield from faulty_journal(tmp_path)
 
 
 def refusal(a: Admission) -> Unavailable:
@@ -190,56 +158,3 @@ def test_the_unreclaimed_limit_refuses_and_the_timers_alone_clear_it(
     assert decision.refusing == ()
     a.check("t")
     assert events.names() == ["wal.unreclaimed.limit", "wal.unreclaimed.recovered"]
-
-
-def test_the_housekeeping_tick_samples_and_hurries(journal: Journal) -> None:
-    events = Events()
-    a = admission(journal, events)
-    free = [LOW * 4]
-    cuts: list[int] = []
-    passes: list[bool] = []
-    hk = Housekeeper(
-        journal,
-        SnapshotLedger(),
-        every=CADENCE,
-        cap=8,
-        events=events,
-        admission=a,
-        request_cut=lambda: cuts.append(1),
-        disk_free=lambda path: free[0],
-    )
-    original_step = hk.step
-
-    def step(*, follow_up: bool = False) -> ReclamationProgress | None:
-        passes.append(follow_up)
-        return original_step(follow_up=follow_up)
-
-    hk.step = step  # type: ignore[method-assign]
-    hk.step()
-    assert cuts == [] and a.level is DiskLevel.HEALTHY
-    free[0] = LOW - 1
-    hk.step()
-    assert cuts == [1] and "requests a barrier cut" in str(events.last("disk.low_water")["action"])
-    # the requested cut ends: the barrier's hook runs the follow-up pass at once
-    ran = threading.Event()
-    hk.on_pass = lambda seconds: ran.set()
-    hk.start()
-    try:
-        hk.after_cut()
-        assert ran.wait(10)
-    finally:
-        hk.close()
-    assert passes[-1] is True and cuts == [1]  # the follow-up requests no further cut
-    assert hk.disk_free_bytes == LOW - 1
-
-
-def test_a_failed_sample_changes_nothing(journal: Journal) -> None:
-    a = admission(journal, Events())
-
-    def broken(path: Path) -> int:
-        raise OSError(errno.EIO, "statvfs failed")
-
-    hk = Housekeeper(journal, SnapshotLedger(), every=CADENCE, cap=8, admission=a, disk_free=broken)
-    a.observe(STOP - 1, None)
-    hk.step()
-    assert a.level is DiskLevel.STOP_WATER  # not lifted by a missing figure

@@ -29,9 +29,9 @@ from app.ingest.mining.template_ids import FileTemplateIdAllocator
 from app.ingest.snapshots import SnapshotLedger, SnapshotState, SnapshotStore
 from app.node.diskspace import DiskSpace, Reserve, ReserveState
 from app.receive.otlp import Unavailable
+from tests.support.admissionkit import Events
 from tests.support.tmpfs import TmpfsMounts
 from tests.support.walkit import SMALL, faulty, payload
-from tests.unit.app.ingest.test_admission import Events
 from wal import Journal, WalOffset
 from wal.errors import WalNoSpace
 

@@ -1,0 +1,167 @@
+"""The worker's side of the channel (``app.receive.worker.RemotePort``): a worker answers
+a client with exactly what the core answered — never before it — relays a refusal as is,
+turns a core gone mid-request into a retryable refusal, and reads the core's state. The
+channel's framing is tested in ``test_channel.py``."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+
+import grpc
+import pytest
+
+from app.receive import channel
+from app.receive.api import IngestOutcome
+from app.receive.channel import Connection, Kind
+from app.receive.otlp import BadRequest, Unavailable
+from app.receive.worker import RemotePort
+from tests.support.fakecore import FakeCore, batch_of, channel_pair
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[FakeCore, Connection]]:
+    yield from channel_pair()
+
+
+def test_the_worker_answers_only_once_the_core_has(pair: tuple[FakeCore, Connection]) -> None:
+    core, worker = pair
+    data, batch = batch_of("b")
+    returned = threading.Event()
+
+    def ingest() -> None:
+        RemotePort(worker).ingest("acme", data, batch, "http")
+        returned.set()
+
+    t = threading.Thread(target=ingest)
+    t.start()
+    assert core.received.wait(10)
+    # The core has the request and has not answered: the worker must still be waiting.
+    assert not returned.is_set()
+    t.join(0.2)
+    assert t.is_alive() and not returned.is_set()
+    (ident, *_) = core.ingests[0]
+    core.conn.send(Kind.ACK, ident, channel.encode_ack(3, 0, ""))
+    assert returned.wait(10)
+    t.join(10)
+
+
+@pytest.mark.parametrize(
+    "refusal",
+    [
+        pytest.param(
+            Unavailable("tenant 'x' is settling", retry_after=7, error_type="settling"),
+            id="unavailable_with_retry",
+        ),
+        pytest.param(BadRequest("tenant header is not ASCII"), id="bad_request"),
+    ],
+)
+def test_the_worker_relays_the_cores_refusal_as_is(
+    pair: tuple[FakeCore, Connection], refusal: Unavailable | BadRequest
+) -> None:
+    core, worker = pair
+    refusal.records = 3
+    data, batch = batch_of("c")
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            RemotePort(worker).ingest("acme", data, batch, "http")
+        except BaseException as exc:  # noqa: BLE001 - inspected below
+            raised.append(exc)
+
+    t = threading.Thread(target=run)
+    t.start()
+    assert core.received.wait(10)
+    (ident, *_) = core.ingests[0]
+    core.conn.send(Kind.REFUSAL, ident, channel.encode_refusal(refusal))
+    t.join(10)
+    (exc,) = raised
+    assert isinstance(exc, channel.RemoteRejection)
+    assert (exc.http_status, exc.grpc_code) == (refusal.http_status, refusal.grpc_code)
+    assert (exc.message, exc.retry_after) == (refusal.message, refusal.retry_after)
+    assert (exc.error_type, exc.records) == (refusal.error_type, 3)
+
+
+def test_a_core_gone_mid_request_is_a_retryable_unavailable(
+    pair: tuple[FakeCore, Connection],
+) -> None:
+    core, worker = pair
+    data, batch = batch_of("d")
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            RemotePort(worker).ingest("acme", data, batch, "http")
+        except BaseException as exc:  # noqa: BLE001 - inspected below
+            raised.append(exc)
+
+    t = threading.Thread(target=run)
+    t.start()
+    assert core.received.wait(10)
+    core.close()
+    t.join(10)
+    (exc,) = raised
+    assert isinstance(exc, Unavailable) and exc.retry_after == 1
+    assert exc.grpc_code is grpc.StatusCode.UNAVAILABLE
+
+
+def test_state_reads_the_cores_flags(pair: tuple[FakeCore, Connection]) -> None:
+    core, worker = pair
+    remote = RemotePort(worker)
+    assert remote.ready and remote.alive
+    core.flags = 2
+    ready: bool = remote.ready  # declared: not the True the assert above narrowed it to
+    assert not ready and remote.alive
+
+
+def test_an_ingest_awaited_on_an_event_loop_gets_the_cores_answer(
+    pair: tuple[FakeCore, Connection],
+) -> None:
+    # The worker's HTTP receiver awaits the core's answer on its event loop (no thread
+    # per request): the reader thread wakes the loop when the answer arrives.
+    core, worker = pair
+    data, batch = batch_of("e", 4)
+
+    async def go() -> tuple[IngestOutcome, int]:
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:  # the loop stays free while the call is out
+                ticks += 1
+                await asyncio.sleep(0.001)
+
+        beat = asyncio.ensure_future(ticker())
+        ingest = asyncio.ensure_future(RemotePort(worker).ingest_async("acme", data, batch, "http"))
+        while not core.ingests:
+            await asyncio.sleep(0.001)
+        ((ident, *_),) = core.ingests
+        seen = ticks
+        core.conn.send(Kind.ACK, ident, channel.encode_ack(4, 1, "one refused"))
+        outcome = await asyncio.wait_for(ingest, 10)
+        beat.cancel()
+        return outcome, seen
+
+    outcome, ticks = asyncio.run(go())
+    assert outcome == IngestOutcome(4, 1, "one refused")
+    assert ticks > 0
+
+
+def test_an_ingest_awaited_on_an_event_loop_is_unavailable_when_the_core_goes(
+    pair: tuple[FakeCore, Connection],
+) -> None:
+    core, worker = pair
+    data, batch = batch_of("f")
+
+    async def go() -> None:
+        ingest = asyncio.ensure_future(RemotePort(worker).ingest_async("acme", data, batch, "grpc"))
+        while not core.ingests:
+            await asyncio.sleep(0.001)
+        core.close()
+        await asyncio.wait_for(ingest, 10)
+
+    with pytest.raises(Unavailable) as raised:
+        asyncio.run(go())
+    assert raised.value.retry_after == 1 and raised.value.records == 3
