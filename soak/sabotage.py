@@ -592,6 +592,16 @@ SABOTAGES: tuple[Sabotage, ...] = (
         ),
     ),
     Sabotage(
+        "main_thread_waits_untimed_for_stop",
+        "SIGTERM always stops the node, whichever thread the kernel delivers it to",
+        "app/node/server.py",
+        "    while not stop.wait(STOP_POLL_SECS):\n        pass\n",
+        "    stop.wait()\n",
+        (
+            "tests/unit/app/node/test_server.py::test_sigterm_delivered_to_another_thread_still_stops_the_node",
+        ),
+    ),
+    Sabotage(
         "scrape_without_flush",
         "a scrape counts every request a client has had its answer to, whichever worker serves it",
         "app/node/workers.py",

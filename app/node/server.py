@@ -320,6 +320,20 @@ def _relay_signals(stop: threading.Event, received: list[int]) -> None:
         signal.signal(sig, on_signal)
 
 
+#: How long the main thread sleeps at a time while it waits for ``stop``.
+STOP_POLL_SECS = 0.2
+
+
+def wait_for_stop(stop: threading.Event) -> None:
+    """Wait on the main thread until ``stop`` is set, waking every ``STOP_POLL_SECS``.
+    Python runs a signal's handler only on the main thread, and the kernel may deliver
+    SIGTERM to any thread: one delivered elsewhere does not interrupt a main thread
+    parked in an untimed ``stop.wait()``, so the handler — and the shutdown — would
+    never run. Each wake returns to the interpreter, which runs a pending handler."""
+    while not stop.wait(STOP_POLL_SECS):
+        pass
+
+
 class _Recovering:
     """The start-up's recovery once the node serves (DESIGN.md §5, §6): the replay runs
     on the turn thread ahead of every new frame; when its last frame is turned, this
@@ -510,7 +524,7 @@ def _serve(node: Node, stop: threading.Event, received: list[int], config_file: 
         if http is not None:
             http.run(sockets=[sock])  # returns on SIGTERM/SIGINT once requests finish
         else:
-            stop.wait()
+            wait_for_stop(stop)
         node.events.emit(
             "server.stopping",
             {

@@ -209,3 +209,32 @@ def test_sigterm_while_the_main_thread_holds_the_stop_lock_still_stops_the_node(
         timeout=60,
     )
     assert done.returncode == 0 and done.stdout.strip() == "stopped", done.stdout + done.stderr
+
+
+SIGNAL_TO_ANOTHER_THREAD = """
+import signal, sys, threading
+from app.node.server import _relay_signals, wait_for_stop
+
+stop = threading.Event()
+received = []
+_relay_signals(stop, received)
+# The kernel may deliver a process's SIGTERM to any thread; this one goes to a thread
+# other than the main one, which waits for the node to be told to stop.
+threading.Timer(0.3, lambda: signal.pthread_kill(threading.get_ident(), signal.SIGTERM)).start()
+wait_for_stop(stop)
+assert received == [signal.SIGTERM], received
+print("stopped")
+"""
+
+
+def test_sigterm_delivered_to_another_thread_still_stops_the_node() -> None:
+    # An untimed stop.wait() on the main thread is not woken by a signal another thread
+    # received, and Python runs handlers only on the main thread: the node hung (CI).
+    done = subprocess.run(
+        [sys.executable, "-c", SIGNAL_TO_ANOTHER_THREAD],
+        cwd=Path(__file__).resolve().parents[4],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "stopped", done.stdout + done.stderr
