@@ -54,7 +54,7 @@ from app.node.recovery import Recovery
 from app.node.workers import Listeners, NodeState, Workers, worker_launcher
 from app.receive.auth import Authenticator
 from app.receive.otlp_grpc import create_grpc_server
-from app.receive.otlp_http import create_http_app
+from app.receive.otlp_http import create_http_app, http_server
 from sink.buffers import Buffers
 from sink.keys import node_identity
 from sink.publisher import Publisher
@@ -503,19 +503,7 @@ def _serve(node: Node, stop: threading.Event, received: list[int], config_file: 
         )
         sock = _listen(settings.server.host, settings.server.http_port)
         http_port = sock.getsockname()[1]
-        http = uvicorn.Server(
-            uvicorn.Config(
-                app,
-                loop="uvloop",
-                http="httptools",
-                lifespan="off",
-                access_log=False,
-                log_config=None,
-                proxy_headers=False,
-                server_header=False,
-                timeout_graceful_shutdown=grace,
-            )
-        )
+        http = http_server(app, grace=grace)
         if stop.is_set():
             http.should_exit = True  # asked to stop while starting: start nothing new
     pipeline.set_ready(True)

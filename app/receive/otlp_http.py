@@ -384,9 +384,13 @@ def create_http_app(
 # ── serving ─────────────────────────────────────────────────────────────────────────
 
 
-def http_server(app: ASGIApp, host: str, port: int) -> uvicorn.Server:
+def http_server(
+    app: ASGIApp, host: str = "127.0.0.1", port: int = 0, *, grace: int | None = None
+) -> uvicorn.Server:
     """A uvicorn server for `app` on uvloop + httptools, without lifespan events,
-    access log or logging configuration of its own (the process configures logging)."""
+    access log or logging configuration of its own (the process configures logging);
+    ``grace``: seconds in-flight requests get at shutdown. The node's servers run on a
+    socket it bound itself (``run(sockets=…)``), so their host and port go unused."""
     config = uvicorn.Config(
         app,
         host=host,
@@ -398,6 +402,7 @@ def http_server(app: ASGIApp, host: str, port: int) -> uvicorn.Server:
         log_config=None,
         server_header=False,
         proxy_headers=False,  # the client address is not used; skips a middleware
+        timeout_graceful_shutdown=grace,
     )
     return uvicorn.Server(config)
 

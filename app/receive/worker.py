@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Final
 
 import pyarrow as pa
-import uvicorn
 
 from app.node.config import ConfigError, load_settings
 from app.node.events import EventLog, configure_logging
@@ -45,7 +44,7 @@ from app.receive.auth import Authenticator
 from app.receive.channel import ChannelClosed, Connection, Kind
 from app.receive.otlp import FlatBatch, IngestRejection, Unavailable, decode_request, flatten
 from app.receive.otlp_grpc import create_grpc_server
-from app.receive.otlp_http import create_http_app
+from app.receive.otlp_http import create_http_app, http_server
 from sink.parquet import encode_table
 
 __all__ = ["RemotePort", "main"]
@@ -263,19 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         metrics_text=remote.metrics_text,
         observer=observer,
     )
-    http = uvicorn.Server(
-        uvicorn.Config(
-            app,
-            loop="uvloop",
-            http="httptools",
-            lifespan="off",
-            access_log=False,
-            log_config=None,
-            proxy_headers=False,
-            server_header=False,
-            timeout_graceful_shutdown=grace,
-        )
-    )
+    http = http_server(app, grace=grace)
     sock = socket.socket(fileno=args.http_fd)
     http_thread = threading.Thread(
         target=http.run, kwargs={"sockets": [sock]}, name="ourios-http", daemon=True

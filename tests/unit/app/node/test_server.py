@@ -179,6 +179,19 @@ def test_nowedge_2_a_final_cut_whose_checkpoint_failed_is_not_reported_ok(
     assert line["rows_left_in_wal"] == 0 and code == 0 == line["exit_code"]
 
 
+def assert_stops(script: str) -> None:
+    """Run ``script`` in a fresh interpreter (its own signal handlers and threads): it
+    must print "stopped" and exit 0 within 60 s, not hang."""
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=Path(__file__).resolve().parents[4],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "stopped", done.stdout + done.stderr
+
+
 SIGNAL_WHILE_WAITING = """
 import os, signal, sys, threading
 from app.node.server import _relay_signals
@@ -201,14 +214,7 @@ print("stopped")
 def test_sigterm_while_the_main_thread_holds_the_stop_lock_still_stops_the_node() -> None:
     # A handler that set the event itself waited for the lock its own thread held: the
     # node ignored SIGTERM for good (seen in CI after recovery.done).
-    done = subprocess.run(
-        [sys.executable, "-c", SIGNAL_WHILE_WAITING],
-        cwd=Path(__file__).resolve().parents[4],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 0 and done.stdout.strip() == "stopped", done.stdout + done.stderr
+    assert_stops(SIGNAL_WHILE_WAITING)
 
 
 SIGNAL_TO_ANOTHER_THREAD = """
@@ -230,11 +236,4 @@ print("stopped")
 def test_sigterm_delivered_to_another_thread_still_stops_the_node() -> None:
     # An untimed stop.wait() on the main thread is not woken by a signal another thread
     # received, and Python runs handlers only on the main thread: the node hung (CI).
-    done = subprocess.run(
-        [sys.executable, "-c", SIGNAL_TO_ANOTHER_THREAD],
-        cwd=Path(__file__).resolve().parents[4],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 0 and done.stdout.strip() == "stopped", done.stdout + done.stderr
+    assert_stops(SIGNAL_TO_ANOTHER_THREAD)
