@@ -488,6 +488,18 @@ _SERVER_ROWS = (
         optional=True,
         default_text="the CPUs the container may use minus one, at least 1",
     ),
+    Setting(
+        "server",
+        "thread_restarts",
+        Kind.INT,
+        5,
+        "Restarts a background thread (barrier, housekeeping, publisher, age sweep, "
+        "worker supervision) gets within 10 minutes after an unexpected exception, each "
+        "after a backoff (0.5 s doubling to 30 s); one more crash and /healthz and /readyz "
+        "answer 503 naming it, so Kubernetes restarts the pod. 0: the first crash does.",
+        minimum=0,
+        maximum=1000,
+    ),
 )
 
 _SINK_ROWS = (
@@ -656,6 +668,7 @@ class ServerSettings:
     log_level: LogLevel
     shutdown_grace_secs: int
     workers: int
+    thread_restarts: int
 
     @property
     def wal_dir(self) -> Path:

@@ -355,7 +355,7 @@ def create_http_app(
     async def healthz(request: Request) -> Response:
         if pipeline.alive:
             return PlainTextResponse("ok\n")
-        return PlainTextResponse("not alive\n", 503)
+        return PlainTextResponse(f"not alive: {pipeline.health_detail}\n", 503)
 
     async def readyz(request: Request) -> Response:
         if pipeline.ready:

@@ -107,20 +107,27 @@ class RemotePort:
             raise _no_answer(exc, len(batch)) from exc
         return _outcome(answer)
 
-    def _state(self) -> int:
+    def _state(self) -> tuple[int, str]:
         try:
             answer = self._conn.call(Kind.STATE, [], 10.0)
-        except (ChannelClosed, TimeoutError):
-            return 0
-        return answer.body[0] if answer.kind is Kind.STATE_IS and len(answer.body) else 0
+        except (ChannelClosed, TimeoutError) as exc:
+            return 0, f"the core did not answer: {exc}"
+        if answer.kind is not Kind.STATE_IS or not len(answer.body):
+            return 0, "the core did not answer"
+        return answer.body[0], bytes(answer.body[1:]).decode("utf-8", "replace")
 
     @property
     def ready(self) -> bool:
-        return bool(self._state() & 1)
+        return bool(self._state()[0] & 1)
 
     @property
     def alive(self) -> bool:
-        return bool(self._state() & 2)
+        return bool(self._state()[0] & 2)
+
+    @property
+    def health_detail(self) -> str:
+        flags, detail = self._state()
+        return "" if flags & 2 else detail
 
     def metrics_text(self) -> tuple[bytes, str]:
         answer = self._conn.call(Kind.METRICS, [], 30.0)

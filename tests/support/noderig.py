@@ -136,7 +136,12 @@ class NodeRig:
         self.log_stream = io.StringIO()
         self.event_log = EventLog(self.log_stream)
         self.journal = Journal.open(
-            data / "wal", self.config, fs=self.fs, clock=self.clock, events=self.record_event
+            data / "wal",
+            self.config,
+            fs=self.fs,
+            clock=self.clock,
+            monotonic=self.clock,  # one stepped clock for names and ages
+            events=self.record_event,
         )
         self.intent_log: IntentLog | None = (
             IntentLog.open(self.fs, data / "wal") if self.intents else None
