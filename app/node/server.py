@@ -176,7 +176,7 @@ def _build_node(
     holder: dict[str, Pipeline] = {}
     buffers = Buffers(
         flush_bytes=settings.sink.flush_bytes,
-        clock=time.monotonic,
+        clock=monotonic,
         epoch=lambda: holder["p"].epoch if "p" in holder else 1,
     )
     publisher = Publisher(
