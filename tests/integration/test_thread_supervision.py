@@ -129,7 +129,8 @@ def test_every_state_3_a_crashed_housekeeping_thread_is_logged_counted_restarted
 
         # 2. One crash: logged once with its traceback, counted, restarted; it lifts.
         _set(control, "crash", 1)
-        (crash,) = _wait("thread.crashed", lambda: _crashes(serve), serve)  # type: ignore[misc]
+        _wait("thread.crashed", lambda: _crashes(serve), serve)
+        (crash,) = _crashes(serve)
         assert crash["level"] == "error" and crash["restarting"] is True
         assert crash["error"] == "RuntimeError: injected housekeeping fault"
         trace = str(crash["traceback"])

@@ -19,6 +19,7 @@ from wal import Journal
 from wal.errors import WalIoError, WalNoSpace
 from wal.log import NoSpaceLatch, Segment
 from wal.segment import SegmentHeader
+from wal.testing import FaultyFs
 from wal.types import NoSpace
 
 PATH = Path("/wal/00000000000000000000.wal")
