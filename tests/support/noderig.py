@@ -34,6 +34,7 @@ from app.ingest.snapshots import SnapshotLedger, SnapshotStore
 from app.node.events import EventLog
 from app.node.recovery import Recovery, RecoveryReport
 from app.receive.otlp import decode_request, flatten
+from app.threads import Supervisor
 from sink.buffers import Buffers
 from sink.publisher import Publisher
 from sink.store import FailingStore, MemoryStore
@@ -106,6 +107,8 @@ class NodeRig:
     miners_factory: Callable[[TemplateIdAllocator], MinerCluster] | None = None
     #: ``wal.frame_mining_attempts``
     mining_attempts: int = DEFAULT_MINING_ATTEMPTS
+    #: the supervisor whose verdict is the pipeline's ``alive`` (None: always alive)
+    threads: Supervisor | None = None
     #: False: no publish intents (the node before issue 16: a restart republishes what
     #: was published above the frontiers)
     intents: bool = True
@@ -176,6 +179,7 @@ class NodeRig:
             events=self.record_event,
             ledger=self.ledger,
             mining_attempts=self.mining_attempts,
+            threads=self.threads,
         )
         holder["p"] = self.pipeline
         self.snapshots = SnapshotStore(data / "snapshots", fs=self.fs)
