@@ -22,7 +22,6 @@ frame; ``synced_lsn`` never passes what an fsync covered).
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Mapping
@@ -96,9 +95,6 @@ class NoSpaceLatch:
         return latch
 
 
-_log = logging.getLogger("ourios.wal")
-
-
 class Mutex:
     """The journal mutex (a ``threading.Lock`` to its users, ``Condition`` included).
 
@@ -155,7 +151,7 @@ class Mutex:
         try:
             self._sink(name, fields)
         except Exception:  # noqa: BLE001 - a failed event write never fails an append
-            _log.exception("the WAL's event %s could not be emitted", name)
+            pass  # the WAL never logs by itself: the owner's sink counts its failures
 
 
 class Log:
