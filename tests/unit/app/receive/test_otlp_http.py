@@ -764,7 +764,9 @@ def test_healthz(app: FastAPI, pipeline: StubPort) -> None:
     reply = call(app, method="GET", path="/healthz", content_type=None)
     assert (reply.status, reply.body) == (200, b"ok\n")
     pipeline.alive = False
-    assert call(app, method="GET", path="/healthz", content_type=None).status == 503
+    pipeline.health_detail = "thread turn stopped: RuntimeError: x"
+    reply = call(app, method="GET", path="/healthz", content_type=None)
+    assert (reply.status, reply.body) == (503, b"not alive: thread turn stopped: RuntimeError: x\n")
 
 
 def test_healthz_stays_up_when_not_ready(app: FastAPI, pipeline: StubPort) -> None:
