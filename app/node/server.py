@@ -53,6 +53,7 @@ from app.node.metrics import Metrics
 from app.node.recovery import Recovery
 from app.node.workers import Listeners, NodeState, Workers, worker_launcher
 from app.receive.auth import Authenticator
+from app.receive.inflight import receiver_bounds
 from app.receive.otlp_grpc import create_grpc_server
 from app.receive.otlp_http import create_http_app, http_server
 from sink.buffers import Buffers
@@ -485,6 +486,9 @@ def _serve(node: Node, stop: threading.Event, received: list[int], config_file: 
     else:
         port = LocalPort(stages, pipeline)
         auth = Authenticator(settings.auth.tokens or None)
+        bounds = receiver_bounds(
+            settings, lambda name, fields: node.events.emit(name, fields, "warning")
+        )
         grpc_server, grpc_port = create_grpc_server(
             port,
             max_frame_bytes=settings.wal.max_frame_bytes,
@@ -492,6 +496,7 @@ def _serve(node: Node, stop: threading.Event, received: list[int], config_file: 
             host=settings.server.host,
             port=settings.server.grpc_port,
             observer=node.metrics,
+            bounds=bounds,
         )
         grpc_server.start()
         app = create_http_app(
@@ -500,6 +505,7 @@ def _serve(node: Node, stop: threading.Event, received: list[int], config_file: 
             authenticator=auth,
             metrics_text=node.metrics.exposition,
             observer=node.metrics,
+            bounds=bounds,
         )
         sock = _listen(settings.server.host, settings.server.http_port)
         http_port = sock.getsockname()[1]
