@@ -563,7 +563,7 @@ _SERVER_ROWS = (
         "gRPC message reserves wal.max_frame_bytes + 64 KiB until received), taken before "
         "the body is read or inflated; beyond it 503 / RESOURCE_EXHAUSTED with a 1 s "
         "Retry-After. It bounds the process's memory (docs/RUNBOOK.md).",
-        minimum=1 * MiB,
+        minimum=2 * MiB,
         maximum=64 * GiB,
         unit="bytes",
     ),
@@ -587,6 +587,17 @@ _SERVER_ROWS = (
         minimum=1,
         maximum=3600,
         unit="seconds",
+    ),
+    Setting(
+        "server",
+        "open_new_tenants_per_minute",
+        Kind.INT,
+        60,
+        "In open mode only (no auth.tokens_file): tenants the node takes a slot for per minute (a burst of that "
+        "many, refilled evenly); a new tenant beyond it is refused 503 with a Retry-After, "
+        "so no client can take all wal.max_tenants slots at once (DESIGN.md §3).",
+        minimum=1,
+        maximum=1_000_000,
     ),
     Setting(
         "server",
@@ -702,17 +713,6 @@ _AUTH_ROWS = (
         default_text="unset (open mode)",
         allowed_text="a readable YAML file of token: [tenant, ...]",
     ),
-    Setting(
-        "auth",
-        "open_new_tenants_per_minute",
-        Kind.INT,
-        60,
-        "In open mode only: tenants the node takes a slot for per minute (a burst of that "
-        "many, refilled evenly); a new tenant beyond it is refused 503 with a Retry-After, "
-        "so no client can take all wal.max_tenants slots at once (DESIGN.md §3).",
-        minimum=1,
-        maximum=1_000_000,
-    ),
 )
 
 _DISK_ROWS = (
@@ -787,6 +787,7 @@ class ServerSettings:
     max_inflight_bytes: int
     max_concurrent_decodes: int
     body_read_timeout_secs: int
+    open_new_tenants_per_minute: int
     grpc_max_concurrent_rpcs: int
 
     @property
@@ -844,7 +845,6 @@ class AuthSettings:
     """The ``auth`` section plus the parsed tokens file (never rendered or repr'd)."""
 
     tokens_file: Path | None
-    open_new_tenants_per_minute: int
     #: token → tenants it may write; empty in open mode
     tokens: Mapping[str, frozenset[str]] = field(default_factory=dict, repr=False, compare=False)
 

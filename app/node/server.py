@@ -201,6 +201,12 @@ def _build_node(
         mining_attempts=settings.wal.frame_mining_attempts,
     )
     holder["p"] = pipeline
+    if settings.auth.open_mode:
+        # Anyone may name any tenant: bound how fast slots are taken (DESIGN.md §3).
+        pipeline.tenants.limit_new_tenants(
+            settings.server.open_new_tenants_per_minute,
+            events=lambda name, fields: events.emit(name, fields, "warning"),
+        )
     snapshots = SnapshotStore(server.snapshots_dir, space=space, events=events)
     wal = settings.wal
     barrier = Barrier(
