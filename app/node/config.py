@@ -593,9 +593,10 @@ _SERVER_ROWS = (
         "open_new_tenants_per_minute",
         Kind.INT,
         60,
-        "In open mode only (no auth.tokens_file): tenants the node takes a slot for per minute (a burst of that "
-        "many, refilled evenly); a new tenant beyond it is refused 503 with a Retry-After, "
-        "so no client can take all wal.max_tenants slots at once (DESIGN.md §3).",
+        "In open mode only (no auth.tokens_file): tenants the node takes a slot for per "
+        "minute (a burst of that many, refilled evenly); a new tenant beyond it is refused "
+        "503 with a Retry-After, so no client can take all wal.max_tenants slots at once "
+        "(DESIGN.md §3).",
         minimum=1,
         maximum=1_000_000,
     ),
