@@ -563,7 +563,7 @@ _SERVER_ROWS = (
         "gRPC message reserves wal.max_frame_bytes + 64 KiB until received), taken before "
         "the body is read or inflated; beyond it 503 / RESOURCE_EXHAUSTED with a 1 s "
         "Retry-After. It bounds the process's memory (docs/RUNBOOK.md).",
-        minimum=2 * MiB,
+        minimum=4 * MiB,
         maximum=64 * GiB,
         unit="bytes",
     ),
@@ -898,10 +898,10 @@ class CrossRule:
 
 CROSS_RULES: tuple[CrossRule, ...] = (
     CrossRule(
-        "{0} must be at least twice {1} plus 1 MiB (one largest coded body and what it "
-        "inflates to)",
+        "{0} must be at least three times {1} plus 2 MiB (a largest coded body and what it "
+        "inflates to, within the three quarters large bodies may hold)",
         ("server.max_inflight_bytes", "wal.max_frame_bytes"),
-        lambda s: s.server.max_inflight_bytes >= 2 * s.wal.max_frame_bytes + MiB,
+        lambda s: s.server.max_inflight_bytes >= 3 * s.wal.max_frame_bytes + 2 * MiB,
     ),
     CrossRule(
         "{0} must be below {1}",

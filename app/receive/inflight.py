@@ -11,6 +11,11 @@ bytes the request holds:
 - gRPC: the largest message grpcio may hand over (``wal.max_frame_bytes`` + 64 KiB)
   before the message is received, then the message's size.
 
+Large bodies — a ticket holding over `SMALL_BYTES` at any moment, which includes
+every gRPC call until its message is received — may hold at most three quarters of the
+bytes together (`LARGE_SHARE`): the last quarter is kept for small requests, so a flood
+of maximal bodies cannot refuse the ordinary small batches of other clients.
+
 Beyond ``server.max_inflight_requests`` or ``server.max_inflight_bytes`` the request is
 refused at once with `Overloaded`: HTTP 503 / gRPC RESOURCE_EXHAUSTED with a one-second
 Retry-After (RetryInfo), which OTLP clients retry. The refusal names the bound; at most
@@ -54,6 +59,10 @@ __all__ = [
 RETRY_AFTER_S: Final = 1
 #: At most one ``receiver.inflight_limit`` event per this many seconds.
 EVENT_EVERY_S: Final = 60.0
+#: A ticket holding more than this is a large body (module docstring).
+SMALL_BYTES: Final = 1 << 20
+#: The share of ``max_inflight_bytes`` large bodies may hold together.
+LARGE_SHARE: Final = 0.75
 
 Events = Callable[[str, Mapping[str, object]], None]
 
@@ -86,11 +95,13 @@ class BodyTimeout(IngestRejection):
 class Ticket:
     """One request's share of the budget; `release` is idempotent."""
 
-    __slots__ = ("_budget", "held")
+    __slots__ = ("_budget", "held", "large")
 
     def __init__(self, budget: InflightBudget, held: int) -> None:
         self._budget = budget
         self.held = held
+        #: held more than SMALL_BYTES at some point: counted in the large share since
+        self.large = held > SMALL_BYTES
 
     def grow(self, more: int) -> None:
         """Hold `more` bytes too, or raise `Overloaded` (holding what it held)."""
@@ -130,6 +141,9 @@ class InflightBudget:
         self._clock = clock
         self.requests = 0
         self.bytes = 0
+        #: what large tickets hold (module docstring)
+        self.large_bytes = 0
+        self.max_large_bytes = int(max_bytes * LARGE_SHARE)
         #: refusals by bound since the process started (tests, the event)
         self.refused: dict[str, int] = {}
         self._refused_since_event = 0
@@ -147,10 +161,15 @@ class InflightBudget:
                 )
             elif self.bytes + size > self.max_bytes:
                 refusal = self._over_bytes(size)
+            elif size > SMALL_BYTES and self.large_bytes + size > self.max_large_bytes:
+                refusal = self._over_large(size)
             else:
                 self.requests += 1
                 self.bytes += size
-                return Ticket(self, size)
+                ticket = Ticket(self, size)
+                if ticket.large:
+                    self.large_bytes += size
+                return ticket
             event = self._count_locked(refusal)
         self._emit(event)
         raise refusal
@@ -160,13 +179,19 @@ class InflightBudget:
             if ticket.held < 0:
                 raise RuntimeError("the ticket was released")
             more = size - ticket.held
+            large = ticket.large or size > SMALL_BYTES
+            large_more = size - (ticket.held if ticket.large else 0) if large else 0
             if more > 0 and self.bytes + more > self.max_bytes:
                 refusal = self._over_bytes(more)
-                event = self._count_locked(refusal)
+            elif large_more > 0 and self.large_bytes + large_more > self.max_large_bytes:
+                refusal = self._over_large(large_more)
             else:
                 self.bytes += more
+                self.large_bytes += large_more
                 ticket.held = size
+                ticket.large = large
                 return
+            event = self._count_locked(refusal)
         self._emit(event)
         raise refusal
 
@@ -175,6 +200,8 @@ class InflightBudget:
             if ticket.held < 0:
                 return
             self.bytes -= ticket.held
+            if ticket.large:
+                self.large_bytes -= ticket.held
             self.requests -= 1
             ticket.held = -1
 
@@ -190,6 +217,15 @@ class InflightBudget:
             f"{self.bytes} bytes of request bodies are in flight in this process and "
             f"{more} more would pass server.max_inflight_bytes={self.max_bytes}; retry in "
             f"{RETRY_AFTER_S} s",
+        )
+
+    def _over_large(self, more: int) -> Overloaded:
+        return Overloaded(
+            "max_inflight_bytes",
+            f"{self.large_bytes} bytes of bodies over {SMALL_BYTES} bytes are in flight in "
+            f"this process and {more} more would pass their share, {self.max_large_bytes} "
+            f"of server.max_inflight_bytes={self.max_bytes} (the rest is kept for small "
+            f"requests); retry in {RETRY_AFTER_S} s",
         )
 
     def _count_locked(self, refusal: Overloaded) -> dict[str, object] | None:
@@ -260,10 +296,11 @@ def receiver_bounds(settings: Settings, events: Events | None = None) -> Receive
 
 def default_bounds(max_frame_bytes: int) -> ReceiverBounds:
     """The settings' defaults, for receivers built without settings (tests, tools); the
-    byte budget always holds one largest coded body and what it inflates to."""
+    byte budget always holds one largest coded body and what it inflates to within the
+    large bodies' share (the settings' rule)."""
     return ReceiverBounds(
         RequestLimits(),
-        InflightBudget(256, max(64 << 20, 2 * max_frame_bytes + (1 << 20)), 2),
+        InflightBudget(256, max(64 << 20, 3 * max_frame_bytes + (2 << 20)), 2),
         30.0,
         256,
     )

@@ -980,7 +980,7 @@ CROSS_RULES = [
     pytest.param(
         {"server.maxInflightBytes": 16 * 2**20, "wal.maxFrameBytes": 8 * 2**20},
         "server.maxInflightBytes",
-        id="inflight_below_two_frames",
+        id="inflight_below_three_frames",
     ),
     pytest.param(
         {"wal.maxUnlinksPerPass": 4, "wal.rotationRetryAttempts": 5},

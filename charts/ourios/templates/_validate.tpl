@@ -25,8 +25,8 @@ refuses what `ourios serve` would refuse at start-up. A rule whose value was rem
 {{- end }}
 
 {{- if and (not (kindIs "invalid" $s.maxInflightBytes)) (not (kindIs "invalid" $w.maxFrameBytes)) }}
-{{- if lt (int64 $s.maxInflightBytes) (add (mul 2 (int64 $w.maxFrameBytes)) 1048576) }}
-{{- fail (printf "server.maxInflightBytes (%d) must be at least twice wal.maxFrameBytes (%d) plus 1 MiB (OURIOS_SERVER_MAX_INFLIGHT_BYTES >= 2 x OURIOS_WAL_MAX_FRAME_BYTES + 1 MiB)" (int64 $s.maxInflightBytes) (int64 $w.maxFrameBytes)) }}
+{{- if lt (int64 $s.maxInflightBytes) (add (mul 3 (int64 $w.maxFrameBytes)) 2097152) }}
+{{- fail (printf "server.maxInflightBytes (%d) must be at least three times wal.maxFrameBytes (%d) plus 2 MiB (OURIOS_SERVER_MAX_INFLIGHT_BYTES >= 3 x OURIOS_WAL_MAX_FRAME_BYTES + 2 MiB)" (int64 $s.maxInflightBytes) (int64 $w.maxFrameBytes)) }}
 {{- end }}
 {{- end }}
 

@@ -528,7 +528,7 @@ def test_bounds_themselves_are_accepted(row: Setting) -> None:
             {"server.max_inflight_bytes": "16MiB"},
             "server.max_inflight_bytes",
             "wal.max_frame_bytes",
-            id="inflight_below_two_frames",
+            id="inflight_below_three_frames",
         ),
     ],
 )

@@ -106,3 +106,27 @@ def test_bad_bounds_are_refused(kwargs: dict[str, int]) -> None:
     args = {"max_requests": 1, "max_bytes": 1, "decodes": 1, **kwargs}
     with pytest.raises(ValueError):
         InflightBudget(**args)
+
+
+def test_bounded_3_large_bodies_leave_a_quarter_of_the_bytes_to_small_requests() -> None:
+    budget = InflightBudget(100, 16 * MiB)
+    large = [budget.take(4 * MiB) for _ in range(3)]  # 12 MiB: the large share
+    with pytest.raises(Overloaded) as info:
+        budget.take(2 * MiB)
+    assert "kept for small requests" in info.value.message
+    small = [budget.take(MiB) for _ in range(4)]  # the last quarter is theirs
+    # A small body that grows large (gzip inflating) joins the large share.
+    small[0].release()
+    grower = budget.take(1000)
+    with pytest.raises(Overloaded):
+        grower.grow(2 * MiB)
+    for ticket in (*large, *small, grower):
+        ticket.release()
+    assert (budget.bytes, budget.large_bytes, budget.requests) == (0, 0, 0)
+    grower = budget.take(1000)
+    grower.grow(2 * MiB)
+    assert budget.large_bytes == 2 * MiB + 1000
+    grower.resize(10)  # once large, it stays counted as large until released
+    assert budget.large_bytes == 10
+    grower.release()
+    assert budget.large_bytes == 0
