@@ -58,8 +58,7 @@ from app.receive.otlp import (
     BadRequest,
     IngestRejection,
     PayloadTooLarge,
-    decode_request,
-    flatten,
+    decode_batch,
     status_body,
     success_body,
 )
@@ -239,11 +238,10 @@ class _ExportHandler:
                 raise PayloadTooLarge(self._max_frame_bytes)
             ticket.resize(len(request))
             with bounds.budget.decoding():
-                req = decode_request(request, PROTOBUF_CONTENT_TYPE, bounds.limits)
-                batch = flatten(req, tenant, bounds.limits)
-            if not len(batch):
+                decoded = decode_batch(request, PROTOBUF_CONTENT_TYPE, tenant, bounds.limits)
+            if decoded is None:
                 return self._empty_ok, 0
-            outcome = self._pipeline.ingest(tenant, request, batch, "grpc")
+            outcome = self._pipeline.ingest(tenant, request, decoded[1], "grpc")
         finally:
             ticket.release()
         if not outcome.rejected:

@@ -92,13 +92,10 @@ from app.receive.otlp import (
     IngestRejection,
     PayloadTooLarge,
     UnsupportedMediaType,
-    count_records,
-    decode_request,
+    decode_batch,
     decompress,
-    flatten,
     status_body,
     success_body,
-    to_wal_payload,
 )
 
 __all__ = [
@@ -282,23 +279,19 @@ def create_http_app(
     ingest_async = cast(AsyncIngest | None, getattr(pipeline, "ingest_async", None))
 
     def decode(
-        tenant: str, body: bytes, headers: _Headers, protobuf: bool, ticket: Ticket
+        tenant: str, body: bytes, headers: _Headers, ticket: Ticket
     ) -> tuple[bytes, FlatBatch] | None:
         # (WAL payload, rows); None means the request held no records. Inflating grows
         # the ticket step by step; the count limits are checked before flattening.
         data = decompress(body, headers.content_encoding, max_frame_bytes, ticket.grow)
-        req = decode_request(data, headers.content_type or "", limits)
-        if count_records(req) == 0:
-            return None
-        payload = data if protobuf else to_wal_payload(req)
-        return payload, flatten(req, tenant, limits)
+        return decode_batch(data, headers.content_type or "", tenant, limits)
 
     def prepare(
         tenant: str, body: bytes, headers: _Headers, protobuf: bool, ticket: Ticket
     ) -> tuple[bytes, FlatBatch] | None:
         # In a thread: waits for one of the process's decode slots.
         with budget.decoding():
-            return decode(tenant, body, headers, protobuf, ticket)
+            return decode(tenant, body, headers, ticket)
 
     def ingest(
         tenant: str, body: bytes, headers: _Headers, protobuf: bool, ticket: Ticket
@@ -318,7 +311,7 @@ def create_http_app(
         assert ingest_async is not None
         identity = (headers.content_encoding or "").strip().lower() in _IDENTITY_CODINGS
         if identity and len(body) <= INLINE_BODY_BYTES:
-            prepared = decode(tenant, body, headers, protobuf, ticket)
+            prepared = decode(tenant, body, headers, ticket)
         else:
             prepared = await anyio.to_thread.run_sync(
                 prepare, tenant, body, headers, protobuf, ticket, limiter=limiter
