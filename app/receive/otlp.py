@@ -4,9 +4,10 @@ Pure functions, no I/O: the receivers (`POST /v1/logs`, `LogsService/Export`) ca
 in this order::
 
     decompress(body, content_encoding, limit)  -> bytes        (identity | gzip)
-    decode_request(data, content_type)         -> ExportLogsServiceRequest, validated
+    decode_request(data, content_type, limits) -> ExportLogsServiceRequest, validated
     to_wal_payload(req)                        -> bytes        (JSON input only)
-    flatten(req, tenant)                       -> FlatBatch    (the sink's record columns)
+    flatten(req, tenant, limits)               -> FlatBatch    (the sink's record columns)
+    decode_batch(data, content_type, tenant, limits)  -> the three above, in one call
     status_body(rejection, json) / success_body(rejected, message, json)
     parse_tenant(header, open_mode)            -> tenant
 
@@ -48,11 +49,16 @@ Errors and codes (DESIGN.md §7)::
 
     IngestRejection              http  grpc                 error_type
     ├── BadRequest                400  INVALID_ARGUMENT     bad_request
+    ├── RequestLimitExceeded      400  INVALID_ARGUMENT     the limit (max_…)
     ├── UnsupportedMediaType      415  INVALID_ARGUMENT     unsupported_media_type
     ├── PayloadTooLarge           413  RESOURCE_EXHAUSTED   payload_too_large
     ├── Unauthenticated           401  UNAUTHENTICATED      unauthenticated
     ├── PermissionDenied          403  PERMISSION_DENIED    permission_denied
     └── Unavailable               503  UNAVAILABLE          unavailable (retry_after: hint)
+
+(`app.receive.inflight` adds `Overloaded`, 503 / RESOURCE_EXHAUSTED with a Retry-After,
+and `BodyTimeout`, 408.) What one request may expand to is `RequestLimits`: every
+decoder enforces that one object (its docstring).
 
 415 maps to INVALID_ARGUMENT: the client chose a content type or coding this server does
 not accept, which is a property of the request, and OTLP clients treat both 415 and

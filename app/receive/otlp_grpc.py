@@ -1,15 +1,23 @@
 """OTLP/gRPC receiver: `opentelemetry.proto.collector.logs.v1.LogsService/Export`.
 
-The method is served by a generic handler with no request deserializer, so the handler
-gets the message bytes exactly as grpcio received them (already gunzipped when the
-client sent `grpc-encoding: gzip`). Those bytes are the WAL payload, so what recovery
-re-parses is byte-for-byte what was parsed here. Per request, in this order::
+The method is served by a generic handler with no request deserializer, registered as
+stream-unary (on the wire a unary call is a stream of one message), so the handler runs
+*before* grpcio receives the message and then gets its bytes exactly as grpcio received
+them (already gunzipped when the client sent `grpc-encoding: gzip`). Those bytes are the
+WAL payload, so what recovery re-parses is byte-for-byte what was parsed here. Per
+request, in this order::
 
     metadata     `authorization`, `x-ourios-tenant` (repeated keys ", "-joined,
                  which auth refuses, as on HTTP)
     auth         Authenticator.authorize: UNAUTHENTICATED / PERMISSION_DENIED /
-                 INVALID_ARGUMENT (tenant)
-    decode       app.receive.otlp.decode_request as protobuf (parse + validate_request)
+                 INVALID_ARGUMENT (tenant) — nothing has been received yet
+    in flight    a ticket of the process's budget (`app.receive.inflight`) for the
+                 largest message grpcio may hand over: RESOURCE_EXHAUSTED with
+                 RetryInfo beyond it
+    receive      the message, within the body read timeout (else the call is
+                 cancelled); then the ticket holds its size
+    decode       in a decode slot: decode_request with the request limits
+                 (INVALID_ARGUMENT naming one), then flatten
     flatten      zero records: acknowledged without a WAL frame (app.receive.api)
     ingest       IngestPort.ingest(..., "grpc") in the handler thread
     reply        serialized ExportLogsServiceResponse (partial_success only when the
@@ -23,13 +31,12 @@ An unexpected exception is logged and answered INTERNAL; the server keeps servin
 
 Size limit: the handler refuses a (decompressed) message over `max_frame_bytes` with
 RESOURCE_EXHAUSTED naming the limit (no RetryInfo). `grpc.max_receive_message_length`
-is 4 × max_frame_bytes + 64 KiB, the hard bound: grpcio itself answers
-RESOURCE_EXHAUSTED before the handler only for a message beyond it, on the wire or
-after decompression, and grpc core stops inflating there, so a gzip bomb costs at most
-that much memory (a 900 MiB bomb left the peak RSS unchanged, measured with 1.85).
+is max_frame_bytes + 64 KiB, the hard bound: grpcio answers RESOURCE_EXHAUSTED itself
+for a message beyond it, on the wire or after decompression, and stops inflating there,
+so a gzip bomb costs at most that much memory — the share of the in-flight budget a
+receive holds. `maximum_concurrent_rpcs` (`server.grpc_max_concurrent_rpcs`) bounds the
+calls grpcio accepts at once; beyond it grpcio answers RESOURCE_EXHAUSTED itself.
 
-Unlike HTTP, the message is decompressed by grpcio before the handler can check the
-token; the limit above bounds what an unauthenticated client can make it inflate.
 `grpc.so_reuseport` is off so a second server on a taken port fails to bind instead of
 silently sharing it — except in worker processes (`reuse_port`), which share the port
 the core reserved with the option set, so only they and the core can share it.

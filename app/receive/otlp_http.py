@@ -11,9 +11,16 @@ refusal (DESIGN.md §7 gives the codes)::
                  discarding the body (up to DISCARD_BYTES more), so a client that
                  writes its whole body before reading gets the 413, not a reset
                  (which OTLP clients retry)
-    worker       decompress (limit max_frame_bytes) → decode_request → WAL payload →
-                 flatten → IngestPort.ingest, in one worker thread
-    reply        ExportLogsServiceResponse 200, or a google.rpc.Status
+    in flight    a ticket of the process's budget (`app.receive.inflight`) for the
+                 declared length (the raw cap without one), before any byte is read:
+                 503 + Retry-After beyond it (the body is read and dropped first unless
+                 the client waits for `100 Continue`)
+    read         the body within `body_read_timeout` (408 past it)
+    worker       decompress (limit max_frame_bytes; each step grows the ticket) →
+                 a decode slot → decode_request with the request limits (400 naming
+                 one) → WAL payload → flatten → IngestPort.ingest
+    reply        ExportLogsServiceResponse 200, or a google.rpc.Status; the ticket
+                 is returned
 
 Authentication comes before anything reads the body, so a client without a valid
 token cannot make the server buffer or inflate anything.
