@@ -127,7 +127,7 @@ def export_hostile(channel: grpc.Channel, body: bytes) -> grpc.RpcError:
 
 
 def retry_delay(error: grpc.RpcError) -> int | None:
-    for key, value in error.trailing_metadata() or ():  # type: ignore[attr-defined]
+    for key, value in error.trailing_metadata() or ():
         if key == "grpc-status-details-bin":
             status = status_pb2.Status.FromString(value)
             retry = error_details_pb2.RetryInfo()

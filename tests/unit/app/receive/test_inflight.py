@@ -105,7 +105,7 @@ def test_body_timeout_names_the_setting() -> None:
 def test_bad_bounds_are_refused(kwargs: dict[str, int]) -> None:
     args = {"max_requests": 1, "max_bytes": 1, "decodes": 1, **kwargs}
     with pytest.raises(ValueError):
-        InflightBudget(**args)
+        InflightBudget(args["max_requests"], args["max_bytes"], args["decodes"])
 
 
 def test_bounded_3_large_bodies_leave_a_quarter_of_the_bytes_to_small_requests() -> None:

@@ -1157,7 +1157,12 @@ def test_bounded_3_counts_are_refused_before_anything_is_flattened(
     record.attributes.extend(common_pb2.KeyValue() for _ in range(50_000))
     data = req.SerializeToString()
     visited: list[object] = []
-    monkeypatch.setattr(otlp, "_value_text", lambda *a: visited.append(a) or "")
+
+    def value_text(*args: object) -> str:
+        visited.append(args)
+        return ""
+
+    monkeypatch.setattr(otlp, "_value_text", value_text)
     with pytest.raises(otlp.RequestLimitExceeded) as info:
         otlp.decode_request(data, PB, otlp.RequestLimits())
     assert "is 50000, over server.max_attributes_per_record=4096" in info.value.message
