@@ -1139,6 +1139,40 @@ SABOTAGES: tuple[Sabotage, ...] = (
             "tests/unit/app/node/test_server.py::test_every_state_7_a_wall_clock_stepped_back_an_hour_stalls_no_cadence",
         ),
     ),
+    Sabotage(
+        "inflight_bound_ignored",
+        "a receiving process refuses requests beyond its in-flight bound (503 / "
+        "RESOURCE_EXHAUSTED with Retry-After) before it reads their bodies",
+        "app/receive/inflight.py",
+        '        """A ticket for one request holding `size` bytes, or `Overloaded`."""\n',
+        '        """A ticket for one request holding `size` bytes, or `Overloaded`."""\n'
+        "        return Ticket(self, 0)\n",
+        (
+            "tests/unit/app/receive/test_inflight.py::test_bounded_3_requests_beyond_the_count_are_refused_with_a_retry",
+            "tests/unit/app/receive/test_otlp_http.py::test_bounded_3_http_inflight_bound_refuses_503_before_reading_the_body",
+            "tests/unit/app/receive/test_otlp_grpc.py::test_bounded_3_grpc_inflight_bound_is_resource_exhausted_with_retry_info",
+        ),
+    ),
+    Sabotage(
+        "attributes_per_record_unchecked",
+        "a request over an expansion limit is refused 400 naming it, before it is flattened",
+        "app/receive/otlp.py",
+        "                    own = len(lr.attributes)\n                    if own > per_record:",
+        "                    own = len(lr.attributes)\n                    if False:",
+        (
+            "tests/unit/app/receive/test_otlp.py::test_bounded_3_counts_are_refused_before_anything_is_flattened",
+        ),
+    ),
+    Sabotage(
+        "open_new_tenant_rate_ignored",
+        "in open mode new tenants take slots at a bounded rate",
+        "app/ingest/tenants.py",
+        "                if self._rate is not None:\n                    self._rate.take(tenant)\n",
+        "",
+        (
+            "tests/unit/app/ingest/test_tenants.py::test_bounded_4_open_mode_takes_new_tenants_at_the_configured_rate",
+        ),
+    ),
 )
 
 

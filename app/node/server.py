@@ -53,6 +53,7 @@ from app.node.metrics import Metrics
 from app.node.recovery import Recovery
 from app.node.workers import Listeners, NodeState, Workers, worker_launcher
 from app.receive.auth import Authenticator
+from app.receive.inflight import receiver_bounds
 from app.receive.otlp_grpc import create_grpc_server
 from app.receive.otlp_http import create_http_app, http_server
 from app.threads import Supervised, Supervisor, start_thread
@@ -212,6 +213,12 @@ def _build_node(
         threads=threads,
     )
     holder["p"] = pipeline
+    if settings.auth.open_mode:
+        # Anyone may name any tenant: bound how fast slots are taken (DESIGN.md §3).
+        pipeline.tenants.limit_new_tenants(
+            settings.server.open_new_tenants_per_minute,
+            events=lambda name, fields: events.emit(name, fields, "warning"),
+        )
     snapshots = SnapshotStore(server.snapshots_dir, space=space, events=events)
     wal = settings.wal
     barrier = Barrier(
@@ -513,6 +520,9 @@ def _serve(node: Node, stop: threading.Event, received: list[int], config_file: 
     else:
         port = LocalPort(stages, pipeline)
         auth = Authenticator(settings.auth.tokens or None)
+        bounds = receiver_bounds(
+            settings, lambda name, fields: node.events.emit(name, fields, "warning")
+        )
         grpc_server, grpc_port = create_grpc_server(
             port,
             max_frame_bytes=settings.wal.max_frame_bytes,
@@ -520,6 +530,7 @@ def _serve(node: Node, stop: threading.Event, received: list[int], config_file: 
             host=settings.server.host,
             port=settings.server.grpc_port,
             observer=node.metrics,
+            bounds=bounds,
         )
         grpc_server.start()
         app = create_http_app(
@@ -528,6 +539,7 @@ def _serve(node: Node, stop: threading.Event, received: list[int], config_file: 
             authenticator=auth,
             metrics_text=node.metrics.exposition,
             observer=node.metrics,
+            bounds=bounds,
         )
         sock = _listen(settings.server.host, settings.server.http_port)
         http_port = sock.getsockname()[1]

@@ -42,6 +42,7 @@ from app.receive import channel
 from app.receive.api import IngestOutcome
 from app.receive.auth import Authenticator
 from app.receive.channel import ChannelClosed, Connection, Kind
+from app.receive.inflight import receiver_bounds
 from app.receive.otlp import FlatBatch, IngestRejection, Unavailable, decode_request, flatten
 from app.receive.otlp_grpc import create_grpc_server
 from app.receive.otlp_http import create_http_app, http_server
@@ -252,6 +253,11 @@ def main(argv: list[str] | None = None) -> int:
     observer = ReportingObserver(conn)
     auth = Authenticator(settings.auth.tokens or None)
     grace = max(1, settings.server.shutdown_grace_secs // 2)
+    # One budget for both transports: the bound is per process (DESIGN.md §7).
+    bounds = receiver_bounds(
+        settings,
+        lambda name, fields: events.emit(name, {"worker": args.index, **fields}, "warning"),
+    )
     grpc_server, _ = create_grpc_server(
         remote,
         max_frame_bytes=settings.wal.max_frame_bytes,
@@ -260,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         port=args.grpc_port,
         observer=observer,
         reuse_port=True,
+        bounds=bounds,
     )
     grpc_server.start()
     app = create_http_app(
@@ -268,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         authenticator=auth,
         metrics_text=remote.metrics_text,
         observer=observer,
+        bounds=bounds,
     )
     http = http_server(app, grace=grace)
     sock = socket.socket(fileno=args.http_fd)
