@@ -46,7 +46,13 @@ from app.ingest.stages import LocalPort, Stages
 from app.ingest.tenants import TenantCountExceeded
 from app.node.config import Settings
 from app.node.datalock import DataDirLock, DataDirLocked, DataDirLockError
-from app.node.diskspace import open_disk_space
+from app.node.diskspace import (
+    VolumeTooSmall,
+    check_volume,
+    from_reserve,
+    open_disk_space,
+    start_reserve,
+)
 from app.node.events import EventLog, configure_logging
 from app.node.gc_policy import freeze_long_lived_heap
 from app.node.metrics import Metrics
@@ -124,17 +130,33 @@ def _build_node(
     if settings.wal.archive:
         check_archive_location(store, node, server.wal_dir)  # refused before anything opens
         archiver = Archiver(store, node, events=events)
-    journal = Journal.open(
+    disk = settings.disk
+    check_volume(
         server.wal_dir,
-        settings.wal,
-        clock=clock,
-        events=events,
-        on_append=metrics.append_seconds.observe,
-        on_fsync=metrics.fsync_seconds.observe,
-        archive=archiver,
+        server.data_dir,
+        reserve_bytes=disk.reserve_bytes,
+        stop_water_bytes=disk.stop_water_bytes,
+    )
+    # The reserve before the WAL: a start-up write on a full volume that needs a block
+    # takes the reserve's (``from_reserve``) instead of failing every start.
+    reserve = start_reserve(server.wal_dir, server.data_dir, disk.reserve_bytes, events)
+    journal = from_reserve(
+        reserve,
+        "opening the WAL",
+        lambda: Journal.open(
+            server.wal_dir,
+            settings.wal,
+            clock=clock,
+            events=events,
+            on_append=metrics.append_seconds.observe,
+            on_fsync=metrics.fsync_seconds.observe,
+            archive=archiver,
+        ),
     )
     try:
-        intents = IntentLog.open(OsFs(), server.wal_dir)
+        intents = from_reserve(
+            reserve, "opening the publish intents", lambda: IntentLog.open(OsFs(), server.wal_dir)
+        )
     except BaseException:
         journal.close()
         raise
@@ -150,12 +172,7 @@ def _build_node(
             "warning",
         )
     space = open_disk_space(
-        server.wal_dir,
-        server.data_dir,
-        journal,
-        reserve_bytes=settings.disk.reserve_bytes,
-        stop_water_bytes=settings.disk.stop_water_bytes,
-        events=events,
+        server.wal_dir, journal, reserve=reserve, stop_water_bytes=disk.stop_water_bytes
     )
     allocator = FileTemplateIdAllocator(server.data_dir / "template-ids", server.node_ordinal)
     allocator.on_no_space = space.no_space
@@ -290,7 +307,14 @@ def run_serve(settings: Settings, config_file: Path | None = None) -> int:
         )
     try:
         node = build_node(settings, events)
-    except (WalError, ArchiveLocationError, DataDirLocked, DataDirLockError, OSError) as exc:
+    except (
+        WalError,
+        ArchiveLocationError,
+        DataDirLocked,
+        DataDirLockError,
+        VolumeTooSmall,
+        OSError,
+    ) as exc:
         return _start_failed(events, exc)
     return _serve(node, stop, received, config_file)
 
