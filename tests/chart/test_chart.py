@@ -837,6 +837,7 @@ CHANGES: dict[str, tuple[object, dict[str, object]]] = {
     "wal.maxTenants": (4096, {}),
     "wal.maxFrameBytes": (4 * 2**20, {}),
     "wal.unreclaimedBytesLimit": (10 * 2**30, {}),
+    "wal.highWaterBytes": (4 * 2**20, {}),
     "wal.archive": (True, {}),
     "wal.frameMiningAttempts": (5, {}),
     "wal.turnBacklogBytes": (128 * 2**20, {}),

@@ -139,6 +139,7 @@ which would print 6.7108864e+07), booleans as true/false, strings as they are. A
   (list "OURIOS_WAL_MAX_TENANTS" $v.wal.maxTenants)
   (list "OURIOS_WAL_MAX_FRAME_BYTES" $v.wal.maxFrameBytes)
   (list "OURIOS_WAL_UNRECLAIMED_BYTES_LIMIT" $v.wal.unreclaimedBytesLimit)
+  (list "OURIOS_WAL_HIGH_WATER_BYTES" $v.wal.highWaterBytes)
   (list "OURIOS_WAL_ARCHIVE" $v.wal.archive)
   (list "OURIOS_WAL_FRAME_MINING_ATTEMPTS" $v.wal.frameMiningAttempts)
   (list "OURIOS_WAL_TURN_BACKLOG_BYTES" $v.wal.turnBacklogBytes)
