@@ -576,6 +576,18 @@ _STORE_ROWS = (
         allowed_text="a region name such as us-east-1",
         check=_check_region,
     ),
+    Setting(
+        "store",
+        "probe_secs",
+        Kind.INT,
+        10,
+        "While the store does not answer (found at the start-up probe, or by a failed "
+        "call since), it is probed again this often with a small PUT and DELETE under "
+        "its prefix; ourios_store_up says whether it answers.",
+        minimum=1,
+        maximum=3600,
+        unit="seconds",
+    ),
 )
 
 _AUTH_ROWS = (
@@ -684,6 +696,7 @@ class StoreSettings:
     url: str
     endpoint_url: str | None
     region: str | None
+    probe_secs: int = 10
 
     @property
     def scheme(self) -> Literal["file", "s3"]:

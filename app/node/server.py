@@ -57,6 +57,13 @@ from app.node.events import EventLog, configure_logging
 from app.node.gc_policy import freeze_long_lived_heap
 from app.node.metrics import Metrics
 from app.node.recovery import Recovery
+from app.node.storeprobe import (
+    StoreHealth,
+    StoreProbe,
+    StoreUnusable,
+    WatchedStore,
+    probe_at_start,
+)
 from app.node.workers import Listeners, NodeState, Workers, worker_launcher
 from app.receive.auth import Authenticator
 from app.receive.otlp_grpc import create_grpc_server
@@ -92,6 +99,8 @@ class Node:
     #: the publish intents (PUBLISHING in the WAL root): every object's claim before
     #: its PUT, so a restart publishes nothing twice
     intents: IntentLog | None = None
+    #: probes the store again while it does not answer (``ourios_store_up``)
+    store_probe: StoreProbe | None = None
 
 
 def build_node(
@@ -126,6 +135,15 @@ def _build_node(
     metrics = Metrics(settings)
     store = given_store if given_store is not None else _store(settings)
     node = node_identity(server.node_id)
+    health = StoreHealth(store, events.emit, f"probe/{node}")
+    if given_store is None:  # the store the settings name: a wrong one refuses the start
+        probe_at_start(
+            health,
+            settings.store.bucket or "",
+            settings.store.endpoint_url or "the AWS endpoint of the region",
+        )
+    metrics.extra.append(health.gauges)
+    watched = WatchedStore(store, health)  # every call the node makes tells the gauge
     archiver: Archiver | None = None
     if settings.wal.archive:
         check_archive_location(store, node, server.wal_dir)  # refused before anything opens
@@ -187,7 +205,7 @@ def _build_node(
         epoch=lambda: holder["p"].epoch if "p" in holder else 1,
     )
     publisher = Publisher(
-        store,
+        watched,
         buffers,
         node=node,
         compression=settings.sink.parquet_compression,
@@ -257,7 +275,7 @@ def _build_node(
         settings,
         events,
         journal,
-        store,
+        watched,
         pipeline,
         metrics,
         sweep,
@@ -269,6 +287,7 @@ def _build_node(
         archiver,
         lock,
         intents,
+        StoreProbe(health, settings.store.probe_secs),
     )
 
 
@@ -313,6 +332,7 @@ def run_serve(settings: Settings, config_file: Path | None = None) -> int:
         DataDirLocked,
         DataDirLockError,
         VolumeTooSmall,
+        StoreUnusable,
         OSError,
     ) as exc:
         return _start_failed(events, exc)
@@ -448,8 +468,12 @@ def _serve(node: Node, stop: threading.Event, received: list[int], config_file: 
         )
         node.metrics.workers = workers
     pipeline.publisher.start()
+    if node.store_probe is not None:
+        node.store_probe.start()
 
     def abandon(exc: BaseException) -> int:
+        if node.store_probe is not None:
+            node.store_probe.close()
         if workers is not None:
             workers.stop(grace)
         if listeners is not None:
@@ -600,6 +624,8 @@ def _start_failed(events: EventLog, exc: BaseException, event: str = "server.sta
     }
     if isinstance(exc, CorruptionError):
         fields.update(path=str(exc.path), offset=exc.offset, high_water=exc.high_water)
+    if isinstance(exc, StoreUnusable):
+        fields.update(exc.fields())
     events.emit(event, fields, "error")
     return 1
 
@@ -628,6 +654,8 @@ def shutdown(node: Node, join_timeout: float = 60.0, *, final_cut: bool = True) 
     join may hold them) — which ``server.stopped`` counts in ``rows_left_in_wal``; an
     unfinished replay counts as rows left too."""
     events = node.events
+    if node.store_probe is not None:
+        node.store_probe.close()
     node.sweep.close()
     hk_joined = node.housekeeper.close(join_timeout)
     barrier_joined = node.barrier.close(join_timeout)

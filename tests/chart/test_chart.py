@@ -849,6 +849,7 @@ CHANGES: dict[str, tuple[object, dict[str, object]]] = {
     "store.url": (S3_URL, {}),
     "store.endpointUrl": ("https://minio.example:9000", {"store.url": S3_URL}),
     "store.region": ("eu-west-1", {"store.url": S3_URL}),
+    "store.probeSecs": (30, {}),
     "disk.lowWaterBytes": (2 * 2**30, {}),
     "disk.stopWaterBytes": (512 * 2**20, {}),
     "disk.reserveBytes": (32 * 2**20, {}),

@@ -151,6 +151,7 @@ which would print 6.7108864e+07), booleans as true/false, strings as they are. A
   (list "OURIOS_STORE_URL" $v.store.url)
   (list "OURIOS_STORE_ENDPOINT_URL" $v.store.endpointUrl)
   (list "OURIOS_STORE_REGION" $v.store.region)
+  (list "OURIOS_STORE_PROBE_SECS" $v.store.probeSecs)
   (list "OURIOS_DISK_LOW_WATER_BYTES" $v.disk.lowWaterBytes)
   (list "OURIOS_DISK_STOP_WATER_BYTES" $v.disk.stopWaterBytes)
   (list "OURIOS_DISK_RESERVE_BYTES" $v.disk.reserveBytes)
