@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -66,7 +67,8 @@ def test_every_state_8_a_transient_error_starts_with_the_store_down(error_type: 
     fault.release()
     store.clear()
     WatchedStore(store, health).put("records/x.parquet", b"x")  # a publish succeeds
-    assert health.up and events.names() == ["store.unavailable", "store.available"]
+    assert cast(bool, health.up)  # mypy keeps the narrowing above across the call
+    assert events.names() == ["store.unavailable", "store.available"]
 
 
 def test_a_local_store_is_never_refused(tmp_path: Path) -> None:
