@@ -104,7 +104,7 @@ class Reserve:
         *,
         fs: Fs | None = None,
         events: Events | None = None,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
         on_volume: bool = True,
     ) -> None:
         if size < 0:
@@ -146,7 +146,12 @@ class Reserve:
             try:
                 self._allocate()
             except OSError as exc:
-                self._remove()
+                try:
+                    self._remove()
+                except OSError as cleanup:  # the tick goes on: the next one retries
+                    log.warning(
+                        "removing the half-allocated reserve %s failed: %s", self.path, cleanup
+                    )
                 self._state = ReserveState.RELEASED
                 ok = False
                 if before is ReserveState.UNALLOCATED:
@@ -509,14 +514,17 @@ def open_disk_space(
     *,
     reserve: Reserve,
     stop_water_bytes: int,
+    measure: Callable[[Path], int] = statvfs_free,
 ) -> DiskSpace:
-    """The node's figure for the WAL's volume, with the reserve ``start_reserve`` made."""
+    """The node's figure for the WAL's volume, with the reserve ``start_reserve`` made.
+    ``measure``: the free-space sample (``statvfs``; a test's figure)."""
     st = os.statvfs(wal_dir)
     return DiskSpace(
         wal_dir,
         journal,
         reserve=reserve,
         headroom=stop_water_bytes,
+        measure=measure,
         block=st.f_frsize or DEFAULT_BLOCK,
         reserve_on_volume=reserve.on_volume,
     )

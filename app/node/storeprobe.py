@@ -35,16 +35,14 @@ publish; ``store.available`` is logged when it does.
 from __future__ import annotations
 
 import builtins
-import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import Final, TypeVar
 
 from prometheus_client.core import GaugeMetricFamily
 
+from app.threads import Supervised, Supervisor, start_thread
 from sink.store import LocalStore, ObjectStore, StoreError
-
-log = logging.getLogger("ourios.store")
 
 _T = TypeVar("_T")
 
@@ -207,18 +205,29 @@ class StoreProbe:
     """Probes the store again every ``interval`` seconds while ``health`` says it is down
     (module docstring). ``start`` / ``close``."""
 
-    def __init__(self, health: StoreHealth, interval: float) -> None:
+    def __init__(
+        self, health: StoreHealth, interval: float, threads: Supervisor | None = None
+    ) -> None:
         self._health = health
         self._interval = interval
+        self._threads = threads
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="ourios-store-probe", daemon=True)
+        self._thread: Supervised | None = None
 
     def start(self) -> None:
-        self._thread.start()
+        self._thread = start_thread(
+            self._threads,
+            "store_probe",
+            self._run,
+            thread_name="ourios-store-probe",
+            stop=self._stop,
+        )
 
     def close(self, timeout: float = 30.0) -> bool:
         self._stop.set()
         self._health.changed.set()
+        if self._thread is None:
+            return True
         if self._thread.is_alive():
             self._thread.join(timeout)
         return not self._thread.is_alive()
@@ -233,10 +242,7 @@ class StoreProbe:
             if self._stop.wait(self._interval):
                 return
             if not health.up:
-                try:
-                    health.probe()
-                except Exception:  # noqa: BLE001 - a probe must never end the prober
-                    log.exception("the store probe failed unexpectedly")
+                health.probe()  # anything but a StoreError is the supervisor's to report
 
 
 class WatchedStore:

@@ -121,7 +121,10 @@ def test_every_state_2_a_restart_on_a_full_volume_starts(
         if loss == "torn_intent":
             (dropped,) = again.event("intents.tail_dropped")
             assert dropped["bytes"] == len(torn), dropped
-            assert not again.event("disk.reserve.released")  # in place: no block needed
+            # In place: the start needed no block. (A cut since may have released the
+            # reserve for a snapshot on this full volume; that is the reserve's job.)
+            released = again.event("disk.reserve.released")
+            assert not [e for e in released if "at start-up" in str(e["cause"])], released
         else:
             (released,) = again.event("disk.reserve.released")
             assert "opening the WAL at start-up failed" in released["cause"], released
