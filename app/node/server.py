@@ -145,6 +145,8 @@ def _build_node(
     metrics.threads = threads
     store = given_store if given_store is not None else _store(settings)
     node = node_identity(server.node_id)
+    if settings.wal.archive:
+        check_archive_location(store, node, server.wal_dir)  # refused before anything opens
     health = StoreHealth(store, events.emit, f"probe/{node}")
     if given_store is None:  # the store the settings name: a wrong one refuses the start
         probe_at_start(
@@ -156,8 +158,7 @@ def _build_node(
     watched = WatchedStore(store, health)  # every call the node makes tells the gauge
     archiver: Archiver | None = None
     if settings.wal.archive:
-        check_archive_location(store, node, server.wal_dir)  # refused before anything opens
-        archiver = Archiver(store, node, events=events)
+        archiver = Archiver(store, node, events=events)  # it needs the LocalStore itself
     disk = settings.disk
     check_volume(
         server.wal_dir,

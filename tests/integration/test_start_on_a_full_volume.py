@@ -123,8 +123,8 @@ def test_every_state_2_a_restart_on_a_full_volume_starts(
             assert dropped["bytes"] == len(torn), dropped
             # In place: the start needed no block. (A cut since may have released the
             # reserve for a snapshot on this full volume; that is the reserve's job.)
-            released = again.event("disk.reserve.released")
-            assert not [e for e in released if "at start-up" in str(e["cause"])], released
+            releases = again.event("disk.reserve.released")
+            assert not [e for e in releases if "at start-up" in str(e["cause"])], releases
         else:
             (released,) = again.event("disk.reserve.released")
             assert "opening the WAL at start-up failed" in released["cause"], released
