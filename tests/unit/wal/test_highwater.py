@@ -18,7 +18,8 @@ import pytest
 from app.cli import wal as walcli
 from tests.support.highwater import flip, frame_starts, run_cli, segments
 from tests.support.walkit import Ledger, assert_recovers, faulty, payload
-from wal import CorruptionError, Journal, WalConfig
+from wal import AppendError, CorruptionError, Journal, WalConfig
+from wal.commit import Pending
 from wal.highwater_file import HighWaterFile
 from wal.segment import HEADER_SIZE
 from wal.testing import FaultyFs
@@ -126,6 +127,37 @@ def test_every_state_5_a_failed_data_fsync_is_never_claimed(tmp_path: Path) -> N
     fs.fail("fsync", "*.wal", errno=errno.EIO)
     assert not ledger.commit(j, "t", payload(4, FRAME))  # sealed, never acknowledged
     assert _recorded(root) == claimed
+    fs.crash_now()
+    fs.apply_crash(power_loss=True)
+    assert_recovers(root, ledger, one)
+
+
+def test_every_state_5_a_frame_appended_during_the_round_is_never_claimed(
+    tmp_path: Path,
+) -> None:
+    """A frame written while the leader's fsync ran is past what that fsync covered; when
+    its own round fails, the leader's record after its rounds still claims only the
+    synced end, so a power loss that takes the frame is a torn tail, not corruption."""
+    root = tmp_path / "wal"
+    fs = faulty(tmp_path)
+    ledger = Ledger()
+    one = WalConfig(segment_max_bytes=1 << 20, max_frame_bytes=32 * 1024, high_water_bytes=1)
+    late: list[Pending] = []
+
+    def during_the_fsync(seconds: float) -> None:
+        if armed and not late:  # the first round's fsync is done; its claim is not yet
+            ledger.attempted.add(payload(1, FRAME))
+            late.append(j.append_batch("t", payload(1, FRAME)))
+
+    armed = False
+    j = Journal.open(root, one, fs=fs, on_fsync=during_the_fsync)
+    fs.fail("fsync", "*.wal", nth=2)  # the round the late frame's leader runs for it
+    armed = True
+    assert ledger.commit(j, "t", payload(0, FRAME))
+    assert late, "the late frame was not appended inside the round"
+    with pytest.raises(AppendError):
+        late[0].wait()  # sealed with its segment, never acknowledged
+    assert _recorded(root) == ledger.acked[-1][2]
     fs.crash_now()
     fs.apply_crash(power_loss=True)
     assert_recovers(root, ledger, one)
