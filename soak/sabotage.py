@@ -1081,6 +1081,112 @@ SABOTAGES: tuple[Sabotage, ...] = (
             "tests/unit/sink/test_retry_identity.py::test_rfc0055_9_3_an_ambiguous_retry_keeps_its_identity_and_never_merges_with_new_rows",
         ),
     ),
+    # -- issue 22 items 2, 5 and 8: every state ends well ---------------------------------
+    Sabotage(
+        "intent_repair_through_a_temp",
+        "a torn intent tail is cut in place at open: a restart on a full volume starts",
+        "wal/intents.py",
+        "                        fs.ftruncate(fd, found.valid_end)\n",
+        "                        _rewrite(fs, root, [encode_record(r) for r in found.records])\n",
+        (
+            "tests/unit/wal/test_intents.py::test_every_state_2_a_torn_tail_is_cut_in_place_without_a_new_block",
+            "tests/integration/test_start_on_a_full_volume.py::test_every_state_2_a_restart_on_a_full_volume_starts",
+        ),
+    ),
+    Sabotage(
+        "start_up_write_not_from_reserve",
+        "a start-up write that finds no space takes the emergency reserve's",
+        "app/node/diskspace.py",
+        "    try:\n        return attempt()\n    except Exception as exc:\n        if not (reserve.on_volume",
+        "    return attempt()\n    try:\n        return attempt()\n    except Exception as exc:\n        if not (reserve.on_volume",
+        (
+            "tests/unit/app/node/test_diskspace.py::test_every_state_2_a_start_up_write_without_space_takes_the_reserve_once",
+            "tests/integration/test_start_on_a_full_volume.py::test_every_state_2_a_restart_on_a_full_volume_starts",
+        ),
+    ),
+    Sabotage(
+        "small_volume_not_checked",
+        "a volume no larger than the reserve and stop water refuses to start",
+        "app/node/diskspace.py",
+        "        if need and size <= need:\n",
+        "        if need and size < 0:\n",
+        (
+            "tests/unit/app/node/test_diskspace.py::test_every_state_2_a_volume_too_small_for_reserve_and_stop_water_is_refused",
+            "tests/integration/test_start_on_a_full_volume.py::test_every_state_2_a_volume_smaller_than_reserve_and_stop_water_refuses_to_start",
+        ),
+    ),
+    Sabotage(
+        "current_segment_high_water_not_recorded",
+        "the current segment's synced high-water is recorded at the group commit's cadence",
+        "wal/commit.py",
+        "        if self._after_rounds is not None:\n            self._after_rounds()\n",
+        "",
+        (
+            "tests/unit/wal/test_highwater.py::test_every_state_5_damage_below_the_recorded_high_water_is_corruption",
+        ),
+    ),
+    Sabotage(
+        "newest_damage_below_high_water_read_as_torn",
+        "damage below HIGHWATER's claim in the newest segment is corruption, not a torn tail",
+        "wal/opening.py",
+        "                self._high_water.claim(newest_file),\n",
+        "                None,\n",
+        (
+            "tests/unit/wal/test_highwater.py::test_every_state_5_damage_below_the_recorded_high_water_is_corruption",
+        ),
+    ),
+    Sabotage(
+        "high_water_claims_an_unsynced_end",
+        "HIGHWATER never claims more than a completed data fsync covered",
+        "wal/highwater.py",
+        "            lsn = cur.synced_lsn\n",
+        "            lsn = cur.end_lsn\n",
+        (
+            "tests/unit/wal/test_highwater.py::test_every_state_5_a_frame_appended_during_the_round_is_never_claimed",
+            "tests/unit/wal/test_highwater.py::test_every_state_5_a_failed_data_fsync_is_never_claimed",
+        ),
+    ),
+    Sabotage(
+        "torn_tail_frames_uncounted",
+        "the valid frames after a torn tail are counted and named",
+        "wal/opening.py",
+        "        after = frames_after_damage(scan.data, at, path)\n",
+        "        after = frames_after_damage(scan.data, at, path)[:0]\n",
+        (
+            "tests/unit/wal/test_highwater.py::test_every_state_5_a_torn_tail_counts_and_names_the_frames_after_it",
+        ),
+    ),
+    Sabotage(
+        "store_not_probed_at_start",
+        "a wrong store configuration refuses the start",
+        "app/node/server.py",
+        "    if given_store is None:  # the store the settings name",
+        "    if False:  # the store the settings name",
+        (
+            "tests/integration/test_store_probe_serve.py::test_every_state_8_a_wrong_store_configuration_refuses_to_start",
+        ),
+    ),
+    Sabotage(
+        "store_outage_refuses_the_start",
+        "a store that does not answer at start-up starts the node with ourios_store_up 0",
+        "app/node/storeprobe.py",
+        "    return error.error_type not in TRANSIENT and error.error_type not in ANSWERS\n",
+        "    return error.error_type not in ANSWERS\n",
+        (
+            "tests/unit/app/node/test_storeprobe.py::test_every_state_8_a_transient_error_starts_with_the_store_down",
+            "tests/integration/test_store_probe_serve.py::test_every_state_8_a_store_down_at_start_starts_and_says_so",
+        ),
+    ),
+    Sabotage(
+        "store_up_never_comes_back",
+        "ourios_store_up returns to 1 once the store answers",
+        "app/node/storeprobe.py",
+        "            raise\n        self._health.answered()\n        return result\n",
+        "            raise\n        return result\n",
+        (
+            "tests/unit/app/node/test_storeprobe.py::test_every_state_8_a_transient_error_starts_with_the_store_down",
+        ),
+    ),
     # -- every state ends well: threads and clocks (issue 22 items 3 and 7) ------------
     Sabotage(
         "supervisor_swallows_without_restarting",

@@ -38,14 +38,18 @@ and recovery would drop rows that are nowhere else.
 
 Crash cases. *A crash while a record is written*: its PUT never started (the fsync
 comes first), so a torn or checksum-failing tail means nothing. Reading stops at the
-first record that does not verify; open rewrites the file with the records before it
-(temp, fsync, rename, directory fsync) so nothing is ever appended behind damage, and
-reports the bytes it dropped. Only a tail can be torn — every earlier record was
-fsynced before the next was written — so a bad record with good ones after it is bit
-rot; what it hid can only make recovery suppress less (a duplicate), never more (a
-loss), because a record only ever *suppresses* rows, and only those of an object the
-store confirms. *A crash after the record, before or during the PUT*: the object may
-or may not exist; recovery asks the store. *A crash after the PUT*: it exists.
+first record that does not verify; open truncates the file there in place and fsyncs
+it, so nothing is ever appended behind damage, and reports the bytes it dropped. In
+place because a truncation frees blocks and never needs one: a node killed during an
+append on a full volume must start on that volume (a rewrite through a temp needed a
+new block and failed every start with ENOSPC). A power loss before the fsync may undo
+the truncation; the next open finds the same tail and cuts it again. Only a tail can be
+torn — every earlier record was fsynced before the next was written — so a bad record
+with good ones after it is bit rot; what it hid can only make recovery suppress less (a
+duplicate), never more (a loss), because a record only ever *suppresses* rows, and only
+those of an object the store confirms. *A crash after the record, before or during the
+PUT*: the object may or may not exist; recovery asks the store. *A crash after the
+PUT*: it exists.
 
 Version policy: version 1 is the only one written and read; any other version, a bad
 header CRC or a non-zero reserved byte in the header refuses the start naming the file
@@ -53,8 +57,8 @@ header CRC or a non-zero reserved byte in the header refuses the start naming th
 ``tests/unit/wal/data/publishing_v1.bin``.
 
 Trimming: a record is needed only while some claim lies above its tenant's publication
-frontier. ``trim(keep)`` rewrites the file with the records ``keep`` accepts (the same
-temp-and-rename as open's repair), so the file, and recovery's work, stay bounded by
+frontier. ``trim(keep)`` rewrites the file with the records ``keep`` accepts (temp, fsync,
+rename, directory fsync), so the file, and recovery's work, stay bounded by
 what was published since the frontier.
 """
 
@@ -285,7 +289,8 @@ class IntentLog:
     @classmethod
     def open(cls, fs: Fs, root: Path) -> IntentLog:
         """Open (creating it when absent) and read every record; a torn or damaged tail
-        is dropped by rewriting the file without it, so appends never follow damage."""
+        is cut off in place (truncated and fsynced: no block needed on a full volume),
+        so appends never follow damage."""
         path = root / cls.NAME
         temp = root / cls.TEMP
         try:
@@ -299,14 +304,20 @@ class IntentLog:
                 data = b""
                 found = IntentScan()
                 _rewrite(fs, root, [])
+                fd = fs.open(path, os.O_WRONLY)
             else:
                 found = scan(data, path)
+                fd = fs.open(path, os.O_WRONLY)
                 if found.dropped_bytes:
-                    _rewrite(fs, root, [encode_record(r) for r in found.records])
-            fd = fs.open(path, os.O_WRONLY)
+                    try:
+                        fs.ftruncate(fd, found.valid_end)
+                        fs.fsync(fd)
+                    except OSError:
+                        fs.close(fd)
+                        raise
         except OSError as exc:
             raise IntentWriteError(f"{path}: open failed: {exc}") from exc
-        size = HEADER_SIZE + sum(len(encode_record(r)) for r in found.records)
+        size = found.valid_end
         log = cls(fs, root, fd, size, list(found.records))
         log.opened = found
         return log

@@ -711,6 +711,20 @@ _STORE_ROWS = (
         allowed_text="a region name such as us-east-1",
         check=_check_region,
     ),
+    Setting(
+        "store",
+        "probe_secs",
+        Kind.INT,
+        10,
+        "While the store does not answer (found at the start-up probe, or by a failed "
+        "call since), it is probed again this often with a LIST, PUT and DELETE of "
+        "probe/<node> under its prefix; ourios_store_up says whether it answers. (The "
+        "same probe at start-up refuses the start on a permanent error: a wrong bucket, "
+        "access denied, bad credentials.)",
+        minimum=1,
+        maximum=3600,
+        unit="seconds",
+    ),
 )
 
 _AUTH_ROWS = (
@@ -759,7 +773,8 @@ _DISK_ROWS = (
         "and released when a write fails for lack of space, so a full volume can still be "
         "reclaimed (snapshots, the embedded store's objects); allocated again once there is "
         "room for it and stop water beside it. At least the largest snapshot (plus, with the "
-        "embedded store, what one cut publishes); 0 disables it.",
+        "embedded store, what one cut publishes); 0 disables it. A volume no larger than "
+        "this plus disk.stop_water_bytes refuses to start (it could never admit a batch).",
         minimum=0,
         maximum=_MAX_BYTES,
         unit="bytes",
@@ -831,6 +846,7 @@ class StoreSettings:
     url: str
     endpoint_url: str | None
     region: str | None
+    probe_secs: int = 10
 
     @property
     def scheme(self) -> Literal["file", "s3"]:

@@ -68,6 +68,8 @@ _LEVELS = {
     "wal.rotation.retrying": "warning",
     "wal.rotation.terminal": "error",
     "wal.segment.sealed": "warning",
+    "wal.torn_tail": "warning",
+    "wal.high_water.failed": "warning",
     "barrier.latch.set": "error",
     "disk.low_water": "warning",
     "disk.stop_water": "error",

@@ -172,6 +172,32 @@ class _StateCollector(Collector):
             "hint meanwhile).",
             len(p.unmined.tenants()),
         )
+        hw = p.journal.high_water
+        yield gauge(
+            "ourios_wal_high_water_lsn",
+            "The current segment's synced high-water HIGHWATER records (damage below it is "
+            "corruption, above it a torn tail).",
+            hw.recorded_lsn,
+        )
+        hw_failures = CounterMetricFamily(
+            "ourios_wal_high_water_write_failures",
+            "HIGHWATER writes that failed (the previous high-water stayed in force).",
+        )
+        hw_failures.add_metric([], hw.failures)
+        yield hw_failures
+        torn = CounterMetricFamily(
+            "ourios_wal_torn_tail_frames",
+            "Frames that still verified after a torn tail open found in the newest segment "
+            "(left behind it, never replayed).",
+        )
+        torn.add_metric([], hw.torn_tail_frames)
+        yield torn
+        torn_bytes = CounterMetricFamily(
+            "ourios_wal_torn_tail_bytes",
+            "Bytes of the torn tail open found in the newest segment (kept, never replayed).",
+        )
+        torn_bytes.add_metric([], hw.torn_tail_bytes)
+        yield torn_bytes
         isolated = CounterMetricFamily(
             "ourios_wal_isolated_frames",
             "Frames isolated after wal.frame_mining_attempts failed minings: their records "

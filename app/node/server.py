@@ -46,11 +46,24 @@ from app.ingest.stages import LocalPort, Stages
 from app.ingest.tenants import TenantCountExceeded
 from app.node.config import Settings
 from app.node.datalock import DataDirLock, DataDirLocked, DataDirLockError
-from app.node.diskspace import open_disk_space
+from app.node.diskspace import (
+    VolumeTooSmall,
+    check_volume,
+    from_reserve,
+    open_disk_space,
+    start_reserve,
+)
 from app.node.events import EventLog, configure_logging
 from app.node.gc_policy import freeze_long_lived_heap
 from app.node.metrics import Metrics
 from app.node.recovery import Recovery
+from app.node.storeprobe import (
+    StoreHealth,
+    StoreProbe,
+    StoreUnusable,
+    WatchedStore,
+    probe_at_start,
+)
 from app.node.workers import Listeners, NodeState, Workers, worker_launcher
 from app.receive.auth import Authenticator
 from app.receive.inflight import receiver_bounds
@@ -90,6 +103,8 @@ class Node:
     intents: IntentLog | None = None
     #: runs every long-lived thread; one that stopped for good fails /healthz
     threads: Supervisor | None = None
+    #: probes the store again while it does not answer (``ourios_store_up``)
+    store_probe: StoreProbe | None = None
 
 
 def build_node(
@@ -130,22 +145,48 @@ def _build_node(
     metrics.threads = threads
     store = given_store if given_store is not None else _store(settings)
     node = node_identity(server.node_id)
-    archiver: Archiver | None = None
     if settings.wal.archive:
         check_archive_location(store, node, server.wal_dir)  # refused before anything opens
-        archiver = Archiver(store, node, events=events)
-    journal = Journal.open(
+    health = StoreHealth(store, events.emit, f"probe/{node}")
+    if given_store is None:  # the store the settings name: a wrong one refuses the start
+        probe_at_start(
+            health,
+            settings.store.bucket or "",
+            settings.store.endpoint_url or "the AWS endpoint of the region",
+        )
+    metrics.extra.append(health.gauges)
+    watched = WatchedStore(store, health)  # every call the node makes tells the gauge
+    archiver: Archiver | None = None
+    if settings.wal.archive:
+        archiver = Archiver(store, node, events=events)  # it needs the LocalStore itself
+    disk = settings.disk
+    check_volume(
         server.wal_dir,
-        settings.wal,
-        clock=clock,
-        monotonic=monotonic,
-        events=events,
-        on_append=metrics.append_seconds.observe,
-        on_fsync=metrics.fsync_seconds.observe,
-        archive=archiver,
+        server.data_dir,
+        reserve_bytes=disk.reserve_bytes,
+        stop_water_bytes=disk.stop_water_bytes,
+    )
+    # The reserve before the WAL: a start-up write on a full volume that needs a block
+    # takes the reserve's (``from_reserve``) instead of failing every start.
+    reserve = start_reserve(server.wal_dir, server.data_dir, disk.reserve_bytes, events)
+    journal = from_reserve(
+        reserve,
+        "opening the WAL",
+        lambda: Journal.open(
+            server.wal_dir,
+            settings.wal,
+            clock=clock,
+            monotonic=monotonic,
+            events=events,
+            on_append=metrics.append_seconds.observe,
+            on_fsync=metrics.fsync_seconds.observe,
+            archive=archiver,
+        ),
     )
     try:
-        intents = IntentLog.open(OsFs(), server.wal_dir)
+        intents = from_reserve(
+            reserve, "opening the publish intents", lambda: IntentLog.open(OsFs(), server.wal_dir)
+        )
     except BaseException:
         journal.close()
         raise
@@ -161,12 +202,7 @@ def _build_node(
             "warning",
         )
     space = open_disk_space(
-        server.wal_dir,
-        server.data_dir,
-        journal,
-        reserve_bytes=settings.disk.reserve_bytes,
-        stop_water_bytes=settings.disk.stop_water_bytes,
-        events=events,
+        server.wal_dir, journal, reserve=reserve, stop_water_bytes=disk.stop_water_bytes
     )
     allocator = FileTemplateIdAllocator(server.data_dir / "template-ids", server.node_ordinal)
     allocator.on_no_space = space.no_space
@@ -181,7 +217,7 @@ def _build_node(
         epoch=lambda: holder["p"].epoch if "p" in holder else 1,
     )
     publisher = Publisher(
-        store,
+        watched,
         buffers,
         node=node,
         compression=settings.sink.parquet_compression,
@@ -265,7 +301,7 @@ def _build_node(
         settings,
         events,
         journal,
-        store,
+        watched,
         pipeline,
         metrics,
         sweep,
@@ -278,6 +314,7 @@ def _build_node(
         lock,
         intents,
         threads,
+        StoreProbe(health, settings.store.probe_secs, threads),
     )
 
 
@@ -316,7 +353,15 @@ def run_serve(settings: Settings, config_file: Path | None = None) -> int:
         )
     try:
         node = build_node(settings, events)
-    except (WalError, ArchiveLocationError, DataDirLocked, DataDirLockError, OSError) as exc:
+    except (
+        WalError,
+        ArchiveLocationError,
+        DataDirLocked,
+        DataDirLockError,
+        VolumeTooSmall,
+        StoreUnusable,
+        OSError,
+    ) as exc:
         return _start_failed(events, exc)
     return _serve(node, stop, received, config_file)
 
@@ -459,8 +504,12 @@ def _serve(node: Node, stop: threading.Event, received: list[int], config_file: 
         )
         node.metrics.workers = workers
     pipeline.publisher.start()
+    if node.store_probe is not None:
+        node.store_probe.start()
 
     def abandon(exc: BaseException) -> int:
+        if node.store_probe is not None:
+            node.store_probe.close()
         if workers is not None:
             workers.stop(grace)
         if listeners is not None:
@@ -616,6 +665,8 @@ def _start_failed(events: EventLog, exc: BaseException, event: str = "server.sta
     }
     if isinstance(exc, CorruptionError):
         fields.update(path=str(exc.path), offset=exc.offset, high_water=exc.high_water)
+    if isinstance(exc, StoreUnusable):
+        fields.update(exc.fields())
     events.emit(event, fields, "error")
     return 1
 
@@ -644,6 +695,8 @@ def shutdown(node: Node, join_timeout: float = 60.0, *, final_cut: bool = True) 
     join may hold them) — which ``server.stopped`` counts in ``rows_left_in_wal``; an
     unfinished replay counts as rows left too."""
     events = node.events
+    if node.store_probe is not None:
+        node.store_probe.close()
     node.sweep.close()
     hk_joined = node.housekeeper.close(join_timeout)
     barrier_joined = node.barrier.close(join_timeout)

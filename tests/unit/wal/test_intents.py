@@ -68,7 +68,7 @@ def test_an_absent_file_is_created_and_appends_survive_a_reopen(tmp_path: Path) 
         pytest.param(lambda b: b + b"\xff\xff\xff\xff\0\0\0\0", id="absurd_length"),
     ],
 )
-def test_a_damaged_tail_is_dropped_and_the_file_rewritten_without_it(
+def test_a_damaged_tail_is_dropped_and_the_file_cut_before_it(
     tmp_path: Path, damage: object
 ) -> None:
     good = encode_header() + encode_record(rec(10)) + encode_record(rec(20))
@@ -147,6 +147,50 @@ def test_fsynced_intents_survive_a_power_loss(tmp_path: Path) -> None:
     fs.crash_now()
     fs.apply_crash(power_loss=True)
     assert IntentLog.open(fs, root).records() == [rec(10), rec(20)]
+
+
+def test_every_state_2_a_torn_tail_is_cut_in_place_without_a_new_block(tmp_path: Path) -> None:
+    """A full volume: no file can be created or written. Open's repair truncates the
+    file in place (it frees blocks, never needs one), so the start succeeds."""
+    good = encode_header() + encode_record(rec(10)) + encode_record(rec(20))
+    (tmp_path / IntentLog.NAME).write_bytes(good + encode_record(rec(30))[:-4])
+    fs = FaultyFs(tmp_path / ".shadow")
+    fs.fail("write", count=None, errno=errno.ENOSPC)
+    fs.fail("pwrite", count=None, errno=errno.ENOSPC)
+    fs.fail("open", "*.tmp", count=None, errno=errno.ENOSPC)
+    log = IntentLog.open(fs, tmp_path)
+    try:
+        assert log.records() == [rec(10), rec(20)]
+        assert log.opened.dropped_bytes == len(encode_record(rec(30))) - 4
+    finally:
+        log.close()
+    assert (tmp_path / IntentLog.NAME).read_bytes() == good
+    assert [p.name for p in tmp_path.iterdir() if p.name != ".shadow"] == [IntentLog.NAME]
+
+
+def test_a_power_loss_before_the_repair_is_fsynced_leaves_the_tail_to_cut_again(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "wal"
+    root.mkdir()
+    good = encode_header() + encode_record(rec(10))
+    torn = good + encode_record(rec(20))[:-4]
+    (root / IntentLog.NAME).write_bytes(torn)
+    fs = FaultyFs(tmp_path / ".shadow")
+    fs.fsync_dir(root)
+    with open(root / IntentLog.NAME, "rb+") as f:
+        os.fsync(f.fileno())
+    fs.crash_at("fsync", IntentLog.NAME)
+    with pytest.raises(SimulatedCrash):
+        IntentLog.open(fs, root)
+    fs.apply_crash(power_loss=True)
+    assert (root / IntentLog.NAME).read_bytes() == torn  # the truncation was undone
+    again = IntentLog.open(fs, root)
+    try:
+        assert again.records() == [rec(10)] and again.opened.dropped_bytes > 0
+    finally:
+        again.close()
+    assert (root / IntentLog.NAME).read_bytes() == good
 
 
 @pytest.mark.parametrize("step", ["write", "fsync", "rename", "fsync_dir"])
