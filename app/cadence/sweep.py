@@ -39,10 +39,10 @@ class AgeSweep:
         self._thread = threading.Thread(target=self._run, name="ourios-age-sweep", daemon=True)
         self._thread.start()
 
-    def close(self) -> None:
+    def close(self, timeout: float = 30.0) -> None:
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(30)
+            self._thread.join(timeout)
 
     def sweep_once(self) -> int:
         """One sweep; returns the partitions it drained. Counted ``ok`` only when every
