@@ -6,10 +6,12 @@ acknowledged record exactly once.
 The states, each a parameter:
 
 * ``replaying`` — a node SIGKILLed under load restarts over a WAL it must replay (two
-  workers decoding ahead, a probe making each replayed turn slow) and is sent SIGTERM
-  at its first ready: the replay ends at its next frame, its decoding window on the
-  workers is abandoned, exit 75 (``replay_unfinished``). It used to decode on for ever
-  behind ``server.stopped`` (the workers it waited for were gone).
+  workers decoding 64 frames ahead; a probe holds the replay at its first frame until
+  the SIGTERM, then lets it run): the replay ends at its next
+  frame, its decoding window on the workers is abandoned, exit 75
+  (``replay_unfinished``). It used to turn on through the workers' stop and then wait
+  for ever for decodes the stopped workers would never answer, behind
+  ``server.stopped``.
 * ``store_down`` — a real SeaweedFS frozen with SIGSTOP (every request hangs until the
   client's read timeout, 30 s, far beyond the budget) under a node that acknowledged
   rows it has not published: the final cut is abandoned at the budget, exit 75.
@@ -79,8 +81,14 @@ if _mode and "--channel-fd" not in sys.argv:  # the core, not its workers
         import app.node.recovery as _recovery
 
         _turn = _recovery.Recovery.turn
+        _held = [False]
 
         def _slow_replay(self, item):
+            if not _held[0]:  # held at its first frame until the test opens the FIFO
+                _held[0] = True
+                print('{"event": "probe.replay_held"}', file=sys.stderr, flush=True)
+                with open(os.environ["EVERY_STATE_FIFO"], "rb"):
+                    pass
             time.sleep(_delay)  # a large backlog, made of few frames
             _turn(self, item)
 
@@ -124,11 +132,14 @@ def _metric(serve: ServeProcess, name: str) -> float:
     return float(m.group(1)) if m else 0.0
 
 
-def _sigterm(serve: ServeProcess) -> tuple[int, float]:
-    """SIGTERM; the exit status and the seconds it took (fails after ``HANG_S``)."""
+def _sigterm(serve: ServeProcess, then: Callable[[], None] | None = None) -> tuple[int, float]:
+    """SIGTERM (and ``then``); the exit status and the seconds it took (fails after
+    ``HANG_S``)."""
     assert serve.proc is not None
     sent = time.monotonic()
     serve.proc.send_signal(signal.SIGTERM)
+    if then is not None:
+        then()
     try:
         code = serve.proc.wait(HANG_S)
     except subprocess.TimeoutExpired:
@@ -199,16 +210,28 @@ def _replaying(case: Case, ledger: AckLedger, seed: int) -> Any:
     first = ServeProcess(case.data, case.env).start()
     try:
         with AckLoad(ledger, first.http_port, senders=3, tenants=TENANTS, seed=seed) as load:
-            load.wait_acked(150, timeout=DEADLINE_S)
+            load.wait_acked(300, timeout=DEADLINE_S)
             first.kill()  # mid-load: the restart has all of it to replay
             load.join()
     finally:
         first.close()
-    env = {**case.env, **case.probe_env, "EVERY_STATE_SLOW": "replay", "EVERY_STATE_DELAY": "0.3"}
+    fifo = case.data.parent / "replay.fifo"
+    os.mkfifo(fifo)
+    env = {
+        **case.env,
+        **case.probe_env,
+        "OURIOS_SERVER_WORKERS": "2",  # the replay decodes on them
+        "EVERY_STATE_SLOW": "replay",
+        "EVERY_STATE_DELAY": "0",
+        "EVERY_STATE_FIFO": str(fifo),
+    }
     serve = ServeProcess(case.data, env).start(recovered=False)
     try:
+        _wait("the replay held at its first frame", lambda: serve.event("probe.replay_held"), serve)
         assert _metric(serve, "ourios_recovery_backlog_bytes") > 0, serve.tail()
-        code, took = _sigterm(serve)
+        # SIGTERM, then the replay runs on (the workers decoding 64 frames ahead) while
+        # the node stops: it must end at its next frame.
+        code, took = _sigterm(serve, then=lambda: os.close(os.open(fifo, os.O_WRONLY)))
     finally:
         serve.close()
     stopped = _assert_stopped_within_the_bound(serve, code, took)
@@ -348,8 +371,9 @@ def test_every_state_1_sigterm_exits_within_grace_and_final_cut_and_loses_nothin
 
         read = read_bucket
     if state == "replaying":
-        env["OURIOS_SERVER_WORKERS"] = "2"  # the replay decodes on them
-        env["OURIOS_WAL_BARRIER_SECS"] = "86400"  # no cut: the restart replays it all
+        # no cut (neither timed nor rotation-fired): the restart replays all of it
+        env["OURIOS_WAL_BARRIER_SECS"] = "86400"
+        env["OURIOS_WAL_SEGMENT_MAX_BYTES"] = str(64 << 20)
     case = Case(data, env, probe_env, read)
 
     if state == "replaying":
