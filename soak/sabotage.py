@@ -690,7 +690,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "shutdown_exits_zero_with_rows_left",
         "a shutdown that leaves acknowledged rows unpublished exits non-zero",
         "app/node/server.py",
-        "    code = EXIT_ROWS_LEFT if left or not final_cut else 0",
+        "    code = EXIT_ROWS_LEFT if left or unturned or not final_cut or not phase.ended else 0",
         "    code = 0",
         (
             "tests/unit/app/node/test_server.py::test_nowedge_0_a_shutdown_with_the_store_down_counts_the_rows_left_and_exits_non_zero",
