@@ -318,18 +318,21 @@ def _payloads(*tags: str) -> list[tuple[str, bytes]]:
 
 
 class Counted:
-    """A decode policy: ``bad`` payloads get ``what``, every other one is decoded; counts
-    the DECODE calls each payload got."""
+    """A decode policy: ``bad`` payloads get ``what`` for their first ``clears_after``
+    calls (a fault retries without bound would outlast), every other one is decoded;
+    counts the DECODE calls each payload got."""
 
-    def __init__(self, what: str) -> None:
+    def __init__(self, what: str, clears_after: int = 10) -> None:
         self.what = what
+        self.clears_after = clears_after
         self.calls: Counter[bytes] = Counter()
         self._lock = threading.Lock()
 
     def __call__(self, payload: bytes) -> str:
         with self._lock:
             self.calls[payload] += 1
-        return self.what if b"bad" in payload else "ok"
+            calls = self.calls[payload]
+        return self.what if b"bad" in payload and calls <= self.clears_after else "ok"
 
 
 @pytest.mark.parametrize("what", ["raise", "die"])
@@ -370,7 +373,7 @@ def test_every_state_1_a_stop_abandons_the_decode_window(rig: NodeRig) -> None:
         except DecodeStopped as exc:
             raised.append(exc)
 
-    t = threading.Thread(target=decode)
+    t = threading.Thread(target=decode, daemon=True)
     t.start()
     try:
         stop.set()
@@ -395,7 +398,7 @@ def test_every_state_1_stopping_workers_end_a_decode_that_waits_for_them(rig: No
         except DecodeStopped as exc:
             raised.append(exc)
 
-    t = threading.Thread(target=decode)
+    t = threading.Thread(target=decode, daemon=True)
     t.start()
     workers.stop(5)
     t.join(30)
