@@ -626,7 +626,11 @@ def _serve(node: Node, stop: threading.Event, received: list[int], config_file: 
         recovering.stop(min(30.0, budget.left() / 4))
         if listeners is not None:
             listeners.close()
+        # never turned: those the halt skipped, and those a turn thread that did not end
+        # never reached (acknowledged, in the WAL above the mark)
         frames_left, bytes_left = stages.left
+        pending_bytes, pending_frames = stages.backlog
+        frames_left, bytes_left = frames_left + pending_frames, bytes_left + pending_bytes
         node.events.emit(
             "stages.stopped",
             {
