@@ -752,6 +752,16 @@ SABOTAGES: tuple[Sabotage, ...] = (
         ),
     ),
     Sabotage(
+        "supervised_threads_outlive_the_stop",
+        "no thread outlives server.stopped: a supervised loop in its backoff ends at the stop",
+        "app/node/server.py",
+        "        node.threads.close()\n        node.threads.join(SUPERVISED_JOIN_SECS)",
+        "        pass",
+        (
+            "tests/unit/app/node/test_server.py::test_every_state_1_a_supervised_loop_in_its_restart_backoff_ends_with_the_stop",
+        ),
+    ),
+    Sabotage(
         "decode_failure_stops_the_start",
         "a frame that cannot be decoded at replay is isolated; the start goes on",
         "app/node/recovery.py",

@@ -398,6 +398,9 @@ def wait_for_stop(stop: threading.Event) -> None:
 
 #: What the budget keeps for the process's own exit after ``server.stopped``.
 EXIT_MARGIN_SECS = 1.0
+#: How long the stop waits, out of that margin, for the supervised threads to end once
+#: the supervisor is closed (a loop in its restart backoff ends at once).
+SUPERVISED_JOIN_SECS = EXIT_MARGIN_SECS / 2
 #: The least time the turn thread gets to turn what was acknowledged, even when the
 #: listeners' drain took the whole grace (it comes out of the final cut's share).
 MIN_TURN_SECS = 1.0
@@ -822,6 +825,7 @@ def shutdown(
         # the final phase ended or was abandoned: no crashed loop is restarted now, and
         # one waiting out its backoff ends instead (none outlives ``server.stopped``)
         node.threads.close()
+        node.threads.join(SUPERVISED_JOIN_SECS)
     final_ok = final is not None and final.complete
     left = rows_left + events_left
     hk_joined, barrier_joined = phase.housekeeping_joined, phase.barrier_joined

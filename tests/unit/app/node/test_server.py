@@ -274,6 +274,29 @@ def test_every_state_1_unturned_frames_make_the_exit_status_75(
     assert line["frames_left_unturned"] == 2 and code == EXIT_ROWS_LEFT == line["exit_code"]
 
 
+def test_every_state_1_a_supervised_loop_in_its_restart_backoff_ends_with_the_stop(
+    node: tuple[Node, io.StringIO],
+) -> None:
+    """A supervised loop that keeps crashing (here: one of the test's own) waits out a
+    backoff between restarts. The stop closes the supervisor and waits for its threads:
+    the loop ends instead of restarting, and ``server.stopped`` names no thread."""
+    n, stream = node
+    assert n.threads is not None
+    crashed = threading.Event()
+
+    def always_raises() -> None:
+        crashed.set()
+        raise RuntimeError("injected: a loop that crashes at every run")
+
+    probe = n.threads.start("probe", always_raises, thread_name="ourios-probe")
+    assert crashed.wait(WAIT_S)  # crashed once: in its backoff, or already restarted
+    code = shutdown(n, until=time.monotonic() + WAIT_S)
+    line = stopped(stream)
+    assert not probe.is_alive(), "a supervised loop outlived server.stopped"
+    assert line["threads_left"] == [] and line["threads_failed"] == [], line
+    assert code == 0 == line["exit_code"]
+
+
 class _Wall:
     """The wall clock, which a test can step back."""
 
