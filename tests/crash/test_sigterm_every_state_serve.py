@@ -14,7 +14,8 @@ The states, each a parameter:
   ``server.stopped``.
 * ``store_down`` — a real SeaweedFS frozen with SIGSTOP (every request hangs until the
   client's read timeout, 30 s, far beyond the budget) under a node that acknowledged
-  rows it has not published: the final cut is abandoned at the budget, exit 75.
+  rows it has not published, with no timed cut running: the final cut itself is inside
+  a store call at the budget, is abandoned (``timed_out``), exit 75.
 * ``disk_full`` — the data directory on a real tmpfs filled to the last block while the
   node is loaded (appends refused with 503); the store is elsewhere.
 * ``backlog_full`` — the turn thread slowed by a probe and ``wal.turn_backlog_bytes`` at
@@ -259,6 +260,9 @@ def _store_down(case: Case, ledger: AckLedger, seed: int, seaweed: SeaweedS3) ->
             os.killpg(seaweed.pid, signal.SIGCONT)
     stopped = _assert_stopped_within_the_bound(serve, code, took)
     assert code == 75 and not stopped["final_cut_ok"], stopped
+    # the final cut was still inside a store call at the budget: abandoned, and named
+    assert stopped["final_cut_error"] == "timed_out", stopped
+    assert "ourios-final-cut" in stopped["threads_left"], stopped
     return stopped
 
 
@@ -362,7 +366,10 @@ def test_every_state_1_sigterm_exits_within_grace_and_final_cut_and_loses_nothin
         bucket = S3Bucket.create(seaweed, "every-state")
         env.update(seaweed.env())
         env["OURIOS_STORE_URL"] = bucket.url(PREFIX)
-        env["OURIOS_WAL_BARRIER_SECS"] = "1"
+        # no cut (timed or rotation-fired) before the stop: the final cut itself meets
+        # the frozen store, and is abandoned
+        env["OURIOS_WAL_BARRIER_SECS"] = "86400"
+        env["OURIOS_WAL_SEGMENT_MAX_BYTES"] = str(64 << 20)
         dest = tmp_path / "downloaded"
 
         def read_bucket() -> list[dict[str, Any]]:
