@@ -690,7 +690,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "shutdown_exits_zero_with_rows_left",
         "a shutdown that leaves acknowledged rows unpublished exits non-zero",
         "app/node/server.py",
-        "    code = EXIT_ROWS_LEFT if left or not final_cut else 0",
+        "    code = EXIT_ROWS_LEFT if left or unturned or not final_cut or not phase.ended else 0",
         "    code = 0",
         (
             "tests/unit/app/node/test_server.py::test_nowedge_0_a_shutdown_with_the_store_down_counts_the_rows_left_and_exits_non_zero",
@@ -704,6 +704,92 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "        cap = max(0, cap)",
         (
             "tests/crash/test_reclaim_model.py::test_nowedge_7_rfc0052_12_a_cap_above_the_record_geometry_is_clamped_to_it",
+        ),
+    ),
+    # -- every state ends well (issue 22 items 1 and 4) ------------------------------------
+    Sabotage(
+        "replay_decode_ignores_the_stop",
+        "SIGTERM is honoured in every state: a replay's decoding ends at the stop",
+        "app/node/workers.py",
+        "        if stop.is_set() or self._stopping.is_set():\n"
+        '            raise DecodeStopped("the replay was stopped")',
+        "        return",
+        (
+            "tests/unit/app/node/test_workers.py::test_every_state_1_a_stop_abandons_the_decode_window",
+            "tests/unit/app/node/test_workers.py::test_every_state_1_stopping_workers_end_a_decode_that_waits_for_them",
+        ),
+    ),
+    Sabotage(
+        "replay_turns_past_the_halt",
+        "SIGTERM is honoured in every state: a replay ends at its next frame",
+        "app/ingest/stages.py",
+        "                    if self._halt.is_set():\n                        break\n"
+        "                    turn_replayed(item)",
+        "                    turn_replayed(item)",
+        (
+            "tests/unit/app/ingest/test_stages.py::test_every_state_1_a_halted_replay_turns_nothing_more_and_nothing_new",
+        ),
+    ),
+    Sabotage(
+        "turns_outlive_the_drain",
+        "no thread outlives server.stopped: the turn thread stops when the drain's time is up",
+        "app/ingest/stages.py",
+        "            self._halt.set()  # out of time: what is not turned stays in the WAL",
+        "            pass",
+        (
+            "tests/unit/app/ingest/test_stages.py::test_every_state_1_a_drain_out_of_time_stops_after_the_frame_in_hand_and_counts_the_rest",
+            "tests/crash/test_sigterm_every_state_serve.py::test_every_state_1_sigterm_exits_within_grace_and_final_cut_and_loses_nothing[backlog_full]",
+        ),
+    ),
+    Sabotage(
+        "final_cut_unbounded",
+        "the process exits within grace + final cut: a cut stuck in the store is abandoned",
+        "app/node/server.py",
+        "        runner.join(max(0.0, until - time.monotonic()))",
+        "        runner.join()",
+        (
+            "tests/crash/test_sigterm_every_state_serve.py::test_every_state_1_sigterm_exits_within_grace_and_final_cut_and_loses_nothing[store_down]",
+        ),
+    ),
+    Sabotage(
+        "supervised_threads_outlive_the_stop",
+        "no thread outlives server.stopped: a supervised loop in its backoff ends at the stop",
+        "app/node/server.py",
+        "        node.threads.close()\n        node.threads.join(SUPERVISED_JOIN_SECS)",
+        "        pass",
+        (
+            "tests/unit/app/node/test_server.py::test_every_state_1_a_supervised_loop_in_its_restart_backoff_ends_with_the_stop",
+        ),
+    ),
+    Sabotage(
+        "decode_failure_stops_the_start",
+        "a frame that cannot be decoded at replay is isolated; the start goes on",
+        "app/node/recovery.py",
+        "            self._isolate(frame, s, decoded)\n            return",
+        '            raise RuntimeError(f"frame {frame.offset} does not decode: {decoded.error}")',
+        (
+            "tests/unit/app/node/test_recovery.py::test_every_state_4_a_replayed_frame_that_does_not_decode_is_isolated_and_the_rest_replay",
+            "tests/crash/test_replay_decode_failure_serve.py::test_every_state_4_a_frame_that_does_not_decode_at_replay_is_isolated_and_the_node_starts[raises]",
+        ),
+    ),
+    Sabotage(
+        "decode_retried_without_bound",
+        "a replayed frame's decode is retried at most wal.frame_decode_attempts times",
+        "app/node/workers.py",
+        "            if failures >= attempts:\n                return Undecodable(error, failures)",
+        "            if False:\n                return Undecodable(error, failures)",
+        (
+            "tests/unit/app/node/test_workers.py::test_every_state_4_a_payload_failing_on_every_worker_is_undecodable_at_the_bound",
+        ),
+    ),
+    Sabotage(
+        "isolated_frame_not_kept",
+        "an isolated frame's payload is kept and named: nothing acknowledged vanishes unnamed",
+        "app/node/recovery.py",
+        "        if self._quarantine is not None:\n            try:\n                saved = str(",
+        "        if False:\n            try:\n                saved = str(",
+        (
+            "tests/unit/app/node/test_recovery.py::test_every_state_4_a_replayed_frame_that_does_not_decode_is_isolated_and_the_rest_replay",
         ),
     ),
     # -- one writer per WAL; a poison batch isolated (issue 18 items 3 and 4) -------------

@@ -801,6 +801,16 @@ class Pipeline:
             exc_info=exc,
         )
 
+    def replay_isolated(self, frame: Frame, error: str) -> None:
+        """Recovery isolated ``frame``: its payload did not decode. The tenant's tree goes
+        on without it (folded past it), and a settlement of the tenant never decodes it
+        in this process (it may be what killed a worker)."""
+        self.settler.isolate_undecodable(frame.tenant, frame.offset, error)
+        with self.miner_lock:
+            folded = self.folded.get(frame.tenant)
+            if folded is None or folded.lsn < frame.offset.lsn:
+                self.folded[frame.tenant] = frame.offset
+
     def replay_deferred(self, frame: Frame, gates: ReplayGates, clamp: WalOffset | None) -> None:
         """A replayed frame of a tenant whose replay failed earlier: not mined into the
         unknown tree, but left to the settlement as an entry of its own."""

@@ -357,6 +357,20 @@ class WalSettings(WalConfig):
             "unit": "",
         },
     )
+    frame_decode_attempts: int = field(
+        default=3,
+        metadata={
+            "doc": "Failed attempts at decoding one frame's payload during a restart's "
+            "replay (a worker's exception or refusal, or its death while it held the "
+            "payload, each retry on the next worker) after which the frame is isolated: "
+            "not mined, its records not published, its payload kept in "
+            "<data_dir>/quarantine/frames/ and named by replay.frame_isolated; every "
+            "other frame is replayed (RUNBOOK: OuriosReplayFrameIsolated).",
+            "minimum": 1,
+            "maximum": 100,
+            "unit": "",
+        },
+    )
     turn_backlog_bytes: int = field(
         default=64 * MiB,
         metadata={
@@ -470,6 +484,21 @@ _SERVER_ROWS = (
         "gRPC) before the listeners close; the final cut runs after it, bounded by the "
         "store's timeouts, so keep terminationGracePeriodSeconds above this plus the cut "
         "(an unfinished cut loses nothing: the WAL replays it).",
+        minimum=1,
+        maximum=3600,
+        unit="seconds",
+    ),
+    Setting(
+        "server",
+        "final_cut_secs",
+        Kind.INT,
+        30,
+        "Time SIGTERM gives the final cut after the drain (server.shutdown_grace_secs): "
+        "join the timers, flush to the store, snapshots, checkpoint, stop the publisher. "
+        "The process exits within shutdown_grace_secs + final_cut_secs of SIGTERM in "
+        "every state (replaying, store down, disk full, backlog full); what did not reach "
+        "the store by then stays in the WAL for the next start (exit 75). The chart sets it "
+        "from shutdown.finalCutSecs.",
         minimum=1,
         maximum=3600,
         unit="seconds",
@@ -805,6 +834,7 @@ class ServerSettings:
     node_ordinal: int
     log_level: LogLevel
     shutdown_grace_secs: int
+    final_cut_secs: int
     workers: int
     thread_restarts: int
     max_request_records: int

@@ -303,6 +303,15 @@ class _StateCollector(Collector):
         )
         audit.add_metric([], self._m.audit_suppressed)
         yield audit
+        replay_isolated = CounterMetricFamily(
+            "ourios_replay_frames_isolated",
+            "Replayed frames isolated because their payload did not decode "
+            "wal.frame_decode_attempts times: not mined, their records not published, their "
+            "payload kept in <data_dir>/quarantine/frames/ (replay.frame_isolated).",
+        )
+        recovery = self._m.recovery
+        replay_isolated.add_metric([], 0 if recovery is None else len(recovery.report.isolated))
+        yield replay_isolated
         for extra in self._m.extra:
             yield from extra()
 

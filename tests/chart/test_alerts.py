@@ -74,6 +74,7 @@ INTERFACE: dict[str, tuple[str, frozenset[str]]] = {
     "ourios_recovery_records_suppressed_total": ("counter", frozenset()),
     "ourios_recovery_audit_events_suppressed_total": ("counter", frozenset()),
     "ourios_recovery_duration_seconds": ("gauge", frozenset()),
+    "ourios_replay_frames_isolated_total": ("counter", frozenset()),
     "ourios_ingest_requests_total": (
         "counter",
         frozenset({"transport", "outcome", "error_type"}),

@@ -32,7 +32,7 @@ from app.ingest.pipeline import Pipeline
 from app.ingest.settlement import DEFAULT_MINING_ATTEMPTS
 from app.ingest.snapshots import SnapshotLedger, SnapshotStore
 from app.node.events import EventLog
-from app.node.recovery import Recovery, RecoveryReport
+from app.node.recovery import Decoder, Recovery, RecoveryReport
 from app.receive.otlp import decode_request, flatten
 from app.threads import Supervisor
 from sink.buffers import Buffers
@@ -112,6 +112,9 @@ class NodeRig:
     #: False: no publish intents (the node before issue 16: a restart republishes what
     #: was published above the frontiers)
     intents: bool = True
+    #: recovery's decoder (None: ``decode_here``); an isolated frame's payload is kept
+    #: under ``<root>/data/quarantine/frames`` and reported as ``replay.frame_isolated``
+    decode: Decoder | None = None
 
     def __post_init__(self) -> None:
         self.fs: FaultyFs = (
@@ -209,6 +212,9 @@ class NodeRig:
             self.ledger,
             intents=self.intent_log.records() if self.intent_log is not None else None,
             objects=self.store,
+            decode=self.decode,
+            quarantine=data / "quarantine" / "frames",
+            on_isolated=lambda f: self.record_event("replay.frame_isolated", f.fields()),
         )
         self.recovery.prepare()
         self.pipeline.set_ready(True)
