@@ -90,6 +90,8 @@ NANOS_PER_DAY: Final = 86_400 * 1_000_000_000
 AUDIT_ROW_OVERHEAD: Final = 320
 #: The largest object a store takes in one PUT (S3): ``max_object_bytes``' default bound.
 MAX_OBJECT_BYTES: Final = 5 << 30
+#: How long a turn waits for room under the ceiling before it goes on (``wait_for_room``).
+ROOM_WAIT_SECS: Final = 30.0
 
 
 class Kind(Enum):
@@ -348,9 +350,10 @@ class Buffers:
         #: set when ``held_bytes`` passes the spill mark: the spiller's wake-up
         self.pressure = threading.Event()
         self._held = 0  # rows in memory: buffered and in unsettled publishes
-        #: turns that waited for room, and for how long in all (seconds)
+        #: turns that waited for room, for how long in all (seconds), and gave up waiting
         self.room_waits = 0
         self.room_wait_seconds = 0.0
+        self.room_timeouts = 0
         self._records: dict[tuple[str, int], Partition] = {}
         self._audit: dict[tuple[str, int], Partition] = {}
         self._ids = itertools.count(1)
@@ -492,21 +495,29 @@ class Buffers:
         """Rows in memory: buffered, and in publishes not settled (module docstring)."""
         return self._held
 
-    def wait_for_room(self, stop: Callable[[], bool] | None = None) -> float:
+    def wait_for_room(self, timeout: float = ROOM_WAIT_SECS) -> float:
         """Block while ``held_bytes`` is at ``ceiling_bytes`` and something can bring it
         down (a partition the spiller can take, or a publish under way that will settle);
-        the ingest turn calls it before it buffers a frame, holding no lock. Returns the
-        seconds waited. ``stop``: give up when it says so (shutdown)."""
+        the ingest turn calls it before it buffers a frame, holding no lock, so the rows
+        in memory stay under the ceiling plus one frame. After ``timeout`` seconds the
+        turn goes on anyway (counted in ``room_timeouts``): a spool that cannot be
+        written (a full volume, where admission refuses new batches already) must not
+        stop the turns for good. Returns the seconds waited."""
         ceiling = self.ceiling_bytes
         if ceiling is None or self._held < ceiling:
             return 0.0
         started = time.monotonic()
+        deadline = started + timeout
         with self._room:
-            while self._held >= ceiling and (stop is None or not stop()):
+            while self._held >= ceiling:
                 if not self._spillable_locked() and not self.in_flight.mem_bytes():
                     break  # nothing can free memory: never wait for good (staged spans)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self.room_timeouts += 1
+                    break
                 self.pressure.set()
-                self._room.wait(0.25)
+                self._room.wait(min(0.25, left))
         waited = time.monotonic() - started
         self.room_waits += 1
         self.room_wait_seconds += waited

@@ -56,6 +56,8 @@ _LEVELS = {
     "tenant.settling": "warning",
     "tenant.frame_isolated": "error",
     "wal.floor.pinned": "warning",
+    "sink.spool.started": "warning",
+    "sink.store.unavailable": "warning",
 }
 
 

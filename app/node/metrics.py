@@ -144,6 +144,35 @@ class _StateCollector(Collector):
         yield gauge(
             "ourios_sink_buffered_bytes", "Bytes buffered in the sinks.", p.buffers.buffered_bytes
         )
+        buffers = p.buffers
+        yield gauge(
+            "ourios_sink_memory_bytes",
+            "Rows the sink holds in memory (buffered, and in publishes under way); kept "
+            "under sink.ceiling_bytes by spilling to the spool (DESIGN.md §5.10).",
+            buffers.held_bytes,
+        )
+        yield gauge(
+            "ourios_sink_ceiling_bytes",
+            "The configured sink.ceiling_bytes (alerts compare the memory with it).",
+            self._m.settings.sink.ceiling_bytes,
+        )
+        spooled_units, spooled_bytes = buffers.spooled
+        yield gauge(
+            "ourios_sink_spool_objects",
+            "Objects in the spool (on the data volume) waiting for the store.",
+            spooled_units,
+        )
+        yield gauge(
+            "ourios_sink_spool_bytes",
+            "Bytes of the objects in the spool waiting for the store.",
+            spooled_bytes,
+        )
+        waits = CounterMetricFamily(
+            "ourios_sink_memory_wait_seconds",
+            "Time ingest turns waited for room under sink.ceiling_bytes.",
+        )
+        waits.add_metric([], buffers.room_wait_seconds)
+        yield waits
         yield gauge(
             "ourios_sink_parked_partitions",
             "Buffered partitions a failed or refused publish put back.",
@@ -258,6 +287,19 @@ class _StateCollector(Collector):
         )
         intents.add_metric([], stats.intent_failures)
         yield intents
+        spooled = CounterMetricFamily(
+            "ourios_sink_spooled_objects",
+            "Partitions the memory bound wrote to the spool because the store did not "
+            "take them.",
+        )
+        spooled.add_metric([], stats.spooled)
+        yield spooled
+        gate = p.publisher.gate
+        yield gauge(
+            "ourios_sink_store_down",
+            "1 while the store is not taking writes (one publish a second probes it).",
+            1 if gate is not None and gate.down else 0,
+        )
         yield gauge(
             "ourios_recovery_duration_seconds",
             "How long the start-up replay took.",

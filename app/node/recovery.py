@@ -217,8 +217,11 @@ class Recovery:
         intents: list[IntentRecord] | None = None,
         objects: ObjectStore | None = None,
         on_store_unavailable: Callable[[str, StoreError], None] | None = None,
+        on_absent: Callable[[list[str]], object] | None = None,
     ) -> None:
         self.journal = journal
+        #: told which intended objects the store does not hold (their intents go)
+        self._on_absent = on_absent
         self.pipeline = pipeline
         self.store = store
         self.ledger = ledger
@@ -306,7 +309,10 @@ class Recovery:
         wanted = [rec for rec in self._intents if needed(rec)]
         if wanted:
             self._check = LandedCheck(
-                self._objects, wanted, on_unavailable=self._on_store_unavailable
+                self._objects,
+                wanted,
+                on_unavailable=self._on_store_unavailable,
+                on_absent=self._on_absent,
             ).start()
 
     def cancel(self) -> None:

@@ -37,7 +37,7 @@ from app.cadence.barrier import Barrier, CutOutcome
 from app.cadence.housekeeping import Housekeeper
 from app.cadence.sweep import AgeSweep
 from app.ingest.admission import Admission
-from app.ingest.landed import intent_hook
+from app.ingest.landed import intent_hook, retract_hook
 from app.ingest.mining.miner_cluster import MinerCluster
 from app.ingest.mining.template_ids import FileTemplateIdAllocator
 from app.ingest.pipeline import Pipeline
@@ -46,7 +46,7 @@ from app.ingest.stages import LocalPort, Stages
 from app.ingest.tenants import TenantCountExceeded
 from app.node.config import Settings
 from app.node.datalock import DataDirLock, DataDirLocked, DataDirLockError
-from app.node.diskspace import open_disk_space
+from app.node.diskspace import DiskSpace, open_disk_space
 from app.node.events import EventLog, configure_logging
 from app.node.gc_policy import freeze_long_lived_heap
 from app.node.metrics import Metrics
@@ -57,7 +57,8 @@ from app.receive.otlp_grpc import create_grpc_server
 from app.receive.otlp_http import create_http_app, http_server
 from sink.buffers import Buffers
 from sink.keys import node_identity
-from sink.publisher import Publisher
+from sink.publisher import Publisher, StoreGate
+from sink.spool import Spiller, Spool
 from sink.store import LocalStore, ObjectStore, from_url
 from wal import CorruptionError, IntentLog, Journal, OsFs, WalError
 
@@ -86,6 +87,10 @@ class Node:
     #: the publish intents (PUBLISHING in the WAL root): every object's claim before
     #: its PUT, so a restart publishes nothing twice
     intents: IntentLog | None = None
+    #: where the memory bound puts what the store does not take, and its thread
+    #: (DESIGN.md §5.10)
+    spool: Spool | None = None
+    spiller: Spiller | None = None
 
 
 def build_node(
@@ -157,6 +162,7 @@ def _build_node(
         stop_water_bytes=settings.disk.stop_water_bytes,
         events=events,
     )
+    spool = _open_spool(server.data_dir, space, events)
     allocator = FileTemplateIdAllocator(server.data_dir / "template-ids", server.node_ordinal)
     allocator.on_no_space = space.no_space
     if isinstance(store, LocalStore):  # the embedded store: usually on this volume
@@ -168,6 +174,8 @@ def _build_node(
         flush_bytes=settings.sink.flush_bytes,
         clock=time.monotonic,
         epoch=lambda: holder["p"].epoch if "p" in holder else 1,
+        ceiling_bytes=settings.sink.ceiling_bytes,
+        max_object_bytes=settings.sink.max_object_bytes,
     )
     publisher = Publisher(
         store,
@@ -176,8 +184,13 @@ def _build_node(
         compression=settings.sink.parquet_compression,
         queue_depth=settings.sink.publisher_queue_depth,
         intents=intent_hook(intents),
+        retract=retract_hook(intents),
         step=lambda name: points.hit(name),
+        spool=spool,
+        gate=StoreGate(events=events),
+        max_object_bytes=settings.sink.max_object_bytes,
     )
+    spiller = Spiller(buffers, publisher.spill)
     ledger = SnapshotLedger()
     admission = Admission(
         journal,
@@ -252,7 +265,35 @@ def _build_node(
         archiver,
         lock,
         intents,
+        spool,
+        spiller,
     )
+
+
+def _open_spool(data_dir: Path, space: DiskSpace, events: EventLog) -> Spool:
+    """The spool, emptied: the WAL re-derives what a previous run left there (DESIGN.md
+    §5.10). On the data volume its files count in disk admission's figure."""
+    root = data_dir / "spool"
+    root.mkdir(parents=True, exist_ok=True)
+    counted = space.on_volume(root)
+    spool = Spool(
+        root,
+        on_write=space.wrote if counted else None,
+        on_free=space.freed if counted else None,
+        events=events,
+    )
+    files, size = spool.clear()
+    if files:
+        events.emit(
+            "sink.spool.discarded",
+            {
+                "path": str(root),
+                "files": files,
+                "bytes": size,
+                "action": "the WAL holds every row they held: the replay re-derives them",
+            },
+        )
+    return spool
 
 
 def _store(settings: Settings) -> ObjectStore:
@@ -424,12 +465,16 @@ def _serve(node: Node, stop: threading.Event, received: list[int], config_file: 
         )
         node.metrics.workers = workers
     pipeline.publisher.start()
+    if node.spiller is not None:
+        node.spiller.start()  # before the replay, which buffers under the same bound
 
     def abandon(exc: BaseException) -> int:
         if workers is not None:
             workers.stop(grace)
         if listeners is not None:
             listeners.close()
+        if node.spiller is not None:
+            node.spiller.close()
         pipeline.publisher.close()
         node.journal.close()
         _release(node)
@@ -448,6 +493,7 @@ def _serve(node: Node, stop: threading.Event, received: list[int], config_file: 
         workers.decode_in_order if workers is not None else None,
         intents=node.intents.records() if node.intents is not None else None,
         objects=node.store,
+        on_absent=node.intents.retract if node.intents is not None else None,
         on_store_unavailable=lambda key, exc: node.events.emit(
             "recovery.store_unavailable",
             {
@@ -604,6 +650,8 @@ def shutdown(node: Node, join_timeout: float = 60.0, *, final_cut: bool = True) 
     join may hold them) — which ``server.stopped`` counts in ``rows_left_in_wal``; an
     unfinished replay counts as rows left too."""
     events = node.events
+    if node.spiller is not None:
+        node.spiller.close(join_timeout)  # the turns are over: nothing more to take
     node.sweep.close()
     hk_joined = node.housekeeper.close(join_timeout)
     barrier_joined = node.barrier.close(join_timeout)
