@@ -24,6 +24,12 @@ refuses what `ourios serve` would refuse at start-up. A rule whose value was rem
 {{- end }}
 {{- end }}
 
+{{- if and (not (kindIs "invalid" $k.flushBytes)) (not (kindIs "invalid" $k.maxObjectBytes)) }}
+{{- if gt (int64 $k.flushBytes) (int64 $k.maxObjectBytes) }}
+{{- fail (printf "sink.flushBytes (%d) must be at most sink.maxObjectBytes (%d) (OURIOS_SINK_FLUSH_BYTES <= OURIOS_SINK_MAX_OBJECT_BYTES)" (int64 $k.flushBytes) (int64 $k.maxObjectBytes)) }}
+{{- end }}
+{{- end }}
+
 {{- if eq (int64 $s.httpPort) (int64 $s.grpcPort) }}
 {{- fail (printf "server.httpPort and server.grpcPort must differ (both are %d)" (int64 $s.httpPort)) }}
 {{- end }}
