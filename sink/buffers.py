@@ -572,19 +572,14 @@ class Buffers:
         ``max_object_bytes``."""
         key = (part.tenant, part.day)
         existing = self._records.get(key) if part.kind is Kind.RECORDS else self._audit.get(key)
-        return (
-            existing is not None
-            and existing.mem_bytes + part.mem_bytes > self.max_object_bytes
-        )
+        return existing is not None and existing.mem_bytes + part.mem_bytes > self.max_object_bytes
 
     @property
     def spooled(self) -> tuple[int, int]:
         """(units, bytes) whose rows are spool files: buffered or in a publish."""
         with self.lock:
             units = [u for u in self._units if u.spool is not None]
-        flying = [
-            p for p in self.in_flight.partitions() if p.spool is not None
-        ]
+        flying = [p for p in self.in_flight.partitions() if p.spool is not None]
         files = {id(p.spool): p.spool for p in [*units, *flying] if p.spool is not None}
         return len(files), sum(f.nbytes for f in files.values())
 

@@ -574,9 +574,7 @@ class Publisher:
             error_type,
             exc,
         )
-        outcome = self._buffers.requeue(
-            d, error_type, identity=identity, claimed=True, split=split
-        )
+        outcome = self._buffers.requeue(d, error_type, identity=identity, claimed=True, split=split)
         assert outcome is not None  # this thread holds the claim
         return outcome
 

@@ -281,5 +281,5 @@ def _list_prefix(key: str) -> str:
     (``<dir>/<node>-``), so a listing holds only this node's objects of that day."""
     directory, _, name = key.rpartition("/")
     stem = name.removesuffix(".parquet")
-    node = stem[: -_UUID_CHARS] if len(stem) > _UUID_CHARS else ""
+    node = stem[:-_UUID_CHARS] if len(stem) > _UUID_CHARS else ""
     return f"{directory}/{node}"

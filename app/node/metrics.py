@@ -289,8 +289,7 @@ class _StateCollector(Collector):
         yield intents
         spooled = CounterMetricFamily(
             "ourios_sink_spooled_objects",
-            "Partitions the memory bound wrote to the spool because the store did not "
-            "take them.",
+            "Partitions the memory bound wrote to the spool because the store did not take them.",
         )
         spooled.add_metric([], stats.spooled)
         yield spooled
