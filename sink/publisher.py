@@ -377,11 +377,13 @@ class Publisher:
             if refusal and not spill:
                 return self._failed(d, kind, "audit_not_durable", RuntimeError(refusal)), None
         with contextlib.ExitStack() as held:
-            if part.spool is not None and self.spool is not None:
-                # one spooled object's bytes in memory at a time (``sink.spool``)
-                held.enter_context(self.spool.read_slot)
             try:
-                name, key, data = self._encode(d)
+                if part.spool is not None and self.spool is not None:
+                    # the spooled bytes in memory stay within the spool's read budget
+                    data = held.enter_context(self.spool.reading(part.spool))
+                    name, key = self._spooled_key(d)
+                else:
+                    name, key, data = self._encode(d)
             except Exception as exc:  # noqa: BLE001 - requeued and counted, never lost
                 return self._failed(d, kind, "unexpected", exc), None
             if self._too_large(d, data):
@@ -586,8 +588,8 @@ class Publisher:
         name = part.identity if part.identity is not None else new_object_name(self._node)
         day = dt.date(1970, 1, 1) + dt.timedelta(days=part.day)
         if part.spool is not None:  # encoded when it was spooled, under its name
-            key_of = records_key if part.kind is Kind.RECORDS else audit_key
-            return name, key_of(part.tenant, day, name), part.spool.read()
+            name, key = self._spooled_key(d)
+            return name, key, part.spool.read()
         if part.kind is Kind.RECORDS:
             assert part.records is not None
             data = self.records_encoder(part.records, self._compression)
@@ -595,6 +597,14 @@ class Publisher:
         assert part.audit is not None
         data = encode_audit(part.audit, self._compression)
         return name, audit_key(part.tenant, day, name), data
+
+    def _spooled_key(self, d: Detached) -> tuple[str, str]:
+        """(name, key) of a spooled unit: the name it was spooled under."""
+        part = d.partition
+        assert part.identity is not None, "a spooled unit always has its name"
+        day = dt.date(1970, 1, 1) + dt.timedelta(days=part.day)
+        key_of = records_key if part.kind is Kind.RECORDS else audit_key
+        return part.identity, key_of(part.tenant, day, part.identity)
 
     # -- the thread ----------------------------------------------------------------------
 

@@ -31,12 +31,13 @@ memory are at half the ceiling.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
@@ -91,6 +92,7 @@ class Spool:
         on_free: Callable[[int], None] | None = None,
         events: Events | None = None,
         clock: Callable[[], float] = time.monotonic,
+        read_budget: int = 0,
     ) -> None:
         self.root = root
         self._on_write = on_write
@@ -107,8 +109,10 @@ class Spool:
         self.write_failures = 0
         self._since: float | None = None
         self._episode_files = 0
-        #: one spooled object's bytes in memory at a time (publishing from the spool)
-        self.read_slot = threading.Lock()
+        #: spooled objects' bytes in memory at once while they are published
+        self._reading = 0
+        self._read_budget = read_budget
+        self._read_cond = threading.Condition(threading.Lock())
 
     def clear(self) -> tuple[int, int]:
         """Start-up: remove every file of a previous run (module docstring) and create
@@ -167,6 +171,23 @@ class Spool:
                 },
             )
         return SpoolFile(self, path, len(data))
+
+    @contextlib.contextmanager
+    def reading(self, f: SpoolFile) -> Iterator[bytes]:
+        """``f``'s bytes, read while the spooled bytes in memory stay within the read
+        budget (one object at a time when the budget is 0 or the object is larger): the
+        publishers drain the spool in parallel without taking it back into memory."""
+        with self._read_cond:
+            self._read_cond.wait_for(
+                lambda: self._reading == 0 or self._reading + f.nbytes <= self._read_budget
+            )
+            self._reading += f.nbytes
+        try:
+            yield f.read()
+        finally:
+            with self._read_cond:
+                self._reading -= f.nbytes
+                self._read_cond.notify_all()
 
     def _remove(self, f: SpoolFile) -> None:
         with self._lock:

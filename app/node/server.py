@@ -162,7 +162,7 @@ def _build_node(
         stop_water_bytes=settings.disk.stop_water_bytes,
         events=events,
     )
-    spool = _open_spool(server.data_dir, space, events)
+    spool = _open_spool(server.data_dir, space, events, settings.sink.ceiling_bytes)
     allocator = FileTemplateIdAllocator(server.data_dir / "template-ids", server.node_ordinal)
     allocator.on_no_space = space.no_space
     if isinstance(store, LocalStore):  # the embedded store: usually on this volume
@@ -270,7 +270,7 @@ def _build_node(
     )
 
 
-def _open_spool(data_dir: Path, space: DiskSpace, events: EventLog) -> Spool:
+def _open_spool(data_dir: Path, space: DiskSpace, events: EventLog, ceiling: int) -> Spool:
     """The spool, emptied: the WAL re-derives what a previous run left there (DESIGN.md
     §5.10). On the data volume its files count in disk admission's figure."""
     root = data_dir / "spool"
@@ -281,6 +281,7 @@ def _open_spool(data_dir: Path, space: DiskSpace, events: EventLog) -> Spool:
         on_write=space.wrote if counted else None,
         on_free=space.freed if counted else None,
         events=events,
+        read_budget=ceiling // 4,  # what draining the spool holds in memory at once
     )
     files, size = spool.clear()
     if files:
