@@ -350,6 +350,8 @@ class Buffers:
         #: set when ``held_bytes`` passes the spill mark: the spiller's wake-up
         self.pressure = threading.Event()
         self._held = 0  # rows in memory: buffered and in unsettled publishes
+        #: the highest ``held_bytes`` since start
+        self.peak_held_bytes = 0
         #: turns that waited for room, for how long in all (seconds), and gave up waiting
         self.room_waits = 0
         self.room_wait_seconds = 0.0
@@ -470,6 +472,8 @@ class Buffers:
         """Rows entered (``delta`` > 0) or left memory; wakes the spiller past the mark
         and the turns waiting for room when rows left."""
         self._held += delta
+        if self._held > self.peak_held_bytes:
+            self.peak_held_bytes = self._held
         ceiling = self.ceiling_bytes
         if ceiling is None:
             return

@@ -91,6 +91,8 @@ HEADER_SIZE: Final = 16
 MAX_KEY_BYTES: Final = 1024
 MAX_TENANT_BYTES: Final = 128
 MAX_CLAIMS: Final = 1 << 20
+#: retracted bytes a file may hold before it is compacted, beyond the live ones
+COMPACT_FLOOR: Final = 64 << 10
 MAX_BODY: Final = 8 + 2 + MAX_TENANT_BYTES + 2 + MAX_KEY_BYTES + 8 + 20 * MAX_CLAIMS
 
 _HEAD: Final = struct.Struct("<4sHHI")  # 12, then the CRC
@@ -294,8 +296,6 @@ class IntentLog:
 
     NAME: ClassVar[str] = "PUBLISHING"
     TEMP: ClassVar[str] = "PUBLISHING.tmp"
-    #: retracted bytes the file may hold before it is compacted (beyond the live ones)
-    COMPACT_FLOOR: ClassVar[int] = 64 << 10
 
     def __init__(self, fs: Fs, root: Path, fd: int, size: int, records: list[IntentRecord]):
         self._fs = fs
@@ -311,6 +311,8 @@ class IntentLog:
         self._size = at  # open rewrote the file to exactly these records (``size``)
         #: bytes of retracted records still in the file (``retract``)
         self._dead = 0
+        #: retracted bytes the file may hold before it is compacted (beyond the live ones)
+        self.compact_floor = COMPACT_FLOOR
         self._lock = threading.Lock()
         self._closed = False
         #: what open found after the last good record (reported once, by the caller)
@@ -404,7 +406,7 @@ class IntentLog:
         failure wrote nothing; a restart's check found none). Only memory changes — a
         crash before the next rewrite leaves them in the file, which costs a restart
         one question each, never a row — and the file is compacted once the retracted
-        bytes outgrow the live ones (``COMPACT_FLOOR`` at least). Returns how many
+        bytes outgrow the live ones (``compact_floor`` at least). Returns how many
         records were taken back. A failed compaction is left for the next one."""
         gone = set(keys)
         with self._lock:
@@ -416,7 +418,7 @@ class IntentLog:
             self._entries = kept
             self._known = {(e.key, e.crc): e for e in kept}
             live = self._size - HEADER_SIZE - self._dead
-            if self._dead > max(self.COMPACT_FLOOR, live) and not self._closed:
+            if self._dead > max(self.compact_floor, live) and not self._closed:
                 try:
                     self._rewrite_locked(kept)
                 except IntentWriteError:
