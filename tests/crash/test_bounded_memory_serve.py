@@ -217,3 +217,66 @@ def test_bounded_1_a_long_store_outage_keeps_memory_under_the_bound_and_loses_no
     assert not missing, f"{len(missing)} acknowledged records not in the store: {missing[:5]}"
     copies = {rid: n for rid, n in published.items() if n > 1}
     assert not copies, f"{len(copies)} records published more than once: {list(copies)[:5]}"
+
+
+def test_bounded_1_a_sigkill_during_the_outage_discards_the_spool_and_loses_nothing(
+    tmp_path: Path, seaweed: SeaweedS3
+) -> None:
+    """The node is SIGKILLed while its spool holds what the store would not take. The
+    next start empties the spool (``sink.spool.discarded``) and its replay re-derives the
+    rows from the WAL under the same bound — the restarted core stays under its bound
+    too, so a long outage does not end in a crash loop — and every acknowledged record
+    is in the store once."""
+    seed = seed_from("BOUNDED_SEED")
+    bucket = S3Bucket.create(seaweed, "bounded")
+    ledger = AckLedger()
+    data = tmp_path / "node"
+    env = {**ENV, **seaweed.env(), "OURIOS_STORE_URL": bucket.url(PREFIX)}
+    serve = ServeProcess(data, env)
+    with serve:
+        with AckLoad(
+            ledger,
+            serve.http_port,
+            senders=6,
+            tenants=TENANTS,
+            seed=seed,
+            records_per_request=(20, 40),
+        ) as load:
+            load.wait_acked(100)
+            seaweed.kill()
+            wal_before = wal_bytes(data)
+            wait_for(
+                lambda: (
+                    wal_bytes(data) >= wal_before + 4 * CEILING
+                    and metric(serve, "ourios_sink_spool_objects") > 0
+                ),
+                "a spool and a WAL of four ceilings during the outage",
+                serve.tail,
+            )
+            load.stop()
+        serve.kill()
+    assert list((data / "spool").glob("*.parquet")), "the killed node left its spool"
+
+    seaweed.restart()
+    again = ServeProcess(data, env)
+    with again:
+        core = again.proc.pid if again.proc is not None else 0
+        with MemorySampler(lambda: [core]) as memory:
+            wait_for(
+                lambda: metric(again, "ourios_sink_spool_objects") == 0 and barrier_ok(again) >= 2,
+                "the replayed rows published and cuts completing",
+                again.tail,
+            )
+        code = again.terminate()
+
+    (discarded,) = again.event("sink.spool.discarded")
+    assert discarded["files"] > 0, discarded
+    peak = max(memory.peak.get(core, 0), memory.hwm.get(core, 0))
+    assert peak <= CORE_BOUND, (peak, CORE_BOUND)
+    assert code == 0, f"exit {code}\n{again.tail()}"
+    published = published_rids(bucket, tmp_path / "published")
+    acked = ledger.rids(Outcome.ACKED)
+    missing = sorted(acked - published.keys())
+    assert not missing, f"{len(missing)} acknowledged records not in the store: {missing[:5]}"
+    copies = {rid: n for rid, n in published.items() if n > 1}
+    assert not copies, f"{len(copies)} records published more than once: {list(copies)[:5]}"
