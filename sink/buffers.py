@@ -49,7 +49,7 @@ anyone but the claimant (``park``, an abandoned cut, a count) claims first and l
 partition someone else holds alone. So a waiter only ever waits for a write another
 thread is executing, and every claimed partition is settled by its claimant.
 
-**The memory bound** (DESIGN.md §5.10). ``held_bytes`` is what the rows in memory cost:
+**The memory bound** (DESIGN.md §5.12). ``held_bytes`` is what the rows in memory cost:
 every buffered partition and every registered publish not yet settled (a records
 partition's Arrow size plus its frames' payload bytes, which the decoded columns share a
 buffer with; an audit row's estimate plus its Python objects). Past three quarters of

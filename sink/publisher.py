@@ -61,7 +61,7 @@ again. So an outage costs one request per second, not one per partition per cut,
 the spool is not read back while nothing can take it. ``sink.store.unavailable`` and
 ``sink.store.available`` are its events.
 
-**Spilling** (DESIGN.md §5.10, ``sink.spool``). ``spill`` is the spiller's publish: the
+**Spilling** (DESIGN.md §5.12, ``sink.spool``). ``spill`` is the spiller's publish: the
 partition is encoded and written to the store when the gate lets it; when it does not,
 or the write fails, the encoded object is written to the spool instead, under the name
 it has now, with its intent recorded — so it leaves memory and becomes a unit that is
@@ -92,7 +92,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Protocol
 
 from sink.buffers import MAX_OBJECT_BYTES, Buffers, Detached, Kind, PublishOutcome
 from sink.claims import IntentHook, claim_of
@@ -211,6 +211,27 @@ class StoreGate:
             self._events(*event)
 
 
+class ThreadHandle(Protocol):
+    def join(self, timeout: float | None = None) -> None: ...
+
+    def is_alive(self) -> bool: ...
+
+
+class Threads(Protocol):
+    """Runs a long-lived loop on a thread of its own and restarts it after an
+    unexpected exception (the node passes its ``app.threads.Supervisor``)."""
+
+    def start(
+        self,
+        name: str,
+        loop: Callable[[], None],
+        *,
+        thread_name: str | None = None,
+        restart: bool = True,
+        stop: threading.Event | None = None,
+    ) -> ThreadHandle: ...
+
+
 @dataclass
 class PublishStats:
     """Counters (primary state, not copies): objects and bytes written, failures."""
@@ -244,8 +265,11 @@ class Publisher:
         spool: Spool | None = None,
         gate: StoreGate | None = None,
         max_object_bytes: int = MAX_OBJECT_BYTES,
+        threads: Threads | None = None,
     ) -> None:
         self._store = store
+        #: runs the publisher's loop (None: a plain thread)
+        self._threads = threads
         #: makes each object's claim durable before its PUT (module docstring)
         self.intents = intents
         #: takes back the intent of an object a clean failure did not write
@@ -264,7 +288,7 @@ class Publisher:
         self._compression = compression
         self._wait_secs = wait_secs
         self._queue: queue.Queue[Detached | None] = queue.Queue(maxsize=queue_depth)
-        self._thread: threading.Thread | None = None
+        self._thread: ThreadHandle | None = None
         self._stop = threading.Event()
         self.stats = PublishStats(Counter(), Counter(), Counter())
         self._stats_lock = threading.Lock()
@@ -278,8 +302,17 @@ class Publisher:
     def start(self) -> None:
         if self._thread is not None:
             return
-        self._thread = threading.Thread(target=self._run, name="ourios-publisher", daemon=True)
-        self._thread.start()
+        if self._threads is not None:
+            # Restartable: a publish settles or requeues its partition itself, and the
+            # queue outlives the loop; no stop event, so a restart still drains the
+            # queue up to ``close``'s end marker.
+            self._thread = self._threads.start(
+                "publisher", self._run, thread_name="ourios-publisher"
+            )
+            return
+        thread = threading.Thread(target=self._run, name="ourios-publisher", daemon=True)
+        thread.start()
+        self._thread = thread
 
     def close(self, timeout: float = 60.0) -> bool:
         """Stop after the queued partitions are written; True when the thread joined."""

@@ -1,5 +1,5 @@
 """The spool: partitions the memory bound pushed out of memory, kept as Parquet files on
-the data volume until the store takes them (DESIGN.md §5.10).
+the data volume until the store takes them (DESIGN.md §5.12).
 
 Layout: ``<data_dir>/spool/<kind>-<object name>.parquet``, each file exactly the bytes of
 the object it will become (encoded once, published as it is), written as
@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
     from sink.buffers import Buffers, Detached, PublishOutcome
+    from sink.publisher import ThreadHandle, Threads
 
 log = logging.getLogger("ourios.sink.spool")
 
@@ -236,20 +237,31 @@ class Spiller:
         spill: Callable[[Detached], PublishOutcome | None],
         *,
         idle_secs: float = 0.5,
+        threads: Threads | None = None,
     ) -> None:
         self._buffers = buffers
+        #: runs the spiller's loop (None: a plain thread)
+        self._threads = threads
         self._spill = spill
         self._idle = idle_secs
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._thread: ThreadHandle | None = None
         #: partitions taken out of memory since start
         self.spilled = 0
 
     def start(self) -> None:
         if self._thread is not None:
             return
-        self._thread = threading.Thread(target=self._run, name="ourios-spiller", daemon=True)
-        self._thread.start()
+        if self._threads is not None:
+            # Restartable: a round that raised left its partition requeued or spooled,
+            # and the next round starts from the buffers' state.
+            self._thread = self._threads.start(
+                "spiller", self._run, thread_name="ourios-spiller", stop=self._stop
+            )
+            return
+        thread = threading.Thread(target=self._run, name="ourios-spiller", daemon=True)
+        thread.start()
+        self._thread = thread
 
     def close(self, timeout: float = 60.0) -> bool:
         """Stop after the partition being spilled; True when the thread joined."""

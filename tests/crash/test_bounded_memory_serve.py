@@ -1,11 +1,11 @@
 """Issue 21 item 1, on a real ``ourios serve`` and a real SeaweedFS: memory is bounded
-whatever the store outage's length (DESIGN.md §5.10).
+whatever the store outage's length (DESIGN.md §5.12).
 
 ``test_bounded_1_...``: a small ``sink.ceiling_bytes``, load from several senders and
 tenants, then SeaweedFS is SIGKILLed and the load goes on until the WAL holds many
 times the ceiling. Throughout, the resident memory (``VmRSS`` from ``/proc``) of the
 core and of each worker is sampled; neither may pass its documented bound (the
-ceiling plus the fixed allowance of DESIGN.md §5.10). What did not fit in memory went
+ceiling plus the fixed allowance of DESIGN.md §5.12). What did not fit in memory went
 to the spool (``sink.spool.started``, ``ourios_sink_spooled_objects_total``), and
 PUBLISHING held one record per object that may exist — not one per attempt: its claims
 never outnumber the frames written. Then the store returns: the spool drains, the
@@ -47,7 +47,7 @@ TENANTS = ("acme", "globex", "initech")
 PREFIX = "bounded"
 CEILING = 2 * MiB
 TURN_BACKLOG = 2 * MiB
-#: The fixed allowance of DESIGN.md §5.10 for this configuration: the interpreter and
+#: The fixed allowance of DESIGN.md §5.12 for this configuration: the interpreter and
 #: its libraries, the encoded copies of what is being published (at most the ceiling),
 #: the turn backlog's frames (their payload and decoded columns, twice the backlog
 #: bound) and the allocator's slack.

@@ -1,4 +1,4 @@
-"""The memory bound (issue 21 item 1, DESIGN.md §5.10): ``sink/spool.py`` and the
+"""The memory bound (issue 21 item 1, DESIGN.md §5.12): ``sink/spool.py`` and the
 pieces of ``sink/buffers.py`` and ``sink/publisher.py`` it rests on.
 
 - rows past the spill mark go to the spool when the store does not take them, and the

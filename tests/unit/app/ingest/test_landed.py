@@ -326,7 +326,7 @@ def test_issue16_two_intents_for_one_key_suppress_only_what_both_claim() -> None
     assert [lsn for lsn in (10, 20, 30, 40, 50) if landed.days("acme", lsn)] == [10, 30]
 
 
-# -- the memory bound (issue 21 item 1, DESIGN.md §5.10) ----------------------------------
+# -- the memory bound (issue 21 item 1, DESIGN.md §5.12) ----------------------------------
 
 CEILING = 24 << 10
 
