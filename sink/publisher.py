@@ -72,6 +72,17 @@ is never recorded again: one record per spooled object, however many attempts.
 partition goes back as two halves (``object_too_large``), unless it is a single frame's
 rows or already has a name.
 
+**Dead letters** (DESIGN.md §5.13, ``sink.deadletter``). A failure of a permanent class
+(``PERMANENT_ERRORS``: the store refused this very object, or its rows cannot be
+encoded) is a strike against its partition (tenant, kind, day); at
+``dead_letter_attempts`` strikes the object is written durably to the dead-letter
+directory instead and the partition settles as published, so the other partitions' cut
+completes and the checkpoint advances. An access denial counts only while the store
+takes other objects meanwhile: one denied for every object is the node's
+misconfiguration, not one partition's, and the WAL absorbs it. A success clears the
+strikes; after a dead letter the partition's later rows go the same way at their first
+permanent failure.
+
 A *deterministic* partition (a settlement's intent span, RFC 0055 §9.4; see
 ``sink.buffers``) is named the same way from its first attempt: its records by the
 derivation above, its template events by their content (``sink.keys.audit_object_name``),
@@ -91,11 +102,14 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final, Protocol
+
+import pyarrow as pa
 
 from sink.buffers import MAX_OBJECT_BYTES, Buffers, Detached, Kind, PublishOutcome
 from sink.claims import IntentHook, claim_of
+from sink.deadletter import ARROW_SUFFIX, PERMANENT_ERRORS, DeadLetter, arrow_stream
 from sink.keys import (
     audit_key,
     audit_object_name,
@@ -103,7 +117,7 @@ from sink.keys import (
     records_key,
     retry_object_name,
 )
-from sink.parquet import RecordColumns, encode_audit, encode_records
+from sink.parquet import AUDIT_SCHEMA, RECORDS_SCHEMA, RecordColumns, encode_audit, encode_records
 from sink.spool import OBJECT_TOO_LARGE, Spool
 from sink.store import ObjectStore, StoreError
 
@@ -247,6 +261,17 @@ class PublishStats:
     #: partitions the spiller wrote to the spool, and objects published from it
     spooled: int = 0
     unspooled: int = 0
+    #: (kind, error_type) -> partitions written to the dead-letter directory
+    dead_lettered: Counter[tuple[str, str]] = field(default_factory=Counter)
+
+
+@dataclass
+class _Strikes:
+    """A partition's permanent failures since its last success (module docstring)."""
+
+    #: the objects the store had taken when the first strike came
+    landed_before: int
+    count: int = 0
 
 
 class Publisher:
@@ -266,8 +291,18 @@ class Publisher:
         gate: StoreGate | None = None,
         max_object_bytes: int = MAX_OBJECT_BYTES,
         threads: Threads | None = None,
+        dead_letter: DeadLetter | None = None,
+        dead_letter_attempts: int = 5,
+        events: Callable[[str, Mapping[str, object]], None] | None = None,
     ) -> None:
         self._store = store
+        #: where a partition the store refuses for good goes (None: retried for ever)
+        self.dead_letter = dead_letter
+        self.dead_letter_attempts = dead_letter_attempts
+        self._events = events or (lambda name, fields: None)
+        #: (kind, tenant, day) -> its permanent failures; objects the store took
+        self._strikes: dict[tuple[str, str, int], _Strikes] = {}
+        self._landed = 0
         #: runs the publisher's loop (None: a plain thread)
         self._threads = threads
         #: makes each object's claim durable before its PUT (module docstring)
@@ -418,6 +453,8 @@ class Publisher:
                 else:
                     name, key, data = self._encode(d)
             except Exception as exc:  # noqa: BLE001 - requeued and counted, never lost
+                if part.spool is None:
+                    return self._encode_failed(d, kind, exc), None
                 return self._failed(d, kind, "unexpected", exc), None
             if self._too_large(d, data):
                 why = RuntimeError(f"{len(data)} bytes over sink.max_object_bytes")
@@ -452,10 +489,15 @@ class Publisher:
                 return self._failed(d, kind, exc.error_type, exc, name), exc
             if intended and part.identity is None and part.spool is None:
                 self._take_back(key)  # nothing was written: its intent holds nothing
+            attempts = self._strike(d, exc.error_type)
+            if attempts:
+                return self._to_dead_letter(d, kind, key, data, exc, attempts), exc
             return self._failed(d, kind, exc.error_type, exc), exc
         except Exception as exc:  # noqa: BLE001 - requeued and counted, never lost
             return self._failed(d, kind, "unexpected", exc), None
         with self._stats_lock:
+            self._landed += 1
+            self._strikes.pop((kind, part.tenant, part.day), None)
             if created:
                 self.stats.objects[kind] += 1
                 self.stats.bytes[kind] += len(data)
@@ -499,6 +541,82 @@ class Publisher:
         outcome = self._buffers.requeue(d, error_type, identity=name, claimed=True, spooled=spooled)
         assert outcome is not None  # this thread holds the claim
         return outcome
+
+    def _strike(self, d: Detached, error_type: str) -> int:
+        """Count a permanent failure of ``d``'s partition (module docstring): the strikes
+        so far when it is to be dead-lettered now, else 0."""
+        if self.dead_letter is None or error_type not in PERMANENT_ERRORS:
+            return 0
+        part = d.partition
+        with self._stats_lock:
+            strikes = self._strikes.setdefault(
+                (part.kind.value, part.tenant, part.day), _Strikes(self._landed)
+            )
+            strikes.count += 1
+            if strikes.count < self.dead_letter_attempts:
+                return 0
+            if error_type == "s3_access_denied" and self._landed == strikes.landed_before:
+                return 0  # denied with everything else: the node's, not this partition's
+            return strikes.count
+
+    def _encode_failed(self, d: Detached, kind: str, exc: Exception) -> PublishOutcome:
+        """``d``'s rows could not be encoded: requeued, or after the strikes dead-lettered
+        as an Arrow stream of the same rows."""
+        attempts = self._strike(d, "encode_error")
+        if not attempts:
+            return self._failed(d, kind, "encode_error", exc)
+        part = d.partition
+        day = dt.date(1970, 1, 1) + dt.timedelta(days=part.day)
+        name = part.identity if part.identity is not None else new_object_name(self._node)
+        try:
+            if part.kind is Kind.RECORDS:
+                assert part.records is not None
+                key = records_key(part.tenant, day, name)
+                data = arrow_stream(part.records.batches, RECORDS_SCHEMA)
+            else:
+                assert part.audit is not None
+                key = audit_key(part.tenant, day, name)
+                cols = {n: getattr(part.audit, n) for n in AUDIT_SCHEMA.names}
+                table = pa.Table.from_pydict(cols, schema=AUDIT_SCHEMA)
+                data = arrow_stream(table.to_batches(), AUDIT_SCHEMA)
+        except Exception as again:  # noqa: BLE001 - kept in memory and the WAL, counted
+            return self._failed(d, kind, "encode_error", again)
+        return self._to_dead_letter(d, kind, key + ARROW_SUFFIX, data, exc, attempts)
+
+    def _to_dead_letter(
+        self, d: Detached, kind: str, key: str, data: bytes, exc: Exception, attempts: int
+    ) -> PublishOutcome:
+        """Write the object the store refused for good to the dead-letter directory,
+        durably, and settle its partition as published; when it cannot be written the
+        rows are requeued (nothing acknowledged is dropped)."""
+        part = d.partition
+        error_type = exc.error_type if isinstance(exc, StoreError) else "encode_error"
+        assert self.dead_letter is not None
+        try:
+            path = self.dead_letter.write(key, data)
+        except OSError as failed:
+            log.error("dead-lettering %s failed (%s): rows requeued", key, failed)
+            return self._failed(d, kind, error_type, exc)
+        with self._stats_lock:
+            self.stats.dead_lettered[(kind, error_type)] += 1
+        self._events(
+            "sink.partition.dead_lettered",
+            {
+                "tenant": part.tenant,
+                "kind": kind,
+                "day": str(dt.date(1970, 1, 1) + dt.timedelta(days=part.day)),
+                "rows": part.rows,
+                "bytes": len(data),
+                "attempts": attempts,
+                "error_type": error_type,
+                "error": str(exc),
+                "path": str(path),
+                "action": "the store refuses this object for good: it is kept in the "
+                "dead-letter directory and its WAL frames may be reclaimed; fix the cause "
+                "and re-drive it (RUNBOOK.md)",
+            },
+        )
+        return self._buffers.published(d)
 
     def _take_back(self, key: str) -> None:
         if self._retract is None:

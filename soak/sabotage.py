@@ -1162,6 +1162,49 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "            elif False:",
         ("tests/unit/sink/test_spool.py::test_bounded_1_no_partition_grows_past_max_object_bytes",),
     ),
+    # -- every state ends well: dead letters (issue 22 item 6) ------------------------
+    Sabotage(
+        "dead_letter_never",
+        "a partition the store refuses for good is dead-lettered after bounded attempts",
+        "sink/publisher.py",
+        "            if strikes.count < self.dead_letter_attempts:\n                return 0",
+        "            if True:\n                return 0",
+        (
+            "tests/unit/sink/test_deadletter.py::test_every_state_6_a_partition_refused_for_good_is_dead_lettered_and_the_cut_completes",
+            "tests/unit/sink/test_deadletter.py::test_every_state_6_rows_that_cannot_be_encoded_are_dead_lettered_as_an_arrow_stream",
+        ),
+    ),
+    Sabotage(
+        "dead_letter_settled_unwritten",
+        "a dead-lettered partition settles only once its file is durable",
+        "sink/publisher.py",
+        "            path = self.dead_letter.write(key, data)",
+        "            path = self.dead_letter.root / key",
+        (
+            "tests/unit/sink/test_deadletter.py::test_every_state_6_a_partition_refused_for_good_is_dead_lettered_and_the_cut_completes",
+            "tests/unit/sink/test_deadletter.py::test_every_state_6_a_dead_letter_that_cannot_be_written_keeps_the_rows",
+        ),
+    ),
+    Sabotage(
+        "dead_letter_on_any_error",
+        "only a permanent error class of one partition dead-letters it",
+        "sink/publisher.py",
+        "        if self.dead_letter is None or error_type not in PERMANENT_ERRORS:",
+        "        if self.dead_letter is None:",
+        (
+            "tests/unit/sink/test_deadletter.py::test_every_state_6_no_dead_letter_for_a_node_wide_denial_or_a_transient_error",
+        ),
+    ),
+    Sabotage(
+        "dead_letter_node_wide_denial",
+        "a store that denies every object dead-letters nothing: the WAL absorbs it",
+        "sink/publisher.py",
+        '            if error_type == "s3_access_denied" and self._landed == strikes.landed_before:',
+        "            if False:",
+        (
+            "tests/unit/sink/test_deadletter.py::test_every_state_6_no_dead_letter_for_a_node_wide_denial_or_a_transient_error",
+        ),
+    ),
     # -- every state ends well: threads and clocks (issue 22 items 3 and 7) ------------
     Sabotage(
         "supervisor_swallows_without_restarting",

@@ -675,6 +675,21 @@ _SINK_ROWS = (
     ),
     Setting(
         "sink",
+        "dead_letter_attempts",
+        Kind.INT,
+        5,
+        "Failed publishes of one partition (tenant, kind, day) with a permanent error "
+        "(s3_access_denied while the store takes other objects, s3_client_error such as "
+        "EntityTooLarge, encode_error) before it is written durably to "
+        "<data_dir>/deadletter instead, so that the other partitions' cut completes and "
+        "the checkpoint advances (ourios_sink_dead_lettered_total; re-driven by an "
+        "operator).",
+        minimum=1,
+        maximum=1000,
+        unit="",
+    ),
+    Setting(
+        "sink",
         "publisher_queue_depth",
         Kind.INT,
         64,
@@ -837,6 +852,7 @@ class SinkSettings:
     flush_age_secs: int
     ceiling_bytes: int
     max_object_bytes: int
+    dead_letter_attempts: int
     publisher_queue_depth: int
     parquet_compression: Compression
 

@@ -295,6 +295,16 @@ class _StateCollector(Collector):
         )
         spooled.add_metric([], stats.spooled)
         yield spooled
+        dead = CounterMetricFamily(
+            "ourios_sink_dead_lettered",
+            "Partitions the store refused for good (a permanent error class after "
+            "sink.dead_letter_attempts), written to <data_dir>/deadletter instead so the "
+            "checkpoint advances (DESIGN.md §5.13).",
+            labels=["kind", "error_type"],
+        )
+        for (kind, error_type), count in sorted(stats.dead_lettered.items()):
+            dead.add_metric([kind, error_type], count)
+        yield dead
         gate = p.publisher.gate
         yield gauge(
             "ourios_sink_store_down",

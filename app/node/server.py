@@ -58,6 +58,7 @@ from app.receive.otlp_grpc import create_grpc_server
 from app.receive.otlp_http import create_http_app, http_server
 from app.threads import Supervised, Supervisor, start_thread
 from sink.buffers import Buffers
+from sink.deadletter import DeadLetter
 from sink.keys import node_identity
 from sink.publisher import Publisher, StoreGate
 from sink.spool import Spiller, Spool
@@ -201,6 +202,9 @@ def _build_node(
         gate=StoreGate(events=events),
         max_object_bytes=settings.sink.max_object_bytes,
         threads=threads,
+        dead_letter=_dead_letter(server.data_dir, space),
+        dead_letter_attempts=settings.sink.dead_letter_attempts,
+        events=events,
     )
     spiller = Spiller(buffers, publisher.spill, threads=threads)
     ledger = SnapshotLedger()
@@ -294,6 +298,14 @@ def _build_node(
         spiller,
         threads,
     )
+
+
+def _dead_letter(data_dir: Path, space: DiskSpace) -> DeadLetter:
+    """The dead-letter directory (DESIGN.md §5.13): never emptied by the node; on the
+    data volume its files count in disk admission's figure."""
+    root = data_dir / "deadletter"
+    root.mkdir(parents=True, exist_ok=True)
+    return DeadLetter(root, on_write=space.wrote if space.on_volume(root) else None)
 
 
 def _open_spool(data_dir: Path, space: DiskSpace, events: EventLog, ceiling: int) -> Spool:

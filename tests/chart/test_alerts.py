@@ -67,6 +67,7 @@ INTERFACE: dict[str, tuple[str, frozenset[str]]] = {
     "ourios_sink_spool_objects": ("gauge", frozenset()),
     "ourios_sink_spool_bytes": ("gauge", frozenset()),
     "ourios_sink_spooled_objects_total": ("counter", frozenset()),
+    "ourios_sink_dead_lettered_total": ("counter", frozenset({"kind", "error_type"})),
     "ourios_sink_memory_wait_seconds_total": ("counter", frozenset()),
     "ourios_sink_store_down": ("gauge", frozenset()),
     "ourios_sink_objects_total": ("counter", frozenset({"kind"})),

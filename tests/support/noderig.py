@@ -36,6 +36,7 @@ from app.node.recovery import Recovery, RecoveryReport
 from app.receive.otlp import decode_request, flatten
 from app.threads import Supervisor
 from sink.buffers import Buffers
+from sink.deadletter import DeadLetter
 from sink.publisher import Publisher, StoreGate
 from sink.spool import Spiller, Spool
 from sink.store import FailingStore, MemoryStore
@@ -117,6 +118,9 @@ class NodeRig:
     #: ``data/spool``, the store gate and the spiller's thread; None: unbounded
     sink_ceiling: int | None = None
     max_object_bytes: int = 1 << 30
+    #: ``sink.dead_letter_attempts`` with the dead-letter directory in ``data/deadletter``
+    #: (DESIGN.md §5.13); None: no dead letters (a refused partition is retried for ever)
+    dead_letter_attempts: int | None = None
 
     def __post_init__(self) -> None:
         self.fs: FaultyFs = (
@@ -183,6 +187,11 @@ class NodeRig:
             spool=self.spool,
             gate=gate,
             max_object_bytes=self.max_object_bytes,
+            dead_letter=(
+                DeadLetter(data / "deadletter") if self.dead_letter_attempts is not None else None
+            ),
+            dead_letter_attempts=self.dead_letter_attempts or 1,
+            events=self.record_event,
         )
         self.spiller: Spiller | None = None
         if self.sink_ceiling is not None:
