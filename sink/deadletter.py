@@ -3,7 +3,8 @@ data volume so that the other partitions' cut completes (DESIGN.md §5.13).
 
 A publish that fails with a *permanent* error class — the store refused this object and
 would refuse it again (``s3_access_denied``: a bucket policy on the tenant's prefix;
-``s3_client_error``: EntityTooLarge, an invalid argument; ``encode_error``: its rows
+``s3_client_error``: EntityTooLarge, an invalid argument; ``local_denied``: the
+embedded store's directory for the key refuses it; ``encode_error``: its rows
 cannot be encoded) — is retried like any failure, but after ``sink.dead_letter_attempts``
 such failures of one partition (tenant, kind, day) the publisher writes the object here
 instead of requeueing it, and settles it as published. Without that, the partition went
@@ -36,7 +37,12 @@ import pyarrow as pa
 #: failure classes that a retry of the same object cannot cure (module docstring);
 #: ``s3_auth`` and ``s3_no_such_bucket`` are node-wide, not one partition's, and stay
 #: out: they fail every partition alike, and the WAL absorbs them
-PERMANENT_ERRORS: Final = frozenset({"s3_access_denied", "s3_client_error", "encode_error"})
+PERMANENT_ERRORS: Final = frozenset(
+    {"s3_access_denied", "s3_client_error", "local_denied", "encode_error"}
+)
+#: permanent classes that may also be the whole store's (a policy or a directory's
+#: permissions denying the node everything): they count only while other objects land
+DENIALS: Final = frozenset({"s3_access_denied", "local_denied"})
 #: the suffix of an object written as an Arrow IPC stream (its Parquet encode failed)
 ARROW_SUFFIX: Final = ".arrows"
 

@@ -77,7 +77,7 @@ rows or already has a name.
 encoded) is a strike against its partition (tenant, kind, day); at
 ``dead_letter_attempts`` strikes the object is written durably to the dead-letter
 directory instead and the partition settles as published, so the other partitions' cut
-completes and the checkpoint advances. An access denial counts only while the store
+completes and the checkpoint advances. A denial (``DENIALS``) counts only while the store
 takes other objects meanwhile: one denied for every object is the node's
 misconfiguration, not one partition's, and the WAL absorbs it. A success clears the
 strikes; after a dead letter the partition's later rows go the same way at their first
@@ -109,7 +109,7 @@ import pyarrow as pa
 
 from sink.buffers import MAX_OBJECT_BYTES, Buffers, Detached, Kind, PublishOutcome
 from sink.claims import IntentHook, claim_of
-from sink.deadletter import ARROW_SUFFIX, PERMANENT_ERRORS, DeadLetter, arrow_stream
+from sink.deadletter import ARROW_SUFFIX, DENIALS, PERMANENT_ERRORS, DeadLetter, arrow_stream
 from sink.keys import (
     audit_key,
     audit_object_name,
@@ -555,7 +555,7 @@ class Publisher:
             strikes.count += 1
             if strikes.count < self.dead_letter_attempts:
                 return 0
-            if error_type == "s3_access_denied" and self._landed == strikes.landed_before:
+            if error_type in DENIALS and self._landed == strikes.landed_before:
                 return 0  # denied with everything else: the node's, not this partition's
             return strikes.count
 

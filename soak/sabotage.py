@@ -1199,7 +1199,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "dead_letter_node_wide_denial",
         "a store that denies every object dead-letters nothing: the WAL absorbs it",
         "sink/publisher.py",
-        '            if error_type == "s3_access_denied" and self._landed == strikes.landed_before:',
+        "            if error_type in DENIALS and self._landed == strikes.landed_before:",
         "            if False:",
         (
             "tests/unit/sink/test_deadletter.py::test_every_state_6_no_dead_letter_for_a_node_wide_denial_or_a_transient_error",

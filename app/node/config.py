@@ -679,7 +679,8 @@ _SINK_ROWS = (
         Kind.INT,
         5,
         "Failed publishes of one partition (tenant, kind, day) with a permanent error "
-        "(s3_access_denied while the store takes other objects, s3_client_error such as "
+        "(s3_access_denied or local_denied while the store takes other objects, "
+        "s3_client_error such as "
         "EntityTooLarge, encode_error) before it is written durably to "
         "<data_dir>/deadletter instead, so that the other partitions' cut completes and "
         "the checkpoint advances (ourios_sink_dead_lettered_total; re-driven by an "
