@@ -83,6 +83,7 @@ _LEVELS = {
     "wal.floor.pinned": "warning",
     "sink.spool.started": "warning",
     "sink.store.unavailable": "warning",
+    "sink.partition.dead_lettered": "warning",
     "thread.crashed": "error",
     "thread.failed": "error",
 }
