@@ -1273,6 +1273,130 @@ SABOTAGES: tuple[Sabotage, ...] = (
             "tests/unit/app/node/test_storeprobe.py::test_every_state_8_a_transient_error_starts_with_the_store_down",
         ),
     ),
+    # -- bounded whatever the outage (issue 21 item 1) -------------------------------------
+    Sabotage(
+        "memory_bound_ignored",
+        "the rows in memory stay under sink.ceiling_bytes: what does not fit is spooled",
+        "app/node/server.py",
+        "        ceiling_bytes=settings.sink.ceiling_bytes,\n        max_object_bytes",
+        "        ceiling_bytes=None,\n        max_object_bytes",
+        (
+            "tests/crash/test_bounded_memory_serve.py::test_bounded_1_a_long_store_outage_keeps_memory_under_the_bound_and_loses_nothing",
+        ),
+    ),
+    Sabotage(
+        "spiller_never_spills",
+        "past the spill mark the largest partitions leave memory",
+        "sink/buffers.py",
+        "            if self._held <= self.spill_target:\n                return None",
+        "            if True:\n                return None",
+        (
+            "tests/unit/sink/test_spool.py::test_bounded_1_rows_past_the_spill_mark_spill_to_the_spool_and_memory_comes_down",
+        ),
+    ),
+    Sabotage(
+        "spooled_settled_as_published",
+        "a spooled unit is a place of its own: no cut stamps behind it until it is in the store",
+        "sink/publisher.py",
+        "        outcome = self._buffers.requeue(d, error_type, identity=name, claimed=True, spooled=spooled)",
+        "        outcome = self._buffers.published(d)",
+        (
+            "tests/unit/sink/test_spool.py::test_bounded_1_a_spooled_unit_is_published_from_its_file_once_under_its_name",
+            "tests/unit/app/ingest/test_landed.py::test_bounded_1_a_restart_during_an_outage_re_derives_the_spool_under_the_ceiling",
+        ),
+    ),
+    Sabotage(
+        "spooled_unit_renamed",
+        "a spooled unit keeps the name it was spooled (and its intent recorded) under",
+        "sink/publisher.py",
+        "        return part.identity, key_of(part.tenant, day, part.identity)",
+        "        name = new_object_name(self._node)\n        return name, key_of(part.tenant, day, name)",
+        (
+            "tests/unit/sink/test_spool.py::test_bounded_1_a_spooled_unit_is_published_from_its_file_once_under_its_name",
+        ),
+    ),
+    Sabotage(
+        "intent_per_attempt",
+        "a clean failure takes its intent back: one record per object that may exist",
+        "sink/publisher.py",
+        "                self._take_back(key)  # nothing was written: its intent holds nothing",
+        "                pass",
+        (
+            "tests/unit/sink/test_spool.py::test_bounded_1_one_intent_per_object_that_may_exist_not_one_per_attempt",
+        ),
+    ),
+    Sabotage(
+        "absent_intents_kept_at_restart",
+        "a restart takes back the intents of the objects the store does not hold",
+        "app/ingest/landed.py",
+        "                if self._on_absent is not None:",
+        "                if False:",
+        (
+            "tests/unit/app/ingest/test_landed.py::test_bounded_1_a_restart_during_an_outage_re_derives_the_spool_under_the_ceiling",
+            "tests/unit/app/ingest/test_landed.py::test_bounded_1_the_restart_check_lists_a_crowded_prefix_and_forgets_the_absent",
+        ),
+    ),
+    Sabotage(
+        "spool_not_counted_by_disk_admission",
+        "what the spool writes counts in disk admission's free-space figure",
+        "sink/spool.py",
+        "        if self._on_write is not None:\n            self._on_write(len(data))",
+        "        if False:\n            pass",
+        (
+            "tests/unit/sink/test_spool.py::test_bounded_1_the_spool_of_a_previous_run_is_discarded_and_disk_admission_counts_the_spool",
+        ),
+    ),
+    Sabotage(
+        "merged_past_max_object_bytes",
+        "no partition grows past sink.max_object_bytes, a failed publish included",
+        "sink/buffers.py",
+        "            elif self._over_object_locked(part):",
+        "            elif False:",
+        ("tests/unit/sink/test_spool.py::test_bounded_1_no_partition_grows_past_max_object_bytes",),
+    ),
+    # -- every state ends well: dead letters (issue 22 item 6) ------------------------
+    Sabotage(
+        "dead_letter_never",
+        "a partition the store refuses for good is dead-lettered after bounded attempts",
+        "sink/publisher.py",
+        "            if strikes.count < self.dead_letter_attempts:\n                return 0",
+        "            if True:\n                return 0",
+        (
+            "tests/unit/sink/test_deadletter.py::test_every_state_6_a_partition_refused_for_good_is_dead_lettered_and_the_cut_completes",
+            "tests/unit/sink/test_deadletter.py::test_every_state_6_rows_that_cannot_be_encoded_are_dead_lettered_as_an_arrow_stream",
+        ),
+    ),
+    Sabotage(
+        "dead_letter_settled_unwritten",
+        "a dead-lettered partition settles only once its file is durable",
+        "sink/publisher.py",
+        "            path = self.dead_letter.write(key, data)",
+        "            path = self.dead_letter.root / key",
+        (
+            "tests/unit/sink/test_deadletter.py::test_every_state_6_a_partition_refused_for_good_is_dead_lettered_and_the_cut_completes",
+            "tests/unit/sink/test_deadletter.py::test_every_state_6_a_dead_letter_that_cannot_be_written_keeps_the_rows",
+        ),
+    ),
+    Sabotage(
+        "dead_letter_on_any_error",
+        "only a permanent error class of one partition dead-letters it",
+        "sink/publisher.py",
+        "        if self.dead_letter is None or error_type not in PERMANENT_ERRORS:",
+        "        if self.dead_letter is None:",
+        (
+            "tests/unit/sink/test_deadletter.py::test_every_state_6_no_dead_letter_for_a_node_wide_denial_or_a_transient_error",
+        ),
+    ),
+    Sabotage(
+        "dead_letter_node_wide_denial",
+        "a store that denies every object dead-letters nothing: the WAL absorbs it",
+        "sink/publisher.py",
+        "            if error_type in DENIALS and self._landed == strikes.landed_before:",
+        "            if False:",
+        (
+            "tests/unit/sink/test_deadletter.py::test_every_state_6_no_dead_letter_for_a_node_wide_denial_or_a_transient_error",
+        ),
+    ),
     # -- every state ends well: threads and clocks (issue 22 items 3 and 7) ------------
     Sabotage(
         "supervisor_swallows_without_restarting",

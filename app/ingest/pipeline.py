@@ -375,6 +375,9 @@ class Pipeline:
             # the rebuilt tree and nothing overtakes the gap. Never under the exclusion.
             points.hit("turn.settling")
             self.settler.settle(tenant, force_publish=False)
+        # The memory bound (DESIGN.md §5.12): no lock held, so the spiller and the cuts
+        # go on while this turn waits for room.
+        self.buffers.wait_for_room()
         detached: list[Detached] = []
         with self.exclusion.shared():
             prev = self._last_durable
@@ -712,6 +715,7 @@ class Pipeline:
         elif tenant in self._staging:
             self._staging.discard(tenant)
             self.buffers.seal_staged(tenant)
+        self.buffers.wait_for_room()  # a replay re-derives the spool under the same bound
         with self.miner_lock:
             result = self.miners.mine(tenant, batch.bodies)
         self.folded[tenant] = offset

@@ -680,11 +680,43 @@ _SINK_ROWS = (
         "ceiling_bytes",
         Kind.INT,
         256 * MiB,
-        "Bound on bytes held in the sink (buffers plus in-flight publishes); above it the "
-        "node applies backpressure to new batches.",
+        "Bound on the rows the sink holds in memory (buffered, and in publishes under "
+        "way): from three quarters of it the largest partitions are published early, and "
+        "what the store does not take is spooled as Parquet to <data_dir>/spool on the "
+        "data volume (counted by disk admission); at the bound the ingest turn waits for "
+        "room instead of buffering more. Nothing is refused while the disk has room.",
         minimum=1 * KiB,
         maximum=64 * GiB,
         unit="bytes",
+    ),
+    Setting(
+        "sink",
+        "max_object_bytes",
+        Kind.INT,
+        512 * MiB,
+        "Largest object the sink writes: a partition is detached before its rows reach "
+        "it, a failed publish is never merged past it, and an encoded object above it is "
+        "split (one frame's rows of one day are never split). S3 takes at most 5 GiB in "
+        "one PUT.",
+        minimum=64 * KiB,
+        maximum=5 * GiB,
+        unit="bytes",
+    ),
+    Setting(
+        "sink",
+        "dead_letter_attempts",
+        Kind.INT,
+        5,
+        "Failed publishes of one partition (tenant, kind, day) with a permanent error "
+        "(s3_access_denied or local_denied while the store takes other objects, "
+        "s3_client_error such as "
+        "EntityTooLarge, encode_error) before it is written durably to "
+        "<data_dir>/deadletter instead, so that the other partitions' cut completes and "
+        "the checkpoint advances (ourios_sink_dead_lettered_total; re-driven by an "
+        "operator).",
+        minimum=1,
+        maximum=1000,
+        unit="",
     ),
     Setting(
         "sink",
@@ -865,6 +897,8 @@ class SinkSettings:
     flush_bytes: int
     flush_age_secs: int
     ceiling_bytes: int
+    max_object_bytes: int
+    dead_letter_attempts: int
     publisher_queue_depth: int
     parquet_compression: Compression
 
@@ -971,6 +1005,11 @@ CROSS_RULES: tuple[CrossRule, ...] = (
         "{0} must be at most {1}",
         ("sink.flush_bytes", "sink.ceiling_bytes"),
         lambda s: s.sink.flush_bytes <= s.sink.ceiling_bytes,
+    ),
+    CrossRule(
+        "{0} must be at most {1}",
+        ("sink.flush_bytes", "sink.max_object_bytes"),
+        lambda s: s.sink.flush_bytes <= s.sink.max_object_bytes,
     ),
     CrossRule(
         "{0} and {1} must differ (unless 0)",

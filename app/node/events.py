@@ -83,6 +83,9 @@ _LEVELS = {
     "tenant.settling": "warning",
     "tenant.frame_isolated": "error",
     "wal.floor.pinned": "warning",
+    "sink.spool.started": "warning",
+    "sink.store.unavailable": "warning",
+    "sink.partition.dead_lettered": "warning",
     "thread.crashed": "error",
     "thread.failed": "error",
 }

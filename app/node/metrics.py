@@ -145,6 +145,35 @@ class _StateCollector(Collector):
         yield gauge(
             "ourios_sink_buffered_bytes", "Bytes buffered in the sinks.", p.buffers.buffered_bytes
         )
+        buffers = p.buffers
+        yield gauge(
+            "ourios_sink_memory_bytes",
+            "Rows the sink holds in memory (buffered, and in publishes under way); kept "
+            "under sink.ceiling_bytes by spilling to the spool (DESIGN.md §5.12).",
+            buffers.held_bytes,
+        )
+        yield gauge(
+            "ourios_sink_ceiling_bytes",
+            "The configured sink.ceiling_bytes (alerts compare the memory with it).",
+            self._m.settings.sink.ceiling_bytes,
+        )
+        spooled_units, spooled_bytes = buffers.spooled
+        yield gauge(
+            "ourios_sink_spool_objects",
+            "Objects in the spool (on the data volume) waiting for the store.",
+            spooled_units,
+        )
+        yield gauge(
+            "ourios_sink_spool_bytes",
+            "Bytes of the objects in the spool waiting for the store.",
+            spooled_bytes,
+        )
+        waits = CounterMetricFamily(
+            "ourios_sink_memory_wait_seconds",
+            "Time ingest turns waited for room under sink.ceiling_bytes.",
+        )
+        waits.add_metric([], buffers.room_wait_seconds)
+        yield waits
         yield gauge(
             "ourios_sink_parked_partitions",
             "Buffered partitions a failed or refused publish put back.",
@@ -286,6 +315,28 @@ class _StateCollector(Collector):
         )
         intents.add_metric([], stats.intent_failures)
         yield intents
+        spooled = CounterMetricFamily(
+            "ourios_sink_spooled_objects",
+            "Partitions the memory bound wrote to the spool because the store did not take them.",
+        )
+        spooled.add_metric([], stats.spooled)
+        yield spooled
+        dead = CounterMetricFamily(
+            "ourios_sink_dead_lettered",
+            "Partitions the store refused for good (a permanent error class after "
+            "sink.dead_letter_attempts), written to <data_dir>/deadletter instead so the "
+            "checkpoint advances (DESIGN.md §5.13).",
+            labels=["kind", "error_type"],
+        )
+        for (kind, error_type), count in sorted(stats.dead_lettered.items()):
+            dead.add_metric([kind, error_type], count)
+        yield dead
+        gate = p.publisher.gate
+        yield gauge(
+            "ourios_sink_store_down",
+            "1 while the store is not taking writes (one publish a second probes it).",
+            1 if gate is not None and gate.down else 0,
+        )
         yield gauge(
             "ourios_recovery_duration_seconds",
             "How long the start-up replay took.",

@@ -303,10 +303,13 @@ class Recovery:
         decode_attempts: int = DEFAULT_DECODE_ATTEMPTS,
         quarantine: Path | None = None,
         on_isolated: Callable[[IsolatedFrame], None] | None = None,
+        on_absent: Callable[[list[str]], object] | None = None,
     ) -> None:
         if decode_attempts < 1:
             raise ValueError(f"decode_attempts must be >= 1, got {decode_attempts}")
         self.journal = journal
+        #: told which intended objects the store does not hold (their intents go)
+        self._on_absent = on_absent
         self.pipeline = pipeline
         self.store = store
         self.ledger = ledger
@@ -399,7 +402,10 @@ class Recovery:
         wanted = [rec for rec in self._intents if needed(rec)]
         if wanted:
             self._check = LandedCheck(
-                self._objects, wanted, on_unavailable=self._on_store_unavailable
+                self._objects,
+                wanted,
+                on_unavailable=self._on_store_unavailable,
+                on_absent=self._on_absent,
             ).start()
 
     def cancel(self) -> None:

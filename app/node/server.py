@@ -46,7 +46,7 @@ from app.cadence.barrier import Barrier, CutOutcome
 from app.cadence.housekeeping import Housekeeper
 from app.cadence.sweep import AgeSweep
 from app.ingest.admission import Admission
-from app.ingest.landed import intent_hook
+from app.ingest.landed import intent_hook, retract_hook
 from app.ingest.mining.miner_cluster import MinerCluster
 from app.ingest.mining.template_ids import FileTemplateIdAllocator
 from app.ingest.pipeline import Pipeline
@@ -56,6 +56,7 @@ from app.ingest.tenants import TenantCountExceeded
 from app.node.config import Settings
 from app.node.datalock import DataDirLock, DataDirLocked, DataDirLockError
 from app.node.diskspace import (
+    DiskSpace,
     VolumeTooSmall,
     check_volume,
     from_reserve,
@@ -80,8 +81,10 @@ from app.receive.otlp_grpc import create_grpc_server
 from app.receive.otlp_http import create_http_app, http_server
 from app.threads import Supervised, Supervisor, start_thread
 from sink.buffers import Buffers
+from sink.deadletter import DeadLetter
 from sink.keys import node_identity
-from sink.publisher import Publisher
+from sink.publisher import Publisher, StoreGate
+from sink.spool import Spiller, Spool
 from sink.store import LocalStore, ObjectStore, from_url
 from wal import CorruptionError, IntentLog, Journal, OsFs, WalError
 
@@ -110,6 +113,10 @@ class Node:
     #: the publish intents (PUBLISHING in the WAL root): every object's claim before
     #: its PUT, so a restart publishes nothing twice
     intents: IntentLog | None = None
+    #: where the memory bound puts what the store does not take, and its thread
+    #: (DESIGN.md §5.12)
+    spool: Spool | None = None
+    spiller: Spiller | None = None
     #: runs every long-lived thread; one that stopped for good fails /healthz
     threads: Supervisor | None = None
     #: probes the store again while it does not answer (``ourios_store_up``)
@@ -213,6 +220,7 @@ def _build_node(
     space = open_disk_space(
         server.wal_dir, journal, reserve=reserve, stop_water_bytes=disk.stop_water_bytes
     )
+    spool = _open_spool(server.data_dir, space, events, settings.sink.ceiling_bytes)
     allocator = FileTemplateIdAllocator(server.data_dir / "template-ids", server.node_ordinal)
     allocator.on_no_space = space.no_space
     if isinstance(store, LocalStore):  # the embedded store: usually on this volume
@@ -224,6 +232,8 @@ def _build_node(
         flush_bytes=settings.sink.flush_bytes,
         clock=monotonic,
         epoch=lambda: holder["p"].epoch if "p" in holder else 1,
+        ceiling_bytes=settings.sink.ceiling_bytes,
+        max_object_bytes=settings.sink.max_object_bytes,
     )
     publisher = Publisher(
         watched,
@@ -232,9 +242,17 @@ def _build_node(
         compression=settings.sink.parquet_compression,
         queue_depth=settings.sink.publisher_queue_depth,
         intents=intent_hook(intents),
+        retract=retract_hook(intents),
         step=lambda name: points.hit(name),
+        spool=spool,
+        gate=StoreGate(events=events),
+        max_object_bytes=settings.sink.max_object_bytes,
         threads=threads,
+        dead_letter=_dead_letter(server.data_dir, space),
+        dead_letter_attempts=settings.sink.dead_letter_attempts,
+        events=events,
     )
+    spiller = Spiller(buffers, publisher.spill, threads=threads)
     ledger = SnapshotLedger()
     admission = Admission(
         journal,
@@ -322,9 +340,46 @@ def _build_node(
         archiver,
         lock,
         intents,
+        spool,
+        spiller,
         threads,
         StoreProbe(health, settings.store.probe_secs, threads),
     )
+
+
+def _dead_letter(data_dir: Path, space: DiskSpace) -> DeadLetter:
+    """The dead-letter directory (DESIGN.md §5.13): never emptied by the node; on the
+    data volume its files count in disk admission's figure."""
+    root = data_dir / "deadletter"
+    root.mkdir(parents=True, exist_ok=True)
+    return DeadLetter(root, on_write=space.wrote if space.on_volume(root) else None)
+
+
+def _open_spool(data_dir: Path, space: DiskSpace, events: EventLog, ceiling: int) -> Spool:
+    """The spool, emptied: the WAL re-derives what a previous run left there (DESIGN.md
+    §5.12). On the data volume its files count in disk admission's figure."""
+    root = data_dir / "spool"
+    root.mkdir(parents=True, exist_ok=True)
+    counted = space.on_volume(root)
+    spool = Spool(
+        root,
+        on_write=space.wrote if counted else None,
+        on_free=space.freed if counted else None,
+        events=events,
+        read_budget=ceiling // 4,  # what draining the spool holds in memory at once
+    )
+    files, size = spool.clear()
+    if files:
+        events.emit(
+            "sink.spool.discarded",
+            {
+                "path": str(root),
+                "files": files,
+                "bytes": size,
+                "action": "the WAL holds every row they held: the replay re-derives them",
+            },
+        )
+    return spool
 
 
 def _store(settings: Settings) -> ObjectStore:
@@ -586,6 +641,8 @@ def _serve(node: Node, stop: threading.Event, received: list[int], config_file: 
     pipeline.publisher.start()
     if node.store_probe is not None:
         node.store_probe.start()
+    if node.spiller is not None:
+        node.spiller.start()  # before the replay, which buffers under the same bound
 
     def abandon(exc: BaseException) -> int:
         if node.store_probe is not None:
@@ -594,6 +651,8 @@ def _serve(node: Node, stop: threading.Event, received: list[int], config_file: 
             workers.stop(settings.server.shutdown_grace_secs)
         if listeners is not None:
             listeners.close()
+        if node.spiller is not None:
+            node.spiller.close()
         pipeline.publisher.close()
         node.journal.close()
         _release(node)
@@ -615,6 +674,7 @@ def _serve(node: Node, stop: threading.Event, received: list[int], config_file: 
         decode_attempts=settings.wal.frame_decode_attempts,
         quarantine=settings.server.data_dir / "quarantine" / "frames",
         on_isolated=lambda isolated: _isolated(node, isolated),
+        on_absent=node.intents.retract if node.intents is not None else None,
         on_store_unavailable=lambda key, exc: node.events.emit(
             "recovery.store_unavailable",
             {
@@ -813,6 +873,8 @@ def _final_phase(
 
     if node.store_probe is not None:
         node.store_probe.close()
+    if node.spiller is not None:
+        node.spiller.close(wait())  # the turns are over: nothing more to take
     node.sweep.close(wait())
     phase.housekeeping_joined = node.housekeeper.close(wait())
     phase.barrier_joined = node.barrier.close(wait())

@@ -875,6 +875,8 @@ CHANGES: dict[str, tuple[object, dict[str, object]]] = {
     "sink.flushBytes": (8 * 2**20, {}),
     "sink.flushAgeSecs": (60, {}),
     "sink.ceilingBytes": (512 * 2**20, {}),
+    "sink.maxObjectBytes": (2**30, {}),
+    "sink.deadLetterAttempts": (3, {}),
     "sink.publisherQueueDepth": (16, {}),
     "sink.parquetCompression": ("snappy", {}),
     "store.url": (S3_URL, {}),

@@ -175,6 +175,8 @@ which would print 6.7108864e+07), booleans as true/false, strings as they are. A
   (list "OURIOS_SINK_FLUSH_BYTES" $v.sink.flushBytes)
   (list "OURIOS_SINK_FLUSH_AGE_SECS" $v.sink.flushAgeSecs)
   (list "OURIOS_SINK_CEILING_BYTES" $v.sink.ceilingBytes)
+  (list "OURIOS_SINK_MAX_OBJECT_BYTES" $v.sink.maxObjectBytes)
+  (list "OURIOS_SINK_DEAD_LETTER_ATTEMPTS" $v.sink.deadLetterAttempts)
   (list "OURIOS_SINK_PUBLISHER_QUEUE_DEPTH" $v.sink.publisherQueueDepth)
   (list "OURIOS_SINK_PARQUET_COMPRESSION" $v.sink.parquetCompression)
   (list "OURIOS_STORE_URL" $v.store.url)

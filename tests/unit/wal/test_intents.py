@@ -207,7 +207,7 @@ def test_a_crash_inside_a_trim_leaves_the_old_file_or_the_new_one(
     glob = {"fsync_dir": "wal", "rename": "PUBLISHING"}.get(step, "PUBLISHING.tmp")
     fs.crash_at(step, glob)
     with pytest.raises(SimulatedCrash):
-        log.trim(lambda r: r.frames[0] > 15)
+        log.trim(lambda r: r.highest_lsn > 115)
     fs.apply_crash(power_loss=True)
     found = IntentLog.open(fs, root).records()
     assert found in ([rec(10), rec(20), rec(30)], [rec(20), rec(30)])
@@ -217,7 +217,7 @@ def test_trim_keeps_what_the_predicate_keeps_and_appends_continue(tmp_path: Path
     log = IntentLog.open(OsFs(), tmp_path)
     for lsn in (10, 20, 30):
         log.append(rec(lsn))
-    assert log.trim(lambda r: r.frames[0] >= 20) == 1
+    assert log.trim(lambda r: r.highest_lsn >= 120) == 1
     assert log.trim(lambda r: True) == 0
     log.append(rec(40))
     log.close()
@@ -256,3 +256,33 @@ def test_an_intent_that_cannot_be_stated_is_refused_before_anything_is_written(
         log.append(bad)
     log.close()
     assert os.path.getsize(tmp_path / IntentLog.NAME) == size
+
+
+def test_bounded_1_retracted_intents_leave_memory_at_once_and_the_file_at_compaction(
+    tmp_path: Path,
+) -> None:
+    log = IntentLog.open(OsFs(), tmp_path)
+    log.compact_floor = 0  # compact as soon as the retracted bytes outgrow the live ones
+    for lsn in (10, 20, 30, 40):
+        log.append(rec(lsn))
+    one = len(encode_record(rec(10)))
+    assert log.retract([rec(10).key]) == 1
+    assert log.records() == [rec(20), rec(30), rec(40)]
+    assert log.size == HEADER_SIZE + 4 * one, "one retracted record: not compacted yet"
+    assert log.retract([rec(20).key, rec(30).key, "records/absent"]) == 2
+    assert log.size == HEADER_SIZE + one, "compacted: only the live record is left"
+    log.append(rec(20))  # taken back, so an append writes it again
+    log.append(rec(20))
+    log.close()
+    assert IntentLog.open(OsFs(), tmp_path).records() == [rec(40), rec(20)]
+
+
+def test_bounded_1_memory_holds_no_claims_and_equal_records_are_one(tmp_path: Path) -> None:
+    log = IntentLog.open(OsFs(), tmp_path)
+    wide = IntentRecord(IntentKind.RECORDS, "acme", "k/one", 1, frames=tuple(range(1, 5000)))
+    for _ in range(3):  # a spooled unit retried: one record
+        log.append(wide)
+    (entry,) = log.entries()
+    assert entry.highest_lsn == 4999 and not hasattr(entry, "frames")
+    assert log.records() == [wide]
+    log.close()

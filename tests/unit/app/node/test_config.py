@@ -117,6 +117,8 @@ def samples(tmp_path: Path) -> dict[str, Sample]:
         "sink.flush_bytes": Sample("1MiB", MiB),
         "sink.flush_age_secs": Sample("60", 60),
         "sink.ceiling_bytes": Sample("512MiB", 512 * MiB),
+        "sink.max_object_bytes": Sample("1GiB", GiB),
+        "sink.dead_letter_attempts": Sample("3", 3),
         "sink.publisher_queue_depth": Sample("8", 8),
         "sink.parquet_compression": Sample("snappy", "snappy"),
         "store.url": Sample("s3://logs/ourios/prod", "s3://logs/ourios/prod"),
@@ -225,6 +227,8 @@ def test_defaults_match_design_section_8() -> None:
         "OURIOS_SINK_FLUSH_BYTES": 16 * MiB,
         "OURIOS_SINK_FLUSH_AGE_SECS": 300,
         "OURIOS_SINK_CEILING_BYTES": 256 * MiB,
+        "OURIOS_SINK_MAX_OBJECT_BYTES": 512 * MiB,
+        "OURIOS_SINK_DEAD_LETTER_ATTEMPTS": 5,
         "OURIOS_SINK_PUBLISHER_QUEUE_DEPTH": 64,
         "OURIOS_SINK_PARQUET_COMPRESSION": "zstd",
         "OURIOS_STORE_URL": (data_dir / "objects").as_uri(),
@@ -473,8 +477,12 @@ def test_bounds_themselves_are_accepted(row: Setting) -> None:
     # the cross rules satisfied at the extremes).
     companions = {
         "disk.low_water_bytes": {"disk.stop_water_bytes": "0"},
-        "sink.flush_bytes": {"sink.ceiling_bytes": str(ROWS["sink.flush_bytes"].maximum)},
+        "sink.flush_bytes": {
+            "sink.ceiling_bytes": str(ROWS["sink.flush_bytes"].maximum),
+            "sink.max_object_bytes": str(ROWS["sink.flush_bytes"].maximum),
+        },
         "sink.ceiling_bytes": {"sink.flush_bytes": str(KiB)},
+        "sink.max_object_bytes": {"sink.flush_bytes": str(KiB)},
         "wal.max_unlinks_per_pass": {"wal.rotation_retry_attempts": "1", "wal.max_tenants": "1"},
         "wal.rotation_retry_attempts": {"wal.max_unlinks_per_pass": "1000"},
         "wal.max_tenants": {"wal.max_unlinks_per_pass": "1", "wal.rotation_retry_attempts": "1"},
@@ -517,6 +525,12 @@ def test_bounds_themselves_are_accepted(row: Setting) -> None:
             id="flush_above_ceiling",
         ),
         pytest.param(
+            {"sink.flush_bytes": "256MiB", "sink.max_object_bytes": "128MiB"},
+            "sink.flush_bytes",
+            "sink.max_object_bytes",
+            id="flush_above_max_object",
+        ),
+        pytest.param(
             {"server.http_port": "5000", "server.grpc_port": "5000"},
             "server.http_port",
             "server.grpc_port",
@@ -556,6 +570,7 @@ def test_every_cross_rule_is_exercised() -> None:
     assert {rule.keys for rule in CROSS_RULES} == {
         ("disk.stop_water_bytes", "disk.low_water_bytes"),
         ("sink.flush_bytes", "sink.ceiling_bytes"),
+        ("sink.flush_bytes", "sink.max_object_bytes"),
         ("server.http_port", "server.grpc_port"),
         ("store.endpoint_url", "store.url"),
         ("store.region", "store.url"),
