@@ -1489,6 +1489,16 @@ SABOTAGES: tuple[Sabotage, ...] = (
             "tests/unit/app/ingest/test_tenants.py::test_bounded_4_open_mode_takes_new_tenants_at_the_configured_rate",
         ),
     ),
+    Sabotage(
+        "malloc_arenas_unbounded",
+        "the core and its workers run with two malloc arenas unless the operator says",
+        "app/node/malloc_arenas.py",
+        "DEFAULT_ARENAS = 2\n",
+        "DEFAULT_ARENAS = 0\n",
+        (
+            "tests/unit/app/node/test_malloc_arenas.py::test_bounded_1_arenas_default_to_two_and_the_workers_inherit_the_limit",
+        ),
+    ),
 )
 
 
