@@ -196,6 +196,7 @@ def test_bounded_1_a_long_store_outage_keeps_memory_under_the_bound_and_loses_no
                 serve.tail,
             )
             load.stop()
+            serve.wait_turned()  # a stop leaves the unturned to the WAL (exit 75)
         code = serve.terminate()
 
     peaks = {pid: max(memory.peak.get(pid, 0), memory.hwm.get(pid, 0)) for pid in memory.peak}

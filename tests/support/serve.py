@@ -158,6 +158,28 @@ class ServeProcess:
         finally:
             conn.close()
 
+    def wait_turned(self, deadline_s: float = 120.0) -> None:
+        """Wait until every acknowledged frame has been turned (the replay's backlog and
+        ``ourios_ingest_backlog_frames`` at 0): a SIGTERM before that leaves them to the
+        WAL and exits 75 (DESIGN.md §6), which a test about something else must not
+        read as its failure. The deadline bounds a failure, it is not a pace."""
+        end = time.monotonic() + deadline_s
+        while True:
+            status, text = self.get("/metrics")
+            values = {}
+            if status == 200:
+                for line in text.decode().splitlines():
+                    name, _, value = line.partition(" ")
+                    if name in ("ourios_ingest_backlog_frames", "ourios_recovery_backlog_bytes"):
+                        values[name] = float(value)
+            if values.get("ourios_ingest_backlog_frames") == 0 and not values.get(
+                "ourios_recovery_backlog_bytes"
+            ):
+                return
+            if time.monotonic() > end:
+                raise AssertionError(f"the turn did not catch up in {deadline_s} s: {values}")
+            time.sleep(0.05)  # polling a metric, not waiting for a guess
+
     def post_logs(
         self, body: bytes, headers: Mapping[str, str] | None = None
     ) -> tuple[int, bytes, dict[str, str]]:
