@@ -271,9 +271,9 @@ _Step = tuple[_DrainNode, str, _DrainNode]
 # (tests/unit/app/ingest/mining/test_tenant_miner.py): our _Template with its getters
 # and tuples, Drain's LogCluster and its LRU entry, each token's string and its slots in
 # the template's tuples, and each tree node of its path (a Node, its dict and list).
-TEMPLATE_OVERHEAD_BYTES: Final = 1400
-TOKEN_OVERHEAD_BYTES: Final = 48
-NODE_BYTES: Final = 700
+TEMPLATE_OVERHEAD_BYTES: Final = 800
+TOKEN_OVERHEAD_BYTES: Final = 24
+NODE_BYTES: Final = 400
 
 # Mining work units, the deterministic cost of a batch (``MineResult.work``) that the
 # turn share charges a tenant (``app.ingest.shares``): a record costs one unit and one
