@@ -56,6 +56,7 @@ _LEVELS = {
     "tenant.settling": "warning",
     "tenant.frame_isolated": "error",
     "wal.floor.pinned": "warning",
+    "tenant.share.exceeded": "warning",
 }
 
 

@@ -39,8 +39,10 @@ from app.cadence.sweep import AgeSweep
 from app.ingest.admission import Admission
 from app.ingest.landed import intent_hook
 from app.ingest.mining.miner_cluster import MinerCluster
+from app.ingest.mining.miner_config import MinerConfig
 from app.ingest.mining.template_ids import FileTemplateIdAllocator
 from app.ingest.pipeline import Pipeline
+from app.ingest.shares import TurnShares
 from app.ingest.snapshots import SnapshotLedger, SnapshotStore, SnapshotStoreError
 from app.ingest.stages import LocalPort, Stages
 from app.ingest.tenants import TenantCountExceeded
@@ -109,6 +111,17 @@ def build_node(
         raise
 
 
+def miner_bounds(settings: Settings) -> MinerConfig:
+    """Every tenant's miner: Drain's defaults under the ``miner`` section's bounds."""
+    miner = settings.miner
+    return MinerConfig(
+        max_clusters=miner.max_templates,
+        max_body_chars=miner.mined_body_chars,
+        max_body_tokens=miner.mined_body_tokens,
+        max_leaf_clusters=miner.max_leaf_templates,
+    )
+
+
 def _build_node(
     settings: Settings,
     events: EventLog,
@@ -162,7 +175,7 @@ def _build_node(
     if isinstance(store, LocalStore):  # the embedded store: usually on this volume
         store.on_write = space.wrote if space.on_volume(store.root) else None
         store.on_no_space = space.no_space
-    miners = MinerCluster(allocator)
+    miners = MinerCluster(allocator, miner_bounds(settings))
     holder: dict[str, Pipeline] = {}
     buffers = Buffers(
         flush_bytes=settings.sink.flush_bytes,
@@ -198,6 +211,11 @@ def _build_node(
         ledger=ledger,
         admission=admission,
         mining_attempts=settings.wal.frame_mining_attempts,
+        shares=TurnShares(
+            settings.miner.tenant_work_per_sec,
+            settings.miner.tenant_work_burst_secs,
+            events=events,
+        ),
     )
     holder["p"] = pipeline
     snapshots = SnapshotStore(server.snapshots_dir, space=space, events=events)
@@ -410,7 +428,11 @@ def _serve(node: Node, stop: threading.Event, received: list[int], config_file: 
             node.journal.close()
             _release(node)
             return _start_failed(node.events, exc)
-    stages = Stages(pipeline, backlog_bytes=settings.wal.turn_backlog_bytes)
+    stages = Stages(
+        pipeline,
+        backlog_bytes=settings.wal.turn_backlog_bytes,
+        tenant_backlog_bytes=settings.miner.tenant_backlog_bytes,
+    )
     node.metrics.stages = stages
     if listeners is not None:
         workers = Workers(

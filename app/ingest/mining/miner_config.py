@@ -72,14 +72,15 @@ class MinerConfig:
         for name in ("max_body_chars", "max_body_tokens", "max_leaf_clusters"):
             bound: object = getattr(self, name)
             if bound is not None and (
-                not isinstance(bound, int) or isinstance(bound, bool) or not 1 <= bound <= 100_000_000
+                not isinstance(bound, int)
+                or isinstance(bound, bool)
+                or not 1 <= bound <= 100_000_000
             ):
                 refuse(name, bound, "None or [1, 100000000]")
         # Typed as bool, but configuration arrives from YAML and the environment.
         numeric: object = self.parametrize_numeric_tokens
         if not isinstance(numeric, bool):
             refuse("parametrize_numeric_tokens", numeric, "bool")
-
 
     def with_bounds(self, bounds: MinerConfig) -> MinerConfig:
         """This configuration with ``bounds``' four bounds (``max_clusters``,

@@ -325,8 +325,11 @@ def snapshot_bytes_bound(config: MinerConfig) -> int | None:
     text = 12 * chars + 3 * tokens
     row = 5 * 21 + 4 + text
     nodes = (config.depth - 1) * (21 + 8 + 21 + 21 + 8) + text + 21
-    head = 16 + 512 + 30 * len(config.extra_delimiters) + 12 * sum(
-        len(d) for d in config.extra_delimiters
+    head = (
+        16
+        + 512
+        + 30 * len(config.extra_delimiters)
+        + 12 * sum(len(d) for d in config.extra_delimiters)
     )
     return head + 64 + limit * (row + nodes)
 
@@ -540,9 +543,7 @@ class TenantMiner:
         drain.id_to_cluster[drain_id] = cluster
         drain.add_seq_to_prefix_tree(drain.root_node, cluster)
         path = self._path_of(cluster.log_template_tokens)
-        template = _Template(
-            template_id, 1, cluster, cluster.log_template_tokens, path, self._tick
-        )
+        template = _Template(template_id, 1, cluster, cluster.log_template_tokens, path, self._tick)
         self._templates[drain_id] = template
         self._bytes += template.nbytes
         limit = self._config.max_clusters

@@ -110,6 +110,13 @@ def samples(tmp_path: Path) -> dict[str, Sample]:
         "disk.low_water_bytes": Sample("2GiB", 2 * GiB),
         "disk.stop_water_bytes": Sample("512MiB", 512 * MiB),
         "disk.reserve_bytes": Sample("32MiB", 32 * MiB),
+        "miner.max_templates": Sample("500", 500),
+        "miner.max_leaf_templates": Sample("16", 16),
+        "miner.mined_body_chars": Sample("256", 256),
+        "miner.mined_body_tokens": Sample("32", 32),
+        "miner.tenant_work_per_sec": Sample("50000", 50_000),
+        "miner.tenant_work_burst_secs": Sample("2", 2),
+        "miner.tenant_backlog_bytes": Sample("8MiB", 8 * MiB),
     }
 
 
@@ -202,6 +209,13 @@ def test_defaults_match_design_section_8() -> None:
         "OURIOS_DISK_LOW_WATER_BYTES": 1 * GiB,
         "OURIOS_DISK_STOP_WATER_BYTES": 256 * MiB,
         "OURIOS_DISK_RESERVE_BYTES": 64 * MiB,
+        "OURIOS_MINER_MAX_TEMPLATES": 4096,
+        "OURIOS_MINER_MAX_LEAF_TEMPLATES": 128,
+        "OURIOS_MINER_MINED_BODY_CHARS": 1024,
+        "OURIOS_MINER_MINED_BODY_TOKENS": 64,
+        "OURIOS_MINER_TENANT_WORK_PER_SEC": 200_000,
+        "OURIOS_MINER_TENANT_WORK_BURST_SECS": 5,
+        "OURIOS_MINER_TENANT_BACKLOG_BYTES": 16 * MiB,
     }
     assert load_settings({}).effective() == expected
 
