@@ -25,7 +25,7 @@ at the bound ``submit`` refuses with 503 ``ingest_backlog`` and a retry hint, so
 thread that falls behind (a slow miner, a long replay) costs the clients a retry,
 never the volume. A tenant's new frame is always turned after its older ones, replayed
 ones included: the turn thread takes them in that order. One tenant's share of the
-backlog is bounded too (``miner.tenant_backlog_bytes``, DESIGN.md §5.10): above it only
+backlog is bounded too (``miner.tenant_backlog_bytes``, DESIGN.md §5.12): above it only
 that tenant is refused, 503 ``tenant_backlog``, so one tenant cannot fill the backlog
 for every other.
 """

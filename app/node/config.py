@@ -776,7 +776,7 @@ _MINER_ROWS = (
         "Templates one tenant's miner keeps; at the bound the least recently used is "
         "evicted (its id is never reused: a body like it gets a new template, id and "
         "created event). With the two body bounds it bounds the miner's memory and its "
-        "snapshot (DESIGN.md §5.10).",
+        "snapshot (DESIGN.md §5.12).",
         minimum=1,
         maximum=10_000_000,
     ),

@@ -43,7 +43,7 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 def _miner_metrics(
     p: Pipeline, settings: Settings
 ) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
-    """The miners' bounds at work (DESIGN.md §5.10): node-wide sums and the largest
+    """The miners' bounds at work (DESIGN.md §5.12): node-wide sums and the largest
     tenant's figures — no tenant label, since there may be ``wal.max_tenants`` of them."""
     stats = p.miners.stats()
     bound = state_bytes_bound(p.miners.default_config)
