@@ -23,7 +23,6 @@ import logging
 import os
 import signal
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -117,10 +116,6 @@ def build_node(
     except BaseException:
         lock.release()
         raise
-
-
-#: the core's GIL switch interval (Python's default is 5 ms)
-CORE_SWITCH_INTERVAL_S = 0.001
 
 
 def miner_bounds(settings: Settings) -> MinerConfig:
@@ -453,10 +448,6 @@ def _serve(node: Node, stop: threading.Event, received: list[int], config_file: 
     of every new frame (``_Recovering``); until SIGTERM/SIGINT or a failed recovery."""
     settings = node.settings
     pipeline = node.pipeline
-    # The turn thread mines in Python while the other threads answer requests: a shorter
-    # GIL switch interval bounds how long an acknowledgement waits behind a long turn
-    # (DESIGN.md §5.12).
-    sys.setswitchinterval(CORE_SWITCH_INTERVAL_S)
     grace = max(1, settings.server.shutdown_grace_secs // 2)
     listeners: Listeners | None = None
     workers: Workers | None = None
