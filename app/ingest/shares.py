@@ -1,4 +1,4 @@
-"""Each tenant's share of the ingest turn (DESIGN.md §5.12): one tenant cannot stall the
+"""Each tenant's share of the ingest turn (DESIGN.md §5.14): one tenant cannot stall the
 others.
 
 Every tenant's records are mined on the one turn thread, in commit order. What a batch

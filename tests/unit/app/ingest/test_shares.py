@@ -1,5 +1,5 @@
 """app.ingest.shares: each tenant's share of the ingest turn, a bucket of mining work
-units that decides admission only (DESIGN.md §5.12). A fake clock; no timing."""
+units that decides admission only (DESIGN.md §5.14). A fake clock; no timing."""
 
 from __future__ import annotations
 
