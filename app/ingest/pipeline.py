@@ -249,9 +249,11 @@ class Pipeline:
         self.on_cut_stall: Callable[[float], None] | None = None
         self.settler = Settler(self, events=self._events, max_attempts=mining_attempts)
         #: each tenant's share of the turn (None: unbounded); ``_turn`` leaves the work
-        #: of the batch it mined in ``_work`` for ``turn_and_finish`` to charge
+        #: of the batch it mined and the seconds its mining took in ``_work`` and
+        #: ``_mined_secs`` for ``turn_and_finish`` to charge
         self.shares = shares
         self._work = 0
+        self._mined_secs = 0.0
 
     # -- the receivers' interface --------------------------------------------------------
 
@@ -354,15 +356,16 @@ class Pipeline:
             self.gate.enter(seq)
             try:
                 self._work = 0
+                self._mined_secs = 0.0
                 if ticket.offset is not None:
                     result = self._turn(
                         tenant, batch, ticket.offset, ticket.nbytes, ticket.pending.span
                     )
             finally:
-                work = self._work
+                work, mined_secs = self._work, self._mined_secs
                 self.gate.leave(seq)
                 if self.shares is not None and ticket.estimate:
-                    self.shares.charge(tenant, ticket.estimate, work, len(batch))
+                    self.shares.charge(tenant, ticket.estimate, work, len(batch), mined_secs)
         finally:
             # The slot's transition, with nothing else held (RFC 0055 §9.1).
             if ticket.reservation is not None:
@@ -422,12 +425,15 @@ class Pipeline:
                     return TurnResult.UNMINED
                 if tenant in self._frozen:
                     self._serialize_locked(tenant)
+                started = time.perf_counter()
                 try:
                     result = self.miners.mine(tenant, batch.bodies)
                 except Exception as exc:  # noqa: BLE001 - the frame is durable; settled
                     self._record_unmined(tenant, span, offset, f"{type(exc).__name__}: {exc}")
                     return TurnResult.UNMINED
                 self._work = result.work
+                # wall time, not CPU time: what the other threads waited for the GIL
+                self._mined_secs = time.perf_counter() - started
             try:
                 detached.extend(self._buffer(tenant, batch, result, offset, nbytes))
             except Exception as exc:  # noqa: BLE001 - mined but not emitted: settled

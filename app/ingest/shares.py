@@ -1,16 +1,25 @@
 """Each tenant's share of the ingest turn (DESIGN.md §5.14): one tenant cannot stall the
 others.
 
-Every tenant's records are mined on the one turn thread, in commit order. What a batch
-costs there is its mining work (``MineResult.work``: a unit per record and per template
-compared, more for a template created or widened), a deterministic function of the
-frames and the tree. Each tenant has a bucket of work units, ``miner.tenant_work_per_sec``
-a second up to ``miner.tenant_work_burst_secs`` of it; a turn subtracts its batch's
-work. The bucket decides **admission only**: a tenant in debt has its new batches
-refused (``TenantOverShare``: 503 ``tenant_turn_share`` naming the tenant, Retry-After
-the seconds the refill needs), nothing of them is written, and nothing about what the
-miner produces depends on the bucket — recovery and settlement re-mine the WAL's frames
-exactly as the turn did.
+Every tenant's records are mined on the one turn thread, in commit order, and while it
+mines the core's other threads wait for the GIL. What a batch costs there is its mining
+work (``MineResult.work``: a unit per record and per template compared, more for a
+template created or widened), a deterministic function of the frames and the tree, and
+the seconds that work takes on this node, which the turn measures: the seconds a unit
+takes (node-wide, over the last ``COST_WINDOW_S`` of mining) converts the one into the
+other. A tenant's share is a fraction of the turn's time, ``miner.tenant_turn_percent``,
+so it means the same on a fast node, a slow one and a loaded one: each tenant has a
+bucket of turn seconds, refilled at that fraction of the clock up to
+``miner.tenant_turn_burst_secs`` of it; a turn subtracts its batch's work at the
+measured cost. The bucket decides **admission only**: a tenant in debt has its new
+batches refused (``TenantOverShare``: 503 ``tenant_turn_share`` naming the tenant,
+Retry-After the seconds the refill needs), nothing of them is written, and nothing about
+what the miner produces depends on the bucket — recovery and settlement re-mine the
+WAL's frames exactly as the turn did.
+
+The share is work-conserving: it is enforced while another tenant has been turned in
+the last ``CONTENDED_S``; a tenant alone on the node may take the whole turn (its debt
+then held to one burst, so it is not refused for long once others arrive).
 
 A batch's cost is known only after its turn, and frames wait in the backlog before it,
 so admission also reserves an estimate (the batch's records at the tenant's recent
@@ -22,7 +31,8 @@ refused forever.
 Refusals are reported per transition: ``tenant.share.exceeded`` when a tenant is first
 refused (for its turn share, or by ``app.ingest.stages`` for its share of the backlog),
 ``tenant.share.recovered`` when it is admitted again, with how many batches were refused
-and for how long.
+and for how long. ``share_max`` is the largest share of the turn's time one tenant's
+mining actually took (over the last ``USED_WINDOW_S``), ``ourios_ingest_tenant_turn_share_max``.
 """
 
 from __future__ import annotations
@@ -43,17 +53,33 @@ __all__ = ["TenantOverShare", "TurnShares"]
 INITIAL_WORK_PER_RECORD: Final = 4.0
 #: how much of each turn's work per record moves a tenant's estimate
 _EWMA: Final = 0.25
+#: the seconds a work unit is assumed to take before the turn has measured it (about a
+#: microsecond on the machines of docs/BENCHMARKS.md), weighing as this many units
+INITIAL_UNIT_SECS: Final = 1e-6
+_PRIOR_UNITS: Final = 10_000.0
+#: the measured cost follows the last this many seconds of mining (exponential decay)
+COST_WINDOW_S: Final = 10.0
+#: bounds on the measured cost, so one descheduled turn cannot make the share absurd
+_MIN_UNIT_SECS: Final = 1e-8
+_MAX_UNIT_SECS: Final = 1e-3
+#: the share is enforced while another tenant has been turned within this many seconds
+CONTENDED_S: Final = 10.0
+#: ``share_max`` is each tenant's mining seconds over about this many seconds
+USED_WINDOW_S: Final = 10.0
 
 
 class TenantOverShare(Unavailable):
     """503 / UNAVAILABLE: the tenant spent its share of the ingest turn."""
 
-    def __init__(self, tenant: str, debt: int, per_sec: int, burst_secs: int, retry: int) -> None:
+    def __init__(
+        self, tenant: str, debt_secs: float, percent: int, burst_secs: int, retry: int
+    ) -> None:
         super().__init__(
             f"tenant {tenant!r} is over its share of the ingest turn: its batches waiting "
-            f"and mined cost {debt} work units more than its bucket holds "
-            f"(miner.tenant_work_per_sec={per_sec}, miner.tenant_work_burst_secs="
-            f"{burst_secs}); other tenants are not affected; retry after {retry} s",
+            f"and mined took {debt_secs * 1000:.1f} ms of the turn more than its share holds "
+            f"(miner.tenant_turn_percent={percent} of the turn's time, "
+            f"miner.tenant_turn_burst_secs={burst_secs}); other tenants are not affected; "
+            f"retry after {retry} s",
             retry_after=retry,
             error_type="tenant_turn_share",
         )
@@ -61,63 +87,93 @@ class TenantOverShare(Unavailable):
 
 @dataclass(slots=True)
 class _Bucket:
+    #: seconds of the turn the tenant may still take
     balance: float
     at: float
-    #: estimates of batches admitted and not yet turned
+    #: estimates (work units) of batches admitted and not yet turned
     pending: float = 0.0
     per_record: float = INITIAL_WORK_PER_RECORD
     #: refused since (monotonic seconds), and how many, while over its share
     refused_since: float | None = None
     refused: int = 0
     reason: str = ""
+    #: the measured seconds of its mining, decaying over ``USED_WINDOW_S``
+    used: float = 0.0
+    used_at: float = 0.0
 
 
 class TurnShares:
-    """The tenants' buckets of turn work (thread-safe: admission and the turn thread)."""
+    """The tenants' buckets of turn time (thread-safe: admission and the turn thread)."""
 
     def __init__(
         self,
-        per_sec: int,
+        percent: int,
         burst_secs: int,
         *,
         clock: Callable[[], float] = time.monotonic,
         events: Callable[[str, Mapping[str, object]], None] | None = None,
     ) -> None:
-        if per_sec < 1 or burst_secs < 1:
-            raise ValueError(f"per_sec={per_sec} and burst_secs={burst_secs} must be >= 1")
-        self.per_sec = per_sec
+        if not 1 <= percent <= 100 or burst_secs < 1:
+            raise ValueError(
+                f"percent={percent} must be in [1, 100] and burst_secs={burst_secs} >= 1"
+            )
+        self.percent = percent
+        #: the fraction of the turn's time each tenant may take
+        self.share = percent / 100
         self.burst_secs = burst_secs
-        self.capacity = float(per_sec * burst_secs)
+        #: seconds of the turn a full bucket holds
+        self.capacity = self.share * burst_secs
         self._clock = clock
         self._events = events or (lambda name, fields: None)
         self._lock = threading.Lock()
         self._buckets: dict[str, _Bucket] = {}
         #: work units charged in all (``ourios_miner_work_units_total``)
         self.charged = 0
+        #: the measured cost: mining seconds and units, decaying over ``COST_WINDOW_S``
+        self._cost_secs = INITIAL_UNIT_SECS * _PRIOR_UNITS
+        self._cost_units = _PRIOR_UNITS
+        self._cost_at = clock()
+        #: the last two distinct tenants turned, newest first, and when
+        self._recent: list[tuple[str, float]] = []
 
     def _bucket(self, tenant: str, now: float) -> _Bucket:
         bucket = self._buckets.get(tenant)
         if bucket is None:
-            bucket = self._buckets[tenant] = _Bucket(self.capacity, now)
+            bucket = self._buckets[tenant] = _Bucket(self.capacity, now, used_at=now)
         elif now > bucket.at:
-            bucket.balance = min(self.capacity, bucket.balance + (now - bucket.at) * self.per_sec)
+            bucket.balance = min(self.capacity, bucket.balance + (now - bucket.at) * self.share)
             bucket.at = now
         return bucket
 
+    @property
+    def unit_secs(self) -> float:
+        """The seconds one work unit takes on this node's turn, as measured."""
+        with self._lock:
+            return self._unit_secs_locked()
+
+    def _unit_secs_locked(self) -> float:
+        return min(_MAX_UNIT_SECS, max(_MIN_UNIT_SECS, self._cost_secs / self._cost_units))
+
+    def _contended_locked(self, tenant: str, now: float) -> bool:
+        return any(t != tenant and now - at <= CONTENDED_S for t, at in self._recent)
+
     def admit(self, tenant: str, records: int) -> float:
         """Reserve a batch of ``records`` against the tenant's bucket and return the
-        estimate to settle at its turn; raise ``TenantOverShare`` (nothing reserved)
-        when the tenant is in debt or its waiting batches would spend the bucket."""
+        estimate (work units) to settle at its turn; raise ``TenantOverShare`` (nothing
+        reserved) when another tenant is being served and this one is in debt or its
+        waiting batches would spend the bucket."""
         with self._lock:
             now = self._clock()
             bucket = self._bucket(tenant, now)
+            unit = self._unit_secs_locked()
             estimate = records * bucket.per_record
-            short = bucket.pending + estimate - bucket.balance
-            if bucket.balance < 0 or (bucket.pending > 0 and short > 0):
+            short = (bucket.pending + estimate) * unit - bucket.balance
+            over = bucket.balance < 0 or (bucket.pending > 0 and short > 0)
+            if over and self._contended_locked(tenant, now):
                 need = -bucket.balance if bucket.balance < 0 else short
-                retry = max(1, min(self.burst_secs, math.ceil(need / self.per_sec)))
-                refusal = TenantOverShare(
-                    tenant, math.ceil(need), self.per_sec, self.burst_secs, retry
+                retry = max(1, min(self.burst_secs, math.ceil(need / self.share)))
+                refusal: TenantOverShare | None = TenantOverShare(
+                    tenant, need, self.percent, self.burst_secs, retry
                 )
                 entered = self._refused_locked(bucket, now, "turn_share")
                 recovered = None
@@ -141,15 +197,37 @@ class TurnShares:
             if bucket is not None:
                 bucket.pending = max(0.0, bucket.pending - estimate)
 
-    def charge(self, tenant: str, estimate: float, work: int, records: int) -> None:
-        """A batch's turn ran: settle its estimate with the ``work`` it cost."""
+    def charge(
+        self, tenant: str, estimate: float, work: int, records: int, seconds: float = 0.0
+    ) -> None:
+        """A batch's turn ran: settle its estimate with the ``work`` it cost; its mining
+        took ``seconds`` (measured), which moves the node's cost of a unit."""
         with self._lock:
-            bucket = self._bucket(tenant, self._clock())
+            now = self._clock()
+            if work > 0 and seconds > 0:
+                decay = math.exp(-max(0.0, now - self._cost_at) / COST_WINDOW_S)
+                self._cost_secs = self._cost_secs * decay + seconds
+                self._cost_units = self._cost_units * decay + work
+                self._cost_at = now
+            bucket = self._bucket(tenant, now)
             bucket.pending = max(0.0, bucket.pending - estimate)
-            bucket.balance -= work
+            bucket.balance -= work * self._unit_secs_locked()
+            if not self._contended_locked(tenant, now):
+                # alone on the node: not refused, and its debt held to one burst
+                bucket.balance = max(bucket.balance, -self.capacity)
             self.charged += work
             if records:
                 bucket.per_record += _EWMA * (work / records - bucket.per_record)
+            bucket.used = bucket.used * self._used_decay(bucket, now) + seconds
+            bucket.used_at = now
+            if self._recent and self._recent[0][0] == tenant:
+                self._recent[0] = (tenant, now)
+            else:
+                self._recent = [(tenant, now), *self._recent[:1]]
+
+    @staticmethod
+    def _used_decay(bucket: _Bucket, now: float) -> float:
+        return math.exp(-max(0.0, now - bucket.used_at) / USED_WINDOW_S)
 
     def refused(self, tenant: str, reason: str, retry_after: int | None) -> None:
         """Another share refused the tenant (``app.ingest.stages``: its backlog)."""
@@ -166,7 +244,17 @@ class TurnShares:
         with self._lock:
             return sum(1 for b in self._buckets.values() if b.refused_since is not None)
 
+    @property
+    def share_max(self) -> float:
+        """The largest share of the turn's time one tenant's mining took over about the
+        last ``USED_WINDOW_S`` (a fraction; the bound is ``share``, plus one batch)."""
+        with self._lock:
+            now = self._clock()
+            used = (b.used * self._used_decay(b, now) for b in self._buckets.values())
+            return max(used, default=0.0) / USED_WINDOW_S
+
     def balance(self, tenant: str) -> float:
+        """Seconds of the turn the tenant may still take."""
         with self._lock:
             return self._bucket(tenant, self._clock()).balance
 
@@ -203,9 +291,10 @@ class TurnShares:
             {
                 "tenant": tenant,
                 "reason": reason,
-                "balance": round(bucket.balance),
-                "waiting": round(bucket.pending),
-                "work_per_sec": self.per_sec,
+                "balance_secs": round(bucket.balance, 4),
+                "waiting_units": round(bucket.pending),
+                "turn_percent": self.percent,
+                "turn_us_per_unit": round(self.unit_secs * 1e6, 3),
                 "burst_secs": self.burst_secs,
                 "retry_after_secs": retry,
                 "action": "refusing this tenant's new batches (503, Retry-After) until its "

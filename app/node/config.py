@@ -886,23 +886,28 @@ _MINER_ROWS = (
     ),
     Setting(
         "miner",
-        "tenant_work_per_sec",
+        "tenant_turn_percent",
         Kind.INT,
-        200_000,
-        "A tenant's share of the ingest turn, in mining work units a second (a unit is "
-        "one template compared, about a microsecond; a record costs one more, a new "
-        "template 32): a tenant over it (its burst spent) has its batches refused, 503 "
-        "tenant_turn_share with Retry-After, never another tenant's.",
-        minimum=1_000,
-        maximum=1_000_000_000,
+        5,
+        "A tenant's share of the ingest turn, in percent of the turn thread's time: its "
+        "mining work (a unit per record and per template compared, 32 per template "
+        "created) is charged at the seconds a unit takes on this node, as the turn "
+        "measures it, so the share means the same on any node and under any load. A "
+        "tenant over it (its burst spent) has its batches refused, 503 tenant_turn_share "
+        "with Retry-After, never another tenant's; a tenant alone on the node is not "
+        "held to it (DESIGN.md §5.14).",
+        minimum=1,
+        maximum=100,
+        unit="percent",
     ),
     Setting(
         "miner",
-        "tenant_work_burst_secs",
+        "tenant_turn_burst_secs",
         Kind.INT,
-        5,
-        "Seconds of miner.tenant_work_per_sec a tenant may spend at once before it is "
-        "refused (its bucket).",
+        1,
+        "Seconds of miner.tenant_turn_percent a tenant may spend at once before it is "
+        "refused (its bucket); also the longest Retry-After of a tenant_turn_share "
+        "refusal.",
         minimum=1,
         maximum=3600,
         unit="seconds",
@@ -1045,8 +1050,8 @@ class MinerSettings:
     max_leaf_templates: int
     mined_body_chars: int
     mined_body_tokens: int
-    tenant_work_per_sec: int
-    tenant_work_burst_secs: int
+    tenant_turn_percent: int
+    tenant_turn_burst_secs: int
     tenant_backlog_bytes: int
 
 

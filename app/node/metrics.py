@@ -95,9 +95,30 @@ def _miner_metrics(
         ),
         (
             "ourios_miner_work_units",
-            "Mining work charged to the tenants' turn shares (miner.tenant_work_per_sec).",
+            "Mining work charged to the tenants' turn shares (miner.tenant_turn_percent).",
             0 if p.shares is None else p.shares.charged,
             True,
+        ),
+        (
+            "ourios_miner_work_unit_seconds",
+            "The seconds one mining work unit takes on this node's turn, as the turn "
+            "measures it (over about the last 10 s): what a tenant's work is charged at.",
+            0 if p.shares is None else p.shares.unit_secs,
+            False,
+        ),
+        (
+            "ourios_ingest_tenant_turn_share_max",
+            "The largest fraction of the turn thread's time one tenant's mining took over "
+            "about the last 10 s (measured).",
+            0 if p.shares is None else p.shares.share_max,
+            False,
+        ),
+        (
+            "ourios_ingest_tenant_turn_share_limit",
+            "The fraction of the turn's time a tenant may take while others are served "
+            "(miner.tenant_turn_percent / 100).",
+            settings.miner.tenant_turn_percent / 100,
+            False,
         ),
         (
             "ourios_ingest_tenants_over_share",

@@ -287,8 +287,8 @@ def _build_node(
         admission=admission,
         mining_attempts=settings.wal.frame_mining_attempts,
         shares=TurnShares(
-            settings.miner.tenant_work_per_sec,
-            settings.miner.tenant_work_burst_secs,
+            settings.miner.tenant_turn_percent,
+            settings.miner.tenant_turn_burst_secs,
             events=events,
         ),
         threads=threads,

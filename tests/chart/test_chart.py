@@ -890,8 +890,8 @@ CHANGES: dict[str, tuple[object, dict[str, object]]] = {
     "miner.maxLeafTemplates": (64, {}),
     "miner.minedBodyChars": (512, {}),
     "miner.minedBodyTokens": (32, {}),
-    "miner.tenantWorkPerSec": (100_000, {}),
-    "miner.tenantWorkBurstSecs": (10, {}),
+    "miner.tenantTurnPercent": (20, {}),
+    "miner.tenantTurnBurstSecs": (10, {}),
     "miner.tenantBacklogBytes": (8 * 2**20, {}),
 }
 _ROWS = {gen_chart_schema.value_key(row): row for row in gen_chart_schema.value_rows()}

@@ -7,14 +7,18 @@ latency, not as a lower rate). A noisy tenant sends batches of unique lines as f
 can: a closed loop, the next batch as soon as the last is answered, after the Retry-After
 a 503 names — what an OTLP exporter does.
 
-The run alternates windows without and with the noisy tenant on the same node, so the
-quiet baseline is measured on the same machine at the same time as the noisy windows
-(the machine's load moves between minutes). Across the windows with the noisy tenant,
-the quiet tenants' p99 stays within 2× of their p99 across the windows without it, and
-they get no 503; the noisy tenant is refused for its share (503 ``tenant_turn_share``
-naming it, with a Retry-After); its miner's state and its snapshot stay under the bounds
-(``ourios_miner_tenant_state_bytes_limit``; ``snapshot_bytes_bound`` of the node's
-miner settings) while its templates are evicted.
+The node runs the default turn share (``miner.tenant_turn_percent``,
+``miner.tenant_turn_burst_secs``): it is a fraction of the turn's measured time, so it
+means the same on this machine, loaded or not. Pass or fail is never decided by the
+machine's speed: the run alternates short windows without and with the noisy tenant on
+the same node, so the quiet baseline is measured at the same time as the noisy windows
+and under the same load, and the criterion is a ratio of the two (the issue's: the quiet
+p99 with the noisy tenant within 2× of their p99 without it). Beside the ratio the test
+asserts the mechanisms, which do not depend on speed at all: no quiet request refused;
+the noisy tenant refused 503 naming it and the reason, with a Retry-After, and
+``tenant.share.exceeded`` naming it and no other; the measured share of the turn its
+mining took (``ourios_ingest_tenant_turn_share_max``) at its bound and not above it;
+its miner's state and its snapshot under their bounds while its templates are evicted.
 """
 
 from __future__ import annotations
@@ -42,31 +46,27 @@ QUIET = [f"quiet-{i:02d}" for i in range(31)]
 NOISY = "noisy"
 #: the quiet tenants' requests a second, together (100 records each)
 QUIET_RATE = 40.0
-#: windows without, then with, the noisy tenant, alternating; seconds each
+#: windows without, then with, the noisy tenant, alternating; seconds each (short, so
+#: the machine's load, which moves between seconds, falls on both kinds alike)
 WINDOWS = 10
-WINDOW_S = 2.5
+WINDOW_S = 1.25
 #: requests sent before the first window (slots, first templates) are not measured; the
 #: noisy tenant sends during its first NOISY_WARMUP_S too, so its own start-up (its slot,
-#: its first templates, a full bucket) is paid before any window is measured
-WARMUP_S = 3.0
-NOISY_WARMUP_S = 2.0
+#: its first templates, a full leaf) is paid before any window is measured
+WARMUP_S = 2.0
+NOISY_WARMUP_S = 1.5
 NOISY_RECORDS = 200
 #: a quiet request unanswered this long is counted as a timeout (it never passes)
 REQUEST_TIMEOUT_S = 10.0
 #: One worker (the default on two cores). Small bounds so that what the issue measured
 #: over minutes happens within seconds: a 2 MiB turn backlog (a turn thread a tenant
 #: stalls fills it, and every tenant is refused ``ingest_backlog``), each tenant's share
-#: of it 512 KiB, a small template bound; each tenant's share of the turn sized for this
-#: node as docs/RUNBOOK.md says (the core's mining capacity over the tenants busy at once:
-#: here 50 ms of mining a second, at most 50 ms at once — each quiet tenant needs about a
-#: hundredth of it).
+#: of it 512 KiB, a small template bound. The turn share is the default.
 ENV = {
     "OURIOS_SERVER_WORKERS": "1",
     "OURIOS_WAL_TURN_BACKLOG_BYTES": str(2 << 20),
     "OURIOS_MINER_TENANT_BACKLOG_BYTES": str(512 << 10),
     "OURIOS_MINER_MAX_TEMPLATES": "1024",
-    "OURIOS_MINER_TENANT_WORK_PER_SEC": "50000",
-    "OURIOS_MINER_TENANT_WORK_BURST_SECS": "1",
 }
 #: the issue's criterion: the quiet tenants' p99 with the noisy tenant, at most this
 #: many times their p99 without it
@@ -210,40 +210,54 @@ def p99(values: list[float]) -> float:
 
 def test_bounded_2_a_noisy_tenant_does_not_stall_31_others(tmp_path: Path) -> None:
     data = tmp_path / "data"
-    bounds = miner_bounds(load_settings(ENV))
+    settings = load_settings(ENV)
+    bounds = miner_bounds(settings)
     with ServeProcess(data, ENV) as serve:
         port = serve.http_port
         pool = build_pool(64, 100, QUIET, seed=1, attributes=4)
         quiet = list(http_requests(LoadConfig(port=port), pool))
-        noisy = noisy_requests(port, 300)
+        noisy = noisy_requests(port, 48)
         run = asyncio.run(drive(port, quiet, noisy))
         after = metrics(serve)
         without = [x for w, xs in run.latencies.items() if w % 2 == 0 for x in xs]
         noisy_on = [x for w, xs in run.latencies.items() if w % 2 == 1 for x in xs]
         report = (
-            f"quiet p99 by window (ms): "
+            f"quiet p99 without {p99(without) * 1000:.1f} ms, with {p99(noisy_on) * 1000:.1f} "
+            f"ms; by window (ms): "
             f"{ {w: round(p99(xs) * 1000, 1) for w, xs in sorted(run.latencies.items())} }; "
-            f"quiet {dict(run.quiet)}, noisy {dict(run.noisy)}, late {run.late}"
+            f"quiet {dict(run.quiet)}, noisy {dict(run.noisy)}, late {run.late}; "
+            f"turn share max {after['ourios_ingest_tenant_turn_share_max']:.4f}, "
+            f"µs a unit {after['ourios_miner_work_unit_seconds'] * 1e6:.2f}"
         )
-        # The 31: every request answered 200, none refused, none lost.
+        print(report)
+        # The 31: every request answered 200, none refused, none lost; their p99 with the
+        # noisy tenant within 2x of their p99 without it, measured in the same run.
         expected = int(QUIET_RATE * WINDOWS * WINDOW_S)
         assert run.quiet == Counter({"200": len(without) + len(noisy_on)}), report
         assert len(without) + len(noisy_on) >= expected - 8, report
         assert p99(noisy_on) <= P99_RATIO * p99(without), report
-        print(report)
+        exceeded = serve.event("tenant.share.exceeded")
         assert serve.terminate() == 0  # a clean stop writes every tenant's snapshot
-    # The noisy tenant: refused for its share of the turn, named, with a Retry-After.
+    # The noisy tenant: refused for its share of the turn, named, with a Retry-After; the
+    # event names it and no other tenant.
     assert run.noisy["200"] and run.noisy["503"], report
     for message, retry in run.noisy_refusals:
         assert "tenant 'noisy' is over its share of the ingest " in message, message
         assert retry is not None and int(retry) >= 1, message
-    assert any("miner.tenant_work_per_sec" in message for message, _ in run.noisy_refusals)
+    assert any("miner.tenant_turn_percent=" in message for message, _ in run.noisy_refusals)
+    assert exceeded and {e["tenant"] for e in exceeded} == {NOISY}, exceeded
+    # The share of the turn's time its mining took, measured by the node: the noisy tenant
+    # sent half the time, so about half its bound, and never above it (one batch's
+    # overshoot and the measurement's smoothing allowed).
+    limit = after["ourios_ingest_tenant_turn_share_limit"]
+    assert limit == settings.miner.tenant_turn_percent / 100
+    assert limit / 5 <= after["ourios_ingest_tenant_turn_share_max"] <= 1.25 * limit, report
     # Its miner: its one leaf full (miner.max_leaf_templates) and evicting, its templates
     # and its state under their bounds.
     assert after["ourios_miner_tenant_templates_max"] == 128, after
     assert after["ourios_miner_evictions_total"] > 0
-    limit = after["ourios_miner_tenant_state_bytes_limit"]
-    assert 0 < after["ourios_miner_tenant_state_bytes_max"] <= limit
+    state_limit = after["ourios_miner_tenant_state_bytes_limit"]
+    assert 0 < after["ourios_miner_tenant_state_bytes_max"] <= state_limit
     # Its snapshot, written at the stop: under the bound the miner settings give.
     snapshot = data / "snapshots" / f"{NOISY}.snap"
     bound = snapshot_bytes_bound(bounds)

@@ -1,11 +1,15 @@
-"""app.ingest.shares: each tenant's share of the ingest turn, a bucket of mining work
-units that decides admission only (DESIGN.md §5.14). A fake clock; no timing."""
+"""app.ingest.shares: each tenant's share of the ingest turn, a bucket of the turn's time
+charged with mining work at its measured cost, that decides admission only (DESIGN.md
+§5.14). A fake clock and given mining seconds; no timing."""
 
 from __future__ import annotations
 
 import pytest
 
-from app.ingest.shares import TenantOverShare, TurnShares
+from app.ingest.shares import COST_WINDOW_S, TenantOverShare, TurnShares
+
+#: the seconds a unit takes in these tests unless a test says otherwise
+US = 1e-6
 
 
 class Clock:
@@ -17,25 +21,32 @@ class Clock:
 
 
 def _shares(clock: Clock, events: list[tuple[str, dict[str, object]]]) -> TurnShares:
-    return TurnShares(1000, 2, clock=clock, events=lambda n, f: events.append((n, dict(f))))
+    # 10 % of the turn, a 2 s burst: a full bucket holds 0.2 s of the turn
+    return TurnShares(10, 2, clock=clock, events=lambda n, f: events.append((n, dict(f))))
+
+
+def _turn(shares: TurnShares, tenant: str, records: int, work: int, unit: float = US) -> None:
+    shares.charge(tenant, shares.admit(tenant, records), work, records, work * unit)
 
 
 def test_bounded_2_a_tenant_over_its_share_is_refused_and_no_other_is() -> None:
     clock = Clock()
     events: list[tuple[str, dict[str, object]]] = []
     shares = _shares(clock, events)
-    # the noisy tenant's first batch is admitted whatever it costs, then it is in debt
-    estimate = shares.admit("noisy", 100)
-    shares.charge("noisy", estimate, work=5000, records=100)
+    _turn(shares, "a", 100, 200)  # another tenant is being served
+    # the noisy tenant's first batch is admitted whatever it costs, then it is in debt:
+    # 500,000 units at a microsecond are 0.5 s of the turn, its bucket held 0.2 s
+    _turn(shares, "noisy", 100, 500_000)
+    assert shares.balance("noisy") == pytest.approx(-0.3)
     with pytest.raises(TenantOverShare) as info:
         shares.admit("noisy", 100)
     refusal = info.value
     assert refusal.error_type == "tenant_turn_share"
-    assert "'noisy'" in str(refusal) and "miner.tenant_work_per_sec=1000" in str(refusal)
-    assert refusal.retry_after == 2  # its 3000-unit debt at 1000 a second, capped at the burst
+    assert "'noisy'" in str(refusal) and "miner.tenant_turn_percent=10" in str(refusal)
+    assert refusal.retry_after == 2  # 0.3 s of debt at a tenth of the clock, capped at the burst
     # every other tenant is admitted as before
     for tenant in ("a", "b", "c"):
-        shares.charge(tenant, shares.admit(tenant, 100), work=200, records=100)
+        _turn(shares, tenant, 100, 200)
     assert [n for n, _ in events] == ["tenant.share.exceeded"]
     assert events[0][1]["tenant"] == "noisy" and events[0][1]["reason"] == "turn_share"
     assert shares.over_share == 1
@@ -54,16 +65,20 @@ def test_bounded_2_waiting_batches_are_reserved_so_they_cannot_pile_up() -> None
     clock = Clock()
     events: list[tuple[str, dict[str, object]]] = []
     shares = _shares(clock, events)
-    shares.charge("t", shares.admit("t", 10), work=1000, records=10)  # 100 units a record
-    clock.now += 10  # the bucket is full again: 2000 units
-    first = shares.admit("t", 10)  # nothing waiting: admitted
-    assert first > 100
+    _turn(shares, "a", 100, 200)
+    for _ in range(8):
+        _turn(shares, "t", 10, 1000)  # 100 units a record
+        clock.now += 1
+    _turn(shares, "a", 100, 200)
+    clock.now += 5  # the bucket is full again: 0.2 s, 200,000 units at a microsecond
+    first = shares.admit("t", 1000)  # nothing waiting: admitted
+    assert first > 50_000
     admitted = 1
     with pytest.raises(TenantOverShare):
         for _ in range(100):
-            shares.admit("t", 10)
+            shares.admit("t", 1000)
             admitted += 1
-    assert admitted < 100
+    assert admitted < 5
     shares.release("t", first)  # an append that failed gives its reservation back
 
 
@@ -73,4 +88,45 @@ def test_bounded_2_the_bucket_is_capped_at_its_burst() -> None:
     shares = _shares(clock, events)
     shares.admit("t", 1)
     clock.now += 3600
-    assert shares.balance("t") == 2000.0
+    assert shares.balance("t") == pytest.approx(0.2)
+
+
+def test_bounded_2_the_share_is_of_the_turns_measured_time() -> None:
+    # The same work costs a tenant ten times the share on a node where a unit takes ten
+    # times as long (a slower or a loaded machine): the share is of the turn's time.
+    clock = Clock()
+    events: list[tuple[str, dict[str, object]]] = []
+    shares = _shares(clock, events)
+    assert shares.unit_secs == pytest.approx(US)
+    _turn(shares, "a", 100, 50_000)
+    _turn(shares, "noisy", 100, 50_000)  # 0.05 s of 0.2: admitted again
+    shares.charge("noisy", shares.admit("noisy", 1), 0, 1)
+    for _ in range(int(6 * COST_WINDOW_S)):  # the turn now measures 10 µs a unit
+        clock.now += 1
+        _turn(shares, "a", 100, 2_000, unit=10 * US)
+    assert shares.unit_secs == pytest.approx(10 * US, rel=0.05)
+    clock.now += 5
+    _turn(shares, "noisy", 100, 50_000, unit=10 * US)  # 0.5 s of the turn now
+    with pytest.raises(TenantOverShare):
+        shares.admit("noisy", 100)
+    # what its mining took, measured: 0.5 s over the last ~10 s
+    assert shares.share_max == pytest.approx(0.05, rel=0.05)
+
+
+def test_bounded_2_a_tenant_alone_is_not_held_to_its_share() -> None:
+    # Work-conserving: with no other tenant served, nobody waits for the turn; its debt
+    # is held to one burst, so once another tenant arrives it is refused for at most
+    # about a burst.
+    clock = Clock()
+    events: list[tuple[str, dict[str, object]]] = []
+    shares = _shares(clock, events)
+    for _ in range(5):
+        _turn(shares, "solo", 100, 1_000_000)  # a second of the turn each
+    assert shares.balance("solo") == pytest.approx(-0.2)
+    assert events == []
+    _turn(shares, "a", 100, 200)
+    with pytest.raises(TenantOverShare) as info:
+        shares.admit("solo", 100)
+    assert info.value.retry_after == 2
+    clock.now += 4.1
+    shares.admit("solo", 100)

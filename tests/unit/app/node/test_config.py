@@ -132,8 +132,8 @@ def samples(tmp_path: Path) -> dict[str, Sample]:
         "miner.max_leaf_templates": Sample("16", 16),
         "miner.mined_body_chars": Sample("256", 256),
         "miner.mined_body_tokens": Sample("32", 32),
-        "miner.tenant_work_per_sec": Sample("50000", 50_000),
-        "miner.tenant_work_burst_secs": Sample("2", 2),
+        "miner.tenant_turn_percent": Sample("20", 20),
+        "miner.tenant_turn_burst_secs": Sample("2", 2),
         "miner.tenant_backlog_bytes": Sample("8MiB", 8 * MiB),
     }
 
@@ -249,8 +249,8 @@ def test_defaults_match_design_section_8() -> None:
         "OURIOS_MINER_MAX_LEAF_TEMPLATES": 128,
         "OURIOS_MINER_MINED_BODY_CHARS": 1024,
         "OURIOS_MINER_MINED_BODY_TOKENS": 64,
-        "OURIOS_MINER_TENANT_WORK_PER_SEC": 200_000,
-        "OURIOS_MINER_TENANT_WORK_BURST_SECS": 5,
+        "OURIOS_MINER_TENANT_TURN_PERCENT": 5,
+        "OURIOS_MINER_TENANT_TURN_BURST_SECS": 1,
         "OURIOS_MINER_TENANT_BACKLOG_BYTES": 16 * MiB,
     }
     assert load_settings({}).effective() == expected
