@@ -6,8 +6,9 @@ mines the core's other threads wait for the GIL. What a batch costs there is its
 work (``MineResult.work``: a unit per record and per template compared, more for a
 template created or widened), a deterministic function of the frames and the tree, and
 the seconds that work takes on this node, which the turn measures: the seconds a unit
-takes (node-wide, over the last ``COST_WINDOW_S`` of mining) converts the one into the
-other. A tenant's share is a fraction of the turn's time, ``miner.tenant_turn_percent``,
+of the tenant's takes (over the last ``COST_WINDOW_S`` of its mining, weighed against
+the node's, so one descheduled turn of a small tenant moves it little) converts the one
+into the other. A tenant's share is a fraction of the turn's time, ``miner.tenant_turn_percent``,
 so it means the same on a fast node, a slow one and a loaded one: each tenant has a
 bucket of turn seconds, refilled at that fraction of the clock up to
 ``miner.tenant_turn_burst_secs`` of it; a turn subtracts its batch's work at the
@@ -48,8 +49,9 @@ from app.receive.otlp import Unavailable
 
 __all__ = ["TenantOverShare", "TurnShares"]
 
-#: the work a record is assumed to cost before a tenant's first turn (the benchmark's
-#: service logs cost about two units a record)
+#: the work a record is assumed to cost before a tenant's first turn unless the node
+#: says (``first_per_record``: the most a record can cost under the miner's bounds, so a
+#: new tenant cannot queue many costly batches before its first is turned)
 INITIAL_WORK_PER_RECORD: Final = 4.0
 #: how much of each turn's work per record moves a tenant's estimate
 _EWMA: Final = 0.25
@@ -57,6 +59,8 @@ _EWMA: Final = 0.25
 #: microsecond on the machines of docs/BENCHMARKS.md), weighing as this many units
 INITIAL_UNIT_SECS: Final = 1e-6
 _PRIOR_UNITS: Final = 10_000.0
+#: a tenant's own cost is weighed against this many units at the node's
+_TENANT_PRIOR_UNITS: Final = 2_000.0
 #: the measured cost follows the last this many seconds of mining (exponential decay)
 COST_WINDOW_S: Final = 10.0
 #: bounds on the measured cost, so one descheduled turn cannot make the share absurd
@@ -93,6 +97,8 @@ class _Bucket:
     #: estimates (work units) of batches admitted and not yet turned
     pending: float = 0.0
     per_record: float = INITIAL_WORK_PER_RECORD
+    #: whether a turn of it has been charged (its first sets ``per_record``)
+    turned: bool = False
     #: refused since (monotonic seconds), and how many, while over its share
     refused_since: float | None = None
     refused: int = 0
@@ -100,6 +106,10 @@ class _Bucket:
     #: the measured seconds of its mining, decaying over ``USED_WINDOW_S``
     used: float = 0.0
     used_at: float = 0.0
+    #: its own mining seconds and units, decaying over ``COST_WINDOW_S``
+    cost_secs: float = 0.0
+    cost_units: float = 0.0
+    cost_at: float = 0.0
 
 
 class TurnShares:
@@ -112,7 +122,9 @@ class TurnShares:
         *,
         clock: Callable[[], float] = time.monotonic,
         events: Callable[[str, Mapping[str, object]], None] | None = None,
+        first_per_record: float = INITIAL_WORK_PER_RECORD,
     ) -> None:
+        self.first_per_record = first_per_record
         if not 1 <= percent <= 100 or burst_secs < 1:
             raise ValueError(
                 f"percent={percent} must be in [1, 100] and burst_secs={burst_secs} >= 1"
@@ -139,7 +151,9 @@ class TurnShares:
     def _bucket(self, tenant: str, now: float) -> _Bucket:
         bucket = self._buckets.get(tenant)
         if bucket is None:
-            bucket = self._buckets[tenant] = _Bucket(self.capacity, now, used_at=now)
+            bucket = self._buckets[tenant] = _Bucket(
+                self.capacity, now, per_record=self.first_per_record, used_at=now
+            )
         elif now > bucket.at:
             bucket.balance = min(self.capacity, bucket.balance + (now - bucket.at) * self.share)
             bucket.at = now
@@ -154,6 +168,15 @@ class TurnShares:
     def _unit_secs_locked(self) -> float:
         return min(_MAX_UNIT_SECS, max(_MIN_UNIT_SECS, self._cost_secs / self._cost_units))
 
+    def _tenant_unit_secs_locked(self, bucket: _Bucket) -> float:
+        """The tenant's own measured cost of a unit, weighed against ``_TENANT_PRIOR_UNITS``
+        of the node's: a tenant whose units take longer (a slow tree) is charged what they
+        take, and one turn of a small tenant that was descheduled moves its cost little."""
+        node = self._unit_secs_locked()
+        secs = bucket.cost_secs + _TENANT_PRIOR_UNITS * node
+        cost = secs / (bucket.cost_units + _TENANT_PRIOR_UNITS)
+        return min(_MAX_UNIT_SECS, max(_MIN_UNIT_SECS, cost))
+
     def _contended_locked(self, tenant: str, now: float) -> bool:
         return any(t != tenant and now - at <= CONTENDED_S for t, at in self._recent)
 
@@ -165,7 +188,7 @@ class TurnShares:
         with self._lock:
             now = self._clock()
             bucket = self._bucket(tenant, now)
-            unit = self._unit_secs_locked()
+            unit = self._tenant_unit_secs_locked(bucket)
             estimate = records * bucket.per_record
             short = (bucket.pending + estimate) * unit - bucket.balance
             over = bucket.balance < 0 or (bucket.pending > 0 and short > 0)
@@ -210,13 +233,21 @@ class TurnShares:
                 self._cost_units = self._cost_units * decay + work
                 self._cost_at = now
             bucket = self._bucket(tenant, now)
+            if work > 0 and seconds > 0:
+                decay = math.exp(-max(0.0, now - bucket.cost_at) / COST_WINDOW_S)
+                bucket.cost_secs = bucket.cost_secs * decay + seconds
+                bucket.cost_units = bucket.cost_units * decay + work
+                bucket.cost_at = now
             bucket.pending = max(0.0, bucket.pending - estimate)
-            bucket.balance -= work * self._unit_secs_locked()
+            bucket.balance -= work * self._tenant_unit_secs_locked(bucket)
             if not self._contended_locked(tenant, now):
                 # alone on the node: not refused, and its debt held to one burst
                 bucket.balance = max(bucket.balance, -self.capacity)
             self.charged += work
-            if records:
+            if records and not bucket.turned:
+                bucket.per_record = work / records
+                bucket.turned = True
+            elif records:
                 bucket.per_record += _EWMA * (work / records - bucket.per_record)
             bucket.used = bucket.used * self._used_decay(bucket, now) + seconds
             bucket.used_at = now

@@ -888,7 +888,7 @@ _MINER_ROWS = (
         "miner",
         "tenant_turn_percent",
         Kind.INT,
-        5,
+        2,
         "A tenant's share of the ingest turn, in percent of the turn thread's time: its "
         "mining work (a unit per record and per template compared, 32 per template "
         "created) is charged at the seconds a unit takes on this node, as the turn "

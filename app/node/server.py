@@ -50,6 +50,7 @@ from app.ingest.landed import intent_hook, retract_hook
 from app.ingest.mining.miner_cluster import MinerCluster
 from app.ingest.mining.miner_config import MinerConfig
 from app.ingest.mining.template_ids import FileTemplateIdAllocator
+from app.ingest.mining.tenant_miner import CREATE_WORK
 from app.ingest.pipeline import Pipeline
 from app.ingest.shares import TurnShares
 from app.ingest.snapshots import SnapshotLedger, SnapshotStore, SnapshotStoreError
@@ -290,6 +291,9 @@ def _build_node(
             settings.miner.tenant_turn_percent,
             settings.miner.tenant_turn_burst_secs,
             events=events,
+            # before its first turn a tenant's records are assumed the costliest there can
+            # be: a full leaf compared and a template created
+            first_per_record=1 + settings.miner.max_leaf_templates + CREATE_WORK,
         ),
         threads=threads,
     )

@@ -130,3 +130,24 @@ def test_bounded_2_a_tenant_alone_is_not_held_to_its_share() -> None:
     assert info.value.retry_after == 2
     clock.now += 4.1
     shares.admit("solo", 100)
+
+
+def test_bounded_2_a_tenant_is_charged_what_its_own_units_take() -> None:
+    # A tenant whose units take ten times the others' is charged its own cost, so the
+    # time its mining takes, not the node's average, is what its share bounds; one slow
+    # turn of a small tenant moves its cost little.
+    clock = Clock()
+    events: list[tuple[str, dict[str, object]]] = []
+    shares = _shares(clock, events)
+    for _ in range(30):
+        clock.now += 1
+        _turn(shares, "a", 100, 20_000)  # 1 µs a unit
+        _turn(shares, "slow", 100, 2_000, unit=10 * US)
+        _turn(shares, "small", 100, 200)
+    _turn(shares, "small", 100, 200, unit=100 * US)  # descheduled once: 20 ms for 200 units
+    clock.now += 10  # full buckets
+    before = shares.balance("slow"), shares.balance("small")
+    _turn(shares, "slow", 100, 2_000, unit=10 * US)
+    _turn(shares, "small", 100, 200)
+    assert before[0] - shares.balance("slow") == pytest.approx(2_000 * 10 * US, rel=0.2)
+    assert before[1] - shares.balance("small") < 200 * 5 * US
