@@ -1495,11 +1495,23 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "a tenant over its share of the ingest turn has its own batches refused (503 "
         "tenant_turn_share, Retry-After), never another tenant's",
         "app/ingest/shares.py",
-        "            if bucket.balance < 0 or (bucket.pending > 0 and short > 0):",
+        "            if over and self._contended_locked(tenant, now):",
         "            if False:",
         (
             "tests/unit/app/ingest/test_shares.py::test_bounded_2_a_tenant_over_its_share_is_refused_and_no_other_is",
             "tests/integration/test_noisy_tenant_serve.py::test_bounded_2_a_noisy_tenant_does_not_stall_31_others",
+        ),
+    ),
+    Sabotage(
+        "turn_share_cost_not_measured",
+        "a tenant's share is of the turn's time: its work is charged at what a unit takes "
+        "on this node, as measured",
+        "app/ingest/shares.py",
+        "            bucket.balance -= work * self._tenant_unit_secs_locked(bucket)",
+        "            bucket.balance -= work * INITIAL_UNIT_SECS",
+        (
+            "tests/unit/app/ingest/test_shares.py::test_bounded_2_the_share_is_of_the_turns_measured_time",
+            "tests/unit/app/ingest/test_shares.py::test_bounded_2_a_tenant_is_charged_what_its_own_units_take",
         ),
     ),
     Sabotage(
