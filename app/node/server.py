@@ -150,6 +150,10 @@ def build_node(
         raise
 
 
+#: the core's GIL switch interval (Python's default is 5 ms)
+CORE_SWITCH_INTERVAL_S = 0.0005
+
+
 def miner_bounds(settings: Settings) -> MinerConfig:
     """Every tenant's miner: Drain's defaults under the ``miner`` section's bounds."""
     miner = settings.miner
@@ -632,6 +636,11 @@ def _serve(node: Node, stop: threading.Event, received: list[int], config_file: 
     of every new frame (``_Recovering``); until SIGTERM/SIGINT or a failed recovery."""
     settings = node.settings
     pipeline = node.pipeline
+    # The turn thread mines in Python while the core's other threads acknowledge: each
+    # time one of them takes the GIL back after I/O it may wait the switch interval, a
+    # few times a request, so a short interval bounds what another tenant's long turn
+    # adds to an acknowledgement (DESIGN.md §5.14).
+    sys.setswitchinterval(CORE_SWITCH_INTERVAL_S)
     grace = max(1, settings.server.shutdown_grace_secs // 2)
     listeners: Listeners | None = None
     workers: Workers | None = None
