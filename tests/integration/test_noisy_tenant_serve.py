@@ -69,14 +69,15 @@ ENV = {
     "OURIOS_MINER_MAX_TEMPLATES": "1024",
 }
 #: The quiet tenants' p99 with the noisy tenant, at most this many times their p99
-#: without it. The issue's criterion is 2x, and the default share meets it (docs/
-#: BENCHMARKS.md, "Miner bounds"); but on a shared two-core machine the p99 of a few
-#: hundred requests is set by the machine's own stalls (another process, a collection),
-#: which land in either kind of window by chance: with two CPU-bound processes beside
-#: the test the ratio ranged 0.45-2.6 with the noisy tenant held to its share. A ratio
-#: the machine cannot break still fails a node the noisy tenant stalls (main: 829 of
-#: 1,000 quiet requests refused, seconds of latency); the mechanisms below are exact.
-P99_RATIO = 4.0
+#: without it. The issue's criterion is 2x, and the defaults meet it (docs/BENCHMARKS.md,
+#: "Miner bounds": 0.54-1.92 in ten runs beside two CPU-bound processes); but on a
+#: shared two-core machine the p99 of a few hundred requests is also set by the
+#: machine's own stalls (another process, a collection), which land in either kind of
+#: window by chance, so the test asserts a ratio the machine cannot break, and the
+#: mechanisms below, which are exact. A node the noisy tenant stalls fails either way
+#: (main: 829 of 1,000 quiet requests refused; the share ignored: no 503 for the noisy
+#: tenant, its measured share far above its bound).
+P99_RATIO = 3.0
 
 
 def metrics(serve: ServeProcess) -> dict[str, float]:
