@@ -53,6 +53,9 @@ __all__ = ["TenantOverShare", "TurnShares"]
 #: says (``first_per_record``: the most a record can cost under the miner's bounds, so a
 #: new tenant cannot queue many costly batches before its first is turned)
 INITIAL_WORK_PER_RECORD: Final = 4.0
+#: batches a tenant never turned may have waiting whatever their estimate (a client's
+#: first concurrent requests), so the pessimistic first estimate refuses only a pile-up
+FIRST_BATCHES: Final = 4
 #: how much of each turn's work per record moves a tenant's estimate
 _EWMA: Final = 0.25
 #: the seconds a work unit is assumed to take before the turn has measured it (about a
@@ -99,6 +102,8 @@ class _Bucket:
     per_record: float = INITIAL_WORK_PER_RECORD
     #: whether a turn of it has been charged (its first sets ``per_record``)
     turned: bool = False
+    #: batches admitted and not yet turned
+    waiting: int = 0
     #: refused since (monotonic seconds), and how many, while over its share
     refused_since: float | None = None
     refused: int = 0
@@ -191,7 +196,8 @@ class TurnShares:
             unit = self._tenant_unit_secs_locked(bucket)
             estimate = records * bucket.per_record
             short = (bucket.pending + estimate) * unit - bucket.balance
-            over = bucket.balance < 0 or (bucket.pending > 0 and short > 0)
+            first = not bucket.turned and bucket.waiting < FIRST_BATCHES
+            over = bucket.balance < 0 or (bucket.pending > 0 and short > 0 and not first)
             if over and self._contended_locked(tenant, now):
                 need = -bucket.balance if bucket.balance < 0 else short
                 retry = max(1, min(self.burst_secs, math.ceil(need / self.share)))
@@ -202,6 +208,7 @@ class TurnShares:
                 recovered = None
             else:
                 bucket.pending += estimate
+                bucket.waiting += 1
                 recovered = self._admitted_locked(tenant, bucket, now)
                 refusal = None
                 entered = False
@@ -219,6 +226,7 @@ class TurnShares:
             bucket = self._buckets.get(tenant)
             if bucket is not None:
                 bucket.pending = max(0.0, bucket.pending - estimate)
+                bucket.waiting = max(0, bucket.waiting - 1)
 
     def charge(
         self, tenant: str, estimate: float, work: int, records: int, seconds: float = 0.0
@@ -239,6 +247,7 @@ class TurnShares:
                 bucket.cost_units = bucket.cost_units * decay + work
                 bucket.cost_at = now
             bucket.pending = max(0.0, bucket.pending - estimate)
+            bucket.waiting = max(0, bucket.waiting - 1)
             bucket.balance -= work * self._tenant_unit_secs_locked(bucket)
             if not self._contended_locked(tenant, now):
                 # alone on the node: not refused, and its debt held to one burst

@@ -904,7 +904,7 @@ _MINER_ROWS = (
         "miner",
         "tenant_turn_burst_secs",
         Kind.INT,
-        5,
+        1,
         "Seconds of miner.tenant_turn_percent a tenant may spend at once before it is "
         "refused (its bucket); also the longest Retry-After of a tenant_turn_share "
         "refusal.",

@@ -191,7 +191,14 @@ async def noisy_client(run: Run, requests: list[bytes], port: int) -> None:
             if not warming and (window is None or window % 2 == 0):
                 await asyncio.sleep(0.01)
                 continue
-            response = await conn.exchange(requests[index % len(requests)])
+            try:
+                response = await conn.exchange(requests[index % len(requests)])
+            except (asyncio.IncompleteReadError, ConnectionError):
+                # the server closed the idle keep-alive connection while the client
+                # waited a Retry-After: reconnect and send again, as a client does
+                await conn.aclose()
+                conn = await HttpConnection.open("127.0.0.1", port)
+                continue
             index += 1
             run.noisy[f"{response.status}"] += 1
             if response.status == 503:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.ingest.shares import COST_WINDOW_S, TenantOverShare, TurnShares
+from app.ingest.shares import COST_WINDOW_S, FIRST_BATCHES, TenantOverShare, TurnShares
 
 #: the seconds a unit takes in these tests unless a test says otherwise
 US = 1e-6
@@ -151,3 +151,22 @@ def test_bounded_2_a_tenant_is_charged_what_its_own_units_take() -> None:
     _turn(shares, "small", 100, 200)
     assert before[0] - shares.balance("slow") == pytest.approx(2_000 * 10 * US, rel=0.2)
     assert before[1] - shares.balance("small") < 200 * 5 * US
+
+
+def test_bounded_2_a_new_tenant_cannot_pile_up_costly_batches_before_its_first_turn() -> None:
+    # Before its first turn a tenant's records are assumed the costliest there can be;
+    # its first few concurrent batches are admitted whatever that estimate, then no more
+    # until a turn tells what they cost.
+    clock = Clock()
+    events: list[tuple[str, dict[str, object]]] = []
+    shares = TurnShares(
+        10, 2, clock=clock, events=lambda n, f: events.append((n, dict(f))), first_per_record=161
+    )
+    _turn(shares, "a", 100, 200)
+    estimates = [shares.admit("new", 400) for _ in range(FIRST_BATCHES)]
+    assert estimates == [400 * 161] * FIRST_BATCHES
+    with pytest.raises(TenantOverShare):
+        shares.admit("new", 400)  # 0.26 s of the turn estimated waiting: its bucket holds 0.2
+    for estimate in estimates:
+        shares.charge("new", estimate, 800, 400, 800 * US)  # it costs 2 units a record
+    assert shares.admit("new", 400) == 800

@@ -250,7 +250,7 @@ def test_defaults_match_design_section_8() -> None:
         "OURIOS_MINER_MINED_BODY_CHARS": 1024,
         "OURIOS_MINER_MINED_BODY_TOKENS": 64,
         "OURIOS_MINER_TENANT_TURN_PERCENT": 2,
-        "OURIOS_MINER_TENANT_TURN_BURST_SECS": 5,
+        "OURIOS_MINER_TENANT_TURN_BURST_SECS": 1,
         "OURIOS_MINER_TENANT_BACKLOG_BYTES": 16 * MiB,
     }
     assert load_settings({}).effective() == expected
