@@ -425,15 +425,16 @@ class Pipeline:
                     return TurnResult.UNMINED
                 if tenant in self._frozen:
                     self._serialize_locked(tenant)
-                started = time.perf_counter()
+                started = time.thread_time()
                 try:
                     result = self.miners.mine(tenant, batch.bodies)
                 except Exception as exc:  # noqa: BLE001 - the frame is durable; settled
                     self._record_unmined(tenant, span, offset, f"{type(exc).__name__}: {exc}")
                     return TurnResult.UNMINED
                 self._work = result.work
-                # wall time, not CPU time: what the other threads waited for the GIL
-                self._mined_secs = time.perf_counter() - started
+                # the turn thread's CPU time, which it spent holding the GIL: not wall
+                # time, which counts its own waits for the GIL (receivers in this process)
+                self._mined_secs = time.thread_time() - started
             try:
                 detached.extend(self._buffer(tenant, batch, result, offset, nbytes))
             except Exception as exc:  # noqa: BLE001 - mined but not emitted: settled

@@ -101,7 +101,7 @@ def _miner_metrics(
         ),
         (
             "ourios_miner_work_unit_seconds",
-            "The seconds one mining work unit takes on this node's turn, as the turn "
+            "The turn thread's CPU seconds one mining work unit takes, as the turn "
             "measures it (over about the last 10 s): what a tenant's work is charged at.",
             0 if p.shares is None else p.shares.unit_secs,
             False,
