@@ -36,7 +36,7 @@ SCHEMA_PATH = ROOT / "charts" / "ourios" / "values.schema.json"
 Schema = dict[str, Any]
 
 #: Sections of the app whose settings are chart values.
-VALUE_SECTIONS = ("server", "wal", "sink", "store", "disk")
+VALUE_SECTIONS = ("server", "wal", "sink", "store", "disk", "miner")
 #: Settings the chart sets itself, with where their value comes from.
 CHART_MANAGED = {
     "server.data_dir": "the data volume's mount path, /var/lib/ourios",

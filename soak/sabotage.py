@@ -1480,6 +1480,52 @@ SABOTAGES: tuple[Sabotage, ...] = (
         ),
     ),
     Sabotage(
+        "miner_unbounded",
+        "every tenant's miner is bounded: templates (LRU, ids never reused), the body head "
+        "mined, its memory and snapshot",
+        "app/node/server.py",
+        "    return MinerConfig(\n        max_clusters=miner.max_templates,",
+        "    return MinerConfig()\n    return MinerConfig(\n        max_clusters=miner.max_templates,",
+        (
+            "tests/integration/test_noisy_tenant_serve.py::test_bounded_2_a_noisy_tenant_does_not_stall_31_others",
+        ),
+    ),
+    Sabotage(
+        "turn_share_ignored",
+        "a tenant over its share of the ingest turn has its own batches refused (503 "
+        "tenant_turn_share, Retry-After), never another tenant's",
+        "app/ingest/shares.py",
+        "            if over and self._contended_locked(tenant, now):",
+        "            if False:",
+        (
+            "tests/unit/app/ingest/test_shares.py::test_bounded_2_a_tenant_over_its_share_is_refused_and_no_other_is",
+            "tests/integration/test_noisy_tenant_serve.py::test_bounded_2_a_noisy_tenant_does_not_stall_31_others",
+        ),
+    ),
+    Sabotage(
+        "turn_share_cost_not_measured",
+        "a tenant's share is of the turn's time: its work is charged at what a unit takes "
+        "on this node, as measured",
+        "app/ingest/shares.py",
+        "            bucket.balance -= work * self._tenant_unit_secs_locked(bucket)",
+        "            bucket.balance -= work * INITIAL_UNIT_SECS",
+        (
+            "tests/unit/app/ingest/test_shares.py::test_bounded_2_the_share_is_of_the_turns_measured_time",
+            "tests/unit/app/ingest/test_shares.py::test_bounded_2_a_tenant_is_charged_what_its_own_units_take",
+        ),
+    ),
+    Sabotage(
+        "tenant_backlog_share_ignored",
+        "a tenant over its share of the turn backlog has its own batches refused (503 "
+        "tenant_backlog), never another tenant's",
+        "app/ingest/stages.py",
+        "            if share is not None and mine is not None and mine[0] + len(payload) > share:",
+        "            if False:",
+        (
+            "tests/unit/app/ingest/test_stages.py::test_bounded_2_one_tenant_over_its_backlog_share_is_refused_and_others_are_not",
+        ),
+    ),
+    Sabotage(
         "open_new_tenant_rate_ignored",
         "in open mode new tenants take slots at a bounded rate",
         "app/ingest/tenants.py",

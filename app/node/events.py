@@ -83,6 +83,7 @@ _LEVELS = {
     "tenant.settling": "warning",
     "tenant.frame_isolated": "error",
     "wal.floor.pinned": "warning",
+    "tenant.share.exceeded": "warning",
     "sink.spool.started": "warning",
     "sink.store.unavailable": "warning",
     "sink.partition.dead_lettered": "warning",

@@ -20,6 +20,7 @@ from prometheus_client.registry import Collector
 from app.cadence.archive import Archiver
 from app.cadence.housekeeping import Housekeeper
 from app.ingest.admission import Admission, Bound
+from app.ingest.mining.tenant_miner import state_bytes_bound
 from app.ingest.pipeline import LATCH_CLEAR, Pipeline
 from app.ingest.stages import Stages
 from app.node.config import Settings
@@ -37,6 +38,102 @@ from wal import (
 )
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def _miner_metrics(
+    p: Pipeline, settings: Settings
+) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+    """The miners' bounds at work (DESIGN.md §5.14): node-wide sums and the largest
+    tenant's figures — no tenant label, since there may be ``wal.max_tenants`` of them."""
+    stats = p.miners.stats()
+    bound = state_bytes_bound(p.miners.default_config)
+    rows: list[tuple[str, str, float, bool]] = [
+        (
+            "ourios_miner_templates",
+            "Templates held by every tenant's miner.",
+            stats.templates,
+            False,
+        ),
+        (
+            "ourios_miner_tenant_templates_max",
+            "Templates of the tenant holding the most (bounded by miner.max_templates).",
+            stats.tenant_templates_max,
+            False,
+        ),
+        (
+            "ourios_miner_state_bytes",
+            "Heap bytes the miners' templates and trees hold (an estimate that errs high).",
+            stats.state_bytes,
+            False,
+        ),
+        (
+            "ourios_miner_tenant_state_bytes_max",
+            "The largest tenant's ourios_miner_state_bytes.",
+            stats.tenant_state_bytes_max,
+            False,
+        ),
+        (
+            "ourios_miner_tenant_state_bytes_limit",
+            "What the miner bounds allow one tenant's miner state (max_templates templates "
+            "of the largest mined body head).",
+            0 if bound is None else bound,
+            False,
+        ),
+        (
+            "ourios_miner_evictions",
+            "Templates evicted by miner.max_templates or miner.max_leaf_templates; a body "
+            "like an evicted template gets a new one with a new id.",
+            stats.evictions,
+            True,
+        ),
+        (
+            "ourios_miner_truncated_bodies",
+            "Bodies mined only in part (miner.mined_body_chars or miner.mined_body_tokens); "
+            "the records keep their whole bodies.",
+            stats.truncated_bodies,
+            True,
+        ),
+        (
+            "ourios_miner_work_units",
+            "Mining work charged to the tenants' turn shares (miner.tenant_turn_percent).",
+            0 if p.shares is None else p.shares.charged,
+            True,
+        ),
+        (
+            "ourios_miner_work_unit_seconds",
+            "The turn thread's CPU seconds one mining work unit takes, as the turn "
+            "measures it (over about the last 10 s): what a tenant's work is charged at.",
+            0 if p.shares is None else p.shares.unit_secs,
+            False,
+        ),
+        (
+            "ourios_ingest_tenant_turn_share_max",
+            "The largest fraction of the turn thread's time one tenant's mining took over "
+            "about the last 10 s (measured).",
+            0 if p.shares is None else p.shares.share_max,
+            False,
+        ),
+        (
+            "ourios_ingest_tenant_turn_share_limit",
+            "The fraction of the turn's time a tenant may take while others are served "
+            "(miner.tenant_turn_percent / 100).",
+            settings.miner.tenant_turn_percent / 100,
+            False,
+        ),
+        (
+            "ourios_ingest_tenants_over_share",
+            "Tenants refused for their share of the turn or of the backlog since they were "
+            "last admitted (503 tenant_turn_share / tenant_backlog).",
+            0 if p.shares is None else p.shares.over_share,
+            False,
+        ),
+    ]
+    for name, doc, value, counter in rows:
+        family: GaugeMetricFamily | CounterMetricFamily = (
+            CounterMetricFamily(name, doc) if counter else GaugeMetricFamily(name, doc)
+        )
+        family.add_metric([], value)
+        yield family
 
 
 class _StateCollector(Collector):
@@ -273,6 +370,7 @@ class _StateCollector(Collector):
             "The configured wal.turn_backlog_bytes (the alert on the backlog follows it).",
             self._m.settings.wal.turn_backlog_bytes,
         )
+        yield from _miner_metrics(p, self._m.settings)
         recovery = self._m.recovery
         yield gauge(
             "ourios_recovery_backlog_bytes",

@@ -48,8 +48,11 @@ from app.cadence.sweep import AgeSweep
 from app.ingest.admission import Admission
 from app.ingest.landed import intent_hook, retract_hook
 from app.ingest.mining.miner_cluster import MinerCluster
+from app.ingest.mining.miner_config import MinerConfig
 from app.ingest.mining.template_ids import FileTemplateIdAllocator
+from app.ingest.mining.tenant_miner import CREATE_WORK
 from app.ingest.pipeline import Pipeline
+from app.ingest.shares import TurnShares
 from app.ingest.snapshots import SnapshotLedger, SnapshotStore, SnapshotStoreError
 from app.ingest.stages import LocalPort, Stages
 from app.ingest.tenants import TenantCountExceeded
@@ -147,6 +150,21 @@ def build_node(
         raise
 
 
+#: the core's GIL switch interval (Python's default is 5 ms)
+CORE_SWITCH_INTERVAL_S = 0.0005
+
+
+def miner_bounds(settings: Settings) -> MinerConfig:
+    """Every tenant's miner: Drain's defaults under the ``miner`` section's bounds."""
+    miner = settings.miner
+    return MinerConfig(
+        max_clusters=miner.max_templates,
+        max_body_chars=miner.mined_body_chars,
+        max_body_tokens=miner.mined_body_tokens,
+        max_leaf_clusters=miner.max_leaf_templates,
+    )
+
+
 def _build_node(
     settings: Settings,
     events: EventLog,
@@ -226,7 +244,7 @@ def _build_node(
     if isinstance(store, LocalStore):  # the embedded store: usually on this volume
         store.on_write = space.wrote if space.on_volume(store.root) else None
         store.on_no_space = space.no_space
-    miners = MinerCluster(allocator)
+    miners = MinerCluster(allocator, miner_bounds(settings))
     holder: dict[str, Pipeline] = {}
     buffers = Buffers(
         flush_bytes=settings.sink.flush_bytes,
@@ -273,6 +291,14 @@ def _build_node(
         ledger=ledger,
         admission=admission,
         mining_attempts=settings.wal.frame_mining_attempts,
+        shares=TurnShares(
+            settings.miner.tenant_turn_percent,
+            settings.miner.tenant_turn_burst_secs,
+            events=events,
+            # before its first turn a tenant's records are assumed the costliest there can
+            # be: a full leaf compared and a template created
+            first_per_record=1 + settings.miner.max_leaf_templates + CREATE_WORK,
+        ),
         threads=threads,
     )
     holder["p"] = pipeline
@@ -610,6 +636,11 @@ def _serve(node: Node, stop: threading.Event, received: list[int], config_file: 
     of every new frame (``_Recovering``); until SIGTERM/SIGINT or a failed recovery."""
     settings = node.settings
     pipeline = node.pipeline
+    # The turn thread mines in Python while the core's other threads acknowledge: each
+    # time one of them takes the GIL back after I/O it may wait the switch interval, a
+    # few times a request, so a short interval bounds what another tenant's long turn
+    # adds to an acknowledgement (DESIGN.md §5.14).
+    sys.setswitchinterval(CORE_SWITCH_INTERVAL_S)
     grace = max(1, settings.server.shutdown_grace_secs // 2)
     listeners: Listeners | None = None
     workers: Workers | None = None
@@ -622,7 +653,12 @@ def _serve(node: Node, stop: threading.Event, received: list[int], config_file: 
             node.journal.close()
             _release(node)
             return _start_failed(node.events, exc)
-    stages = Stages(pipeline, backlog_bytes=settings.wal.turn_backlog_bytes, threads=node.threads)
+    stages = Stages(
+        pipeline,
+        backlog_bytes=settings.wal.turn_backlog_bytes,
+        tenant_backlog_bytes=settings.miner.tenant_backlog_bytes,
+        threads=node.threads,
+    )
     node.metrics.stages = stages
     if listeners is not None:
         workers = Workers(

@@ -886,6 +886,13 @@ CHANGES: dict[str, tuple[object, dict[str, object]]] = {
     "disk.lowWaterBytes": (2 * 2**30, {}),
     "disk.stopWaterBytes": (512 * 2**20, {}),
     "disk.reserveBytes": (32 * 2**20, {}),
+    "miner.maxTemplates": (1000, {}),
+    "miner.maxLeafTemplates": (64, {}),
+    "miner.minedBodyChars": (512, {}),
+    "miner.minedBodyTokens": (32, {}),
+    "miner.tenantTurnPercent": (20, {}),
+    "miner.tenantTurnBurstSecs": (10, {}),
+    "miner.tenantBacklogBytes": (8 * 2**20, {}),
 }
 _ROWS = {gen_chart_schema.value_key(row): row for row in gen_chart_schema.value_rows()}
 
@@ -915,7 +922,7 @@ def test_a_chart_value_changes_what_the_app_runs_with(
 
 
 #: The sections whose every tunable the running node must be shown to use.
-TUNED_SECTIONS = ("wal", "sink", "disk")
+TUNED_SECTIONS = ("wal", "sink", "disk", "miner")
 
 
 @pytest.mark.slow

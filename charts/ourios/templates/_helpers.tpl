@@ -186,6 +186,13 @@ which would print 6.7108864e+07), booleans as true/false, strings as they are. A
   (list "OURIOS_DISK_LOW_WATER_BYTES" $v.disk.lowWaterBytes)
   (list "OURIOS_DISK_STOP_WATER_BYTES" $v.disk.stopWaterBytes)
   (list "OURIOS_DISK_RESERVE_BYTES" $v.disk.reserveBytes)
+  (list "OURIOS_MINER_MAX_TEMPLATES" $v.miner.maxTemplates)
+  (list "OURIOS_MINER_MAX_LEAF_TEMPLATES" $v.miner.maxLeafTemplates)
+  (list "OURIOS_MINER_MINED_BODY_CHARS" $v.miner.minedBodyChars)
+  (list "OURIOS_MINER_MINED_BODY_TOKENS" $v.miner.minedBodyTokens)
+  (list "OURIOS_MINER_TENANT_TURN_PERCENT" $v.miner.tenantTurnPercent)
+  (list "OURIOS_MINER_TENANT_TURN_BURST_SECS" $v.miner.tenantTurnBurstSecs)
+  (list "OURIOS_MINER_TENANT_BACKLOG_BYTES" $v.miner.tenantBacklogBytes)
 }}
 {{- range $pairs }}
 {{- $name := index . 0 }}
