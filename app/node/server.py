@@ -561,6 +561,11 @@ def _listening(node: Node, http_port: int, grpc_port: int, *, workers: list[int]
             "wal": str(settings.server.wal_dir),
             "store": node.store.describe(),
             "workers": workers,
+            # when what is acknowledged reaches the store: a cut, or rows this old
+            "publish_every_secs": {
+                "wal.barrier_secs": settings.wal.barrier_secs,
+                "sink.flush_age_secs": settings.sink.flush_age_secs,
+            },
         },
     )
 

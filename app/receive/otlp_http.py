@@ -91,6 +91,7 @@ from app.receive.otlp import (
     IngestRejection,
     PayloadTooLarge,
     UnsupportedMediaType,
+    _echo,
     count_records,
     decode_request,
     decompress,
@@ -126,7 +127,6 @@ _log = logging.getLogger("ourios.http")
 _PROTOBUF_MEDIA_TYPES: Final = frozenset({PROTOBUF_CONTENT_TYPE, "application/protobuf"})
 _IDENTITY_CODINGS: Final = frozenset({"", "identity"})
 _CODED_SLACK_BYTES: Final = 64 * 1024
-_ECHO_CHARS: Final = 32
 _NOT_READY: Final = (
     "not ready: recovery is running, it failed, or the WAL is in its terminal state\n"
 )
@@ -190,7 +190,7 @@ def _combine(seen: str | None, value: bytes) -> str:
 
 
 def _unsupported_type(content_type: str | None) -> UnsupportedMediaType:
-    shown = ascii((content_type or "")[:_ECHO_CHARS])
+    shown = _echo(content_type or "")  # quoted, and "..." when it was cut
     return UnsupportedMediaType(
         f"unsupported Content-Type {shown}; accepted: {PROTOBUF_CONTENT_TYPE}, "
         f"application/protobuf, {JSON_CONTENT_TYPE}"

@@ -108,9 +108,10 @@ def test_clone_1_the_readme_curl_is_acknowledged_then_published(tmp_path: Path) 
     assert (config["OURIOS_SERVER_HTTP_PORT"], config["OURIOS_SERVER_GRPC_PORT"]) == (4318, 4317)
     require_tool("curl")
     with ServeProcess(tmp_path / "data", args=make_run_args()) as serve:
+        url = f"http://127.0.0.1:{serve.http_port}/v1/logs"
         before = time.time_ns()
         answer = subprocess.run(
-            ["bash", "-c", curl.replace(README_URL, f"http://127.0.0.1:{serve.http_port}/v1/logs")],
+            ["bash", "-c", curl.replace(README_URL, url)],
             cwd=tmp_path,
             capture_output=True,
             text=True,
@@ -120,6 +121,20 @@ def test_clone_1_the_readme_curl_is_acknowledged_then_published(tmp_path: Path) 
         lines = answer.stdout.splitlines()
         assert lines[0].startswith("HTTP/1.1 200") and lines[-1] == "{}", answer.stdout
         records = _wait_for_records(serve, README_TENANT)
+        # Without its Content-Type header the curl sends its default type: the 415's
+        # message, as the node writes it, is the one the README shows.
+        untyped = curl.replace("  -H 'Content-Type: application/json' \\\n", "")
+        assert untyped != curl
+        refused = subprocess.run(
+            ["bash", "-c", untyped.replace(README_URL, url)],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        lines = refused.stdout.splitlines()
+        assert lines[0].startswith("HTTP/1.1 415"), refused.stdout
+        assert lines[-1] in README.read_text(), lines[-1]
         assert serve.terminate() == 0, serve.tail()
     assert [r["body"] for r in records] == [README_BODY]
     (record,) = records
@@ -140,8 +155,12 @@ def test_clone_2_make_run_publishes_within_seconds_production_waits(tmp_path: Pa
     assert isinstance(trial["OURIOS_SINK_FLUSH_AGE_SECS"], int)
     assert trial["OURIOS_WAL_BARRIER_SECS"] <= 10 and trial["OURIOS_SINK_FLUSH_AGE_SECS"] <= 10
     with ServeProcess(tmp_path / "data", args=args) as serve:
-        (effective,) = [e["config"] for e in serve.event("config.effective")]
-        assert effective["OURIOS_WAL_BARRIER_SECS"] == trial["OURIOS_WAL_BARRIER_SECS"]
+        # the node says at start-up when what it acknowledges is published
+        (listening,) = serve.event("server.listening")
+        assert listening["publish_every_secs"] == {
+            "wal.barrier_secs": trial["OURIOS_WAL_BARRIER_SECS"],
+            "sink.flush_age_secs": trial["OURIOS_SINK_FLUSH_AGE_SECS"],
+        }
         req = ExportLogsServiceRequest()
         record = req.resource_logs.add().scope_logs.add().log_records.add()
         record.time_unix_nano = time.time_ns()
