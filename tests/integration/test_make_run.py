@@ -58,7 +58,7 @@ def make_run_args() -> list[str]:
 
 def readme_curl() -> str:
     """The README's ```sh block that runs `curl`, as the reader copies it."""
-    blocks = [b for b in re.findall(r"```sh\n(.*?)```", README.read_text(), re.S)]
+    blocks: list[str] = re.findall(r"```sh\n(.*?)```", README.read_text(), re.S)
     curls = [b for b in blocks if b.startswith("curl ")]
     assert len(curls) == 1, "the README has one curl block under 'Send your first logs'"
     return curls[0]
