@@ -36,7 +36,7 @@ INTERFACE: dict[str, tuple[str, frozenset[str]]] = {
     "ourios_wal_unreclaimed_bytes": ("gauge", frozenset()),
     "ourios_wal_segments": ("gauge", frozenset()),
     "ourios_wal_oldest_unreclaimed_age_seconds": ("gauge", frozenset()),
-    "ourios_wal_checkpoint_lsn": ("gauge", frozenset()),
+    "ourios_wal_checkpoint_lsn_bytes": ("gauge", frozenset()),
     "ourios_wal_retain_floor": ("gauge", frozenset({"state"})),
     "ourios_wal_retain_floor_lag_bytes": ("gauge", frozenset()),
     "ourios_wal_retain_floor_lag_segments": ("gauge", frozenset()),
@@ -284,7 +284,7 @@ def test_dashboard_expressions_parse(tmp_path: Path) -> None:
         ("ack latency", {"ourios_ingest_ack_seconds_bucket"}),
         (
             "WAL bytes and segments against the checkpoint",
-            {"ourios_wal_unreclaimed_bytes", "ourios_wal_segments", "ourios_wal_checkpoint_lsn"},
+            {"ourios_wal_unreclaimed_bytes", "ourios_wal_segments", "ourios_wal_checkpoint_lsn_bytes"},
         ),
         ("floor state and lag", {"ourios_wal_retain_floor", "ourios_wal_retain_floor_lag_bytes"}),
         ("rotation state", {"ourios_wal_rotation_state"}),
