@@ -78,8 +78,7 @@ class _StateCollector(Collector):
             )
         yield gauge(
             "ourios_wal_checkpoint_lsn_bytes",
-            "The CHECKPOINT mark, a byte offset in the WAL's log (0 before the first "
-            "checkpoint).",
+            "The CHECKPOINT mark, a byte offset in the WAL's log (0 before the first checkpoint).",
             st.checkpoint.lsn if st.checkpoint is not None else 0,
         )
         floor = GaugeMetricFamily(

@@ -187,8 +187,7 @@ def test_every_alert_fires_in_a_unit_test_and_a_healthy_series_stays_quiet() -> 
             assert name in alerts, f"test for an unknown alert {name}"
             # an absent() alert has no instance: it fires for the job
             hits = {
-                a["exp_labels"].get("instance", "(no target)")
-                for a in case.get("exp_alerts") or []
+                a["exp_labels"].get("instance", "(no target)") for a in case.get("exp_alerts") or []
             }
             tested.setdefault(name, set()).update(hits)
         for name, hits in tested.items():
@@ -332,7 +331,11 @@ def test_clone_7_dashboard_shows_memory_and_cpu_per_process() -> None:
         ("ack latency", {"ourios_ingest_ack_seconds_bucket"}),
         (
             "WAL bytes and segments against the checkpoint",
-            {"ourios_wal_unreclaimed_bytes", "ourios_wal_segments", "ourios_wal_checkpoint_lsn_bytes"},
+            {
+                "ourios_wal_unreclaimed_bytes",
+                "ourios_wal_segments",
+                "ourios_wal_checkpoint_lsn_bytes",
+            },
         ),
         ("floor state and lag", {"ourios_wal_retain_floor", "ourios_wal_retain_floor_lag_bytes"}),
         ("rotation state", {"ourios_wal_rotation_state"}),

@@ -652,9 +652,9 @@ def test_prometheus_rule_passes_promtool(tmp_path: Path) -> None:
     relative = render(
         {**_monitoring_values(), "prometheusRule": {"enabled": True, "runbookBaseUrl": ""}}
     ).one("PrometheusRule")
-    assert relative["spec"]["groups"] == yaml.safe_load(ALERTS.read_text(encoding="utf-8"))[
-        "groups"
-    ]
+    assert (
+        relative["spec"]["groups"] == yaml.safe_load(ALERTS.read_text(encoding="utf-8"))["groups"]
+    )
 
 
 def test_dashboard_config_map_for_the_grafana_sidecar() -> None:

@@ -113,8 +113,15 @@ def test_clone_6_serve_on_a_terminal_logs_readable_lines_and_a_start_up_summary(
         summary = "\n".join(term.lines[start : start + 9])
         port = re.search(r"OTLP/HTTP  http://127\.0\.0\.1:(\d+)/v1/logs", summary)
         assert port, summary
-        for row in ("OTLP/gRPC  127.0.0.1:", "data dir ", "store      file://", "cadences ",
-                    "auth       open mode", "workers    1 (pid ", "stop       Ctrl-C or SIGTERM"):
+        for row in (
+            "OTLP/gRPC  127.0.0.1:",
+            "data dir ",
+            "store      file://",
+            "cadences ",
+            "auth       open mode",
+            "workers    1 (pid ",
+            "stop       Ctrl-C or SIGTERM",
+        ):
             assert row in summary, summary
         assert len(summary) < 800, summary
         # the worker's own log records (uvicorn's, from the worker process) read the same
@@ -188,8 +195,7 @@ def test_clone_7_metrics_show_process_series_for_the_core_and_each_worker(
             assert sorted(found) == ["", "0", "1"], (name, found)
             assert all(v > 0 for v in found.values()), (name, found)
         rss = {
-            x.labels.get("worker", ""): x.value
-            for x in s.samples("process_resident_memory_bytes")
+            x.labels.get("worker", ""): x.value for x in s.samples("process_resident_memory_bytes")
         }
         for worker, pid in pids.items():
             status = Path(f"/proc/{pid}/status").read_text()

@@ -19,9 +19,9 @@ from app.cadence.housekeeping import Housekeeper
 from app.ingest.admission import DiskLevel
 from app.ingest.pipeline import LATCH_CLEAR
 from app.ingest.snapshots import SnapshotLedger
+from app.node.events import _LEVELS
 from tests.support.admissionkit import CADENCE, LOW, STOP, Events, admission, faulty_journal
 from tests.support.noderig import NodeRig, checkpoint, rig_factory, step
-from app.node.events import _LEVELS
 from wal import AppendError, FloorMin, FloorPinned, Journal, ReclamationProgress, WalConfig
 
 SEGMENT_AGE = WalConfig().segment_age_secs

@@ -149,7 +149,7 @@ def test_clone_6_console_format_is_one_readable_line_per_event() -> None:
     log.emit("config.effective", {"config": {"X": 1}}, "debug")  # dropped: not debug
     (line,) = stream.getvalue().splitlines()
     assert re.fullmatch(
-        r'\d\d:\d\d:\d\d\.\d{3}Z WARNING wal\.floor\.pinned tenants=2 '
+        r"\d\d:\d\d:\d\d\.\d{3}Z WARNING wal\.floor\.pinned tenants=2 "
         r'example_tenants=\["a", "b"\] why="no snap"',
         line,
     ), line
