@@ -161,6 +161,7 @@ which would print 6.7108864e+07), booleans as true/false, strings as they are. A
   (list "OURIOS_SERVER_HTTP_PORT" $v.server.httpPort)
   (list "OURIOS_SERVER_GRPC_PORT" $v.server.grpcPort)
   (list "OURIOS_SERVER_LOG_LEVEL" $v.server.logLevel)
+  (list "OURIOS_SERVER_LOG_FORMAT" $v.server.logFormat)
   (list "OURIOS_SERVER_SHUTDOWN_GRACE_SECS" $v.server.shutdownGraceSecs)
   (list "OURIOS_SERVER_FINAL_CUT_SECS" (include "ourios.finalCutSecs" .))
   (list "OURIOS_SERVER_WORKERS" $v.server.workers)
