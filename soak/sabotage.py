@@ -1545,6 +1545,37 @@ SABOTAGES: tuple[Sabotage, ...] = (
             "tests/unit/app/node/test_malloc_arenas.py::test_bounded_1_arenas_default_to_two_and_the_workers_inherit_the_limit",
         ),
     ),
+    # -- what an operator sees: logs and process metrics (issue 24) ---------------------
+    Sabotage(
+        "floor_warns_before_first_cut",
+        "a tenant waiting for its first cut is pinned by design and warns nothing",
+        "app/cadence/housekeeping.py",
+        "            and floor.oldest_pinned.lsn <= checkpoint.lsn\n",
+        "",
+        (
+            "tests/unit/app/cadence/test_housekeeping.py::test_clone_6_a_new_tenant_waiting_for_its_first_cut_is_pinned_without_a_warning",
+        ),
+    ),
+    Sabotage(
+        "floor_pin_never_warns",
+        "a pin the checkpoint has passed warns once (wal.floor.pinned)",
+        "app/cadence/housekeeping.py",
+        "        held = (\n            isinstance(floor, FloorPinned)",
+        "        held = False and (\n            isinstance(floor, FloorPinned)",
+        (
+            "tests/unit/app/cadence/test_housekeeping.py::test_clone_6_a_pin_the_checkpoint_passed_warns_once_then_lifts",
+        ),
+    ),
+    Sabotage(
+        "process_series_core_only",
+        "/metrics carries process_* for the core and for each worker",
+        "app/node/metrics.py",
+        '        processes += [({"worker": str(i)}, pid) for i, pid in sorted(self._workers().items())]\n',
+        "",
+        (
+            "tests/integration/test_operator_view.py::test_clone_7_metrics_show_process_series_for_the_core_and_each_worker",
+        ),
+    ),
 )
 
 

@@ -96,6 +96,7 @@ _MAX_WORKERS = 256
 
 Compression = Literal["zstd", "snappy", "gzip", "none"]
 LogLevel = Literal["debug", "info", "warning", "error"]
+LogFormat = Literal["auto", "json", "console"]
 
 
 class ConfigError(Exception):
@@ -475,6 +476,16 @@ _SERVER_ROWS = (
         "info",
         "Least severe structured log event written to stderr.",
         choices=("debug", "info", "warning", "error"),
+    ),
+    Setting(
+        "server",
+        "log_format",
+        Kind.CHOICE,
+        "auto",
+        "Format of the events on stderr (core and workers): json, one object per line "
+        "with an RFC 3339 ts, for machines; console, one readable line per event and a "
+        "start-up summary, for a person; auto, console when stderr is a terminal, else json.",
+        choices=("auto", "json", "console"),
     ),
     Setting(
         "server",
@@ -951,6 +962,7 @@ class ServerSettings:
     node_id: str
     node_ordinal: int
     log_level: LogLevel
+    log_format: LogFormat
     shutdown_grace_secs: int
     final_cut_secs: int
     workers: int

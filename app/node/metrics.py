@@ -1,6 +1,7 @@
 """Prometheus exposition: gauges read at collection time from ``ReclaimState`` and the
 pipeline (a custom collector, never a second copy that can drift), plus the counters
-the pipeline and the publisher keep. Nothing on the collection path walks a directory.
+the pipeline and the publisher keep. Nothing on the collection path walks a directory
+but the standard ``process_*`` series' ``/proc/<pid>/fd`` of the core and each worker.
 """
 
 from __future__ import annotations
@@ -15,7 +16,10 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
 
 from app.cadence.archive import Archiver
 from app.cadence.housekeeping import Housekeeper
@@ -170,8 +174,8 @@ class _StateCollector(Collector):
                 st.oldest_unreclaimed_age,
             )
         yield gauge(
-            "ourios_wal_checkpoint_lsn",
-            "The CHECKPOINT mark (0 before the first checkpoint).",
+            "ourios_wal_checkpoint_lsn_bytes",
+            "The CHECKPOINT mark, a byte offset in the WAL's log (0 before the first checkpoint).",
             st.checkpoint.lsn if st.checkpoint is not None else 0,
         )
         floor = GaugeMetricFamily(
@@ -465,6 +469,41 @@ class _StateCollector(Collector):
             yield from extra()
 
 
+class _ProcessesCollector(Collector):
+    """The standard ``process_*`` series (resident memory, CPU seconds, open and maximum
+    fds, start time) of the core, unlabelled, and of each worker process, labelled
+    ``worker="<index>"``: read from ``/proc/<pid>`` by the core at collection time (the
+    workers are its children), so a worker needs no metrics of its own to report them."""
+
+    def __init__(self, workers: Callable[[], dict[int, int]]) -> None:
+        self._workers = workers
+        self._readers: dict[int | str, ProcessCollector] = {}
+
+    def _reader(self, pid: int | str) -> ProcessCollector:
+        reader = self._readers.get(pid)
+        if reader is None:
+            reader = ProcessCollector(pid=lambda: pid, registry=None)
+            self._readers[pid] = reader
+        return reader
+
+    def collect(self) -> Iterator[Metric]:
+        processes: list[tuple[dict[str, str], int | str]] = [({}, "self")]
+        processes += [({"worker": str(i)}, pid) for i, pid in sorted(self._workers().items())]
+        for gone in set(self._readers) - {pid for _, pid in processes}:
+            del self._readers[gone]  # a restarted worker's old pid
+        families: dict[str, Metric] = {}
+        for labels, pid in processes:
+            for family in self._reader(pid).collect():
+                out = families.setdefault(
+                    family.name, Metric(family.name, family.documentation, family.type)
+                )
+                for sample in family.samples:
+                    out.samples.append(
+                        Sample(sample.name, {**sample.labels, **labels}, sample.value)
+                    )
+        yield from families.values()
+
+
 #: Latency buckets (seconds): fsync-scale at the bottom, stalls at the top.
 _BUCKETS = (
     0.0001,
@@ -560,6 +599,9 @@ class Metrics:
         #: the node's supervised threads (their restarts and failures)
         self.threads: Supervisor | None = None
         self.extra: list[Callable[[], Iterator[GaugeMetricFamily]]] = []
+        r.register(
+            _ProcessesCollector(lambda: {} if self.workers is None else self.workers.processes())
+        )
 
     def disk_and_archive(
         self, quarantined: list[QuarantineRecord]

@@ -56,7 +56,7 @@ from app.ingest.shares import TurnShares
 from app.ingest.snapshots import SnapshotLedger, SnapshotStore, SnapshotStoreError
 from app.ingest.stages import LocalPort, Stages
 from app.ingest.tenants import TenantCountExceeded
-from app.node.config import Settings
+from app.node.config import EFFECTIVE_EVENT, Settings
 from app.node.datalock import DataDirLock, DataDirLocked, DataDirLockError
 from app.node.diskspace import (
     DiskSpace,
@@ -66,7 +66,7 @@ from app.node.diskspace import (
     open_disk_space,
     start_reserve,
 )
-from app.node.events import EventLog, configure_logging
+from app.node.events import EventLog, open_logs
 from app.node.gc_policy import freeze_long_lived_heap
 from app.node.metrics import Metrics
 from app.node.recovery import IsolatedFrame, Recovery
@@ -424,8 +424,14 @@ def _listen(host: str, port: int) -> socket.socket:
 
 
 def run_serve(settings: Settings, config_file: Path | None = None) -> int:
-    configure_logging(settings.server.log_level)
-    events = EventLog()
+    events = open_logs(settings.server.log_level, settings.server.log_format)
+    # The whole configuration is for machines (and a debugging person); a person at a
+    # terminal gets server.listening's summary instead.
+    events.emit(
+        EFFECTIVE_EVENT,
+        {"config": settings.effective()},
+        "info" if events.format == "json" else "debug",
+    )
     # uvicorn restores the handler it found and re-raises the signal once it has
     # stopped; with this one in place the re-raise records a request instead of killing
     # the process before the final flush. A signal during recovery is kept too.
@@ -847,16 +853,34 @@ def _isolated(node: Node, isolated: IsolatedFrame) -> None:
 
 
 def _listening(node: Node, http_port: int, grpc_port: int, *, workers: list[int]) -> None:
+    """``server.listening``: the bound ports and what a person starting the node needs
+    to know (the console format renders it as the start-up summary)."""
     settings = node.settings
+    wal = settings.wal
     node.events.emit(
         "server.listening",
         {
             "http_port": http_port,
             "grpc_port": grpc_port,
+            "host": settings.server.host,
             "node": node_identity(settings.server.node_id),
+            "pid": os.getpid(),
+            "data_dir": str(settings.server.data_dir),
             "wal": str(settings.server.wal_dir),
             "store": node.store.describe(),
             "workers": workers,
+            # when what is acknowledged reaches the store: a cut, or rows this old
+            "publish_every_secs": {
+                "wal.barrier_secs": settings.wal.barrier_secs,
+                "sink.flush_age_secs": settings.sink.flush_age_secs,
+            },
+            "cadences": f"barrier {wal.barrier_secs} s, housekeeping {wal.housekeeping_secs} s, "
+            f"flush age {settings.sink.flush_age_secs} s, segment age {wal.segment_age_secs} s",
+            "auth": "open mode (no tokens file: every request accepted)"
+            if settings.auth.open_mode
+            else f"bearer tokens from {settings.auth.tokens_file}",
+            "stop": f"Ctrl-C or SIGTERM to pid {os.getpid()} (the final cut publishes "
+            "what is buffered)",
         },
     )
 

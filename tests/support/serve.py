@@ -22,7 +22,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +32,12 @@ TEST_RESERVE_BYTES = 1 << 20
 
 
 class ServeProcess:
-    def __init__(self, data_dir: Path, env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, data_dir: Path, env: Mapping[str, str] | None = None, args: Sequence[str] = ()
+    ) -> None:
         self.data_dir = data_dir
+        #: after ``serve`` (``--config FILE``, a path relative to the repository root)
+        self.args = list(args)
         self.env = {"OURIOS_DISK_RESERVE_BYTES": str(TEST_RESERVE_BYTES), **dict(env or {})}
         self.proc: subprocess.Popen[bytes] | None = None
         self.events: list[dict[str, Any]] = []
@@ -69,7 +73,7 @@ class ServeProcess:
                 del env[key]
         self._listening.clear()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", "serve"],
+            [sys.executable, "-m", "app.cli", "serve", *self.args],
             cwd=ROOT,
             env=env,
             stdin=subprocess.DEVNULL,
