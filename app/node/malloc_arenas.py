@@ -4,8 +4,8 @@ glibc gives a thread that meets a locked arena a new one, up to eight per core, 
 keeps what each arena once held. The core runs a dozen threads that allocate (the turn,
 the committer, the spiller, the publishers, the receivers' links), so a store outage,
 which puts the spiller and the publishers to work beside the turn, grew the core's
-resident memory by 26–42 MB with glibc's default and by 8–18 MB with two arenas
-(tests/crash/test_bounded_memory_serve.py, three runs each). Few arenas suit a Python
+resident memory by 26–42 MB with glibc's default (two runs) and by 0–26 MB with two
+arenas (six runs of tests/crash/test_bounded_memory_serve.py). Few arenas suit a Python
 process: its threads allocate while they hold the GIL, so they seldom contend for one.
 
 ``bound_malloc_arenas`` runs first in ``ourios serve``: it limits this process with

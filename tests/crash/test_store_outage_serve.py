@@ -183,9 +183,7 @@ def test_nowedge_0_the_node_publishes_and_cuts_again_after_a_store_outage_under_
             )
             load.wait_acked(acked_back + 100)  # and it still acknowledges
             load.stop()
-            # A stop leaves what is not turned to the WAL (exit 75, DESIGN.md §6); this
-            # test is about the store's return, so the stop comes once all is turned.
-            serve.wait_turned()
+            serve.wait_turned()  # a stop leaves the unturned to the WAL (exit 75)
         code = serve.terminate()
 
     (stopped,) = serve.event("server.stopped")
