@@ -1,0 +1,355 @@
+"""Tests for app/receive/native.py and its extension app/receive/_otlpdecode.c: the
+native decoder against the reference (the upb parse + ``otlp.flatten``), differentially.
+
+Every case asserts one thing: when the native decoder answers, upb accepts the request
+and ``flatten`` gives the same ``FlatBatch``; when it does not, ``otlp.decode_flat``
+gives what the reference gives — the same batch or the same refusal (class and message).
+The fast-path cases also assert that the native decoder did answer, so a decoder that
+always fell back would fail them.
+
+The corpus: valid requests of every shape (tests/support/otlpwire.py), written the ways
+the wire format allows (fields in any order, a scalar sent twice, unknown fields, padded
+varints, explicit defaults), strings made invalid UTF-8, and valid requests with bytes
+changed, cut short or inserted. ``FUZZ_EXAMPLES`` scales every property (``make fuzz``);
+``make fuzz`` also runs this file against a build with AddressSanitizer and
+UndefinedBehaviorSanitizer (scripts/sanitize_native.py).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import struct
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+from opentelemetry.proto.common.v1 import common_pb2
+from opentelemetry.proto.logs.v1 import logs_pb2
+from opentelemetry.proto.resource.v1 import resource_pb2
+
+from app.receive import native, otlp
+from app.receive.otlp import FlatBatch, IngestRejection
+from tests.support.otlpwire import Wire, encode, many_attributes, requests
+
+PB = otlp.PROTOBUF_CONTENT_TYPE
+EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "0")) or None
+#: the byte strings `check` compared, and how many the native decoder answered
+CASES = {"checked": 0, "native": 0}
+
+
+def _settings(examples: int) -> settings:
+    return settings(
+        derandomize=EXAMPLES is None,
+        database=None,
+        max_examples=EXAMPLES or examples,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _report_cases() -> Any:
+    # make fuzz's record of the corpus (scripts/fuzz_native.py reads it)
+    yield
+    path = os.environ.get("FUZZ_CASES_FILE")
+    if path:
+        with open(path, "w", encoding="utf-8") as out:
+            json.dump(CASES, out)
+
+
+@pytest.fixture(autouse=True)
+def _native_selected() -> Any:
+    decoder, why = native.select("native")
+    assert decoder == "native", why  # the extension is built by `pip install -e .`
+    yield
+    native.select("native")
+
+
+def _reference(data: bytes) -> FlatBatch | tuple[type, str]:
+    try:
+        return otlp.flatten(otlp.decode_request(data, PB), "t")
+    except IngestRejection as exc:
+        return type(exc), exc.message
+
+
+def _counts(req: ExportLogsServiceRequest) -> native.Counts:
+    """The counts, computed from the upb objects (what a limit check in Python sees)."""
+    records = [lr for rl in req.resource_logs for sl in rl.scope_logs for lr in sl.log_records]
+    rows_resource = [
+        len({kv.key for kv in rl.resource.attributes})
+        for rl in req.resource_logs
+        for sl in rl.scope_logs
+        for _ in sl.log_records
+    ]
+    pairs = [kv for lr in records for kv in lr.attributes] + [
+        kv for rl in req.resource_logs for kv in rl.resource.attributes
+    ]
+
+    def value_bytes(kv: common_pb2.KeyValue) -> int:
+        kind = kv.value.WhichOneof("value")
+        if kind == "string_value":
+            return len(kv.value.string_value.encode())
+        return len(kv.value.bytes_value) if kind == "bytes_value" else 0
+
+    return native.Counts(
+        records=len(records),
+        attributes_max=max((len(lr.attributes) for lr in records), default=0),
+        attributes=sum(len(lr.attributes) for lr in records),
+        resource_attributes=sum(len(rl.resource.attributes) for rl in req.resource_logs),
+        expanded_attributes=sum(len({kv.key for kv in lr.attributes}) for lr in records)
+        + sum(rows_resource),
+        key_bytes_max=max((len(kv.key.encode()) for kv in pairs), default=0),
+        value_bytes_max=max(map(value_bytes, pairs), default=0),
+    )
+
+
+def check(data: bytes, *, must_decode: bool = False) -> str:
+    """The differential assertion (module docstring); returns the native status."""
+    reference = _reference(data)
+    got = native.decode_counted(data)
+    CASES["checked"] += 1
+    if got.status == "ok":
+        CASES["native"] += 1
+        assert isinstance(reference, FlatBatch), f"native accepted what upb refuses: {reference}"
+        assert got.columns is not None
+        got.columns.validate(full=True)  # offsets, bitmaps, UTF-8: a well-formed batch
+        assert FlatBatch("t", got.columns) == reference
+        req = ExportLogsServiceRequest.FromString(data)
+        assert got.counts == _counts(req)
+    else:
+        assert not must_decode, f"the fast path fell back ({got.status})"
+    try:
+        via: FlatBatch | tuple[type, str] = otlp.decode_flat(data, "t")
+    except IngestRejection as exc:
+        via = type(exc), exc.message
+    assert via == reference
+    return got.status
+
+
+# ── the differential properties ───────────────────────────────────────────────────
+
+
+# A seed, not st.randoms(): every call on hypothesis' Random is a draw, 10x slower.
+_SEEDS = st.integers(0, 2**32)
+_WIRE = Wire(shuffle=True, unknown=0.15, decoy=0.2, padded=0.15, defaults=0.2)
+
+
+# Generating a request costs far more than checking it, so each generated request is
+# checked several ways: as serialized, and written two more ways the wire allows.
+@_settings(500)
+@given(requests(fast=True), _SEEDS)
+def test_native_1_fast_path_requests_decode_natively_and_equal_upb(
+    req: ExportLogsServiceRequest, seed: int
+) -> None:
+    rnd = random.Random(seed)
+    check(req.SerializeToString(), must_decode=True)
+    for _ in range(2):  # fields in any order, unknown fields, padding, decoys, defaults
+        check(encode(req, rnd, _WIRE), must_decode=True)
+
+
+@_settings(300)
+@given(requests(fast=False), _SEEDS)
+def test_native_1_requests_of_every_shape_equal_upb_or_fall_back(
+    req: ExportLogsServiceRequest, seed: int
+) -> None:
+    rnd = random.Random(seed)
+    check(encode(req, rnd, _WIRE))
+    check(encode(req, rnd, Wire(shuffle=True, bad_utf8=0.3)))  # never accepted natively
+
+
+@_settings(300)
+@given(requests(fast=True), _SEEDS)
+def test_native_1_mutated_and_truncated_requests_equal_upb(
+    req: ExportLogsServiceRequest, seed: int
+) -> None:
+    rnd = random.Random(seed)
+    valid = req.SerializeToString()
+    for _ in range(4):
+        data = bytearray(valid)
+        for _ in range(rnd.randint(0, 3)):
+            at = rnd.randrange(len(data) + 1)
+            if rnd.random() < 0.3 or at == len(data):
+                data.insert(at, rnd.randrange(256))
+            else:
+                data[at] = rnd.choice([rnd.randrange(256), 0x80, 0xFF, 0x00, data[at] ^ 1])
+        if rnd.random() < 0.5:
+            del data[rnd.randrange(len(data) + 1) :]
+        check(bytes(data))
+
+
+@_settings(200)
+@given(many_attributes(), many_attributes(), _SEEDS)
+def test_native_1_many_attributes_with_repeated_keys_equal_upb(
+    attributes: list[common_pb2.KeyValue], resource: list[common_pb2.KeyValue], seed: int
+) -> None:
+    req = _request(logs_pb2.LogRecord(attributes=attributes), attributes=resource)
+    check(encode(req, random.Random(seed), _WIRE), must_decode=True)
+
+
+@_settings(300)
+@given(st.binary(max_size=200))
+def test_native_1_arbitrary_bytes_equal_upb(data: bytes) -> None:
+    check(data)
+
+
+# ── cases the properties might reach rarely ───────────────────────────────────────
+
+
+def _kv(key: str, **value: Any) -> common_pb2.KeyValue:
+    return common_pb2.KeyValue(key=key, value=common_pb2.AnyValue(**value))
+
+
+def _request(*records: logs_pb2.LogRecord, **resource: Any) -> ExportLogsServiceRequest:
+    return ExportLogsServiceRequest(
+        resource_logs=[
+            logs_pb2.ResourceLogs(
+                resource=resource_pb2.Resource(**resource),
+                scope_logs=[
+                    logs_pb2.ScopeLogs(
+                        scope=common_pb2.InstrumentationScope(name="s"), log_records=records
+                    )
+                ],
+            )
+        ]
+    )
+
+
+@pytest.mark.parametrize(
+    "value",
+    [0.0, -0.0, 1.0, 0.1, 1e16, 1e15, 1e-5, 1e-4, 5e-324, 1.7976931348623157e308, 123.456,
+     math.nan, -math.nan, math.inf, -math.inf, 2.0**53, 1 / 3],
+)  # fmt: skip
+def test_native_1_doubles_render_as_json_renders_them(value: float) -> None:
+    req = _request(
+        logs_pb2.LogRecord(
+            body=common_pb2.AnyValue(double_value=value), attributes=[_kv("d", double_value=value)]
+        )
+    )
+    check(req.SerializeToString(), must_decode=True)
+
+
+def test_native_1_a_duplicated_key_keeps_its_first_position_and_its_last_value() -> None:
+    attrs = [_kv("a", string_value="1"), _kv("b", int_value=2), _kv("a", bool_value=True)]
+    many = [_kv(f"k{i % 20}", int_value=i) for i in range(60)]  # the hashed path
+    req = _request(
+        logs_pb2.LogRecord(attributes=attrs),
+        logs_pb2.LogRecord(attributes=many),
+        attributes=[_kv("r", string_value="x"), _kv("r", string_value="y")],
+    )
+    batch = otlp.decode_flat(req.SerializeToString(), "t")
+    assert batch.column("attributes")[0] == [("a", "true"), ("b", "2")]
+    assert batch.column("attributes")[1] == [(f"k{i}", str(40 + i)) for i in range(20)]
+    assert batch.column("resource_attributes")[0] == [("r", "y")]
+    check(req.SerializeToString(), must_decode=True)
+
+
+@pytest.mark.parametrize(("field", "size"), [("trace_id", 15), ("trace_id", 8), ("span_id", 16)])
+def test_native_1_a_bad_id_gets_the_reference_refusal(field: str, size: int) -> None:
+    data = _request(logs_pb2.LogRecord(**{field: b"\x01" * size})).SerializeToString()
+    assert native.decode_counted(data).status == "id"
+    with pytest.raises(otlp.BadRequest, match=f"{field} is {size} bytes"):
+        otlp.decode_flat(data, "t")
+    check(data)
+
+
+def test_native_1_the_resource_and_scope_may_follow_the_records() -> None:
+    # Field order is the sender's: a resource written after its scope_logs still
+    # applies to their records (the official serializer never writes it so).
+    record = logs_pb2.LogRecord(body=common_pb2.AnyValue(string_value="b"))
+    scope = common_pb2.InstrumentationScope(name="late")
+    scope_logs = _field(2, _field(2, record.SerializeToString()) + _field(1, scope.SerializeToString()))
+    resource = resource_pb2.Resource(attributes=[_kv("svc", string_value="x")])
+    data = _field(1, scope_logs + _field(1, resource.SerializeToString()))
+    assert check(data, must_decode=True) == "ok"
+    batch = otlp.decode_flat(data, "t")
+    assert batch.column("scope_name") == ["late"]
+    assert batch.column("resource_attributes") == [[("svc", "x")]]
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    return bytes([number << 3 | 2, len(payload)]) + payload
+
+
+@pytest.mark.parametrize(
+    ("data", "status"),
+    [
+        (b"\x0a\x02\x12", "malformed"),  # a length past the end
+        (b"\x00\x01", "malformed"),  # field number 0
+        (b"\x0f", "malformed"),  # wire type 7
+        (b"\x0b\x0c", "shape"),  # an unknown group
+        (b"\x08\x01", "shape"),  # resource_logs as a varint: upb keeps it as unknown
+        (_field(1, _field(3, b"\xff")), "utf8"),  # a schema_url that is not UTF-8
+        (b"\x7a\x01\xff", "ok"),  # an unknown field's bytes are not checked
+    ],
+)
+def test_native_1_what_the_fast_path_leaves_to_upb(data: bytes, status: str) -> None:
+    assert native.decode_counted(data).status == status
+    check(data)
+
+
+def test_native_1_an_empty_request_is_zero_rows() -> None:
+    assert len(otlp.decode_flat(b"", "t")) == 0
+    check(b"", must_decode=True)
+
+
+def test_native_1_big_requests_release_and_retake_the_interpreter() -> None:
+    # Over the release threshold, with a double midway (the GIL is taken back for it).
+    records = [
+        logs_pb2.LogRecord(
+            body=common_pb2.AnyValue(string_value=f"line {i}" * 10),
+            attributes=[_kv("n", double_value=i / 7) if i == 50 else _kv("n", int_value=i)],
+            trace_id=struct.pack(">QQ", i, i),
+        )
+        for i in range(200)
+    ]
+    check(_request(*records).SerializeToString(), must_decode=True)
+
+
+# ── limits, counts and the selection ──────────────────────────────────────────────
+
+
+def test_native_limits_refuse_before_the_expansion_and_name_the_count() -> None:
+    records = [logs_pb2.LogRecord(attributes=[_kv("a", int_value=1)]) for _ in range(10)]
+    res_attrs = [_kv(f"r{i}", string_value="v" * i) for i in range(5)]
+    data = _request(*records, attributes=res_attrs).SerializeToString()
+    free = native.decode_counted(data)
+    assert free.status == "ok"
+    assert free.counts == native.Counts(10, 1, 10, 5, 10 + 10 * 5, 2, 4)
+    big = 1 << 62
+    for i, name in enumerate(native.Counts._fields):
+        limits = native.Counts(*[big] * 7)._replace(**{name: free.counts[i] - 1})
+        limited = native.decode_counted(data, limits)
+        assert limited.status == "limit" and limited.columns is None
+        assert limited.counts[i] == free.counts[i], name
+        assert native.decode(data, limits) is None  # the caller's upb path then refuses
+    exact = native.decode_counted(data, free.counts)
+    assert exact.status == "ok"
+
+
+def test_native_select_upb_turns_the_native_decoder_off() -> None:
+    data = _request(logs_pb2.LogRecord(severity_text="x")).SerializeToString()
+    assert native.select("upb") == ("upb", "")
+    assert native.active() == "upb"
+    assert native.decode(data) is None
+    assert otlp.decode_flat(data, "t").column("severity_text") == ["x"]
+    assert native.select("native") == ("native", "")
+    assert native.active() == "native"
+    with pytest.raises(ValueError, match="decoder must be one of"):
+        native.select("fast")
+
+
+def test_native_a_schema_other_than_the_installed_one_is_refused() -> None:
+    from app.receive import _otlpdecode  # type: ignore[attr-defined]
+
+    assert native._schema_mismatch(_otlpdecode.SCHEMA) == ""
+    fewer = tuple(row for row in _otlpdecode.SCHEMA if row[:2] != (row[0], 12) or "LogRecord" not in row[0])
+    assert "LogRecord" in native._schema_mismatch(fewer)
+    retyped = tuple(
+        (m, n, 12 if (m.endswith("KeyValue") and n == 1) else t) for m, n, t in _otlpdecode.SCHEMA
+    )
+    assert "KeyValue" in native._schema_mismatch(retyped)
