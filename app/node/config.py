@@ -95,6 +95,7 @@ _MAX_WORKERS = 256
 
 Compression = Literal["zstd", "snappy", "gzip", "none"]
 LogLevel = Literal["debug", "info", "warning", "error"]
+Decoder = Literal["native", "upb"]
 
 
 class ConfigError(Exception):
@@ -488,6 +489,17 @@ _SERVER_ROWS = (
         optional=True,
         default_text="the CPUs the container may use minus one, at least 1",
     ),
+    Setting(
+        "server",
+        "decoder",
+        Kind.CHOICE,
+        "native",
+        "The OTLP/protobuf decoder of the receivers and the replay: native (the C "
+        "extension; requests outside its fast path, and every refusal, take the upb path) "
+        "or upb (the reference alone). native falls back to upb, with a warning event, "
+        "when the extension cannot be imported.",
+        choices=("native", "upb"),
+    ),
 )
 
 _SINK_ROWS = (
@@ -656,6 +668,7 @@ class ServerSettings:
     log_level: LogLevel
     shutdown_grace_secs: int
     workers: int
+    decoder: Decoder
 
     @property
     def wal_dir(self) -> Path:

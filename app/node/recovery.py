@@ -69,7 +69,7 @@ from app.ingest.mining.tenant_miner import TenantMiner
 from app.ingest.pipeline import Pipeline
 from app.ingest.settlement import ReplayGates
 from app.ingest.snapshots import SnapshotLedger, SnapshotState, SnapshotStore
-from app.receive.otlp import FlatBatch, IngestRejection, decode_request, flatten
+from app.receive.otlp import FlatBatch, IngestRejection, decode_flat
 from sink.store import ObjectStore, StoreError
 from wal import (
     CorruptionError,
@@ -450,7 +450,7 @@ def decode_here(frames: Iterable[tuple[str, bytes]]) -> Iterator[FlatBatch | Ing
     workers, ``app.node.workers.Workers.decode_in_order`` decodes them there instead."""
     for tenant, payload in frames:
         try:
-            yield flatten(decode_request(payload, "application/x-protobuf"), tenant)
+            yield decode_flat(payload, tenant)
         except IngestRejection as exc:
             yield exc
 

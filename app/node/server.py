@@ -52,6 +52,7 @@ from app.node.gc_policy import freeze_long_lived_heap
 from app.node.metrics import Metrics
 from app.node.recovery import Recovery
 from app.node.workers import Listeners, NodeState, Workers, worker_launcher
+from app.receive import native
 from app.receive.auth import Authenticator
 from app.receive.otlp_grpc import create_grpc_server
 from app.receive.otlp_http import create_http_app, http_server
@@ -279,6 +280,7 @@ def run_serve(settings: Settings, config_file: Path | None = None) -> int:
     stop = threading.Event()
     received: list[int] = []
     _relay_signals(stop, received)
+    native.start(settings.server.decoder, events.emit)
     if settings.auth.open_mode:
         events.emit(
             "auth.open_mode",

@@ -20,8 +20,7 @@ opentelemetry-proto schema; else upb, and ``ourios serve`` says so loudly (the
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
 from typing import Final, NamedTuple
 
@@ -30,7 +29,16 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsSer
 
 from sink.parquet import FLAT_SCHEMA
 
-__all__ = ["DECODERS", "Counts", "Decoded", "active", "decode", "decode_counted", "select"]
+__all__ = [
+    "DECODERS",
+    "Counts",
+    "Decoded",
+    "active",
+    "decode",
+    "decode_counted",
+    "select",
+    "start",
+]
 
 #: ``server.decoder``'s values: the native decoder (upb when it cannot be used), or upb.
 DECODERS: Final = ("native", "upb")
@@ -76,7 +84,7 @@ _EMPTY: Final = pa.RecordBatch.from_arrays(
 def _load() -> tuple[ModuleType | None, str]:
     """The extension and "", or None and why it cannot be used."""
     try:
-        ext = importlib.import_module("app.receive._otlpdecode")
+        from app.receive import _otlpdecode as ext
     except ImportError as exc:
         return None, f"the native decoder cannot be imported: {exc}"
     mismatch = _schema_mismatch(ext.SCHEMA)
@@ -132,6 +140,20 @@ def select(wanted: str) -> tuple[str, str]:
         return "upb", ""
     _state["ext"] = _EXT
     return ("native", "") if _EXT is not None else ("upb", _UNAVAILABLE)
+
+
+def start(
+    wanted: str, emit: Callable[[str, Mapping[str, object], str], None], **fields: object
+) -> str:
+    """`select` at a process's start, and the ``receive.decoder`` event saying which
+    decoder it uses: a warning when it is not the one wanted (why), else info."""
+    decoder, why = select(wanted)
+    details: dict[str, object] = {"decoder": decoder, "wanted": wanted, **fields}
+    if why:
+        details["reason"] = why
+        details["message"] = "decoding on the upb path: slower (DESIGN.md §3), same results"
+    emit("receive.decoder", details, "warning" if why else "info")
+    return decoder
 
 
 def active() -> str:

@@ -9,8 +9,9 @@ re-parses is byte-for-byte what was parsed here. Per request, in this order::
                  which auth refuses, as on HTTP)
     auth         Authenticator.authorize: UNAUTHENTICATED / PERMISSION_DENIED /
                  INVALID_ARGUMENT (tenant)
-    decode       app.receive.otlp.decode_request as protobuf (parse + validate_request)
-    flatten      zero records: acknowledged without a WAL frame (app.receive.api)
+    decode       app.receive.otlp.decode_flat: parse + validate_request + flatten (the
+                 native decoder, or decode_request and flatten)
+                 zero records: acknowledged without a WAL frame (app.receive.api)
     ingest       IngestPort.ingest(..., "grpc") in the handler thread
     reply        serialized ExportLogsServiceResponse (partial_success only when the
                  pipeline rejected records)
@@ -53,11 +54,9 @@ import grpc
 from app.receive.api import NO_OBSERVER, IngestObserver, IngestPort, ListenerBindError
 from app.receive.auth import Authenticator
 from app.receive.otlp import (
-    PROTOBUF_CONTENT_TYPE,
     IngestRejection,
     PayloadTooLarge,
-    decode_request,
-    flatten,
+    decode_flat,
     status_body,
     success_body,
 )
@@ -137,8 +136,7 @@ class _ExportHandler:
         tenant = self._authenticator.authorize(authorization, tenant_value)
         if len(request) > self._max_frame_bytes:
             raise PayloadTooLarge(self._max_frame_bytes)
-        req = decode_request(request, PROTOBUF_CONTENT_TYPE)
-        batch = flatten(req, tenant)
+        batch = decode_flat(request, tenant)
         if not len(batch):
             return self._empty_ok, 0
         outcome = self._pipeline.ingest(tenant, request, batch, "grpc")

@@ -12,7 +12,8 @@ refusal (DESIGN.md §7 gives the codes)::
                  writes its whole body before reading gets the 413, not a reset
                  (which OTLP clients retry)
     worker       decompress (limit max_frame_bytes) → decode_request → WAL payload →
-                 flatten → IngestPort.ingest, in one worker thread
+                 flatten → IngestPort.ingest, in one worker thread (protobuf:
+                 decode_flat, the native decoder's parse + flatten in one call)
     reply        ExportLogsServiceResponse 200, or a google.rpc.Status
 
 Authentication comes before anything reads the body, so a client without a valid
@@ -92,6 +93,7 @@ from app.receive.otlp import (
     PayloadTooLarge,
     UnsupportedMediaType,
     count_records,
+    decode_flat,
     decode_request,
     decompress,
     flatten,
@@ -270,11 +272,13 @@ def create_http_app(
     ) -> tuple[bytes, FlatBatch] | None:
         # (WAL payload, rows); None means the request held no records.
         data = decompress(body, headers.content_encoding, max_frame_bytes)
+        if protobuf:  # the WAL payload is the body as received
+            batch = decode_flat(data, tenant)
+            return (data, batch) if len(batch) else None
         req = decode_request(data, headers.content_type or "")
         if count_records(req) == 0:
             return None
-        payload = data if protobuf else to_wal_payload(req)
-        return payload, flatten(req, tenant)
+        return to_wal_payload(req), flatten(req, tenant)
 
     def ingest(tenant: str, body: bytes, headers: _Headers, protobuf: bool) -> IngestOutcome | None:
         # Runs in a worker thread; None means the request held no records.

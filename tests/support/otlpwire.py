@@ -81,7 +81,7 @@ def _scalar(fd: Any, value: Any, rnd: random.Random, wire: Wire) -> bytes:
     if t == _FLOAT:
         return _tag(fd.number, 5, rnd, wire) + struct.pack("<f", value)
     if t in (_STRING, _BYTES):
-        data = value.encode("utf-8") if t == _STRING else value
+        data: bytes = value.encode("utf-8") if t == _STRING else value
         if t == _STRING and wire.bad_utf8 and rnd.random() < wire.bad_utf8:
             cut = rnd.randint(0, len(data))
             data = data[:cut] + rnd.choice(_BAD_UTF8) + data[cut:]
@@ -220,9 +220,7 @@ def _records(fast: bool) -> Any:
     values = _scalar_values() if fast else (_scalar_values() | _nested_values())
     body = st.none() | values
     return st.builds(
-        lambda body, **kw: logs_pb2.LogRecord(
-            **kw, **({} if body is None else {"body": body})
-        ),
+        lambda body, **kw: logs_pb2.LogRecord(**kw, **({} if body is None else {"body": body})),
         body=body,
         time_unix_nano=st.integers(0, 2**64 - 1),
         observed_time_unix_nano=st.integers(0, 2**64 - 1),
