@@ -828,6 +828,7 @@ CHANGES: dict[str, tuple[object, dict[str, object]]] = {
     "server.logLevel": ("debug", {}),
     "server.shutdownGraceSecs": (40, {}),
     "server.workers": (3, {}),
+    "server.decoder": ("upb", {}),
     "wal.segmentMaxBytes": (32 * 2**20, {}),
     "wal.segmentAgeSecs": (120, {}),
     "wal.barrierSecs": (30, {}),

@@ -130,6 +130,7 @@ which would print 6.7108864e+07), booleans as true/false, strings as they are. A
   (list "OURIOS_SERVER_LOG_LEVEL" $v.server.logLevel)
   (list "OURIOS_SERVER_SHUTDOWN_GRACE_SECS" $v.server.shutdownGraceSecs)
   (list "OURIOS_SERVER_WORKERS" $v.server.workers)
+  (list "OURIOS_SERVER_DECODER" $v.server.decoder)
   (list "OURIOS_WAL_SEGMENT_MAX_BYTES" $v.wal.segmentMaxBytes)
   (list "OURIOS_WAL_SEGMENT_AGE_SECS" $v.wal.segmentAgeSecs)
   (list "OURIOS_WAL_BARRIER_SECS" $v.wal.barrierSecs)
