@@ -1081,14 +1081,49 @@ SABOTAGES: tuple[Sabotage, ...] = (
             "tests/unit/sink/test_retry_identity.py::test_rfc0055_9_3_an_ambiguous_retry_keeps_its_identity_and_never_merges_with_new_rows",
         ),
     ),
+    # -- the native decoder (issue 23): a C file, so the copy's extension is rebuilt ------
+    Sabotage(
+        "native_duplicate_key_first_value",
+        "the native decoder gives what the upb path gives: a duplicated key keeps its last value",
+        "app/receive/_otlpdecode.c",
+        "        if (e[i].first != i) {\n            e[e[i].first].voff = e[i].voff;",
+        "        if (e[i].first != i && 0) {\n            e[e[i].first].voff = e[i].voff;",
+        (
+            "tests/unit/app/receive/test_native.py::test_native_1_fast_path_requests_decode_natively_and_equal_upb",
+            "tests/unit/app/receive/test_native.py::test_native_1_many_attributes_with_repeated_keys_equal_upb",
+        ),
+    ),
+    Sabotage(
+        "native_accepts_invalid_utf8",
+        "the native decoder accepts only what upb accepts: a string field that is not UTF-8 is refused",
+        "app/receive/_otlpdecode.c",
+        "    return utf8_valid(sub->p, (size_t)(sub->end - sub->p)) ? ST_OK : FB_UTF8;",
+        "    return ST_OK;",
+        (
+            "tests/unit/app/receive/test_native.py::test_native_1_requests_of_every_shape_equal_upb_or_fall_back",
+        ),
+    ),
 )
 
 
 def copy_tree(dest: Path) -> None:
     ignore = shutil.ignore_patterns(
-        ".venv", ".cache", ".git", "__pycache__", ".hypothesis", "*.pyc"
+        ".venv", ".cache", ".git", "__pycache__", ".hypothesis", "*.pyc", "build", "*.so"
     )
     shutil.copytree(ROOT, dest, ignore=ignore, dirs_exist_ok=True)
+
+
+def build_native(tree: Path) -> None:
+    """Compile the copy's C extension in place (app/receive/_otlpdecode.c): the tests
+    import the copy, so a sabotage of the C file needs its own build, and so does the
+    file restored."""
+    subprocess.run(
+        [sys.executable, "setup.py", "-q", "build_ext", "--inplace", "--force"],
+        cwd=tree,
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def pytest_run(tree: Path, tests: tuple[str, ...]) -> subprocess.CompletedProcess[str]:
@@ -1134,11 +1169,16 @@ def run(sabotage: Sabotage, tree: Path) -> tuple[bool, str]:
         if old not in broken:
             return False, f"the sabotage no longer applies: {old!r} not in {sabotage.file}"
         broken = broken.replace(old, new, 1)
+    native = sabotage.file.endswith(".c")
     target.write_text(broken)
     try:
+        if native:
+            build_native(tree)
         proc = pytest_run(tree, sabotage.tests)
     finally:
         target.write_text(original)
+        if native:
+            build_native(tree)
     failed = [  # pytest's summary lines, not captured log lines that start alike
         line
         for line in proc.stdout.splitlines()
@@ -1161,6 +1201,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="sabotage-") as tmp:
         tree = Path(tmp) / "tree"
         copy_tree(tree)
+        build_native(tree)  # from the copied source, whatever the checkout's build
         controls: dict[tuple[str, ...], str] = {}
         for s in chosen:
             unbroken = control(tree, s.tests, controls)
