@@ -119,6 +119,8 @@ class _LineWatcher:
         self.events: Counter[str] = Counter()
         #: ``receive.decoder``: the decoder each process (core, workers) chose
         self.decoders: list[dict[str, Any]] = []
+        #: the first line of each event name
+        self.first: dict[str, dict[str, Any]] = {}
         self._thread = threading.Thread(target=self._run, name=f"watch-{name}", daemon=True)
 
     def start(self) -> None:
@@ -137,6 +139,7 @@ class _LineWatcher:
             self.events[str(doc.get("event"))] += 1
             if doc.get("event") == "receive.decoder":
                 self.decoders.append(doc)
+            self.first.setdefault(str(doc.get("event")), doc)
             if doc.get("level") in ("warning", "error", "critical"):
                 self.problems[f"{doc.get('level')}:{doc.get('event')}"] += 1
             if self._found is None and self._want(doc):
@@ -218,6 +221,13 @@ class ServerProcess:
         for w in self._watchers.values():
             total.update(w.events)
         return total
+
+    def first_event(self, name: str) -> dict[str, Any] | None:
+        """The first line of event `name` either stream carried, or None yet."""
+        for w in self._watchers.values():
+            if name in w.first:
+                return w.first[name]
+        return None
 
     @property
     def decoder_events(self) -> list[dict[str, Any]]:
