@@ -1103,6 +1103,16 @@ SABOTAGES: tuple[Sabotage, ...] = (
             "tests/unit/app/receive/test_native.py::test_native_1_requests_of_every_shape_equal_upb_or_fall_back",
         ),
     ),
+    Sabotage(
+        "native_fallback_said_quietly",
+        "a node on the upb path for want of the extension says so loudly (a warning)",
+        "app/receive/native.py",
+        '    emit("receive.decoder", details, "warning" if why else "info")',
+        '    emit("receive.decoder", details, "info")',
+        (
+            "tests/integration/test_decoder.py::test_native_2_serve_without_the_extension_runs_on_upb_and_says_so",
+        ),
+    ),
 )
 
 
