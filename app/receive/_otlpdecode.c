@@ -40,17 +40,23 @@ enum {
     ST_NOMEM = 7,
 };
 
+/* What the request holds, as the receivers' limits (app.receive.otlp.RequestLimits)
+ * count it, in the order of native.Counts. Attributes are counted as sent (duplicates
+ * included); scope attributes and bodies are not counted. */
 #define NCOUNTS 7
-/* The counts, in the order of native.Counts. */
 enum {
     C_RECORDS,
-    C_ATTRS_MAX,       /* most attributes on one record, as sent */
-    C_ATTRS,           /* record attributes in the request, as sent */
-    C_RES_ATTRS,       /* resource attributes in the request, as sent (once a resource) */
-    C_EXPANDED,        /* map entries the rows carry: attributes + resource attributes */
+    C_RESOURCE_LOGS,
+    C_SCOPE_LOGS,
+    C_ATTRS_MAX,       /* most attributes of one record or one resource */
+    C_ENTRIES,         /* each record's attributes plus its resource's */
     C_KEY_BYTES_MAX,   /* longest record or resource attribute key, UTF-8 bytes */
-    C_VALUE_BYTES_MAX, /* longest such string_value/bytes_value, bytes as sent */
+    C_VALUE_BYTES_MAX, /* longest such value as the column holds it, UTF-8 bytes */
 };
+/* The limits, in RequestLimits' order: records (which bounds the resource_logs and
+ * scope_logs too), attributes per record (and per resource), attributes per request
+ * (C_ENTRIES), key bytes, value bytes. */
+#define NLIMITS 5
 
 /* ── growable buffers (malloc: they are filled without the GIL) ──────────────────── */
 
@@ -252,6 +258,8 @@ typedef struct {
     size_t ent, count;  /* entries [ent, ent + count) of rends */
     size_t kstart, kn;  /* the keys' block in rk */
     size_t vstart, vn;  /* the values' block in rv */
+    uint64_t raw;       /* its attributes as sent (the limits count them) */
+    uint64_t rows;      /* its records */
     int seen;
 } Resource;
 
@@ -471,11 +479,11 @@ static int parse_keyvalue(Ctx *c, Rd *r, Buf *vals) {
         }
     }
     if (!vals) return ST_OK;
-    count_max(c, C_KEY_BYTES_MAX, kn);
-    if (v.kind == K_STR || v.kind == K_BYTES) count_max(c, C_VALUE_BYTES_MAX, v.n);
     Entry e = {k, kn, vals->len, 0, 0};
     TRY(render(c, vals, &v));
     e.vlen = vals->len - e.voff;
+    count_max(c, C_KEY_BYTES_MAX, kn);
+    count_max(c, C_VALUE_BYTES_MAX, e.vlen);
     return put(&c->ents, &e, sizeof e);
 }
 
@@ -599,7 +607,7 @@ static int parse_resource(Ctx *c, Rd *r, size_t index) {
             TRY(skip_field(r, wt));
         }
     }
-    c->counts[C_RES_ATTRS] += raw;
+    count_max(c, C_ATTRS_MAX, raw);
     Entry *e = (Entry *)c->ents.p;
     size_t n = c->ents.len / sizeof(Entry);
     TRY(merge_duplicates(c, e, &n, &c->rv, base));
@@ -618,6 +626,7 @@ static int parse_resource(Ctx *c, Rd *r, size_t index) {
     }
     res->kn = kn;
     res->vn = c->rv.len - base;
+    res->raw = raw;
     return ST_OK;
 }
 
@@ -753,8 +762,9 @@ static int parse_record(Ctx *c, Rd *r, size_t res_index, size_t scope_index) {
 
     int64_t row = c->rows++;
     c->counts[C_RECORDS]++;
-    c->counts[C_ATTRS] += raw;
+    c->counts[C_ENTRIES] += raw;
     count_max(c, C_ATTRS_MAX, raw);
+    ((Resource *)c->resources.p)[res_index].rows++;
     TRY(put(&c->time, &time, 8));
     TRY(put(&c->observed, &observed, 8));
     TRY(put(&c->severity, &severity, 4));
@@ -771,7 +781,6 @@ static int parse_record(Ctx *c, Rd *r, size_t res_index, size_t scope_index) {
         TRY(put_i32(&c->key_off, (int64_t)c->key.len));
         TRY(put_i32(&c->val_off, (int64_t)(e[i].voff + e[i].vlen)));
     }
-    c->counts[C_EXPANDED] += n;
     TRY(put_i32(&c->attr_off, (int64_t)(c->key_off.len / 4 - 1)));
 
     TRY(put_id(&c->trace_valid, &c->trace_off, &c->trace, &c->trace_nulls, row, trace, trace_n));
@@ -783,6 +792,7 @@ static int parse_record(Ctx *c, Rd *r, size_t res_index, size_t scope_index) {
 
 static int parse_scope_logs(Ctx *c, Rd *r, size_t res_index) {
     size_t index = c->scopes.len / sizeof(Scope);
+    c->counts[C_SCOPE_LOGS]++;
     Scope blank = {NULL, 0, 0};
     TRY(put(&c->scopes, &blank, sizeof blank));
     while (r->p < r->end) {
@@ -812,6 +822,7 @@ static int parse_scope_logs(Ctx *c, Rd *r, size_t res_index) {
 
 static int parse_resource_logs(Ctx *c, Rd *r) {
     size_t index = c->resources.len / sizeof(Resource);
+    c->counts[C_RESOURCE_LOGS]++;
     Resource blank = {0};
     TRY(put(&c->resources, &blank, sizeof blank));
     while (r->p < r->end) {
@@ -910,7 +921,6 @@ static int expand(Ctx *c) {
     c->rval.len = vpos;
     c->scope_off.len = 4 * (size_t)(c->rows + 1);
     c->scope.len = spos;
-    c->counts[C_EXPANDED] += entries;
     return ST_OK;
 }
 
@@ -925,21 +935,19 @@ static int decode(Ctx *c, const uint8_t *data, size_t n, const uint64_t *limits)
     Rd r = {data, data + n};
     TRY(start_offsets(c));
     TRY(parse_request(c, &r));
+    /* Every row repeats its resource's attributes. */
+    const Resource *res = (const Resource *)c->resources.p;
+    for (size_t i = 0; i < c->resources.len / sizeof(Resource); i++)
+        c->counts[C_ENTRIES] += res[i].raw * res[i].rows;
     if (limits) {
-        /* Before the expansion: what it would add is counted, not made. */
-        const Resource *res = (const Resource *)c->resources.p;
-        const int32_t *rows_res = (const int32_t *)c->row_res.p;
-        uint64_t expanded = c->counts[C_EXPANDED];
-        for (int64_t i = 0; i < c->rows; i++) expanded += res[rows_res[i]].count;
-        uint64_t would[NCOUNTS];
-        memcpy(would, c->counts, sizeof would);
-        would[C_EXPANDED] = expanded;
-        for (int i = 0; i < NCOUNTS; i++) {
-            if (would[i] > limits[i]) {
-                memcpy(c->counts, would, sizeof would);
-                return ST_LIMIT;
-            }
-        }
+        /* Before the expansion, the one step whose output the input's size does not
+         * bound: what RequestLimits.check_counts and flatten's checks refuse. */
+        const uint64_t *n = c->counts;
+        if (n[C_RECORDS] > limits[0] || n[C_RESOURCE_LOGS] > limits[0] ||
+            n[C_SCOPE_LOGS] > limits[0] || n[C_ATTRS_MAX] > limits[1] ||
+            n[C_ENTRIES] > limits[2] || n[C_KEY_BYTES_MAX] > limits[3] ||
+            n[C_VALUE_BYTES_MAX] > limits[4])
+            return ST_LIMIT;
     }
     return expand(c);
 }
@@ -1041,8 +1049,9 @@ PyDoc_STRVAR(decode_doc,
 "decode(data, limits=None, /)\n--\n\n"
 "Decode an ExportLogsServiceRequest. Returns (0, rows, counts, buffers, trace_nulls,\n"
 "span_nulls) on success; (code, counts) when the request is not decoded here: code is\n"
-"a fallback reason, or LIMIT when a count exceeds `limits` (a tuple of seven maxima,\n"
-"native.Counts' order; the counts then hold the totals the request would reach).");
+"a fallback reason, or LIMIT when the request exceeds `limits` (records, attributes per\n"
+"record, attributes per request, key bytes, value bytes: RequestLimits' order), found\n"
+"before the resource attributes are copied per row.");
 
 static PyObject *py_decode(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
@@ -1050,17 +1059,17 @@ static PyObject *py_decode(PyObject *module, PyObject *const *args, Py_ssize_t n
         PyErr_SetString(PyExc_TypeError, "decode(data, limits=None)");
         return NULL;
     }
-    uint64_t limits[NCOUNTS];
+    uint64_t limits[NLIMITS];
     int have_limits = nargs == 2 && args[1] != Py_None;
     if (have_limits) {
         PyObject *seq = PySequence_Fast(args[1], "limits must be a sequence");
         if (!seq) return NULL;
-        if (PySequence_Fast_GET_SIZE(seq) != NCOUNTS) {
+        if (PySequence_Fast_GET_SIZE(seq) != NLIMITS) {
             Py_DECREF(seq);
-            PyErr_Format(PyExc_ValueError, "limits must hold %d counts", NCOUNTS);
+            PyErr_Format(PyExc_ValueError, "limits must hold %d bounds", NLIMITS);
             return NULL;
         }
-        for (int i = 0; i < NCOUNTS; i++) {
+        for (int i = 0; i < NLIMITS; i++) {
             limits[i] = PyLong_AsUnsignedLongLong(PySequence_Fast_GET_ITEM(seq, i));
             if (limits[i] == (uint64_t)-1 && PyErr_Occurred()) {
                 Py_DECREF(seq);

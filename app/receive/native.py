@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
-from typing import Final, NamedTuple
+from typing import Final, NamedTuple, Protocol
 
 import pyarrow as pa
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
@@ -33,6 +33,7 @@ __all__ = [
     "DECODERS",
     "Counts",
     "Decoded",
+    "Limits",
     "active",
     "decode",
     "decode_counted",
@@ -45,24 +46,53 @@ DECODERS: Final = ("native", "upb")
 
 
 class Counts(NamedTuple):
-    """What a request holds, for the per-request limits (and, given as maxima, the limits
-    themselves). Attributes are record and resource attributes, counted as sent
-    (duplicates included) unless said otherwise; scope attributes are not counted."""
+    """What a request holds, counted as the receivers' per-request limits count it
+    (``app.receive.otlp.RequestLimits``): attributes as sent, duplicates included,
+    record and resource attributes only (not scope attributes, not bodies)."""
 
     records: int
-    #: the most attributes on one record
+    resource_logs: int
+    scope_logs: int
+    #: the most attributes of one record or one resource
     attributes_max: int
-    #: record attributes in the request
-    attributes: int
-    #: resource attributes in the request, once a resource (not a row)
-    resource_attributes: int
-    #: map entries the rows would carry (after duplicates merge): each record's
-    #: attributes plus its resource's, i.e. the expansion
-    expanded_attributes: int
+    #: each record's attributes plus its resource's (which every row repeats)
+    attributes_per_request: int
     #: the longest attribute key, UTF-8 bytes
     key_bytes_max: int
-    #: the longest string_value or bytes_value of an attribute, bytes as sent
+    #: the longest attribute value as the column holds it (a non-string value as its
+    #: JSON text), UTF-8 bytes
     value_bytes_max: int
+
+
+class Limits(Protocol):
+    """The per-request limits `decode` enforces (``app.receive.otlp.RequestLimits``):
+    ``records`` bounds the records, the resource_logs and the scope_logs;
+    ``attributes_per_record`` one record's or one resource's attributes;
+    ``attributes_per_request`` `Counts.attributes_per_request`; ``key_bytes`` and
+    ``value_bytes`` one attribute's key and value."""
+
+    @property
+    def records(self) -> int: ...
+    @property
+    def attributes_per_record(self) -> int: ...
+    @property
+    def attributes_per_request(self) -> int: ...
+    @property
+    def key_bytes(self) -> int: ...
+    @property
+    def value_bytes(self) -> int: ...
+
+
+def _bounds(limits: Limits | None) -> tuple[int, int, int, int, int] | None:
+    if limits is None:
+        return None
+    return (
+        limits.records,
+        limits.attributes_per_record,
+        limits.attributes_per_request,
+        limits.key_bytes,
+        limits.value_bytes,
+    )
 
 
 class Decoded(NamedTuple):
@@ -161,26 +191,26 @@ def active() -> str:
     return "upb" if _state["ext"] is None else "native"
 
 
-def decode(data: bytes, limits: Counts | None = None) -> pa.RecordBatch | None:
+def decode(data: bytes, limits: Limits | None = None) -> pa.RecordBatch | None:
     """The request's ``FLAT_SCHEMA`` columns, or None: the caller takes the upb path
-    (which refuses what must be refused). With `limits`, a request any of whose counts
-    exceeds its limit is None too, found before the resource attributes are copied per
-    row."""
+    (which refuses what must be refused). With `limits`, a request over one of them is
+    None too — found before the resource attributes are copied per row — and the upb
+    path given the same limits refuses it with the limit's own error."""
     ext = _state["ext"]
     if ext is None:
         return None
-    answer = ext.decode(data, limits)
+    answer = ext.decode(data, _bounds(limits))
     if answer[0]:
         return None
     return _columns(answer)
 
 
-def decode_counted(data: bytes, limits: Counts | None = None) -> Decoded:
+def decode_counted(data: bytes, limits: Limits | None = None) -> Decoded:
     """`decode` with the reason and the counts (tests, and a caller that checks the
     limits itself). Always uses the extension; ImportError when there is none."""
     if _EXT is None:
         raise ImportError(_UNAVAILABLE)
-    answer = _EXT.decode(data, limits)
+    answer = _EXT.decode(data, _bounds(limits))
     status = REASONS[answer[0]]
     counts = Counts(*answer[2] if status == "ok" else answer[1])
     return Decoded(status, counts, _columns(answer) if status == "ok" else None)

@@ -111,7 +111,7 @@ def test_native_4_the_in_process_replay_decodes_natively(monkeypatch: pytest.Mon
     answered: list[int] = []
     real = native.decode
 
-    def decode(data: bytes, limits: native.Counts | None = None) -> pa.RecordBatch | None:
+    def decode(data: bytes, limits: native.Limits | None = None) -> pa.RecordBatch | None:
         columns = real(data, limits)
         if columns is not None:
             answered.append(columns.num_rows)

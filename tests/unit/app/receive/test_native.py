@@ -22,6 +22,7 @@ import math
 import os
 import random
 import struct
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
@@ -78,33 +79,32 @@ def _reference(data: bytes) -> FlatBatch | tuple[type, str]:
 
 
 def _counts(req: ExportLogsServiceRequest) -> native.Counts:
-    """The counts, computed from the upb objects (what a limit check in Python sees)."""
-    records = [lr for rl in req.resource_logs for sl in rl.scope_logs for lr in sl.log_records]
-    rows_resource = [
-        len({kv.key for kv in rl.resource.attributes})
-        for rl in req.resource_logs
-        for sl in rl.scope_logs
-        for _ in sl.log_records
-    ]
+    """The counts from the upb objects, as the receivers' limits count them
+    (``otlp.RequestLimits``: attributes as sent; values as the column holds them)."""
+    resources = list(req.resource_logs)
+    records = [lr for rl in resources for sl in rl.scope_logs for lr in sl.log_records]
     pairs = [kv for lr in records for kv in lr.attributes] + [
-        kv for rl in req.resource_logs for kv in rl.resource.attributes
+        kv for rl in resources for kv in rl.resource.attributes
     ]
-
-    def value_bytes(kv: common_pb2.KeyValue) -> int:
-        kind = kv.value.WhichOneof("value")
-        if kind == "string_value":
-            return len(kv.value.string_value.encode())
-        return len(kv.value.bytes_value) if kind == "bytes_value" else 0
-
     return native.Counts(
         records=len(records),
-        attributes_max=max((len(lr.attributes) for lr in records), default=0),
-        attributes=sum(len(lr.attributes) for lr in records),
-        resource_attributes=sum(len(rl.resource.attributes) for rl in req.resource_logs),
-        expanded_attributes=sum(len({kv.key for kv in lr.attributes}) for lr in records)
-        + sum(rows_resource),
+        resource_logs=len(resources),
+        scope_logs=sum(len(rl.scope_logs) for rl in resources),
+        attributes_max=max(
+            [len(lr.attributes) for lr in records]
+            + [len(rl.resource.attributes) for rl in resources],
+            default=0,
+        ),
+        attributes_per_request=sum(len(lr.attributes) for lr in records)
+        + sum(
+            len(rl.resource.attributes) * sum(len(sl.log_records) for sl in rl.scope_logs)
+            for rl in resources
+        ),
         key_bytes_max=max((len(kv.key.encode()) for kv in pairs), default=0),
-        value_bytes_max=max(map(value_bytes, pairs), default=0),
+        value_bytes_max=max(
+            (len((kv.value.string_value or otlp._value_text(kv.value)).encode()) for kv in pairs),
+            default=0,
+        ),
     )
 
 
@@ -317,22 +317,50 @@ def test_native_1_big_requests_release_and_retake_the_interpreter() -> None:
 # ── limits, counts and the selection ──────────────────────────────────────────────
 
 
-def test_native_limits_refuse_before_the_expansion_and_name_the_count() -> None:
-    records = [logs_pb2.LogRecord(attributes=[_kv("a", int_value=1)]) for _ in range(10)]
-    res_attrs = [_kv(f"r{i}", string_value="v" * i) for i in range(5)]
-    data = _request(*records, attributes=res_attrs).SerializeToString()
+@dataclass(frozen=True)
+class _Limits:
+    """``otlp.RequestLimits``' shape (native.Limits)."""
+
+    records: int = 1 << 62
+    attributes_per_record: int = 1 << 62
+    attributes_per_request: int = 1 << 62
+    key_bytes: int = 1 << 62
+    value_bytes: int = 1 << 62
+
+
+def test_native_limits_are_found_before_the_expansion() -> None:
+    # Two resources: 4 records with 5 resource attributes, 1 record with none.
+    records = [logs_pb2.LogRecord(attributes=[_kv("a", int_value=-12345)]) for _ in range(4)]
+    resource = [_kv(f"r{i}", string_value="v" * i) for i in range(5)]
+    req = _request(*records, attributes=resource)
+    req.resource_logs.add().scope_logs.add().log_records.add()
+    data = req.SerializeToString()
     free = native.decode_counted(data)
     assert free.status == "ok"
-    assert free.counts == native.Counts(10, 1, 10, 5, 10 + 10 * 5, 2, 4)
-    big = 1 << 62
-    for i, name in enumerate(native.Counts._fields):
-        limits = native.Counts(*[big] * 7)._replace(**{name: free.counts[i] - 1})
-        limited = native.decode_counted(data, limits)
-        assert limited.status == "limit" and limited.columns is None
-        assert limited.counts[i] == free.counts[i], name
-        assert native.decode(data, limits) is None  # the caller's upb path then refuses
-    exact = native.decode_counted(data, free.counts)
-    assert exact.status == "ok"
+    assert free.counts == native.Counts(
+        records=5,
+        resource_logs=2,
+        scope_logs=2,
+        attributes_max=5,
+        attributes_per_request=4 * 1 + 4 * 5,
+        key_bytes_max=2,
+        value_bytes_max=len("-12345"),
+    )
+    at = _Limits(5, 5, 24, 2, 6)
+    assert native.decode_counted(data, at).status == "ok"  # a limit is inclusive
+    for name in ("records", "attributes_per_record", "attributes_per_request"):
+        limited = native.decode_counted(data, replace(at, **{name: getattr(at, name) - 1}))
+        assert limited.status == "limit" and limited.columns is None, name
+    for name in ("key_bytes", "value_bytes"):
+        limited = native.decode_counted(data, replace(at, **{name: getattr(at, name) - 1}))
+        assert limited.status == "limit", name
+        assert native.decode(data, replace(at, **{name: getattr(at, name) - 1})) is None
+    # records bounds the groups too: 2 resource_logs with 1 record each
+    two = ExportLogsServiceRequest()
+    for _ in range(2):
+        two.resource_logs.add().scope_logs.add()
+    two.resource_logs[0].scope_logs[0].log_records.add()
+    assert native.decode_counted(two.SerializeToString(), _Limits(records=1)).status == "limit"
 
 
 def test_native_select_upb_turns_the_native_decoder_off() -> None:

@@ -177,7 +177,7 @@ def _spy_native(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     answered: list[int] = []
     real = native.decode
 
-    def decode(data: bytes, limits: native.Counts | None = None) -> pa.RecordBatch | None:
+    def decode(data: bytes, limits: native.Limits | None = None) -> pa.RecordBatch | None:
         columns = real(data, limits)
         if columns is not None:
             answered.append(columns.num_rows)
