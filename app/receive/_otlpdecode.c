@@ -292,6 +292,7 @@ typedef struct {
     int64_t rows;
     uint64_t counts[NCOUNTS];
     PyThreadState *released; /* non-NULL while the GIL is released */
+    const uint64_t *limits;  /* NLIMITS bounds, or NULL */
 } Ctx;
 
 #define BUF_FIELDS(X)                                                                       \
@@ -317,6 +318,11 @@ static void hold_gil(Ctx *c) {
 static inline void count_max(Ctx *c, int which, uint64_t v) {
     if (v > c->counts[which]) c->counts[which] = v;
 }
+
+/* A limit the parse has already passed stops it: what it holds so far only grows, and a
+ * hostile request (millions of attributes on one record) must not grow the scratch
+ * buffers before its refusal. The counts are then those reached so far. */
+#define OVER(c, count, bound) ((c)->limits && (count) > (c)->limits[bound])
 
 /* ── values ──────────────────────────────────────────────────────────────────────── */
 
@@ -484,6 +490,7 @@ static int parse_keyvalue(Ctx *c, Rd *r, Buf *vals) {
     e.vlen = vals->len - e.voff;
     count_max(c, C_KEY_BYTES_MAX, kn);
     count_max(c, C_VALUE_BYTES_MAX, e.vlen);
+    if (OVER(c, kn, 3) || OVER(c, e.vlen, 4)) return ST_LIMIT;
     return put(&c->ents, &e, sizeof e);
 }
 
@@ -596,6 +603,7 @@ static int parse_resource(Ctx *c, Rd *r, size_t index) {
             TRY(rd_len(r, &sub));
             TRY(parse_keyvalue(c, &sub, &c->rv));
             raw++;
+            if (OVER(c, raw, 1)) return ST_LIMIT;
         } else if (f == 2) { /* dropped_attributes_count */
             if (wt != WT_VARINT) return FB_SHAPE;
             TRY(skip_field(r, wt));
@@ -732,6 +740,7 @@ static int parse_record(Ctx *c, Rd *r, size_t res_index, size_t scope_index) {
             TRY(rd_len(r, &sub));
             TRY(parse_keyvalue(c, &sub, &c->val));
             raw++;
+            if (OVER(c, raw, 1) || OVER(c, c->counts[C_ENTRIES] + raw, 2)) return ST_LIMIT;
             break;
         case 7: /* dropped_attributes_count */
             if (wt != WT_VARINT) return FB_SHAPE;
@@ -762,6 +771,7 @@ static int parse_record(Ctx *c, Rd *r, size_t res_index, size_t scope_index) {
 
     int64_t row = c->rows++;
     c->counts[C_RECORDS]++;
+    if (OVER(c, c->counts[C_RECORDS], 0)) return ST_LIMIT;
     c->counts[C_ENTRIES] += raw;
     count_max(c, C_ATTRS_MAX, raw);
     ((Resource *)c->resources.p)[res_index].rows++;
@@ -793,6 +803,7 @@ static int parse_record(Ctx *c, Rd *r, size_t res_index, size_t scope_index) {
 static int parse_scope_logs(Ctx *c, Rd *r, size_t res_index) {
     size_t index = c->scopes.len / sizeof(Scope);
     c->counts[C_SCOPE_LOGS]++;
+    if (OVER(c, c->counts[C_SCOPE_LOGS], 0)) return ST_LIMIT;
     Scope blank = {NULL, 0, 0};
     TRY(put(&c->scopes, &blank, sizeof blank));
     while (r->p < r->end) {
@@ -823,6 +834,7 @@ static int parse_scope_logs(Ctx *c, Rd *r, size_t res_index) {
 static int parse_resource_logs(Ctx *c, Rd *r) {
     size_t index = c->resources.len / sizeof(Resource);
     c->counts[C_RESOURCE_LOGS]++;
+    if (OVER(c, c->counts[C_RESOURCE_LOGS], 0)) return ST_LIMIT;
     Resource blank = {0};
     TRY(put(&c->resources, &blank, sizeof blank));
     while (r->p < r->end) {
@@ -932,6 +944,7 @@ static int start_offsets(Ctx *c) {
 }
 
 static int decode(Ctx *c, const uint8_t *data, size_t n, const uint64_t *limits) {
+    c->limits = limits;
     Rd r = {data, data + n};
     TRY(start_offsets(c));
     TRY(parse_request(c, &r));
@@ -1051,7 +1064,8 @@ PyDoc_STRVAR(decode_doc,
 "span_nulls) on success; (code, counts) when the request is not decoded here: code is\n"
 "a fallback reason, or LIMIT when the request exceeds `limits` (records, attributes per\n"
 "record, attributes per request, key bytes, value bytes: RequestLimits' order), found\n"
-"before the resource attributes are copied per row.");
+"as soon as the parse passes it and before the resource attributes are copied per row\n"
+"(the counts are then those reached so far).");
 
 static PyObject *py_decode(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;

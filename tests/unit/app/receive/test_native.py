@@ -363,6 +363,28 @@ def test_native_limits_are_found_before_the_expansion() -> None:
     assert native.decode_counted(two.SerializeToString(), _Limits(records=1)).status == "limit"
 
 
+def test_native_a_limit_stops_the_parse_where_it_is_passed() -> None:
+    # 50,000 empty attributes on one record (100 KB): the parse stops at the 11th, so
+    # the hostile record never costs its scratch space (40 bytes an attribute).
+    record = _field(6, b"") * 50_000
+    data = _wide_field(1, _wide_field(2, _wide_field(2, record)))
+    limited = native.decode_counted(data, _Limits(attributes_per_record=10))
+    assert limited.status == "limit"
+    assert limited.counts.attributes_max == 0 and limited.counts.records == 0  # not reached
+    assert native.decode_counted(data).status == "ok"
+    check(data, must_decode=True)
+
+
+def _wide_field(number: int, payload: bytes) -> bytes:
+    """A length-delimited field of any length (`_field` takes up to 127 bytes)."""
+    size, out = len(payload), bytearray([number << 3 | 2])
+    while size >= 0x80:
+        out.append(size & 0x7F | 0x80)
+        size >>= 7
+    out.append(size)
+    return bytes(out) + payload
+
+
 def test_native_select_upb_turns_the_native_decoder_off() -> None:
     data = _request(logs_pb2.LogRecord(severity_text="x")).SerializeToString()
     assert native.select("upb") == ("upb", "")
