@@ -64,7 +64,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Protocol
 
 from sink.buffers import Buffers, Detached, Kind, PublishOutcome
 from sink.claims import IntentHook, claim_of
@@ -95,6 +95,27 @@ def _no_step(name: str) -> None:
     return None
 
 
+class ThreadHandle(Protocol):
+    def join(self, timeout: float | None = None) -> None: ...
+
+    def is_alive(self) -> bool: ...
+
+
+class Threads(Protocol):
+    """Runs a long-lived loop on a thread of its own and restarts it after an
+    unexpected exception (the node passes its ``app.threads.Supervisor``)."""
+
+    def start(
+        self,
+        name: str,
+        loop: Callable[[], None],
+        *,
+        thread_name: str | None = None,
+        restart: bool = True,
+        stop: threading.Event | None = None,
+    ) -> ThreadHandle: ...
+
+
 @dataclass
 class PublishStats:
     """Counters (primary state, not copies): objects and bytes written, failures."""
@@ -121,8 +142,11 @@ class Publisher:
         wait_secs: float = WAIT_SECS,
         intents: IntentHook | None = None,
         step: Callable[[str], None] | None = None,
+        threads: Threads | None = None,
     ) -> None:
         self._store = store
+        #: runs the publisher's loop (None: a plain thread)
+        self._threads = threads
         #: makes each object's claim durable before its PUT (module docstring)
         self.intents = intents
         #: told each step of a publish by name (``publish.intended``: the claim is
@@ -135,7 +159,7 @@ class Publisher:
         self._compression = compression
         self._wait_secs = wait_secs
         self._queue: queue.Queue[Detached | None] = queue.Queue(maxsize=queue_depth)
-        self._thread: threading.Thread | None = None
+        self._thread: ThreadHandle | None = None
         self._stop = threading.Event()
         self.stats = PublishStats(Counter(), Counter(), Counter())
         self._stats_lock = threading.Lock()
@@ -149,8 +173,17 @@ class Publisher:
     def start(self) -> None:
         if self._thread is not None:
             return
-        self._thread = threading.Thread(target=self._run, name="ourios-publisher", daemon=True)
-        self._thread.start()
+        if self._threads is not None:
+            # Restartable: a publish settles or requeues its partition itself, and the
+            # queue outlives the loop; no stop event, so a restart still drains the
+            # queue up to ``close``'s end marker.
+            self._thread = self._threads.start(
+                "publisher", self._run, thread_name="ourios-publisher"
+            )
+            return
+        thread = threading.Thread(target=self._run, name="ourios-publisher", daemon=True)
+        thread.start()
+        self._thread = thread
 
     def close(self, timeout: float = 60.0) -> bool:
         """Stop after the queued partitions are written; True when the thread joined."""

@@ -1113,6 +1113,98 @@ SABOTAGES: tuple[Sabotage, ...] = (
             "tests/integration/test_decoder.py::test_native_2_serve_without_the_extension_runs_on_upb_and_says_so",
         ),
     ),
+    # -- every state ends well: threads and clocks (issue 22 items 3 and 7) ------------
+    Sabotage(
+        "supervisor_swallows_without_restarting",
+        "a loop that raises is logged, counted and run again, never just dropped",
+        "app/threads.py",
+        "                if not self.crashed(name, exc, restart=restart, stop=stop):\n"
+        "                    return",
+        "                self.crashed(name, exc, restart=restart, stop=stop)\n                return",
+        (
+            "tests/unit/app/test_threads.py::test_every_state_3_a_crashed_loop_is_logged_once_counted_and_restarted",
+            "tests/integration/test_thread_supervision.py::test_every_state_3_a_crashed_housekeeping_thread_is_logged_counted_restarted_then_fails_healthz",
+        ),
+    ),
+    Sabotage(
+        "healthz_ignores_a_dead_thread",
+        "a thread that cannot run again makes the node not alive: /healthz answers 503",
+        "app/ingest/pipeline.py",
+        "        return self._threads is None or self._threads.healthy",
+        "        return True",
+        (
+            "tests/unit/app/ingest/test_stages.py::test_every_state_3_a_crashed_turn_thread_is_not_restarted_and_fails_the_node",
+            "tests/integration/test_thread_supervision.py::test_every_state_3_a_crashed_housekeeping_thread_is_logged_counted_restarted_then_fails_healthz",
+        ),
+    ),
+    Sabotage(
+        "turn_thread_restarted",
+        "the turn thread is never restarted: a restart could let the mark pass an unturned frame",
+        "app/ingest/stages.py",
+        '            thread_name="ourios-turn",\n            restart=False,',
+        '            thread_name="ourios-turn",\n            restart=True,',
+        (
+            "tests/unit/app/ingest/test_stages.py::test_every_state_3_a_crashed_turn_thread_is_not_restarted_and_fails_the_node",
+        ),
+    ),
+    Sabotage(
+        "event_write_fails_the_append",
+        "an event the WAL emits under its mutex goes out after it; a failed one fails nothing",
+        "wal/log.py",
+        "        if self._holder == threading.get_ident():\n"
+        "            self._pending.append((name, fields))\n"
+        "        else:\n"
+        "            self._deliver(name, fields)",
+        "        self._sink(name, fields)",
+        (
+            "tests/unit/wal/test_log.py::test_every_state_3_an_event_sink_that_raises_fails_no_append",
+            "tests/unit/wal/test_log.py::test_every_state_3_an_event_sink_that_blocks_holds_no_other_append",
+        ),
+    ),
+    Sabotage(
+        "barrier_timer_on_the_wall_clock",
+        "the barrier's timer and retries run on the monotonic clock",
+        "app/node/server.py",
+        "        ceiling_bytes=settings.sink.ceiling_bytes,\n        clock=monotonic,",
+        "        ceiling_bytes=settings.sink.ceiling_bytes,\n        clock=clock,",
+        (
+            "tests/unit/app/node/test_server.py::test_every_state_7_a_wall_clock_stepped_back_an_hour_stalls_no_cadence",
+        ),
+    ),
+    Sabotage(
+        "inflight_bound_ignored",
+        "a receiving process refuses requests beyond its in-flight bound (503 / "
+        "RESOURCE_EXHAUSTED with Retry-After) before it reads their bodies",
+        "app/receive/inflight.py",
+        '        """A ticket for one request holding `size` bytes, or `Overloaded`."""\n',
+        '        """A ticket for one request holding `size` bytes, or `Overloaded`."""\n'
+        "        return Ticket(self, 0)\n",
+        (
+            "tests/unit/app/receive/test_inflight.py::test_bounded_3_requests_beyond_the_count_are_refused_with_a_retry",
+            "tests/unit/app/receive/test_otlp_http.py::test_bounded_3_http_inflight_bound_refuses_503_before_reading_the_body",
+            "tests/unit/app/receive/test_otlp_grpc.py::test_bounded_3_grpc_inflight_bound_is_resource_exhausted_with_retry_info",
+        ),
+    ),
+    Sabotage(
+        "attributes_per_record_unchecked",
+        "a request over an expansion limit is refused 400 naming it, before it is flattened",
+        "app/receive/otlp.py",
+        "                    own = len(lr.attributes)\n                    if own > per_record:",
+        "                    own = len(lr.attributes)\n                    if False:",
+        (
+            "tests/unit/app/receive/test_otlp.py::test_bounded_3_counts_are_refused_before_anything_is_flattened",
+        ),
+    ),
+    Sabotage(
+        "open_new_tenant_rate_ignored",
+        "in open mode new tenants take slots at a bounded rate",
+        "app/ingest/tenants.py",
+        "                if self._rate is not None:\n                    self._rate.take(tenant)\n",
+        "",
+        (
+            "tests/unit/app/ingest/test_tenants.py::test_bounded_4_open_mode_takes_new_tenants_at_the_configured_rate",
+        ),
+    ),
 )
 
 

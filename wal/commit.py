@@ -112,7 +112,7 @@ class Commit:
         #: observers of each frame write's and each fsync's duration (the metrics)
         self._on_append = on_append
         self._on_fsync = on_fsync
-        self._idle = threading.Condition(log.lock)
+        self._idle = threading.Condition(log.lock)  # type: ignore[arg-type]  # a Lock to it
         self._next_seq = 1
         self._waiters: deque[Pending] = deque()
         self._leader: Pending | None = None

@@ -81,10 +81,11 @@ class Journal:
         on_append: Timing | None = None,
         on_fsync: Timing | None = None,
         archive: ArchiveHook | None = None,
+        monotonic: Clock = time.monotonic,
     ) -> None:
         self.root = root
         self.config = config
-        self._log = Log(root, config, fs, clock, events)
+        self._log = Log(root, config, fs, clock, events, monotonic)
         self._rotation = Rotation(self._log)
         self._commit = Commit(self._log, self._rotation, on_append, on_fsync)
         self._reader = Reader(self._log)
@@ -107,6 +108,7 @@ class Journal:
         on_append: Timing | None = None,
         on_fsync: Timing | None = None,
         archive: ArchiveHook | None = None,
+        monotonic: Clock = time.monotonic,
     ) -> Journal:
         """Open (or create) the WAL at ``root`` (``wal/opening.py``).
 
@@ -120,7 +122,9 @@ class Journal:
         config = config or WalConfig()
         config.validate()
         fs = fs or OsFs()
-        journal = cls(root, config, fs, clock, events or _no_events, on_append, on_fsync, archive)
+        journal = cls(
+            root, config, fs, clock, events or _no_events, on_append, on_fsync, archive, monotonic
+        )
         try:
             report = Opener(
                 journal._log, journal._rotation, journal._reclamation, journal._frontiers
@@ -345,11 +349,10 @@ class Journal:
             return [s.path.name for s in self._log.segments()]
 
     def current_segment_age(self) -> tuple[float, int]:
-        """(seconds since the current segment was created, frames it holds) — what the
-        barrier's idle rotation decides on."""
+        """(seconds since the current segment was created, on the monotonic clock; frames
+        it holds) — what the barrier's idle rotation decides on."""
         with self._log.lock:
-            cur = self._log.current
-            return max(0.0, self._log.clock() - cur.created), cur.frames
+            return self._log.current_age(), self._log.current.frames
 
     @property
     def current_segment(self) -> uuid.UUID:

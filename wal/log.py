@@ -23,7 +23,10 @@ frame; ``synced_lsn`` never passes what an fsync covered).
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Mapping
 from pathlib import Path
+from types import TracebackType
 
 from .config import WalConfig
 from .errors import WalIoError, WalNoSpace, is_no_space
@@ -92,20 +95,90 @@ class NoSpaceLatch:
         return latch
 
 
+class Mutex:
+    """The journal mutex (a ``threading.Lock`` to its users, ``Condition`` included).
+
+    An event emitted while it is held is queued and emitted by the holder right after
+    its release: an event sink that blocks or fails (a stalled or broken stderr) then
+    holds up only the thread that emitted it, never every appender waiting for the
+    mutex, and a sink that raises fails no append (issue 22 item 3)."""
+
+    __slots__ = ("_lock", "_holder", "_pending", "_sink")
+
+    def __init__(self, sink: EventSink) -> None:
+        self._lock = threading.Lock()
+        self._holder: int | None = None
+        self._pending: list[tuple[str, Mapping[str, object]]] = []
+        self._sink = sink
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        got = self._lock.acquire(blocking, timeout)
+        if got:
+            self._holder = threading.get_ident()
+        return got
+
+    def release(self) -> None:
+        pending = self._pending
+        if pending:
+            self._pending = []
+        self._holder = None
+        self._lock.release()
+        for name, fields in pending:
+            self._deliver(name, fields)
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
+
+    def locked(self) -> bool:
+        return self._lock.locked()
+
+    def emit(self, name: str, fields: Mapping[str, object]) -> None:
+        """The journal's event sink: queued while this thread holds the mutex."""
+        if self._holder == threading.get_ident():
+            self._pending.append((name, fields))
+        else:
+            self._deliver(name, fields)
+
+    def _deliver(self, name: str, fields: Mapping[str, object]) -> None:
+        try:
+            self._sink(name, fields)
+        except Exception:  # noqa: BLE001 - a failed event write never fails an append
+            pass  # the WAL never logs by itself: the owner's sink counts its failures
+
+
 class Log:
     """The segment set and the positions every part of one journal shares (module
     docstring). Plain fields, read and written under ``lock``."""
 
     def __init__(
-        self, root: Path, config: WalConfig, fs: Fs, clock: Clock, events: EventSink
+        self,
+        root: Path,
+        config: WalConfig,
+        fs: Fs,
+        clock: Clock,
+        events: EventSink,
+        monotonic: Clock = time.monotonic,
     ) -> None:
         self.root = root
         self.config = config
         self.fs = fs
+        #: wall time, for what is written (segment names); ages run on ``monotonic``
         self.clock = clock
-        self.events = events
+        self.monotonic = monotonic
+        #: the current segment's birth on the monotonic clock (``install``)
+        self._current_born = 0.0
         #: the journal mutex: the single-writer position
-        self.lock = threading.Lock()
+        self.lock = Mutex(events)
+        #: every part's event sink: what is emitted under the mutex goes out after it
+        self.events: EventSink = self.lock.emit
         self.ledger = SegmentLedger()
         #: every segment's frames are accounted in the ledger (open walked only the newest)
         self.rebuilt = False
@@ -132,9 +205,17 @@ class Log:
         return self._current
 
     def install(self, seg: Segment) -> None:
-        """Make ``seg`` the current segment; the previous one closes in the ledger."""
+        """Make ``seg`` the current segment; the previous one closes in the ledger. Its
+        age from now on runs on the monotonic clock, from the wall age its name gives
+        once (0 for a segment created now): a wall clock stepped back later never holds
+        back its age rotation (issue 22 item 7)."""
         self.ledger.add_segment(seg)
         self._current = seg
+        self._current_born = self.monotonic() - max(0.0, self.clock() - seg.created)
+
+    def current_age(self) -> float:
+        """Seconds since the current segment was created (monotonic)."""
+        return max(0.0, self.monotonic() - self._current_born)
 
     @staticmethod
     def seg(seg: LedgerSegment) -> Segment:

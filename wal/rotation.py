@@ -164,7 +164,7 @@ class Rotation:
             cur.frames
             and (
                 HEADER_SIZE + cur.data_len + size > config.segment_max_bytes
-                or self._log.clock() - cur.created >= config.segment_age_secs
+                or self._log.current_age() >= config.segment_age_secs
             )
         )
 

@@ -24,7 +24,8 @@ OFFSET_SIZE: Final = _OFFSET.size  # 24
 #: Where the journal reports what it did (``wal.segment.sealed``, ``wal.rotation.*``…):
 #: an event name and its fields. The owner logs them; the WAL never logs by itself.
 EventSink = Callable[[str, Mapping[str, object]], None]
-#: Wall-clock seconds (``time.time``), injected so tests control segment ages and ids.
+#: Seconds from an injected clock: the wall clock (``time.time``) names segments, the
+#: monotonic one (``time.monotonic``) times their age, so tests control both.
 Clock = Callable[[], float]
 #: An observer of one operation's duration in seconds (a frame write, an fsync).
 Timing = Callable[[float], None]

@@ -49,6 +49,7 @@ from app.ingest.landed import live_intent
 from app.ingest.settlement import SettleOutcome, SettleResult
 from app.ingest.snapshots import SnapshotLedger, SnapshotStore
 from app.node.gc_policy import collection_deferred
+from app.threads import Supervised, Supervisor, start_thread
 from wal import (
     AppendError,
     CheckpointError,
@@ -119,14 +120,17 @@ class Barrier:
         barrier_secs: float,
         segment_age_secs: float,
         ceiling_bytes: int,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
         events: Callable[[str, Mapping[str, object]], None] | None = None,
         on_cut: Callable[[CutOutcome], None] | None = None,
         on_run: Callable[[str, str], None] | None = None,
         intents: IntentLog | None = None,
         flush_concurrency: int = FLUSH_CONCURRENCY,
+        threads: Supervisor | None = None,
     ) -> None:
         self.pipeline = pipeline
+        #: runs the timer's loop and restarts it after an unexpected exception
+        self._threads = threads
         #: how many of a cut's partitions are published at once (``_flush``)
         self.flush_concurrency = max(1, flush_concurrency)
         #: the publish intents, trimmed to what lies above the frontiers after each cut
@@ -136,6 +140,8 @@ class Barrier:
         self.barrier_secs = barrier_secs
         self.segment_age_secs = segment_age_secs
         self.ceiling_bytes = ceiling_bytes
+        #: the timer's, the retries' and the ages' clock: monotonic, so a wall clock
+        #: stepped back never stalls a cut (nothing the barrier writes carries a time)
         self._clock = clock
         self._events = events or (lambda name, fields: None)
         self._on_cut = on_cut or (lambda outcome: None)
@@ -147,11 +153,11 @@ class Barrier:
         self._pending: Cut | None = None
         self._running = False
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._thread: Supervised | None = None
         self.last: CutOutcome | None = None
         self.last_ok_at: float | None = None
         self.recapture = False
-        #: After a failed cut the fresh capture is not taken before this (clock time):
+        #: After a failed cut the fresh capture is not taken before this (monotonic):
         #: the delay doubles from ``RETRY_FIRST_SECS`` up to ``barrier_secs`` while cuts
         #: keep failing (a store outage, a latch) and resets on the first good cut, so
         #: a node whose cuts cannot succeed neither spins nor floods its log.
@@ -202,8 +208,12 @@ class Barrier:
     # -- the timer ---------------------------------------------------------------------
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="ourios-barrier", daemon=True)
-        self._thread.start()
+        # Restartable: a tick's own failure is latched by ``tick_failed`` and ``run_cut``
+        # gives a failed cut's batches back, so what reaches the supervisor left no cut
+        # half-run; the pending slot waits for the restarted loop (DESIGN.md §5.10).
+        self._thread = start_thread(
+            self._threads, "barrier", self._run, thread_name="ourios-barrier", stop=self._stop
+        )
 
     def _run(self) -> None:
         deadline = self.next_tick_at = self._clock() + self.barrier_secs
@@ -513,6 +523,6 @@ class Barrier:
 
     @property
     def retry_not_before(self) -> float:
-        """The clock time before which no fresh capture follows a failed cut (0.0 once
+        """The monotonic time before which no fresh capture follows a failed cut (0.0 once
         a cut succeeds): what the retry backoff has come to."""
         return self._retry_not_before

@@ -36,6 +36,7 @@ from app import points
 from app.ingest.admission import Admission, TickDecision
 from app.ingest.snapshots import SnapshotLedger
 from app.node.diskspace import DiskSpace, statvfs_free
+from app.threads import Supervised, Supervisor, start_thread
 from wal import FloorPinned, Journal, ReclaimError, ReclamationProgress, WalError
 
 log = logging.getLogger("ourios.housekeeping")
@@ -49,14 +50,17 @@ class Housekeeper:
         *,
         every: float,
         cap: int,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
         events: Callable[[str, Mapping[str, object]], None] | None = None,
         admission: Admission | None = None,
         request_cut: Callable[[], None] | None = None,
         disk_free: Callable[[Path], int] | None = None,
         space: DiskSpace | None = None,
+        threads: Supervisor | None = None,
     ) -> None:
         self.journal = journal
+        #: runs the timer's loop and restarts it after an unexpected exception
+        self._threads = threads
         self.admission = admission
         self._request_cut = request_cut
         if space is None and admission is not None:
@@ -85,7 +89,7 @@ class Housekeeper:
         self._events = events or (lambda name, fields: None)
         self._stop = threading.Event()
         self._wake = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._thread: Supervised | None = None
         self._pinned = False
         self.runs: Counter[tuple[str, str]] = Counter()  # (outcome, error_type)
         self.pass_seconds: deque[float] = deque(maxlen=1024)
@@ -127,8 +131,9 @@ class Housekeeper:
             self._wake.set()
 
     def step(self, *, follow_up: bool = False) -> ReclamationProgress | None:
-        """One tick: sample the disk, then one pass; never raises (the outcome is
-        counted and logged). ``follow_up``: the pass after a requested cut (no new
+        """One tick: sample the disk, then one pass; the pass never raises (its outcome
+        is counted and logged) — anything else that does reaches the thread's supervisor,
+        which logs and restarts the loop. ``follow_up``: the pass after a requested cut (no new
         request, so an urgent state costs one extra cut per tick, not a loop)."""
         decision = self.observe_disk()
         if (
@@ -196,8 +201,15 @@ class Housekeeper:
         self._wake.set()
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="ourios-housekeeping", daemon=True)
-        self._thread.start()
+        # Restartable: a pass's plan is re-planned by the next pass, and the loop holds
+        # nothing across ticks but the follow-up flag (DESIGN.md §5.10).
+        self._thread = start_thread(
+            self._threads,
+            "housekeeping",
+            self._run,
+            thread_name="ourios-housekeeping",
+            stop=self._stop,
+        )
 
     def _run(self) -> None:
         while not self._stop.is_set():

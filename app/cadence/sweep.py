@@ -11,6 +11,7 @@ import threading
 from collections.abc import Callable
 
 from app.ingest.pipeline import Pipeline
+from app.threads import Supervised, Supervisor, start_thread
 
 __all__ = ["AgeSweep"]
 
@@ -27,17 +28,23 @@ class AgeSweep:
         max_age: float,
         tick: float,
         on_run: Callable[[str, str], None] | None = None,
+        threads: Supervisor | None = None,
     ) -> None:
+        #: runs the loop and restarts it after an unexpected exception
+        self._threads = threads
         self._on_run = on_run or (lambda outcome, error_type: None)
         self._pipeline = pipeline
         self._max_age = max_age
         self._tick = tick
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._thread: Supervised | None = None
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="ourios-age-sweep", daemon=True)
-        self._thread.start()
+        # Restartable: a sweep gives back what it drained and did not write (its
+        # ``finally``), so nothing is held across a crash (DESIGN.md §5.10).
+        self._thread = start_thread(
+            self._threads, "age_sweep", self._run, thread_name="ourios-age-sweep", stop=self._stop
+        )
 
     def close(self) -> None:
         self._stop.set()

@@ -53,6 +53,7 @@ from app.ingest.tenants import Reservation, TenantTable, TenantUnrecoverable, Tu
 from app.node.gc_policy import collection_deferred
 from app.receive.api import IngestOutcome
 from app.receive.otlp import BadRequest, FlatBatch, IngestRejection, PayloadTooLarge, Unavailable
+from app.threads import Supervisor
 from sink.buffers import NANOS_PER_DAY, Buffers, Detached
 from sink.parquet import assemble_records
 from sink.publisher import Publisher
@@ -188,18 +189,22 @@ class Pipeline:
         buffers: Buffers,
         publisher: Publisher,
         *,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
         events: Callable[[str, Mapping[str, object]], None] | None = None,
         ledger: SnapshotLedger | None = None,
         admission: Admission | None = None,
         mining_attempts: int = DEFAULT_MINING_ATTEMPTS,
+        threads: Supervisor | None = None,
     ) -> None:
         self.journal = journal
         self.admission = admission or Admission()
         self.miners = miners
         self.buffers = buffers
         self.publisher = publisher
+        #: monotonic: a cut's capture time and the settling hint's countdown are ages
         self.clock = clock
+        #: the node's supervised threads: one that stopped makes the node not alive
+        self._threads = threads
         self._events = events or (lambda name, fields: None)
         self.gate = TurnGate()
         self.exclusion = ReadWriteLock()
@@ -225,7 +230,6 @@ class Pipeline:
         #: the lowest epoch a failure invalidated (LATCH_CLEAR when none)
         self.failed_epoch = LATCH_CLEAR
         self._ready = False
-        self._alive = True
         self.records_mined = 0
         #: durable snapshot installs: a tenant whose folded horizon moved past its
         #: installed one is frozen at the next capture
@@ -245,11 +249,22 @@ class Pipeline:
 
     @property
     def ready(self) -> bool:
-        return self._ready and not isinstance(self.journal.rotation_state, RotationExhausted)
+        return (
+            self._ready
+            and not isinstance(self.journal.rotation_state, RotationExhausted)
+            and self.alive
+        )
 
     @property
     def alive(self) -> bool:
-        return self._alive
+        """False once a supervised thread stopped for good (``app.threads``): /healthz
+        fails so the pod is restarted."""
+        return self._threads is None or self._threads.healthy
+
+    @property
+    def health_detail(self) -> str:
+        """Why the node is not alive ("" while it is): the stopped threads, named."""
+        return "" if self._threads is None else self._threads.verdict()
 
     def set_ready(self, ready: bool) -> None:
         self._ready = ready

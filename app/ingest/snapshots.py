@@ -143,7 +143,7 @@ class SnapshotStore:
         *,
         space: DiskSpace | None = None,
         events: Callable[[str, Mapping[str, object]], None] | None = None,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.root = root
         self._fs = fs or OsFs()

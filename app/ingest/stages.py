@@ -39,6 +39,7 @@ from app import points
 from app.ingest.pipeline import Pipeline, Ticket
 from app.receive.api import IngestOutcome
 from app.receive.otlp import FlatBatch, IngestRejection, Unavailable
+from app.threads import Supervised, Supervisor, start_thread
 
 __all__ = ["Answer", "IngestBacklogFull", "LocalPort", "Stages"]
 
@@ -72,16 +73,20 @@ class IngestBacklogFull(Unavailable):
 class Stages:
     """Threads ``ourios-commit`` and ``ourios-turn``: ``start``, ``submit``, ``close``."""
 
-    def __init__(self, pipeline: Pipeline, *, backlog_bytes: int) -> None:
+    def __init__(
+        self, pipeline: Pipeline, *, backlog_bytes: int, threads: Supervisor | None = None
+    ) -> None:
         if backlog_bytes < 1:
             raise ValueError(f"backlog_bytes must be >= 1, got {backlog_bytes}")
         self._pipeline = pipeline
+        #: runs the two threads; a crash of either fails the node at once (``start``)
+        self._threads = threads
         self.backlog_limit = backlog_bytes
         self._submit_lock = threading.Lock()
         self._durable: queue.SimpleQueue[tuple[Ticket, Answer] | None] = queue.SimpleQueue()
         self._turns: queue.SimpleQueue[Ticket | None] = queue.SimpleQueue()
-        self._committer: threading.Thread | None = None
-        self._turner: threading.Thread | None = None
+        self._committer: Supervised | None = None
+        self._turner: Supervised | None = None
         self._closed = False
         self._halt = threading.Event()
         self._backlog_lock = threading.Lock()
@@ -104,12 +109,21 @@ class Stages:
         items (``turn_replayed``), then calls ``replayed(error)`` — error is what ended
         the replay early, None when it ran to the end — and only then turns new frames.
         """
-        self._committer = threading.Thread(target=self._commit, name="ourios-commit")
-        self._turner = threading.Thread(
-            target=self._turn, args=(replay, turn_replayed, replayed), name="ourios-turn"
+        # Neither may be restarted (DESIGN.md §5.10): a committer that raised holds a
+        # request between its append and its answer — the client would never be
+        # answered and the turn gate would wait for that frame's sequence for ever; a
+        # turn thread that raised may have dropped a frame whose turn did not run, and
+        # the next turn's mark would pass it. So a crash fails the node at once.
+        self._committer = start_thread(
+            self._threads, "committer", self._commit, thread_name="ourios-commit", restart=False
         )
-        self._committer.start()
-        self._turner.start()
+        self._turner = start_thread(
+            self._threads,
+            "turn",
+            lambda: self._turn(replay, turn_replayed, replayed),
+            thread_name="ourios-turn",
+            restart=False,
+        )
 
     def submit(self, tenant: str, payload: bytes, batch: FlatBatch, answer: Answer) -> None:
         """Admit and append; the answer comes from the committer thread. Raises the
@@ -117,6 +131,12 @@ class Stages:
         with self._submit_lock:
             if self._closed:
                 raise Unavailable("the node is shutting down; retry", error_type="shutting_down")
+            if self._committer is not None and not self._committer.is_alive():
+                # nothing would ever answer it: refused, nothing written
+                raise Unavailable(
+                    "the node's commit thread stopped (see thread.failed); retry on another node",
+                    error_type="thread_failed",
+                )
             with self._backlog_lock:
                 backlog, frames = self._backlog_bytes, self._backlog_frames
             if frames and backlog + len(payload) > self.backlog_limit:
@@ -255,3 +275,7 @@ class LocalPort:
     @property
     def alive(self) -> bool:
         return self._pipeline.alive
+
+    @property
+    def health_detail(self) -> str:
+        return self._pipeline.health_detail

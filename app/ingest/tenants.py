@@ -24,6 +24,16 @@ The table is seeded from the tenants recovery restored and replayed before any
 listener starts (``seed``), so a restarted node neither admits past the limit nor
 refuses a tenant it already serves.
 
+Open mode (no tokens: any client names any tenant) bounds how fast slots are taken:
+``limit_new_tenants(per_minute)`` gives the table a token bucket of ``per_minute``
+new tenants, refilled evenly over a minute. A first write for a tenant without a slot
+takes a token before its reservation; with none left it is refused ``NewTenantRate``
+(503, Retry-After until the next token) and nothing is reserved. So a hostile client
+cannot take every slot at once: filling ``max_tenants`` takes at least
+``max_tenants / per_minute`` minutes, which the slot gauges and the
+``tenant.open_rate_limited`` event show meanwhile (DESIGN.md §3). Token mode has no
+bucket: its tenants are the ones the tokens file names.
+
 Admission states, checked before the slot: *settling* (the tenant has an unmined entry:
 503 with a bounded Retry-After, ``wal_settling``) and *unrecoverable* (its restorable
 horizon is below what was reclaimed: 503, server-terminal, no hint,
@@ -36,11 +46,29 @@ changes it, so a reader never sees a total that disagrees with the table.
 from __future__ import annotations
 
 import enum
+import math
 import threading
-from collections.abc import Callable, Iterable
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from app.receive.otlp import Unavailable
+
+
+class NewTenantRate(Unavailable):
+    """Open mode: a new tenant beyond ``server.open_new_tenants_per_minute``. Retryable
+    once the rate allows another, which the Retry-After says; nothing is reserved."""
+
+    error_type = "open_new_tenant_rate"
+
+    def __init__(self, tenant: str, per_minute: int, retry_after: int) -> None:
+        super().__init__(
+            f"tenant {tenant!r} refused: in open mode the node takes at most "
+            f"server.open_new_tenants_per_minute={per_minute} new tenants a minute; "
+            f"retry in {retry_after} s (configure auth.tokens_file to name the tenants)",
+            retry_after=retry_after,
+        )
+        self.tenant = tenant
 
 
 class TenantCapacity(Unavailable):
@@ -152,6 +180,17 @@ class TenantTable:
         self._reserved = 0
         self._states: dict[str, AdmissionState] = {}
         self._details: dict[str, str] = {}
+        self._rate: _NewTenantBucket | None = None
+
+    def limit_new_tenants(
+        self,
+        per_minute: int,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        events: Callable[[str, Mapping[str, object]], None] | None = None,
+    ) -> None:
+        """Open mode's bound on new tenants (module docstring); before any listener."""
+        self._rate = _NewTenantBucket(per_minute, clock, events)
 
     # -- start-up ------------------------------------------------------------------------
 
@@ -194,6 +233,8 @@ class TenantTable:
                 count = self._held + self._reserved
                 if count >= self.limit:
                     raise TenantCapacity(tenant, count, self.limit)
+                if self._rate is not None:
+                    self._rate.take(tenant)
                 slot = self._slots[tenant] = _Slot(SlotState.RESERVED)
                 self._reserved += 1
             slot.inflight += 1
@@ -286,3 +327,54 @@ class TenantTable:
         with self.lock:
             slot = self._slots.get(tenant)
             return None if slot is None else slot.state
+
+
+class _NewTenantBucket:
+    """A token bucket of new tenants: ``per_minute`` at most at once, refilled evenly.
+    Used under the admission mutex only."""
+
+    #: at most one ``tenant.open_rate_limited`` event per this many seconds
+    EVENT_EVERY_S = 60.0
+
+    def __init__(
+        self,
+        per_minute: int,
+        clock: Callable[[], float],
+        events: Callable[[str, Mapping[str, object]], None] | None,
+    ) -> None:
+        if per_minute < 1:
+            raise ValueError(f"open_new_tenants_per_minute must be >= 1, got {per_minute}")
+        self.per_minute = per_minute
+        self._clock = clock
+        self._events = events
+        self._tokens = float(per_minute)
+        self._at = clock()
+        self._refused = 0
+        self._last_event: float | None = None
+
+    def take(self, tenant: str) -> None:
+        now = self._clock()
+        rate = self.per_minute / 60.0
+        self._tokens = min(float(self.per_minute), self._tokens + (now - self._at) * rate)
+        self._at = now
+        if self._tokens >= 1.0:
+            self._tokens -= 1.0
+            return
+        retry_after = max(1, math.ceil((1.0 - self._tokens) / rate))
+        self._refused += 1
+        if self._events is not None and (
+            self._last_event is None or now - self._last_event >= self.EVENT_EVERY_S
+        ):
+            self._last_event = now
+            self._events(
+                "tenant.open_rate_limited",
+                {
+                    "tenant": tenant,
+                    "per_minute": self.per_minute,
+                    "refused_since_last_event": self._refused,
+                    "action": "refusing new tenants with 503 and a Retry-After until the "
+                    "rate allows another; held tenants are unaffected",
+                },
+            )
+            self._refused = 0
+        raise NewTenantRate(tenant, self.per_minute, retry_after)

@@ -500,6 +500,141 @@ _SERVER_ROWS = (
         "when the extension cannot be imported.",
         choices=("native", "upb"),
     ),
+    Setting(
+        "server",
+        "thread_restarts",
+        Kind.INT,
+        5,
+        "Restarts a background thread (barrier, housekeeping, publisher, age sweep, "
+        "worker supervision) gets within 10 minutes after an unexpected exception, each "
+        "after a backoff (0.5 s doubling to 30 s); one more crash and /healthz and /readyz "
+        "answer 503 naming it, so Kubernetes restarts the pod. 0: the first crash does.",
+        minimum=0,
+        maximum=1000,
+    ),
+    # What one request may expand to, and what one receiving process holds at once
+    # (DESIGN.md §7; app/receive/otlp.py RequestLimits, app/receive/inflight.py).
+    Setting(
+        "server",
+        "max_request_records",
+        Kind.INT,
+        131_072,
+        "Log records in one request (resource and scope groups are bounded by it too); "
+        "more is refused 400 naming this setting before the request is flattened.",
+        minimum=1,
+        maximum=1 << 24,
+    ),
+    Setting(
+        "server",
+        "max_attributes_per_record",
+        Kind.INT,
+        4096,
+        "Attributes of one log record, and of one resource; more is refused 400 naming "
+        "this setting before the request is flattened.",
+        minimum=1,
+        maximum=1 << 20,
+    ),
+    Setting(
+        "server",
+        "max_attributes_per_request",
+        Kind.INT,
+        1_048_576,
+        "Attribute entries one request expands to (each record's own plus its "
+        "resource's, which every row repeats), and separately the values nested in "
+        "array and kvlist values; more is refused 400 naming this setting before the "
+        "request is flattened.",
+        minimum=1,
+        maximum=1 << 26,
+    ),
+    Setting(
+        "server",
+        "max_attribute_key_bytes",
+        Kind.INT,
+        4 * KiB,
+        "Length of one attribute key in UTF-8 bytes; longer is refused 400 naming this setting.",
+        minimum=1,
+        maximum=256 * MiB,
+        unit="bytes",
+    ),
+    Setting(
+        "server",
+        "max_attribute_value_bytes",
+        Kind.INT,
+        1 * MiB,
+        "Length of one attribute value in UTF-8 bytes (a non-string value as the JSON "
+        "text it is stored as); longer is refused 400 naming this setting.",
+        minimum=1,
+        maximum=256 * MiB,
+        unit="bytes",
+    ),
+    Setting(
+        "server",
+        "max_inflight_requests",
+        Kind.INT,
+        256,
+        "Requests one receiving process (each worker, or the node with workers 0) holds "
+        "at once, taken after authentication and before the body is read; beyond it a "
+        "request is refused 503 / RESOURCE_EXHAUSTED with a 1 s Retry-After.",
+        minimum=1,
+        maximum=65_536,
+    ),
+    Setting(
+        "server",
+        "max_inflight_bytes",
+        Kind.INT,
+        64 * MiB,
+        "Request body bytes one receiving process holds at once (raw and inflated; a "
+        "gRPC message reserves wal.max_frame_bytes + 64 KiB until received), taken before "
+        "the body is read or inflated; beyond it 503 / RESOURCE_EXHAUSTED with a 1 s "
+        "Retry-After. It bounds the process's memory (docs/RUNBOOK.md).",
+        minimum=4 * MiB,
+        maximum=64 * GiB,
+        unit="bytes",
+    ),
+    Setting(
+        "server",
+        "max_concurrent_decodes",
+        Kind.INT,
+        2,
+        "Requests one receiving process parses and flattens at once (the step whose memory "
+        "is a multiple of the body); others wait, holding their in-flight share.",
+        minimum=1,
+        maximum=256,
+    ),
+    Setting(
+        "server",
+        "body_read_timeout_secs",
+        Kind.INT,
+        30,
+        "Time a request's body (HTTP) or message (gRPC) may take to arrive once the "
+        "request is admitted; then HTTP answers 408 and a gRPC call is cancelled.",
+        minimum=1,
+        maximum=3600,
+        unit="seconds",
+    ),
+    Setting(
+        "server",
+        "open_new_tenants_per_minute",
+        Kind.INT,
+        60,
+        "In open mode only (no auth.tokens_file): tenants the node takes a slot for per "
+        "minute (a burst of that many, refilled evenly); a new tenant beyond it is refused "
+        "503 with a Retry-After, so no client can take all wal.max_tenants slots at once "
+        "(DESIGN.md §3).",
+        minimum=1,
+        maximum=1_000_000,
+    ),
+    Setting(
+        "server",
+        "grpc_max_concurrent_rpcs",
+        Kind.INT,
+        256,
+        "gRPC calls one receiving process accepts at once (grpcio's "
+        "maximum_concurrent_rpcs; 64 run, the rest wait for a thread without their "
+        "message); beyond it grpcio answers RESOURCE_EXHAUSTED itself.",
+        minimum=1,
+        maximum=65_536,
+    ),
 )
 
 _SINK_ROWS = (
@@ -669,6 +804,18 @@ class ServerSettings:
     shutdown_grace_secs: int
     workers: int
     decoder: Decoder
+    thread_restarts: int
+    max_request_records: int
+    max_attributes_per_record: int
+    max_attributes_per_request: int
+    max_attribute_key_bytes: int
+    max_attribute_value_bytes: int
+    max_inflight_requests: int
+    max_inflight_bytes: int
+    max_concurrent_decodes: int
+    body_read_timeout_secs: int
+    open_new_tenants_per_minute: int
+    grpc_max_concurrent_rpcs: int
 
     @property
     def wal_dir(self) -> Path:
@@ -776,6 +923,12 @@ class CrossRule:
 
 
 CROSS_RULES: tuple[CrossRule, ...] = (
+    CrossRule(
+        "{0} must be at least three times {1} plus 2 MiB (a largest coded body and what it "
+        "inflates to, within the three quarters large bodies may hold)",
+        ("server.max_inflight_bytes", "wal.max_frame_bytes"),
+        lambda s: s.server.max_inflight_bytes >= 3 * s.wal.max_frame_bytes + 2 * MiB,
+    ),
     CrossRule(
         "{0} must be below {1}",
         ("disk.stop_water_bytes", "disk.low_water_bytes"),

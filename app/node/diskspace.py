@@ -83,7 +83,7 @@ class Reserve:
         *,
         fs: Fs | None = None,
         events: Events | None = None,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if size < 0:
             raise ValueError(f"reserve size must be at least 0, got {size}")
@@ -122,7 +122,12 @@ class Reserve:
             try:
                 self._allocate()
             except OSError as exc:
-                self._remove()
+                try:
+                    self._remove()
+                except OSError as cleanup:  # the tick goes on: the next one retries
+                    log.warning(
+                        "removing the half-allocated reserve %s failed: %s", self.path, cleanup
+                    )
                 self._state = ReserveState.RELEASED
                 ok = False
                 if before is ReserveState.UNALLOCATED:
@@ -395,10 +400,12 @@ def open_disk_space(
     reserve_bytes: int,
     stop_water_bytes: int,
     events: Events | None = None,
+    measure: Callable[[Path], int] = statvfs_free,
 ) -> DiskSpace:
     """The node's figure for the WAL's volume, with the reserve in ``data_dir``
     allocated now (a failure to allocate is an event, never a failed start: the figure
-    owes it, so admission refuses until there is room)."""
+    owes it, so admission refuses until there is room). ``measure``: the free-space
+    sample (``statvfs``; a test's figure)."""
     reserve = Reserve(data_dir / RESERVE_NAME, reserve_bytes, events=events)
     st = os.statvfs(wal_dir)
     space = DiskSpace(
@@ -406,6 +413,7 @@ def open_disk_space(
         journal,
         reserve=reserve,
         headroom=stop_water_bytes,
+        measure=measure,
         block=st.f_frsize or DEFAULT_BLOCK,
         reserve_on_volume=os.stat(data_dir).st_dev == os.stat(wal_dir).st_dev,
     )

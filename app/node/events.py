@@ -17,11 +17,19 @@ from typing import TextIO
 
 
 class EventLog:
-    """Writes ``{"ts", "level", "event", ...fields}`` lines; thread-safe."""
+    """Writes ``{"ts", "level", "event", ...fields}`` lines; thread-safe.
+
+    ``emit`` never raises: an event is emitted from inside the WAL's append, a cut, a
+    tick, and a log that cannot be written (EPIPE, EIO, ENOSPC on a redirected stderr)
+    must not fail any of them. A line that could not be written is counted in
+    ``write_failures`` and the first failure of a run is reported on ``logging``."""
 
     def __init__(self, stream: TextIO | None = None) -> None:
         self._stream = stream if stream is not None else sys.stderr
         self._lock = threading.Lock()
+        #: event lines that could not be written (the stream raised)
+        self.write_failures = 0
+        self._failing = False
 
     def emit(
         self, event: str, fields: Mapping[str, object] | None = None, level: str = "info"
@@ -29,10 +37,27 @@ class EventLog:
         record: dict[str, object] = {"ts": round(time.time(), 3), "level": level, "event": event}
         if fields:
             record.update(fields)
-        line = json.dumps(record, default=str, separators=(",", ":"))
+        try:
+            line = json.dumps(record, default=str, separators=(",", ":"))
+        except (TypeError, ValueError) as exc:  # a field json cannot take (a cycle)
+            line = json.dumps(
+                {**{k: record[k] for k in ("ts", "level", "event")}, "unencodable": str(exc)}
+            )
         with self._lock:
-            self._stream.write(line + "\n")
-            self._stream.flush()
+            try:
+                self._stream.write(line + "\n")
+                self._stream.flush()
+            except (OSError, ValueError) as exc:  # ValueError: the stream was closed
+                self.write_failures += 1
+                first, self._failing = not self._failing, True
+                error = str(exc)
+            else:
+                self._failing = False
+                return
+        if first:
+            logging.getLogger("ourios.events").error(
+                "event %s could not be written (%s); events are counted, not raised", event, error
+            )
 
     def __call__(self, event: str, fields: Mapping[str, object]) -> None:
         self.emit(event, fields, _LEVELS.get(event, "info"))
@@ -56,6 +81,8 @@ _LEVELS = {
     "tenant.settling": "warning",
     "tenant.frame_isolated": "error",
     "wal.floor.pinned": "warning",
+    "thread.crashed": "error",
+    "thread.failed": "error",
 }
 
 

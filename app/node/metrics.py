@@ -27,6 +27,7 @@ from app.node.config import Settings
 from app.node.recovery import Recovery
 from app.node.workers import Workers
 from app.receive import native
+from app.threads import Supervisor
 from wal import (
     FloorMin,
     FloorNone,
@@ -254,6 +255,7 @@ class _StateCollector(Collector):
         )
         restarts.add_metric([], 0 if workers is None else workers.restarts)
         yield restarts
+        yield from self._m.thread_families()
         stats = p.publisher.stats
         objects = CounterMetricFamily(
             "ourios_sink_objects", "Objects written to the store.", labels=["kind"]
@@ -395,6 +397,8 @@ class Metrics:
         #: replay), once ``ourios serve`` made them
         self.stages: Stages | None = None
         self.recovery: Recovery | None = None
+        #: the node's supervised threads (their restarts and failures)
+        self.threads: Supervisor | None = None
         self.extra: list[Callable[[], Iterator[GaugeMetricFamily]]] = []
 
     def disk_and_archive(
@@ -430,6 +434,30 @@ class Metrics:
         for error_type, count in sorted(archiver.failures.items() if archiver else ()):
             failures.add_metric([error_type], count)
         yield failures
+
+    def thread_families(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        """The supervised threads' restarts and failures (``app.threads``)."""
+        threads = self.threads
+        names = sorted(threads.names) if threads is not None else []
+        failed = threads.failed if threads is not None else {}
+        restarts = CounterMetricFamily(
+            "ourios_thread_restarts",
+            "Background threads restarted after an unexpected exception (each also logs "
+            "thread.crashed with its traceback), by thread.",
+            labels=["thread"],
+        )
+        stopped = GaugeMetricFamily(
+            "ourios_thread_failed",
+            "1 for a thread that crashed and may not run again (thread.failed): /healthz "
+            "answers 503 naming it.",
+            labels=["thread"],
+        )
+        for name in names:
+            assert threads is not None
+            restarts.add_metric([name], threads.restarts[name])
+            stopped.add_metric([name], 1.0 if name in failed else 0.0)
+        yield restarts
+        yield stopped
 
     def bind(self, pipeline: Pipeline) -> None:
         self.pipeline = pipeline

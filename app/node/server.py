@@ -54,8 +54,10 @@ from app.node.recovery import Recovery
 from app.node.workers import Listeners, NodeState, Workers, worker_launcher
 from app.receive import native
 from app.receive.auth import Authenticator
+from app.receive.inflight import receiver_bounds
 from app.receive.otlp_grpc import create_grpc_server
 from app.receive.otlp_http import create_http_app, http_server
+from app.threads import Supervised, Supervisor, start_thread
 from sink.buffers import Buffers
 from sink.keys import node_identity
 from sink.publisher import Publisher
@@ -87,6 +89,8 @@ class Node:
     #: the publish intents (PUBLISHING in the WAL root): every object's claim before
     #: its PUT, so a restart publishes nothing twice
     intents: IntentLog | None = None
+    #: runs every long-lived thread; one that stopped for good fails /healthz
+    threads: Supervisor | None = None
 
 
 def build_node(
@@ -95,16 +99,19 @@ def build_node(
     clock: Callable[[], float] = time.time,
     *,
     store: ObjectStore | None = None,
+    monotonic: Callable[[], float] = time.monotonic,
 ) -> Node:
     """Take the data directory's lock, then build everything in start-up order. The lock
     comes first: a second node on a live directory refuses before it reads or writes
     anything there (``DataDirLocked``, naming the directory and the holder). ``store``
-    replaces the one the settings name (a test's failing store)."""
+    replaces the one the settings name (a test's failing store). ``clock`` is the wall
+    clock, for what is written (segment names); ``monotonic`` runs every timer and age,
+    so a wall clock stepped back stalls no cadence."""
     server = settings.server
     server.data_dir.mkdir(parents=True, exist_ok=True)
     lock = DataDirLock.acquire(server.data_dir)
     try:
-        return _build_node(settings, events, clock, lock, store)
+        return _build_node(settings, events, (clock, monotonic), lock, store)
     except BaseException:
         lock.release()
         raise
@@ -113,12 +120,15 @@ def build_node(
 def _build_node(
     settings: Settings,
     events: EventLog,
-    clock: Callable[[], float],
+    clocks: tuple[Callable[[], float], Callable[[], float]],
     lock: DataDirLock,
     given_store: ObjectStore | None,
 ) -> Node:
     server = settings.server
+    clock, monotonic = clocks
+    threads = Supervisor(events=events, restarts=server.thread_restarts)
     metrics = Metrics(settings)
+    metrics.threads = threads
     store = given_store if given_store is not None else _store(settings)
     node = node_identity(server.node_id)
     archiver: Archiver | None = None
@@ -129,6 +139,7 @@ def _build_node(
         server.wal_dir,
         settings.wal,
         clock=clock,
+        monotonic=monotonic,
         events=events,
         on_append=metrics.append_seconds.observe,
         on_fsync=metrics.fsync_seconds.observe,
@@ -167,7 +178,7 @@ def _build_node(
     holder: dict[str, Pipeline] = {}
     buffers = Buffers(
         flush_bytes=settings.sink.flush_bytes,
-        clock=time.monotonic,
+        clock=monotonic,
         epoch=lambda: holder["p"].epoch if "p" in holder else 1,
     )
     publisher = Publisher(
@@ -178,6 +189,7 @@ def _build_node(
         queue_depth=settings.sink.publisher_queue_depth,
         intents=intent_hook(intents),
         step=lambda name: points.hit(name),
+        threads=threads,
     )
     ledger = SnapshotLedger()
     admission = Admission(
@@ -194,13 +206,20 @@ def _build_node(
         miners,
         buffers,
         publisher,
-        clock=clock,
+        clock=monotonic,
         events=events,
         ledger=ledger,
         admission=admission,
         mining_attempts=settings.wal.frame_mining_attempts,
+        threads=threads,
     )
     holder["p"] = pipeline
+    if settings.auth.open_mode:
+        # Anyone may name any tenant: bound how fast slots are taken (DESIGN.md §3).
+        pipeline.tenants.limit_new_tenants(
+            settings.server.open_new_tenants_per_minute,
+            events=lambda name, fields: events.emit(name, fields, "warning"),
+        )
     snapshots = SnapshotStore(server.snapshots_dir, space=space, events=events)
     wal = settings.wal
     barrier = Barrier(
@@ -210,21 +229,23 @@ def _build_node(
         barrier_secs=wal.barrier_secs,
         segment_age_secs=wal.segment_age_secs,
         ceiling_bytes=settings.sink.ceiling_bytes,
-        clock=clock,
+        clock=monotonic,
         events=events,
         on_cut=lambda outcome: housekeeper.after_cut(),
         on_run=metrics.cadence_observer("barrier"),
         intents=intents,
+        threads=threads,
     )
     housekeeper = Housekeeper(
         journal,
         ledger,
         every=wal.housekeeping_secs,
         cap=wal.max_unlinks_per_pass,
-        clock=clock,
+        clock=monotonic,
         events=events,
         admission=admission,
         request_cut=barrier.request_cut,
+        threads=threads,
     )
     housekeeper.on_pass = metrics.pass_seconds.observe
     housekeeper.observe_disk()  # a node starting on a full disk refuses from its first request
@@ -235,7 +256,11 @@ def _build_node(
     metrics.bind(pipeline)
     tick = max(0.1, min(5.0, settings.sink.flush_age_secs / 4))
     sweep = AgeSweep(
-        pipeline, settings.sink.flush_age_secs, tick, metrics.cadence_observer("age_sweep")
+        pipeline,
+        settings.sink.flush_age_secs,
+        tick,
+        metrics.cadence_observer("age_sweep"),
+        threads=threads,
     )
     return Node(
         settings,
@@ -253,6 +278,7 @@ def _build_node(
         archiver,
         lock,
         intents,
+        threads,
     )
 
 
@@ -351,7 +377,7 @@ class _Recovering:
         self._error: BaseException | None = None
         self.done = threading.Event()
         self.failed: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="ourios-recovery", daemon=True)
+        self._thread: Supervised | None = None
 
     def replayed(self, error: BaseException | None) -> None:
         """The turn thread's call after the last replayed frame (or the replay's end)."""
@@ -361,10 +387,16 @@ class _Recovering:
         self._replayed.set()
 
     def start(self) -> None:
-        self._thread.start()
+        # Not restartable: it runs once, and what a crash interrupted (the publish, the
+        # installs, starting the cadences) cannot be known; /healthz fails instead.
+        self._thread = start_thread(
+            self._node.threads, "recovery", self._run, thread_name="ourios-recovery", restart=False
+        )
 
     def stop(self, timeout: float) -> bool:
         self._replayed.set()  # a replay cut short by shutdown: nothing to finish
+        if self._thread is None:
+            return True
         self._thread.join(timeout)
         return not self._thread.is_alive()
 
@@ -412,17 +444,20 @@ def _serve(node: Node, stop: threading.Event, received: list[int], config_file: 
             node.journal.close()
             _release(node)
             return _start_failed(node.events, exc)
-    stages = Stages(pipeline, backlog_bytes=settings.wal.turn_backlog_bytes)
+    stages = Stages(pipeline, backlog_bytes=settings.wal.turn_backlog_bytes, threads=node.threads)
     node.metrics.stages = stages
     if listeners is not None:
         workers = Workers(
             settings.server.workers,
             stages,
-            NodeState(lambda: pipeline.ready, lambda: pipeline.alive),
+            NodeState(
+                lambda: pipeline.ready, lambda: pipeline.alive, lambda: pipeline.health_detail
+            ),
             observe=node.metrics.observe,
             exposition=node.metrics.exposition,
             events=node.events,
             launch=worker_launcher(listeners, config_file),
+            threads=node.threads,
         )
         node.metrics.workers = workers
     pipeline.publisher.start()
@@ -487,6 +522,9 @@ def _serve(node: Node, stop: threading.Event, received: list[int], config_file: 
     else:
         port = LocalPort(stages, pipeline)
         auth = Authenticator(settings.auth.tokens or None)
+        bounds = receiver_bounds(
+            settings, lambda name, fields: node.events.emit(name, fields, "warning")
+        )
         grpc_server, grpc_port = create_grpc_server(
             port,
             max_frame_bytes=settings.wal.max_frame_bytes,
@@ -494,6 +532,7 @@ def _serve(node: Node, stop: threading.Event, received: list[int], config_file: 
             host=settings.server.host,
             port=settings.server.grpc_port,
             observer=node.metrics,
+            bounds=bounds,
         )
         grpc_server.start()
         app = create_http_app(
@@ -502,6 +541,7 @@ def _serve(node: Node, stop: threading.Event, received: list[int], config_file: 
             authenticator=auth,
             metrics_text=node.metrics.exposition,
             observer=node.metrics,
+            bounds=bounds,
         )
         sock = _listen(settings.server.host, settings.server.http_port)
         http_port = sock.getsockname()[1]
@@ -621,6 +661,8 @@ def shutdown(node: Node, join_timeout: float = 60.0, *, final_cut: bool = True) 
     if hk_joined:
         node.journal.close()
         _release(node)  # a WAL still open keeps its lock until the process exits
+    if node.threads is not None:
+        node.threads.close()  # everything joined: no crashed loop is restarted now
     final_ok = final is not None and final.complete
     left = rows_left + events_left
     clean = final_ok and left == 0 and joined and hk_joined
@@ -642,6 +684,7 @@ def shutdown(node: Node, join_timeout: float = 60.0, *, final_cut: bool = True) 
             "housekeeping_joined": hk_joined,
             "barrier_joined": barrier_joined,
             "wal_closed": hk_joined,
+            "threads_failed": sorted(node.threads.failed) if node.threads is not None else [],
         },
         "info" if clean else ("error" if code else "warning"),
     )

@@ -60,6 +60,7 @@ from app.receive import channel
 from app.receive.api import IngestOutcome, ListenerBindError
 from app.receive.channel import ChannelClosed, Connection, Kind
 from app.receive.otlp import FlatBatch, IngestRejection, Unavailable
+from app.threads import Supervised, Supervisor, start_thread
 from sink.parquet import RecordColumns, encode_records
 
 __all__ = ["Launcher", "Listeners", "NodeState", "Process", "Workers", "worker_launcher"]
@@ -122,11 +123,18 @@ class Listeners:
 
 
 class NodeState:
-    """What the workers' ``STATE`` calls read (the pipeline's ``ready``/``alive``)."""
+    """What the workers' ``STATE`` calls read (the pipeline's ``ready``/``alive``, and
+    why it is not alive, which a worker's ``/healthz`` says)."""
 
-    def __init__(self, ready: Callable[[], bool], alive: Callable[[], bool]) -> None:
+    def __init__(
+        self,
+        ready: Callable[[], bool],
+        alive: Callable[[], bool],
+        detail: Callable[[], str] = lambda: "",
+    ) -> None:
         self.ready = ready
         self.alive = alive
+        self.detail = detail
 
 
 @dataclass
@@ -197,6 +205,7 @@ class Workers:
         events: EventSink,
         launch: Launcher,
         backoff: float = RESTART_BACKOFF_S,
+        threads: Supervisor | None = None,
     ) -> None:
         if count < 1:
             raise ValueError(f"workers must be >= 1, got {count}")
@@ -212,7 +221,9 @@ class Workers:
         self._links: dict[int, _Link] = {}
         self._lock = threading.Lock()
         self._todo: queue.SimpleQueue[tuple[str, int] | None] = queue.SimpleQueue()
-        self._supervisor: threading.Thread | None = None
+        self._supervisor: Supervised | None = None
+        #: runs the supervising loop; hears of a channel reader that raised
+        self._threads = threads
         self._stopping = threading.Event()
         #: INGEST is refused (503, retry) until the core has recovered
         self.accepting = False
@@ -232,10 +243,16 @@ class Workers:
         """Start the workers without waiting for them: a worker's interpreter starting
         up on another core overlaps the core's own start-up work (recovery's
         preparation), which would otherwise add to every restart."""
-        self._supervisor = threading.Thread(
-            target=self._supervise, name="ourios-supervisor", daemon=True
+        # Restartable, and restarted on this very thread: the kernel kills the workers
+        # when the thread that started them ends (PR_SET_PDEATHSIG). A spawn or reap
+        # the crash interrupted is lost with it (DESIGN.md §5.10).
+        self._supervisor = start_thread(
+            self._threads,
+            "workers",
+            self._supervise,
+            thread_name="ourios-supervisor",
+            stop=self._stopping,
         )
-        self._supervisor.start()
         for index in range(self.count):
             self._todo.put(("spawn", index))
 
@@ -377,8 +394,10 @@ class Workers:
                 elif kind is Kind.OBSERVED:
                     self._observe(*channel.decode_observed(body))
                 elif kind is Kind.STATE:
-                    flags = (1 if self._state.ready() else 0) | (2 if self._state.alive() else 0)
-                    conn.send(Kind.STATE_IS, ident, [bytes([flags])])
+                    alive = self._state.alive()
+                    flags = (1 if self._state.ready() else 0) | (2 if alive else 0)
+                    detail = b"" if alive else self._state.detail().encode()
+                    conn.send(Kind.STATE_IS, ident, [bytes([flags]), detail])
                 elif kind is Kind.METRICS:
                     threading.Thread(
                         target=self._metrics, args=(conn, ident), name="ourios-scrape", daemon=True
@@ -399,8 +418,13 @@ class Workers:
         except ChannelClosed as exc:
             if not self._stopping.is_set():
                 log.warning("worker %d: %s", link.index, exc)
-        except Exception:  # noqa: BLE001 - the worker is replaced; the core lives on
-            log.exception("worker %d: the channel reader failed", link.index)
+        except Exception as exc:  # noqa: BLE001 - the worker is replaced; the core lives on
+            # The reader's restart is its worker's (reaped below, then spawned again):
+            # one thread.crashed with the traceback, counted against the budget.
+            if self._threads is not None:
+                self._threads.crashed("link", exc)
+            else:
+                log.exception("worker %d: the channel reader failed", link.index)
         conn.close("the reader ended")
         if not self._stopping.is_set():
             self._todo.put(("reap", link.index))

@@ -106,7 +106,13 @@ class IngestPort(Protocol):
 
     @property
     def alive(self) -> bool:
-        """The process is able to serve; stays true in the terminal rotation state."""
+        """The process is able to serve; stays true in the terminal rotation state, false
+        once one of its threads stopped for good."""
+        ...
+
+    @property
+    def health_detail(self) -> str:
+        """Why the process is not alive, for `/healthz`'s body ("" while it is)."""
         ...
 
 
@@ -151,6 +157,7 @@ class StubPort:
         self.on_ingest = on_ingest
         self.ready = ready
         self.alive = alive
+        self.health_detail = ""
         self._lock = threading.Lock()
         self._calls: list[IngestCall] = []
 

@@ -22,7 +22,7 @@ Bodies (``str8``/``str16``/``str32``: UTF-8 prefixed by a u8/u16/u32 length)::
     ACK         u32 records | u32 rejected | str32 message
     REFUSAL     u16 http status | u8 gRPC code | i32 retry_after (-1: none)
                 | u32 records | str16 error_type | str32 message
-    STATE       (empty)  →  STATE_IS  u8 flags (1: ready, 2: alive)
+    STATE       (empty)  →  STATE_IS  u8 flags (1: ready, 2: alive) | why not alive (UTF-8)
     METRICS     (empty)  →  TEXT      str16 content type | the exposition
     OBSERVED    u8 transport | u8 outcome | u32 records | f64 seconds | str8 error_type
                 (no answer: a finished request, for the core's counters)

@@ -4,9 +4,11 @@ Pure functions, no I/O: the receivers (`POST /v1/logs`, `LogsService/Export`) ca
 in this order::
 
     decompress(body, content_encoding, limit)  -> bytes        (identity | gzip)
-    decode_request(data, content_type)         -> ExportLogsServiceRequest, validated
+    decode_request(data, content_type, limits) -> ExportLogsServiceRequest, validated
     to_wal_payload(req)                        -> bytes        (JSON input only)
-    flatten(req, tenant)                       -> FlatBatch    (the sink's record columns)
+    flatten(req, tenant, limits)               -> FlatBatch    (the sink's record columns)
+    decode_batch(data, content_type, tenant, limits)  -> the three above, in one call
+                                               (protobuf: decode_flat, the native decoder)
     status_body(rejection, json) / success_body(rejected, message, json)
     parse_tenant(header, open_mode)            -> tenant
 
@@ -48,11 +50,16 @@ Errors and codes (DESIGN.md §7)::
 
     IngestRejection              http  grpc                 error_type
     ├── BadRequest                400  INVALID_ARGUMENT     bad_request
+    ├── RequestLimitExceeded      400  INVALID_ARGUMENT     the limit (max_…)
     ├── UnsupportedMediaType      415  INVALID_ARGUMENT     unsupported_media_type
     ├── PayloadTooLarge           413  RESOURCE_EXHAUSTED   payload_too_large
     ├── Unauthenticated           401  UNAUTHENTICATED      unauthenticated
     ├── PermissionDenied          403  PERMISSION_DENIED    permission_denied
     └── Unavailable               503  UNAVAILABLE          unavailable (retry_after: hint)
+
+(`app.receive.inflight` adds `Overloaded`, 503 / RESOURCE_EXHAUSTED with a Retry-After,
+and `BodyTimeout`, 408.) What one request may expand to is `RequestLimits`: every
+decoder enforces that one object (its docstring).
 
 415 maps to INVALID_ARGUMENT: the client chose a content type or coding this server does
 not accept, which is a property of the request, and OTLP clients treat both 415 and
@@ -72,6 +79,7 @@ import json
 import math
 import re
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final
 
@@ -98,10 +106,13 @@ __all__ = [
     "IngestRejection",
     "PayloadTooLarge",
     "PermissionDenied",
+    "RequestLimitExceeded",
+    "RequestLimits",
     "Unauthenticated",
     "Unavailable",
     "UnsupportedMediaType",
     "count_records",
+    "decode_batch",
     "decode_flat",
     "decode_request",
     "decompress",
@@ -231,6 +242,111 @@ class Unavailable(IngestRejection):
     error_type = "unavailable"
 
 
+class RequestLimitExceeded(IngestRejection):
+    """The request would expand past one of `RequestLimits` (DESIGN.md §7): refused
+    before the expansion costs memory, naming the setting. Resending it fails the same
+    way. ``error_type`` is the limit's name (``max_attributes_per_request``, …), so the
+    refusal counters say which limit refused."""
+
+    http_status = 400
+    grpc_code = grpc.StatusCode.INVALID_ARGUMENT
+
+    def __init__(self, limit: str, bound: int, value: int, what: str) -> None:
+        super().__init__(f"{what} is {value}, over server.{limit}={bound}", error_type=limit)
+        self.limit = limit
+        self.bound = bound
+
+
+@dataclass(frozen=True, slots=True)
+class RequestLimits:
+    """What one request may expand to (DESIGN.md §7; the ``server.max_*`` settings).
+
+    Every decoder enforces the same object: `decode_request` counts records, groups and
+    attribute entries on the parsed message (or the parsed JSON document) before
+    anything is built from them (`check_counts`, `_check_json_counts`); `flatten`
+    checks key and value lengths and the values nested in arrays and kvlists as it
+    walks, which it does only after the counts passed. A native decoder takes this
+    object too and raises `refuse`'s errors, so the two cannot disagree on a limit.
+
+    - ``records``: log records in the request; resource and scope groups are bounded by
+      it too (an empty group costs as much to parse as a record);
+    - ``attributes_per_record``: attributes of one record, and of one resource;
+    - ``attributes_per_request``: the attribute map entries the batch will hold — each
+      record's own plus its resource's, which every row of the resource repeats — and,
+      separately, the values nested in array and kvlist bodies and attribute values;
+    - ``key_bytes`` / ``value_bytes``: one attribute key / value in UTF-8 bytes (a
+      non-string value as the JSON text it is stored as).
+
+    Replay passes no limits: a frame already in the WAL is replayed whatever the
+    limits are now.
+    """
+
+    records: int = 131_072
+    attributes_per_record: int = 4_096
+    attributes_per_request: int = 1_048_576
+    key_bytes: int = 4_096
+    value_bytes: int = 1 << 20
+
+    def __post_init__(self) -> None:
+        for name in _SETTING_OF:
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+    def refuse(self, name: str, value: int, what: str) -> RequestLimitExceeded:
+        """The refusal of limit ``name`` (the setting's name without ``server.``)."""
+        return RequestLimitExceeded(_SETTING_OF[name], getattr(self, name), value, what)
+
+    def check_counts(self, req: ExportLogsServiceRequest) -> None:
+        """Refuse a parsed request over the count limits. Reads only lengths (no element
+        is materialised), in O(groups + records) steps, each group count checked
+        before its elements are visited."""
+        resource_logs = req.resource_logs
+        if len(resource_logs) > self.records:
+            raise self.refuse("records", len(resource_logs), "the number of resource_logs")
+        per_record = self.attributes_per_record
+        records = groups = entries = 0
+        for i, rl in enumerate(resource_logs):
+            shared = len(rl.resource.attributes)
+            if shared > per_record:
+                raise self.refuse(
+                    "attributes_per_record", shared, f"resource_logs[{i}].resource's attributes"
+                )
+            scopes = rl.scope_logs
+            groups += len(scopes)
+            if groups > self.records:
+                raise self.refuse("records", groups, "the number of scope_logs")
+            for j, sl in enumerate(scopes):
+                logs = sl.log_records
+                records += len(logs)
+                if records > self.records:
+                    raise self.refuse("records", records, "the number of log records")
+                entries += shared * len(logs)
+                for k, lr in enumerate(logs):
+                    own = len(lr.attributes)
+                    if own > per_record:
+                        raise self.refuse(
+                            "attributes_per_record",
+                            own,
+                            f"resource_logs[{i}].scope_logs[{j}].log_records[{k}]'s attributes",
+                        )
+                    entries += own
+                if entries > self.attributes_per_request:
+                    raise self.refuse(
+                        "attributes_per_request",
+                        entries,
+                        "the number of attributes (each record's own and its resource's)",
+                    )
+
+
+_SETTING_OF: Final = {
+    "records": "max_request_records",
+    "attributes_per_record": "max_attributes_per_record",
+    "attributes_per_request": "max_attributes_per_request",
+    "key_bytes": "max_attribute_key_bytes",
+    "value_bytes": "max_attribute_value_bytes",
+}
+
+
 def _bounded(text: str) -> str:
     return text if len(text) <= _MAX_MESSAGE_CHARS else text[: _MAX_MESSAGE_CHARS - 3] + "..."
 
@@ -245,14 +361,21 @@ def _echo(value: str) -> str:
 # ── request bodies ──────────────────────────────────────────────────────────────────
 
 
-def decompress(body: bytes, content_encoding: str | None, limit: int) -> bytes:
+def decompress(
+    body: bytes,
+    content_encoding: str | None,
+    limit: int,
+    grow: Callable[[int], object] | None = None,
+) -> bytes:
     """The request body with its content coding removed, at most `limit` bytes.
 
     `identity` (or no header) and `gzip`/`x-gzip` are accepted; anything else is
     `UnsupportedMediaType`. The limit applies to the decompressed size and gzip is
-    inflated incrementally against it, so a gzip bomb costs at most `limit` bytes of
-    memory before `PayloadTooLarge`. Concatenated gzip members are one body (RFC 1952
-    §2.2); anything else after the last member is `BadRequest`.
+    inflated incrementally against it, at most `INFLATE_STEP` bytes per step, so a gzip
+    bomb costs at most `limit` bytes of memory before `PayloadTooLarge`. `grow` is told
+    each step's output size before the next step runs (the receivers' in-flight budget,
+    which may refuse: inflating stops there). Concatenated gzip members are one body
+    (RFC 1952 §2.2); anything else after the last member is `BadRequest`.
     """
     coding = (content_encoding or "").strip().lower()
     if coding in _IDENTITY_CODINGS:
@@ -260,34 +383,41 @@ def decompress(body: bytes, content_encoding: str | None, limit: int) -> bytes:
             raise PayloadTooLarge(limit)
         return body
     if coding in _GZIP_CODINGS:
-        return _gunzip(body, limit)
+        return _gunzip(body, limit, grow)
     raise UnsupportedMediaType(
         f"unsupported Content-Encoding {_echo(content_encoding or '')}; accepted: gzip, identity"
     )
 
 
-def _gunzip(body: bytes, limit: int) -> bytes:
+#: Output bytes of one inflate step (`decompress`).
+INFLATE_STEP: Final = 1 << 20
+
+
+def _gunzip(body: bytes, limit: int, grow: Callable[[int], object] | None) -> bytes:
     chunks: list[bytes] = []
     total = 0
     pending = body
     while True:
         inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)  # gzip framing only
         while True:
+            # One byte over the remaining budget is enough to know the limit is
+            # exceeded, and bounds what zlib may allocate for this call.
+            step = min(limit - total + 1, INFLATE_STEP)
             try:
-                # One byte over the remaining budget is enough to know the limit is
-                # exceeded, and bounds what zlib may allocate for this call.
-                chunk = inflater.decompress(pending, limit - total + 1)
+                chunk = inflater.decompress(pending, step)
             except zlib.error as exc:
                 raise BadRequest(f"body is not valid gzip: {exc}") from exc
             total += len(chunk)
             if total > limit:
                 raise PayloadTooLarge(limit)
+            if grow is not None and chunk:
+                grow(len(chunk))
             chunks.append(chunk)
             if inflater.eof:
                 break
             pending = inflater.unconsumed_tail
-            if not pending:
-                # The output budget was not reached, so zlib stopped for want of input.
+            if not pending and len(chunk) < step:
+                # The step's output was not filled, so zlib stopped for want of input.
                 raise BadRequest("gzip body is truncated")
         pending = inflater.unused_data
         if not pending:
@@ -300,20 +430,25 @@ def _media_type(content_type: str) -> str:
     return content_type.split(";", 1)[0].strip().lower()
 
 
-def decode_request(data: bytes, content_type: str) -> ExportLogsServiceRequest:
+def decode_request(
+    data: bytes, content_type: str, limits: RequestLimits | None = None
+) -> ExportLogsServiceRequest:
     """Parse and validate a decompressed `/v1/logs` body.
 
     `application/x-protobuf` or `application/protobuf` is the protobuf encoding,
     `application/json` the OTLP/JSON encoding; parameters (`; charset=utf-8`) are
     ignored. Any other type is `UnsupportedMediaType`; a body that does not parse or
     fails `validate_request` is `BadRequest`. For protobuf input the WAL stores `data`
-    itself; for JSON input it stores `to_wal_payload(req)`.
+    itself; for JSON input it stores `to_wal_payload(req)`. With `limits`, a request
+    over a count limit is `RequestLimitExceeded`, before anything is built from it.
     """
     media_type = _media_type(content_type)
     if media_type in _PROTOBUF_MEDIA_TYPES:
         req = _decode_protobuf(data)
+        if limits is not None:
+            limits.check_counts(req)
     elif media_type == JSON_CONTENT_TYPE:
-        req = _decode_json(data)
+        req = _decode_json(data, limits)
     else:
         raise UnsupportedMediaType(
             f"unsupported Content-Type {_echo(content_type)}; accepted: "
@@ -338,7 +473,7 @@ def _decode_protobuf(data: bytes) -> ExportLogsServiceRequest:
     return req
 
 
-def _decode_json(data: bytes) -> ExportLogsServiceRequest:
+def _decode_json(data: bytes, limits: RequestLimits | None) -> ExportLogsServiceRequest:
     try:
         doc = json.loads(data)
     except json.JSONDecodeError as exc:
@@ -354,6 +489,8 @@ def _decode_json(data: bytes) -> ExportLogsServiceRequest:
         raise BadRequest("invalid JSON: nested too deeply") from exc
     if not isinstance(doc, dict):
         raise BadRequest(f"an OTLP/JSON request is a JSON object, got {_json_type_name(doc)}")
+    if limits is not None:
+        _check_json_counts(doc, limits)
     _prepare_json(doc)
     req = ExportLogsServiceRequest()
     try:
@@ -361,6 +498,57 @@ def _decode_json(data: bytes) -> ExportLogsServiceRequest:
     except json_format.ParseError as exc:
         raise BadRequest(_bounded(f"invalid OTLP/JSON: {exc}")) from exc
     return req
+
+
+def _json_list(obj: object, camel: str, snake: str) -> list[Any]:
+    """A repeated field of a JSON object under either name; anything but a list is
+    left for `_prepare_json` and json_format to report, and counts as empty here."""
+    if not isinstance(obj, dict):
+        return []
+    value = obj.get(camel, obj.get(snake))
+    return value if isinstance(value, list) else []
+
+
+def _check_json_counts(doc: dict[str, Any], limits: RequestLimits) -> None:
+    """`RequestLimits.check_counts` on the parsed JSON document, before json_format
+    builds a message from it (which costs far more per element than the document)."""
+    resource_logs = _json_list(doc, "resourceLogs", "resource_logs")
+    if len(resource_logs) > limits.records:
+        raise limits.refuse("records", len(resource_logs), "the number of resource_logs")
+    per_record = limits.attributes_per_record
+    records = groups = entries = 0
+    for i, rl in enumerate(resource_logs):
+        resource = rl.get("resource") if isinstance(rl, dict) else None
+        shared = len(_json_list(resource, "attributes", "attributes"))
+        if shared > per_record:
+            raise limits.refuse(
+                "attributes_per_record", shared, f"resource_logs[{i}].resource's attributes"
+            )
+        scopes = _json_list(rl, "scopeLogs", "scope_logs")
+        groups += len(scopes)
+        if groups > limits.records:
+            raise limits.refuse("records", groups, "the number of scope_logs")
+        for j, sl in enumerate(scopes):
+            logs = _json_list(sl, "logRecords", "log_records")
+            records += len(logs)
+            if records > limits.records:
+                raise limits.refuse("records", records, "the number of log records")
+            entries += shared * len(logs)
+            for k, lr in enumerate(logs):
+                own = len(_json_list(lr, "attributes", "attributes"))
+                if own > per_record:
+                    raise limits.refuse(
+                        "attributes_per_record",
+                        own,
+                        f"resource_logs[{i}].scope_logs[{j}].log_records[{k}]'s attributes",
+                    )
+                entries += own
+            if entries > limits.attributes_per_request:
+                raise limits.refuse(
+                    "attributes_per_request",
+                    entries,
+                    "the number of attributes (each record's own and its resource's)",
+                )
 
 
 def _json_type_name(value: object) -> str:
@@ -506,6 +694,31 @@ def _raise_bad_id(req: ExportLogsServiceRequest) -> None:
                         )
 
 
+def decode_batch(
+    data: bytes, content_type: str, tenant: str, limits: RequestLimits | None
+) -> tuple[bytes, FlatBatch] | None:
+    """`decode_request` then `flatten`: the WAL payload (`data` itself for protobuf,
+    `to_wal_payload` for JSON) and the rows; None when the request holds no records.
+    Protobuf goes through `decode_flat` (the native decoder when it can).
+
+    A refusal leaves with no traceback into this call: a traceback keeps its frames'
+    locals alive, and the parsed request of a hostile body can be 30 times the body —
+    held by a refusal that waits to be answered, it outlives the decode slot that
+    bounded it (measured: 16 such refusals in flight held 3.7 GB)."""
+    req: ExportLogsServiceRequest | None = None
+    try:
+        if _media_type(content_type) in _PROTOBUF_MEDIA_TYPES:
+            batch = decode_flat(data, tenant, limits)
+            return (data, batch) if len(batch) else None
+        req = decode_request(data, content_type, limits)
+        if count_records(req) == 0:
+            return None
+        return to_wal_payload(req), flatten(req, tenant, limits)
+    except IngestRejection as exc:
+        req = None
+        raise exc.with_traceback(None) from None
+
+
 def count_records(req: ExportLogsServiceRequest) -> int:
     """The number of log records in the request (what partial success counts)."""
     return sum(len(sl.log_records) for rl in req.resource_logs for sl in rl.scope_logs)
@@ -560,12 +773,20 @@ def empty_batch(tenant: str) -> FlatBatch:
     return FlatBatch(tenant, _EMPTY)
 
 
-def flatten(req: ExportLogsServiceRequest, tenant: str) -> FlatBatch:
+def flatten(
+    req: ExportLogsServiceRequest, tenant: str, limits: RequestLimits | None = None
+) -> FlatBatch:
     """Every log record of `req` as a row of the decoder's Arrow columns, in request
     order. The walk fills flat Python lists (values, and offsets for the maps) and each
     column becomes an Arrow array in one call; no per-row Python object outlives it.
     A resource's attributes and a scope's name are converted once and gathered by row
-    index (``take``)."""
+    index (``take``).
+
+    With `limits` (the receivers'; `decode_request` has checked the counts), a key or
+    value over its length limit, or values nested in arrays and kvlists past the
+    request's attribute limit, is `RequestLimitExceeded` as soon as the walk meets it."""
+    check = _Checks(limits)
+    key_chars, value_chars = check.key_chars, check.value_chars
     # With upb every attribute access creates a Python object, so each field is read
     # exactly once, bound methods are hoisted out of the loops, and the common case (a
     # non-empty string value) is tested with the string itself instead of WhichOneof.
@@ -589,9 +810,9 @@ def flatten(req: ExportLogsServiceRequest, tenant: str) -> FlatBatch:
     add_severity, add_severity_text = severities.append, severity_texts.append
     add_body, add_trace, add_span = bodies.append, traces.append, spans.append
     add_key, add_value, add_end = keys.append, values.append, ends.append
-    value_text = _value_text
+    value_text = check.value_text
     for rl in req.resource_logs:
-        resource = _attribute_dict(rl.resource.attributes)
+        resource = _attribute_dict(rl.resource.attributes, check)
         resource_index = len(resource_ends) - 1
         resource_keys.extend(resource)
         resource_values.extend(resource.values())
@@ -615,9 +836,16 @@ def flatten(req: ExportLogsServiceRequest, tenant: str) -> FlatBatch:
                 start = len(keys)
                 for kv in lr.attributes[:]:
                     value = kv.value
-                    text = value.string_value
-                    add_key(kv.key)
-                    add_value(text if text else value_text(value))
+                    key = kv.key
+                    text = value.string_value or value_text(value)
+                    # Fewer characters than a quarter of the bound cannot be over it in
+                    # UTF-8; only longer ones are measured (two compares per attribute).
+                    if len(key) > key_chars:
+                        check.key(key)
+                    if len(text) > value_chars:
+                        check.value(key, text)
+                    add_key(key)
+                    add_value(text)
                 end = len(keys)
                 if end - start > 1 and len(set(keys[start:])) != end - start:
                     _unique_keys(keys, values, start)  # rare: a duplicated key
@@ -660,14 +888,16 @@ def flatten(req: ExportLogsServiceRequest, tenant: str) -> FlatBatch:
     return FlatBatch(tenant, pa.RecordBatch.from_arrays(arrays, schema=FLAT_SCHEMA))
 
 
-def decode_flat(data: bytes, tenant: str) -> FlatBatch:
-    """``flatten(decode_request(data, protobuf), tenant)``: the native decoder's columns
-    when it is in use and the request is on its fast path (``app.receive.native``), else
-    that very call, which also words every refusal."""
-    columns = native.decode(data)
+def decode_flat(data: bytes, tenant: str, limits: RequestLimits | None = None) -> FlatBatch:
+    """``flatten(decode_request(data, protobuf, limits), tenant, limits)``: the native
+    decoder's columns when it is in use and the request is on its fast path and within
+    `limits` (``app.receive.native``), else that very call, which also words every
+    refusal — a request over a limit included, so its 400 names the setting exactly as
+    the upb path does. Replay passes no limits."""
+    columns = native.decode(data, limits)
     if columns is not None:
         return FlatBatch(tenant, columns)
-    return flatten(decode_request(data, PROTOBUF_CONTENT_TYPE), tenant)
+    return flatten(decode_request(data, PROTOBUF_CONTENT_TYPE, limits), tenant, limits)
 
 
 #: 0, 1, 2, …: every batch's ``record_index`` is a zero-copy slice of it (an Arrow array
@@ -691,13 +921,63 @@ def _unique_keys(keys: list[str], values: list[str], start: int) -> None:
     values.extend(unique.values())
 
 
-def _attribute_dict(attributes: Any) -> dict[str, str]:
+def _attribute_dict(attributes: Any, check: _Checks) -> dict[str, str]:
     out: dict[str, str] = {}
     for kv in attributes[:]:
         value = kv.value
-        text = value.string_value
-        out[kv.key] = text if text else _value_text(value)
+        key = kv.key
+        text = value.string_value or check.value_text(value)
+        if len(key) > check.key_chars:
+            check.key(key)
+        if len(text) > check.value_chars:
+            check.value(key, text)
+        out[key] = text
     return out
+
+
+class _Checks:
+    """`flatten`'s side of `RequestLimits`: the length bounds as character counts below
+    which no string can be over them (a UTF-8 character is at most 4 bytes), the exact
+    checks for longer strings, and the budget of values nested in arrays and kvlists.
+    Without limits every bound is infinite and the budget never runs out."""
+
+    __slots__ = ("budget", "key_chars", "limits", "value_chars")
+
+    def __init__(self, limits: RequestLimits | None) -> None:
+        self.limits = limits
+        self.key_chars = limits.key_bytes // 4 if limits else _UNBOUNDED
+        self.value_chars = limits.value_bytes // 4 if limits else _UNBOUNDED
+        self.budget = limits.attributes_per_request if limits else _UNBOUNDED
+
+    def key(self, key: str) -> None:
+        assert self.limits is not None
+        size = len(key.encode("utf-8", "surrogatepass"))
+        if size > self.limits.key_bytes:
+            raise self.limits.refuse("key_bytes", size, f"the attribute key {_echo(key)}'s bytes")
+
+    def value(self, key: str, text: str) -> None:
+        assert self.limits is not None
+        size = len(text.encode("utf-8", "surrogatepass"))
+        if size > self.limits.value_bytes:
+            raise self.limits.refuse(
+                "value_bytes", size, f"the value of attribute {_echo(key)} in bytes"
+            )
+
+    def nested(self, count: int) -> None:
+        """`count` more values nested in an array or kvlist."""
+        self.budget -= count
+        if self.budget < 0 and self.limits is not None:
+            raise self.limits.refuse(
+                "attributes_per_request",
+                self.limits.attributes_per_request - self.budget,
+                "the number of values nested in arrays and kvlists",
+            )
+
+    def value_text(self, value: Any) -> str:
+        return _value_text(value, self)
+
+
+_UNBOUNDED: Final = 1 << 62
 
 
 _dumps: Final = json.JSONEncoder(
@@ -705,7 +985,7 @@ _dumps: Final = json.JSONEncoder(
 ).encode
 
 
-def _value_text(value: Any) -> str:
+def _value_text(value: Any, check: _Checks | None = None) -> str:
     """A top-level body or attribute value whose `string_value` is empty, as text."""
     kind = value.WhichOneof("value")
     if kind is None or kind == "string_value" or kind == "string_value_strindex":
@@ -716,11 +996,11 @@ def _value_text(value: Any) -> str:
         return str(value.int_value)
     if kind == "bool_value":
         return "true" if value.bool_value else "false"
-    text: str = _dumps(_json_value(value))
+    text: str = _dumps(_json_value(value, check))
     return text
 
 
-def _json_value(value: Any) -> object:
+def _json_value(value: Any, check: _Checks | None = None) -> object:
     """An AnyValue as the Python value `json` encodes (deterministic: same input, same
     text). Recursion depth is bounded by the protobuf parser's nesting limit."""
     kind = value.WhichOneof("value")
@@ -738,9 +1018,15 @@ def _json_value(value: Any) -> object:
     if kind == "bytes_value":
         return base64.b64encode(value.bytes_value).decode("ascii")
     if kind == "array_value":
-        return [_json_value(item) for item in value.array_value.values]
+        items = value.array_value.values
+        if check is not None:
+            check.nested(len(items))  # before any element is built
+        return [_json_value(item, check) for item in items]
     if kind == "kvlist_value":
-        return {kv.key: _json_value(kv.value) for kv in value.kvlist_value.values}
+        entries = value.kvlist_value.values
+        if check is not None:
+            check.nested(len(entries))
+        return {kv.key: _json_value(kv.value, check) for kv in entries}
     return None  # unset, or string_value_strindex (see _value_text)
 
 

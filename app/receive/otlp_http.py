@@ -11,10 +11,18 @@ refusal (DESIGN.md §7 gives the codes)::
                  discarding the body (up to DISCARD_BYTES more), so a client that
                  writes its whole body before reading gets the 413, not a reset
                  (which OTLP clients retry)
-    worker       decompress (limit max_frame_bytes) → decode_request → WAL payload →
-                 flatten → IngestPort.ingest, in one worker thread (protobuf:
-                 decode_flat, the native decoder's parse + flatten in one call)
-    reply        ExportLogsServiceResponse 200, or a google.rpc.Status
+    in flight    a ticket of the process's budget (`app.receive.inflight`) for the
+                 declared length (the raw cap without one), before any byte is read:
+                 503 + Retry-After beyond it (the body is read and dropped first unless
+                 the client waits for `100 Continue`)
+    read         the body within `body_read_timeout` (408 past it)
+    worker       decompress (limit max_frame_bytes; each step grows the ticket) →
+                 a decode slot → decode_batch (protobuf: the native decoder's parse +
+                 flatten in one call; else, and for what it leaves, decode_request
+                 with the request limits (400 naming one) → flatten) → WAL payload →
+                 IngestPort.ingest
+    reply        ExportLogsServiceResponse 200, or a google.rpc.Status; the ticket
+                 is returned
 
 Authentication comes before anything reads the body, so a client without a valid
 token cannot make the server buffer or inflate anything.
@@ -84,6 +92,7 @@ from app.receive.api import (
     ListenerBindError,
 )
 from app.receive.auth import Authenticator, BearerRejected
+from app.receive.inflight import BodyTimeout, Overloaded, ReceiverBounds, Ticket, default_bounds
 from app.receive.otlp import (
     JSON_CONTENT_TYPE,
     PROTOBUF_CONTENT_TYPE,
@@ -92,14 +101,10 @@ from app.receive.otlp import (
     IngestRejection,
     PayloadTooLarge,
     UnsupportedMediaType,
-    count_records,
-    decode_flat,
-    decode_request,
+    decode_batch,
     decompress,
-    flatten,
     status_body,
     success_body,
-    to_wal_payload,
 )
 
 __all__ = [
@@ -228,6 +233,16 @@ async def _read_body(request: Request, cap: int, max_frame_bytes: int) -> bytes:
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
+async def _discard(request: Request, most: int) -> None:
+    """Read and drop up to `most` body bytes, so a client still writing its body reads
+    the refusal instead of a reset; holds no memory."""
+    seen = 0
+    async for chunk in request.stream():
+        seen += len(chunk)
+        if seen > most:
+            return
+
+
 class _ReceiverApp(FastAPI):
     """FastAPI with `POST /v1/logs` served before the middleware stack (module docstring).
     The fast path needs none of it: `post_logs` answers every exception itself."""
@@ -253,42 +268,51 @@ def create_http_app(
     ingest_concurrency: int = DEFAULT_INGEST_CONCURRENCY,
     logger: logging.Logger = _log,
     observer: IngestObserver = NO_OBSERVER,
+    bounds: ReceiverBounds | None = None,
 ) -> FastAPI:
     """The OTLP/HTTP application (module docstring). `metrics_text` returns the
     Prometheus exposition and its content type; `ingest_concurrency` bounds the
-    worker threads waiting in `IngestPort.ingest`."""
+    worker threads waiting in `IngestPort.ingest`; `bounds` are the process's request
+    limits, in-flight budget and body read timeout (shared with its gRPC receiver;
+    the settings' defaults when None)."""
     if max_frame_bytes < 1:
         raise ValueError(f"max_frame_bytes must be >= 1, got {max_frame_bytes}")
     if ingest_concurrency < 1:
         raise ValueError(f"ingest_concurrency must be >= 1, got {ingest_concurrency}")
+    bounds = bounds or default_bounds(max_frame_bytes)
+    limits, budget, read_timeout = bounds.limits, bounds.budget, bounds.body_read_timeout
     limiter = anyio.CapacityLimiter(ingest_concurrency)
     empty_ok = {as_json: success_body(0, "", as_json) for as_json in (False, True)}
     internal = IngestRejection("internal error; the server log has the details")
 
     ingest_async = cast(AsyncIngest | None, getattr(pipeline, "ingest_async", None))
 
-    def prepare(
-        tenant: str, body: bytes, headers: _Headers, protobuf: bool
+    def decode(
+        tenant: str, body: bytes, headers: _Headers, ticket: Ticket
     ) -> tuple[bytes, FlatBatch] | None:
-        # (WAL payload, rows); None means the request held no records.
-        data = decompress(body, headers.content_encoding, max_frame_bytes)
-        if protobuf:  # the WAL payload is the body as received
-            batch = decode_flat(data, tenant)
-            return (data, batch) if len(batch) else None
-        req = decode_request(data, headers.content_type or "")
-        if count_records(req) == 0:
-            return None
-        return to_wal_payload(req), flatten(req, tenant)
+        # (WAL payload, rows); None means the request held no records. Inflating grows
+        # the ticket step by step; the count limits are checked before flattening.
+        data = decompress(body, headers.content_encoding, max_frame_bytes, ticket.grow)
+        return decode_batch(data, headers.content_type or "", tenant, limits)
 
-    def ingest(tenant: str, body: bytes, headers: _Headers, protobuf: bool) -> IngestOutcome | None:
+    def prepare(
+        tenant: str, body: bytes, headers: _Headers, protobuf: bool, ticket: Ticket
+    ) -> tuple[bytes, FlatBatch] | None:
+        # In a thread: waits for one of the process's decode slots.
+        with budget.decoding():
+            return decode(tenant, body, headers, ticket)
+
+    def ingest(
+        tenant: str, body: bytes, headers: _Headers, protobuf: bool, ticket: Ticket
+    ) -> IngestOutcome | None:
         # Runs in a worker thread; None means the request held no records.
-        prepared = prepare(tenant, body, headers, protobuf)
+        prepared = prepare(tenant, body, headers, protobuf, ticket)
         if prepared is None:
             return None
         return pipeline.ingest(tenant, *prepared, "http")
 
     async def ingest_on_loop(
-        tenant: str, body: bytes, headers: _Headers, protobuf: bool
+        tenant: str, body: bytes, headers: _Headers, protobuf: bool, ticket: Ticket
     ) -> IngestOutcome | None:
         # A pipeline that answers on the event loop (a worker process's): an identity
         # body up to INLINE_BODY_BYTES is decoded here, anything larger on a thread, so
@@ -296,10 +320,10 @@ def create_http_app(
         assert ingest_async is not None
         identity = (headers.content_encoding or "").strip().lower() in _IDENTITY_CODINGS
         if identity and len(body) <= INLINE_BODY_BYTES:
-            prepared = prepare(tenant, body, headers, protobuf)
+            prepared = decode(tenant, body, headers, ticket)
         else:
             prepared = await anyio.to_thread.run_sync(
-                prepare, tenant, body, headers, protobuf, limiter=limiter
+                prepare, tenant, body, headers, protobuf, ticket, limiter=limiter
             )
         if prepared is None:
             return None
@@ -311,27 +335,43 @@ def create_http_app(
         media_type = (headers.content_type or "").split(";", 1)[0].strip().lower()
         protobuf = media_type in _PROTOBUF_MEDIA_TYPES
         as_json = not protobuf
+        ticket: Ticket | None = None
         try:
             tenant = authenticator.authorize(headers.authorization, headers.tenant)
             if not protobuf and media_type != JSON_CONTENT_TYPE:
                 raise _unsupported_type(headers.content_type)
             cap = raw_body_cap(max_frame_bytes, headers.content_encoding)
+            declared: int | None = None
+            waiting = (headers.expect or "").strip().lower() == "100-continue"
             if headers.content_length is not None:
                 try:
                     declared = int(headers.content_length)
                 except ValueError:
                     raise BadRequest("Content-Length is not a number") from None
-                waiting = (headers.expect or "").strip().lower() == "100-continue"
                 if declared > cap and (waiting or declared > cap + DISCARD_BYTES):
                     # A client waiting for 100 Continue sends no body: answer now. One
                     # beyond the discard bound is not worth reading: answer and close.
                     raise PayloadTooLarge(max_frame_bytes)
-            body = await _read_body(request, cap, max_frame_bytes)
+            try:
+                # Before any byte of the body is read: a body is never held past cap.
+                ticket = budget.take(cap if declared is None else min(declared, cap))
+            except Overloaded:
+                if not waiting:
+                    # Let the client finish writing so it reads the 503, holding nothing.
+                    with anyio.move_on_after(read_timeout):
+                        await _discard(request, cap + DISCARD_BYTES)
+                raise
+            try:
+                with anyio.fail_after(read_timeout):
+                    body = await _read_body(request, cap, max_frame_bytes)
+            except TimeoutError:
+                raise BodyTimeout(read_timeout) from None
+            ticket.resize(len(body))
             if ingest_async is not None:
-                outcome = await ingest_on_loop(tenant, body, headers, protobuf)
+                outcome = await ingest_on_loop(tenant, body, headers, protobuf, ticket)
             else:
                 outcome = await anyio.to_thread.run_sync(
-                    ingest, tenant, body, headers, protobuf, limiter=limiter
+                    ingest, tenant, body, headers, protobuf, ticket, limiter=limiter
                 )
         except IngestRejection as exc:
             observer.observe(
@@ -348,6 +388,9 @@ def create_http_app(
             logger.exception("POST %s failed unexpectedly", LOGS_PATH)
             observer.observe("http", "error", "internal", 0, time.perf_counter() - started)
             return _rejection_response(internal, as_json)
+        finally:
+            if ticket is not None:
+                ticket.release()
         records = 0 if outcome is None else outcome.records
         observer.observe("http", "ok", "", records, time.perf_counter() - started)
         if outcome is None or not outcome.rejected:
@@ -359,7 +402,7 @@ def create_http_app(
     async def healthz(request: Request) -> Response:
         if pipeline.alive:
             return PlainTextResponse("ok\n")
-        return PlainTextResponse("not alive\n", 503)
+        return PlainTextResponse(f"not alive: {pipeline.health_detail}\n", 503)
 
     async def readyz(request: Request) -> Response:
         if pipeline.ready:

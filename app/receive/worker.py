@@ -42,6 +42,7 @@ from app.receive import channel, native
 from app.receive.api import IngestOutcome
 from app.receive.auth import Authenticator
 from app.receive.channel import ChannelClosed, Connection, Kind
+from app.receive.inflight import receiver_bounds
 from app.receive.otlp import FlatBatch, IngestRejection, Unavailable, decode_flat
 from app.receive.otlp_grpc import create_grpc_server
 from app.receive.otlp_http import create_http_app, http_server
@@ -107,20 +108,27 @@ class RemotePort:
             raise _no_answer(exc, len(batch)) from exc
         return _outcome(answer)
 
-    def _state(self) -> int:
+    def _state(self) -> tuple[int, str]:
         try:
             answer = self._conn.call(Kind.STATE, [], 10.0)
-        except (ChannelClosed, TimeoutError):
-            return 0
-        return answer.body[0] if answer.kind is Kind.STATE_IS and len(answer.body) else 0
+        except (ChannelClosed, TimeoutError) as exc:
+            return 0, f"the core did not answer: {exc}"
+        if answer.kind is not Kind.STATE_IS or not len(answer.body):
+            return 0, "the core did not answer"
+        return answer.body[0], bytes(answer.body[1:]).decode("utf-8", "replace")
 
     @property
     def ready(self) -> bool:
-        return bool(self._state() & 1)
+        return bool(self._state()[0] & 1)
 
     @property
     def alive(self) -> bool:
-        return bool(self._state() & 2)
+        return bool(self._state()[0] & 2)
+
+    @property
+    def health_detail(self) -> str:
+        flags, detail = self._state()
+        return "" if flags & 2 else detail
 
     def metrics_text(self) -> tuple[bytes, str]:
         answer = self._conn.call(Kind.METRICS, [], 30.0)
@@ -246,6 +254,11 @@ def main(argv: list[str] | None = None) -> int:
     observer = ReportingObserver(conn)
     auth = Authenticator(settings.auth.tokens or None)
     grace = max(1, settings.server.shutdown_grace_secs // 2)
+    # One budget for both transports: the bound is per process (DESIGN.md §7).
+    bounds = receiver_bounds(
+        settings,
+        lambda name, fields: events.emit(name, {"worker": args.index, **fields}, "warning"),
+    )
     grpc_server, _ = create_grpc_server(
         remote,
         max_frame_bytes=settings.wal.max_frame_bytes,
@@ -254,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         port=args.grpc_port,
         observer=observer,
         reuse_port=True,
+        bounds=bounds,
     )
     grpc_server.start()
     app = create_http_app(
@@ -262,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
         authenticator=auth,
         metrics_text=remote.metrics_text,
         observer=observer,
+        bounds=bounds,
     )
     http = http_server(app, grace=grace)
     sock = socket.socket(fileno=args.http_fd)

@@ -53,6 +53,8 @@ INTERFACE: dict[str, tuple[str, frozenset[str]]] = {
     "ourios_wal_settling_tenants": ("gauge", frozenset()),
     "ourios_wal_isolated_frames_total": ("counter", frozenset()),
     "ourios_worker_restarts_total": ("counter", frozenset()),
+    "ourios_thread_restarts_total": ("counter", frozenset({"thread"})),
+    "ourios_thread_failed": ("gauge", frozenset({"thread"})),
     "ourios_ingest_backlog_bytes": ("gauge", frozenset()),
     "ourios_ingest_backlog_frames": ("gauge", frozenset()),
     "ourios_ingest_backlog_limit_bytes": ("gauge", frozenset()),

@@ -51,6 +51,8 @@ from tests.support.serve import ServeProcess
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
 MAX_FRAME = 65536
+#: grpcio's receive bound is MAX_FRAME + this (app/receive/otlp_grpc.py)
+GRPC_SLACK = 65536
 TOKEN_A = "tok-a-3f9c1e"  # tenants: bad-input, acme+prod
 TOKEN_B = "tok-b-77d0aa"  # tenant: beta (only one, so it names the tenant itself)
 TENANT = "bad-input"
@@ -108,6 +110,18 @@ def oversize_request() -> ExportLogsServiceRequest:
     """A valid request whose encoding is well over MAX_FRAME."""
     req = sample_request("big", 600, time_base_ns=1_700_000_000_000_000_000)
     assert len(req.SerializeToString()) > 2 * MAX_FRAME
+    return req
+
+
+@functools.cache
+def just_over_request() -> ExportLogsServiceRequest:
+    """A valid request just over MAX_FRAME, within grpcio's receive bound (MAX_FRAME +
+    64 KiB), so the handler itself refuses it, naming the limit."""
+    n = 1
+    while len(sample_request("over", n, time_base_ns=1).SerializeToString()) <= MAX_FRAME:
+        n += 1
+    req = sample_request("over", n, time_base_ns=1_700_000_000_000_000_000)
+    assert MAX_FRAME < len(req.SerializeToString()) <= MAX_FRAME + GRPC_SLACK
     return req
 
 
@@ -313,9 +327,21 @@ GRPC_CASES: dict[str, GrpcCase] = {
     "token-of-another-tenant": GrpcCase(
         valid_protobuf, PERMISSION_DENIED, {"authorization": f"Bearer {TOKEN_B}"}, message=TENANT
     ),
-    "oversize": GrpcCase(lambda: oversize_request().SerializeToString(), TOO_LARGE, message=LIMIT),
+    # beyond grpcio's receive bound grpcio refuses, naming the size and its bound
+    "oversize": GrpcCase(
+        lambda: oversize_request().SerializeToString(),
+        TOO_LARGE,
+        message=f"vs. {MAX_FRAME + GRPC_SLACK})",
+    ),
     "oversize-after-gunzip": GrpcCase(
-        lambda: oversize_request().SerializeToString(), TOO_LARGE, gzip=True, message=LIMIT
+        lambda: oversize_request().SerializeToString(),
+        TOO_LARGE,
+        gzip=True,
+        message="Decompressed message larger than max",
+    ),
+    # within it, the handler, naming the limit
+    "just-over": GrpcCase(
+        lambda: just_over_request().SerializeToString(), TOO_LARGE, message=LIMIT
     ),
 }
 
@@ -429,7 +455,7 @@ def test_grpc_bad_input_is_refused_before_the_wal(server: ServeProcess, name: st
 def test_grpc_decompressed_oversize_names_the_limit(server: ServeProcess) -> None:
     reply = grpc_export(
         server.grpc_port,
-        oversize_request().SerializeToString(),
+        just_over_request().SerializeToString(),
         list(OK_METADATA.items()),
         compression=grpc.Compression.Gzip,
     )

@@ -80,3 +80,41 @@ def test_rfc0055_9_5_tenant_capacity_on_the_wire_and_the_table_seeded_before_lis
         m = metrics(again)
         assert m['ourios_wal_tenants{state="held"}'] == 2
         assert again.terminate() == 0
+
+
+def test_bounded_4_an_open_mode_client_cannot_take_every_tenant_slot(tmp_path: Path) -> None:
+    """Issue 21 item 4: in open mode anyone may name any tenant, and no slot is ever
+    freed, so one client naming new tenants as fast as it can must not take them all.
+    With the shipped rate (server.open_new_tenants_per_minute, 60) it gets about a
+    minute's worth; the rest are refused 503 with a Retry-After and nothing reserved,
+    while tenants that hold a slot are served as before."""
+    with ServeProcess(tmp_path / "data", {"OURIOS_WAL_BARRIER_SECS": "1"}) as serve:
+        assert post(serve, "default")[0] == 200
+        statuses: list[int] = []
+        refusal: tuple[bytes, dict[str, str]] | None = None
+        for i in range(150):
+            status, raw, headers = post(serve, f"hostile-{i}")
+            statuses.append(status)
+            if status != 200 and refusal is None:
+                refusal = raw, headers
+        admitted = statuses.count(200)
+        # the bucket holds 60 (one is "default"), refilled at one a second meanwhile
+        assert 59 <= admitted < 100, statuses
+        assert statuses.count(503) == 150 - admitted
+        assert refusal is not None
+        raw, headers = refusal
+        assert int(headers["retry-after"]) >= 1
+        message = status_pb2.Status.FromString(raw).message
+        assert "server.open_new_tenants_per_minute=60" in message
+        assert post(serve, "default")[0] == 200  # held tenants are unaffected
+        m = metrics(serve)
+        assert m['ourios_wal_tenants{state="reserved"}'] == 0
+        assert m['ourios_wal_tenants{state="free"}'] >= 1024 - 100
+        refused = (
+            "ourios_ingest_requests_total"
+            '{error_type="open_new_tenant_rate",outcome="refused",transport="http"}'
+        )
+        assert m[refused] == 150 - admitted
+        assert serve.terminate() == 0
+        (event,) = serve.event("tenant.open_rate_limited")  # one a minute at most
+        assert event["per_minute"] == 60

@@ -29,6 +29,8 @@ class FakeCore:
         self.ingests: list[tuple[int, str, str, bytes, FlatBatch]] = []
         self.received = threading.Event()
         self.flags = 3
+        #: why the core is not alive, sent after the flags (the core's thread verdict)
+        self.detail = b""
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
@@ -40,7 +42,7 @@ class FakeCore:
                     self.ingests.append((ident, *channel.decode_ingest(body)))
                     self.received.set()
                 elif kind is Kind.STATE:
-                    self.conn.send(Kind.STATE_IS, ident, [bytes([self.flags])])
+                    self.conn.send(Kind.STATE_IS, ident, [bytes([self.flags]), self.detail])
         except ChannelClosed:
             return
 

@@ -34,6 +34,7 @@ from app.ingest.snapshots import SnapshotLedger, SnapshotStore
 from app.node.events import EventLog
 from app.node.recovery import Recovery, RecoveryReport
 from app.receive.otlp import decode_request, flatten
+from app.threads import Supervisor
 from sink.buffers import Buffers
 from sink.publisher import Publisher
 from sink.store import FailingStore, MemoryStore
@@ -106,6 +107,8 @@ class NodeRig:
     miners_factory: Callable[[TemplateIdAllocator], MinerCluster] | None = None
     #: ``wal.frame_mining_attempts``
     mining_attempts: int = DEFAULT_MINING_ATTEMPTS
+    #: the supervisor whose verdict is the pipeline's ``alive`` (None: always alive)
+    threads: Supervisor | None = None
     #: False: no publish intents (the node before issue 16: a restart republishes what
     #: was published above the frontiers)
     intents: bool = True
@@ -136,7 +139,12 @@ class NodeRig:
         self.log_stream = io.StringIO()
         self.event_log = EventLog(self.log_stream)
         self.journal = Journal.open(
-            data / "wal", self.config, fs=self.fs, clock=self.clock, events=self.record_event
+            data / "wal",
+            self.config,
+            fs=self.fs,
+            clock=self.clock,
+            monotonic=self.clock,  # one stepped clock for names and ages
+            events=self.record_event,
         )
         self.intent_log: IntentLog | None = (
             IntentLog.open(self.fs, data / "wal") if self.intents else None
@@ -171,6 +179,7 @@ class NodeRig:
             events=self.record_event,
             ledger=self.ledger,
             mining_attempts=self.mining_attempts,
+            threads=self.threads,
         )
         holder["p"] = self.pipeline
         self.snapshots = SnapshotStore(data / "snapshots", fs=self.fs)

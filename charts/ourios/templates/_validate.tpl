@@ -24,6 +24,12 @@ refuses what `ourios serve` would refuse at start-up. A rule whose value was rem
 {{- end }}
 {{- end }}
 
+{{- if and (not (kindIs "invalid" $s.maxInflightBytes)) (not (kindIs "invalid" $w.maxFrameBytes)) }}
+{{- if lt (int64 $s.maxInflightBytes) (add (mul 3 (int64 $w.maxFrameBytes)) 2097152) }}
+{{- fail (printf "server.maxInflightBytes (%d) must be at least three times wal.maxFrameBytes (%d) plus 2 MiB (OURIOS_SERVER_MAX_INFLIGHT_BYTES >= 3 x OURIOS_WAL_MAX_FRAME_BYTES + 2 MiB)" (int64 $s.maxInflightBytes) (int64 $w.maxFrameBytes)) }}
+{{- end }}
+{{- end }}
+
 {{- if eq (int64 $s.httpPort) (int64 $s.grpcPort) }}
 {{- fail (printf "server.httpPort and server.grpcPort must differ (both are %d)" (int64 $s.httpPort)) }}
 {{- end }}

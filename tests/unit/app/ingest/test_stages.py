@@ -7,7 +7,7 @@ and the named sync points (``app.points``): never by sleeping.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -16,6 +16,7 @@ from app import points
 from app.ingest.stages import IngestBacklogFull, Stages
 from app.receive.api import IngestOutcome
 from app.receive.otlp import FlatBatch, IngestRejection, decode_request, flatten
+from app.threads import Supervisor
 from tests.support.noderig import NodeRig, request
 from wal import WalOffset
 
@@ -213,3 +214,44 @@ def test_close_answers_everything_submitted_then_refuses(rig: NodeRig) -> None:
     data, batch = batch_of("c")
     with pytest.raises(IngestRejection, match="shutting down"):
         stages.submit("t", data, batch, answers.for_("c"))
+
+
+def test_every_state_3_a_crashed_turn_thread_is_not_restarted_and_fails_the_node(
+    tmp_path: Path,
+) -> None:
+    """The turn thread raises (here: at the end of its replay). It is not run again — a
+    restart could drop a frame whose turn did not run, and the next turn's mark would
+    pass it — so the node is not alive at once, naming the thread; the replay is not
+    run a second time."""
+    failed = threading.Event()
+    events: list[tuple[str, dict[str, object]]] = []
+
+    def record(name: str, fields: Mapping[str, object]) -> None:
+        events.append((name, dict(fields)))
+        if name == "thread.failed":
+            failed.set()
+
+    threads = Supervisor(events=record)
+    rig = NodeRig(tmp_path, threads=threads)
+    ends: list[BaseException | None] = []
+
+    def replayed(error: BaseException | None) -> None:
+        ends.append(error)
+        raise RuntimeError("injected: the turn thread's own bookkeeping failed")
+
+    stages = Stages(rig.pipeline, backlog_bytes=BACKLOG, threads=threads)
+    try:
+        assert rig.pipeline.health_detail == ""  # alive
+        stages.start(replay=[], turn_replayed=lambda item: None, replayed=replayed)
+        assert failed.wait(10), events
+        assert ends == [None]  # once: never restarted into a second replay
+        assert not rig.pipeline.alive and not rig.pipeline.ready
+        assert "thread turn stopped" in rig.pipeline.health_detail
+        assert "may not be restarted" in rig.pipeline.health_detail
+        (crashed,) = [f for n, f in events if n == "thread.crashed"]
+        assert crashed["thread"] == "turn" and crashed["restarting"] is False
+        assert "injected: the turn thread" in str(crashed["traceback"])
+        assert threads.restarts["turn"] == 0
+    finally:
+        assert stages.close(30)
+        rig.close()

@@ -17,6 +17,7 @@ import pytest
 from app import points
 from app.ingest.pipeline import LATCH_CLEAR
 from app.ingest.tenants import (
+    NewTenantRate,
     SettlementInProgress,
     SlotState,
     TenantCapacity,
@@ -262,3 +263,36 @@ def test_rfc0055_9_5_the_size_and_the_wal_state_are_reported_before_the_tenant_s
         rig.ingest("T", "t2")
     assert terminal.value.error_type == "wal_rotation_terminal"
     assert not isinstance(terminal.value, TenantUnrecoverable)
+
+
+def test_bounded_4_open_mode_takes_new_tenants_at_the_configured_rate() -> None:
+    now = [1000.0]
+    events: list[str] = []
+    table = TenantTable(1024)
+    table.limit_new_tenants(
+        6, clock=lambda: now[0], events=lambda name, fields: events.append(name)
+    )
+    for i in range(6):  # a burst of a minute's worth
+        table.finish(table.admit(f"t{i}", 1), TurnResult.MINED)
+    with pytest.raises(NewTenantRate) as info:
+        table.admit("t6", 1)
+    refusal = info.value
+    assert refusal.http_status == 503 and refusal.retry_after == 10  # one every 10 s
+    assert "server.open_new_tenants_per_minute=6" in refusal.message
+    assert refusal.error_type == "open_new_tenant_rate"
+    assert table.slot("t6") is None  # nothing reserved
+    assert table.admit("t0", 1).first is False  # a held tenant is admitted as before
+    with pytest.raises(NewTenantRate):
+        table.admit("t7", 1)
+    assert events == ["tenant.open_rate_limited"]  # one event, not one per refusal
+    now[0] += 10
+    table.finish(table.admit("t6", 1), TurnResult.MINED)
+    usage = table.usage()
+    assert (usage.held, usage.reserved, usage.free) == (7, 0, 1017)
+
+
+def test_token_mode_has_no_new_tenant_rate() -> None:
+    table = TenantTable(1024)
+    for i in range(200):
+        table.finish(table.admit(f"t{i}", 1), TurnResult.MINED)
+    assert table.usage().held == 200

@@ -86,6 +86,18 @@ def samples(tmp_path: Path) -> dict[str, Sample]:
         "server.log_level": Sample("debug", "debug"),
         "server.shutdown_grace_secs": Sample("10", 10),
         "server.workers": Sample("3", 3),
+        "server.thread_restarts": Sample("2", 2),
+        "server.max_request_records": Sample("1000", 1000),
+        "server.max_attributes_per_record": Sample("64", 64),
+        "server.max_attributes_per_request": Sample("5000", 5000),
+        "server.max_attribute_key_bytes": Sample("1KiB", KiB),
+        "server.max_attribute_value_bytes": Sample("64KiB", 64 * KiB),
+        "server.max_inflight_requests": Sample("32", 32),
+        "server.max_inflight_bytes": Sample("128MiB", 128 * MiB),
+        "server.max_concurrent_decodes": Sample("4", 4),
+        "server.body_read_timeout_secs": Sample("9", 9),
+        "server.open_new_tenants_per_minute": Sample("7", 7),
+        "server.grpc_max_concurrent_rpcs": Sample("48", 48),
         "wal.segment_max_bytes": Sample("128MiB", 128 * MiB),
         "wal.segment_age_secs": Sample("60", 60),
         "wal.barrier_secs": Sample("30", 30),
@@ -178,6 +190,18 @@ def test_defaults_match_design_section_8() -> None:
         "OURIOS_SERVER_LOG_LEVEL": "info",
         "OURIOS_SERVER_SHUTDOWN_GRACE_SECS": 25,
         "OURIOS_SERVER_WORKERS": max(1, available_cpus() - 1),
+        "OURIOS_SERVER_THREAD_RESTARTS": 5,
+        "OURIOS_SERVER_MAX_REQUEST_RECORDS": 131_072,
+        "OURIOS_SERVER_MAX_ATTRIBUTES_PER_RECORD": 4096,
+        "OURIOS_SERVER_MAX_ATTRIBUTES_PER_REQUEST": 1_048_576,
+        "OURIOS_SERVER_MAX_ATTRIBUTE_KEY_BYTES": 4 * KiB,
+        "OURIOS_SERVER_MAX_ATTRIBUTE_VALUE_BYTES": 1 * MiB,
+        "OURIOS_SERVER_MAX_INFLIGHT_REQUESTS": 256,
+        "OURIOS_SERVER_MAX_INFLIGHT_BYTES": 64 * MiB,
+        "OURIOS_SERVER_MAX_CONCURRENT_DECODES": 2,
+        "OURIOS_SERVER_BODY_READ_TIMEOUT_SECS": 30,
+        "OURIOS_SERVER_OPEN_NEW_TENANTS_PER_MINUTE": 60,
+        "OURIOS_SERVER_GRPC_MAX_CONCURRENT_RPCS": 256,
         "OURIOS_WAL_SEGMENT_MAX_BYTES": 64 * MiB,
         "OURIOS_WAL_SEGMENT_AGE_SECS": 600,
         "OURIOS_WAL_BARRIER_SECS": 300,
@@ -448,6 +472,8 @@ def test_bounds_themselves_are_accepted(row: Setting) -> None:
         "wal.max_tenants": {"wal.max_unlinks_per_pass": "1", "wal.rotation_retry_attempts": "1"},
         "server.http_port": {"server.grpc_port": "0"},
         "server.grpc_port": {"server.http_port": "0"},
+        "server.max_inflight_bytes": {"wal.max_frame_bytes": "1KiB"},
+        "wal.max_frame_bytes": {"server.max_inflight_bytes": "1GiB"},
     }
     for bound in (row.minimum, row.maximum):
         if bound is None:
@@ -500,6 +526,12 @@ def test_bounds_themselves_are_accepted(row: Setting) -> None:
             "store.url",
             id="region_without_s3",
         ),
+        pytest.param(
+            {"server.max_inflight_bytes": "16MiB"},
+            "server.max_inflight_bytes",
+            "wal.max_frame_bytes",
+            id="inflight_below_three_frames",
+        ),
     ],
 )
 def test_cross_rules_refuse(env: dict[str, str], first: str, second: str) -> None:
@@ -519,6 +551,7 @@ def test_every_cross_rule_is_exercised() -> None:
         ("server.http_port", "server.grpc_port"),
         ("store.endpoint_url", "store.url"),
         ("store.region", "store.url"),
+        ("server.max_inflight_bytes", "wal.max_frame_bytes"),
     }
 
 

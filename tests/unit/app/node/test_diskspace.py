@@ -225,6 +225,19 @@ def test_nowedge_2_a_reserve_that_cannot_be_allocated_at_start_is_owed(tmp_path:
     assert off.ensure() and not reserve.path.exists() and off.owed == 0
 
 
+def test_every_state_3_a_reserve_whose_clean_up_fails_too_raises_nothing(tmp_path: Path) -> None:
+    """ENOSPC on the reserve's fallocate, then EIO removing the half-made file: the
+    failure that once escaped the housekeeping tick and killed its thread. ``ensure``
+    stays owed and raises nothing; the next one, with room, makes the reserve."""
+    fs = faulty(tmp_path)
+    fs.fail("fallocate", "*disk-reserve", errno=errno.ENOSPC)
+    fs.fail("unlink", "*disk-reserve", errno=errno.EIO)
+    reserve = Reserve(tmp_path / "disk-reserve", RESERVE, fs=fs)
+    assert not reserve.ensure()
+    assert reserve.state is ReserveState.RELEASED and reserve.owed == RESERVE
+    assert reserve.ensure() and reserve.owed == 0
+
+
 def test_nowedge_2_the_wal_filling_the_volume_releases_the_reserve_at_the_next_tick(
     tmp_path: Path,
 ) -> None:

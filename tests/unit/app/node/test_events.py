@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import logging
 import sys
+from pathlib import Path
+
+import pytest
 
 from app.node.events import EventLog, JsonFormatter, configure_logging
+from tests.support.walkit import SMALL, faulty, payload
+from wal import Journal
+from wal.errors import WalIoError
 
 
 def test_emit_writes_one_json_line_per_event() -> None:
@@ -71,3 +78,40 @@ def test_configure_logging_routes_the_root_logger_as_json() -> None:
         root.setLevel(saved_level)
     lines = stream.getvalue().splitlines()
     assert [json.loads(line)["message"] for line in lines] == ["kept here"]
+
+
+class _BrokenStream(io.StringIO):
+    """A redirected stderr that fails (EIO) until it is mended."""
+
+    broken = True
+
+    def write(self, text: str) -> int:
+        if self.broken:
+            raise OSError(errno.EIO, "Input/output error")
+        return super().write(text)
+
+
+def test_every_state_3_a_failed_event_write_raises_nothing_and_is_counted(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """EIO on the event stream: emit raises nothing, counts each lost line, says so once
+    on ``logging``; a WAL append that emits through it is durable; writes resume."""
+    stream = _BrokenStream()
+    events = EventLog(stream)
+    with caplog.at_level(logging.ERROR, "ourios.events"):
+        events.emit("a", {})
+        events("wal.rotation.terminal", {"attempts": 3})
+    assert events.write_failures == 2
+    assert len([r for r in caplog.records if r.name == "ourios.events"]) == 1
+    fs = faulty(tmp_path)
+    journal = Journal.open(tmp_path / "wal", SMALL, fs=fs, events=events)
+    journal.commit("acme", payload(0))
+    fs.fail("write", "*.wal")  # wal.segment.sealed, written to the broken stream
+    with pytest.raises(WalIoError):
+        journal.commit("acme", payload(1))
+    journal.commit("acme", payload(2))
+    journal.close()
+    assert events.write_failures >= 3
+    stream.broken = False
+    events.emit("b", {})
+    assert [json.loads(line)["event"] for line in stream.getvalue().splitlines()] == ["b"]

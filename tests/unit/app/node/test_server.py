@@ -8,7 +8,9 @@ import io
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -237,3 +239,74 @@ def test_sigterm_delivered_to_another_thread_still_stops_the_node() -> None:
     # An untimed stop.wait() on the main thread is not woken by a signal another thread
     # received, and Python runs handlers only on the main thread: the node hung (CI).
     assert_stops(SIGNAL_TO_ANOTHER_THREAD)
+
+
+class _Wall:
+    """The wall clock, which a test can step back."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def __call__(self) -> float:
+        return time.time() + self.offset
+
+
+class _FastForward:
+    """A monotonic clock that moves one second at every read: a timer waiting on it is
+    always due at its next look, so a cadence runs as fast as its work allows."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self._lock = threading.Lock()
+
+    def __call__(self) -> float:
+        with self._lock:
+            self.now += 1.0
+            return self.now
+
+
+def test_every_state_7_a_wall_clock_stepped_back_an_hour_stalls_no_cadence(
+    tmp_path: Path,
+) -> None:
+    """Issue 22 item 7: a cut fails (the store is down), then the wall clock steps back
+    an hour. The retry, the timer's cuts and the idle rotation all run on the monotonic
+    clock, so they go on: the frame's segment rotates, the checkpoint passes it, and
+    the cuts keep coming. (On the wall clock there were none for the next hour.)"""
+    failing = FailingStore(LocalStore(tmp_path / "objects"))
+    settings = load_settings(
+        {
+            "OURIOS_SERVER_DATA_DIR": str(tmp_path / "data"),
+            "OURIOS_WAL_BARRIER_SECS": "1",
+            "OURIOS_WAL_SEGMENT_AGE_SECS": "1",
+            "OURIOS_WAL_HOUSEKEEPING_SECS": "3600",
+        }
+    )
+    wall = _Wall()
+    n = build_node(settings, EventLog(io.StringIO()), wall, store=failing, monotonic=_FastForward())
+    n.pipeline.publisher.start()
+    recover(n.journal, n.pipeline, n.snapshots, n.ledger)
+    n.pipeline.set_ready(True)
+    ingest(n, "a")
+    frame_segment = n.journal.current_segment
+    failing.fail(ops=("put", "put_if_absent"), always=True)  # the store is down
+
+    def cuts(outcome: str, error_type: str) -> float:
+        labels = {"cadence": "barrier", "outcome": outcome, "error_type": error_type}
+        return n.metrics.registry.get_sample_value("ourios_cadence_runs_total", labels) or 0.0
+
+    def until(what: str, done: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + WAIT_S
+        while not done():
+            assert time.monotonic() < deadline, f"no {what} within {WAIT_S} s"
+            time.sleep(0.01)  # the barrier's own thread: polling its counters
+
+    n.barrier.start()
+    until("failed cut", lambda: cuts("refused", "flush_failed") >= 1)
+    wall.offset = -3600.0  # the wall clock steps back an hour (after the retry was timed)
+    failing.clear()  # the store is back
+    until("four good cuts", lambda: cuts("ok", "") >= 4)
+    code = shutdown(n)
+    assert n.journal.current_segment != frame_segment  # the idle rotation ran
+    checkpoint = n.journal.last_checkpoint
+    assert checkpoint is not None and checkpoint.segment == frame_segment
+    assert code == 0

@@ -1052,3 +1052,155 @@ def test_fuzz_tenant(value: str | bytes) -> None:
         return
     assert 1 <= len(tenant.encode("ascii")) <= 128
     assert not set(tenant) & set(":#/ ")
+
+
+# ── expansion limits (issue 21 item 3, DESIGN.md §7) ───────────────────────────────
+
+SMALL = otlp.RequestLimits(
+    records=10, attributes_per_record=4, attributes_per_request=20, key_bytes=8, value_bytes=16
+)
+
+
+def _limited_request(
+    *,
+    records: int = 1,
+    attributes: int = 0,
+    resource_attributes: int = 0,
+    key: str = "k",
+    value: common_pb2.AnyValue | None = None,
+    scopes: int = 1,
+) -> ExportLogsServiceRequest:
+    req = ExportLogsServiceRequest()
+    rl = req.resource_logs.add()
+    for i in range(resource_attributes):
+        rl.resource.attributes.append(_kv(f"r{i}", _s("v")))
+    for s in range(scopes):
+        sl = rl.scope_logs.add()
+        for _ in range(records if s == 0 else 0):
+            lr = sl.log_records.add()
+            lr.body.string_value = "x"
+            for i in range(attributes):
+                lr.attributes.append(_kv(f"{key}{i}" if attributes > 1 else key, value or _s("v")))
+    return req
+
+
+def _nested(count: int) -> common_pb2.AnyValue:
+    return _any(array_value=common_pb2.ArrayValue(values=[_s("") for _ in range(count)]))
+
+
+#: (request, the setting the refusal names, the figure it quotes)
+LIMIT_CASES = {
+    "records": (_limited_request(records=11), "max_request_records", "is 11"),
+    "scope_groups": (_limited_request(records=1, scopes=11), "max_request_records", "is 11"),
+    "attributes_per_record": (
+        _limited_request(attributes=5),
+        "max_attributes_per_record",
+        "log_records[0]'s attributes is 5",
+    ),
+    "resource_attributes": (
+        _limited_request(resource_attributes=5),
+        "max_attributes_per_record",
+        "resource's attributes is 5",
+    ),
+    # 6 records × (2 own + 2 resource) = 24 entries, each record within its own limit
+    "attributes_per_request": (
+        _limited_request(records=6, attributes=2, resource_attributes=2),
+        "max_attributes_per_request",
+        "is 24",
+    ),
+    "key_bytes": (_limited_request(attributes=1, key="k" * 9), "max_attribute_key_bytes", "is 9"),
+    "key_bytes_utf8": (
+        _limited_request(attributes=1, key="é" * 5),
+        "max_attribute_key_bytes",
+        "is 10",
+    ),
+    "value_bytes": (
+        _limited_request(attributes=1, value=_s("v" * 17)),
+        "max_attribute_value_bytes",
+        "is 17",
+    ),
+    "nested_values": (
+        _limited_request(attributes=1, value=_nested(21)),
+        "max_attributes_per_request",
+        "nested in arrays and kvlists is 21",
+    ),
+}
+
+
+@pytest.mark.parametrize("encoding", ["protobuf", "json"])
+@pytest.mark.parametrize("case", sorted(LIMIT_CASES))
+def test_bounded_3_expansion_limits_refuse_naming_the_setting(case: str, encoding: str) -> None:
+    req, setting, figure = LIMIT_CASES[case]
+    if encoding == "protobuf":
+        data, content_type = req.SerializeToString(), PB
+    else:
+        data, content_type = json_format.MessageToJson(req).encode(), JSON
+    with pytest.raises(otlp.RequestLimitExceeded) as info:
+        otlp.flatten(otlp.decode_request(data, content_type, SMALL), "t", SMALL)
+    refusal = info.value
+    assert (refusal.http_status, refusal.grpc_code) == (400, grpc.StatusCode.INVALID_ARGUMENT)
+    assert refusal.error_type == setting
+    assert f"over server.{setting}=" in refusal.message
+    assert figure in refusal.message, refusal.message
+    assert refusal.retry_after is None
+    # Without limits (a replay of a frame already in the WAL) the same request decodes.
+    assert len(otlp.flatten(otlp.decode_request(data, content_type), "t")) >= 0
+
+
+def test_bounded_3_counts_are_refused_before_anything_is_flattened(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The hostile shape of issue 21: one record with very many (empty) attributes. It
+    # is refused by the count check, which reads lengths only: no attribute is visited.
+    req = _limited_request(attributes=0)
+    record = req.resource_logs[0].scope_logs[0].log_records[0]
+    record.attributes.extend(common_pb2.KeyValue() for _ in range(50_000))
+    data = req.SerializeToString()
+    visited: list[object] = []
+
+    def value_text(*args: object) -> str:
+        visited.append(args)
+        return ""
+
+    monkeypatch.setattr(otlp, "_value_text", value_text)
+    with pytest.raises(otlp.RequestLimitExceeded) as info:
+        otlp.decode_request(data, PB, otlp.RequestLimits())
+    assert "is 50000, over server.max_attributes_per_record=4096" in info.value.message
+    assert visited == []
+
+
+def test_bounded_3_a_collector_batch_passes_the_default_limits() -> None:
+    # 8192 records with 64 attributes each under 32 resource attributes: 786,432 map
+    # entries, a full Collector batch of heavily attributed records (short keys, so it
+    # fits a default frame at all).
+    req = ExportLogsServiceRequest()
+    rl = req.resource_logs.add()
+    for i in range(32):
+        rl.resource.attributes.append(_kv(f"resource.attribute.{i}", _s("value")))
+    sl = rl.scope_logs.add()
+    template = logs_pb2.LogRecord(body=_s("a log line"))
+    for i in range(64):
+        template.attributes.append(_kv(f"a{i}", _s(f"v{i}")))
+    for _ in range(8192):
+        sl.log_records.append(template)
+    data = req.SerializeToString()
+    assert len(data) < 8 * MiB
+    limits = otlp.RequestLimits()
+    batch = otlp.flatten(otlp.decode_request(data, PB, limits), "t", limits)
+    assert len(batch) == 8192
+
+
+def test_bounded_3_inflation_stops_when_the_caller_refuses_a_step() -> None:
+    # The in-flight budget grows per step; a refusal stops inflating there.
+    body = gzip.compress(b"\0" * (8 * MiB))
+    grown: list[int] = []
+
+    def grow(size: int) -> None:
+        grown.append(size)
+        if sum(grown) > 2 * MiB:
+            raise otlp.Unavailable("budget")
+
+    with pytest.raises(otlp.Unavailable):
+        otlp.decompress(body, "gzip", 16 * MiB, grow)
+    assert sum(grown) <= 2 * MiB + otlp.INFLATE_STEP
+    assert otlp.decompress(body, "gzip", 16 * MiB, lambda n: None) == b"\0" * (8 * MiB)

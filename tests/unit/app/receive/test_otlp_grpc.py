@@ -25,7 +25,14 @@ from opentelemetry.proto.logs.v1 import logs_pb2
 from app.ingest.tenants import SettlementInProgress, TenantCapacity, TenantUnrecoverable
 from app.receive.api import IngestOutcome, ListenerBindError, StubPort
 from app.receive.auth import Authenticator
-from app.receive.otlp import BadRequest, IngestRejection, PayloadTooLarge, Unavailable
+from app.receive.inflight import InflightBudget, ReceiverBounds
+from app.receive.otlp import (
+    BadRequest,
+    IngestRejection,
+    PayloadTooLarge,
+    RequestLimits,
+    Unavailable,
+)
 from app.receive.otlp_grpc import EXPORT_METHOD, create_grpc_server
 
 KiB = 1 << 10
@@ -92,6 +99,7 @@ class Harness:
         tokens: dict[str, frozenset[str]] | None = None,
         max_frame_bytes: int = LIMIT,
         max_workers: int = 8,
+        bounds: ReceiverBounds | None = None,
     ) -> Client:
         server, port = create_grpc_server(
             self.pipeline,
@@ -100,6 +108,7 @@ class Harness:
             host="127.0.0.1",
             port=0,
             max_workers=max_workers,
+            bounds=bounds,
         )
         server.start()
         channel = grpc.insecure_channel(f"127.0.0.1:{port}")
@@ -421,3 +430,101 @@ def test_create_grpc_server_refuses_bad_bounds(harness: Harness) -> None:
                 host="127.0.0.1",
                 port=0,
             )
+
+
+# ── the in-flight bound, the receive timeout, the expansion limits (issue 21 item 3) ──
+
+
+def bounds(
+    requests: int = 256, *, timeout: float = 30.0, rpcs: int = 256, **limits: int
+) -> ReceiverBounds:
+    return ReceiverBounds(
+        RequestLimits(**limits), InflightBudget(requests, 64 * MiB), timeout, rpcs
+    )
+
+
+def hold_pipeline(pipeline: StubPort) -> tuple[threading.Event, threading.Event]:
+    entered, release = threading.Event(), threading.Event()
+
+    def hold(call: object) -> None:
+        entered.set()
+        assert release.wait(20)
+
+    pipeline.on_ingest = hold
+    return entered, release
+
+
+def test_bounded_3_grpc_authenticates_before_receiving_the_message(harness: Harness) -> None:
+    # Far over grpcio's receive bound: were the message received first, grpcio itself
+    # would answer RESOURCE_EXHAUSTED after inflating it.
+    client = harness.start(tokens=TOKENS)
+    refused = client.refused(b"\x00" * (5 * LIMIT), compression=grpc.Compression.Gzip)
+    assert refused.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert harness.pipeline.calls == []
+
+
+def test_bounded_3_grpc_inflight_bound_is_resource_exhausted_with_retry_info(
+    harness: Harness,
+) -> None:
+    entered, release = hold_pipeline(harness.pipeline)
+    client = harness.start(bounds=bounds(requests=1))
+    first = client.stub.Export.future(make_request(1), timeout=30)
+    try:
+        assert entered.wait(20)
+        refused = client.refused(make_request(1))
+    finally:
+        release.set()
+    first.result()
+    assert refused.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "server.max_inflight_requests=1" in refused.details()
+    details = status_details(refused)
+    assert details is not None
+    retry = error_details_pb2.RetryInfo()
+    assert details.details[0].Unpack(retry) and retry.retry_delay.seconds == 1
+    assert len(harness.pipeline.calls) == 1
+    client.export(make_request(1))  # returned once answered
+
+
+def test_bounded_3_grpc_concurrent_rpcs_are_bounded(harness: Harness) -> None:
+    entered, release = hold_pipeline(harness.pipeline)
+    client = harness.start(bounds=bounds(rpcs=1))
+    first = client.stub.Export.future(make_request(1), timeout=30)
+    try:
+        assert entered.wait(20)
+        refused = client.refused(make_request(1))
+    finally:
+        release.set()
+    first.result()
+    assert refused.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert len(harness.pipeline.calls) == 1
+
+
+def test_bounded_3_grpc_slow_message_is_cancelled_after_the_read_timeout(
+    harness: Harness,
+) -> None:
+    client = harness.start(bounds=bounds(timeout=1.0))
+    channel = harness.stack[-1][1]
+    never = threading.Event()
+
+    def messages() -> Iterator[bytes]:
+        never.wait(30)  # the client never sends its message
+        yield make_request(1).SerializeToString()
+
+    call = channel.stream_unary(EXPORT_METHOD)
+    try:
+        with pytest.raises(grpc.RpcError) as info:
+            call(messages(), timeout=30)
+    finally:
+        never.set()
+    assert info.value.code() == grpc.StatusCode.CANCELLED
+    assert harness.pipeline.calls == []
+    client.export(make_request(1))  # the server goes on serving
+
+
+def test_bounded_3_grpc_expansion_limit_is_invalid_argument_naming_it(harness: Harness) -> None:
+    client = harness.start(bounds=bounds(records=2))
+    refused = client.refused(make_request(3))
+    assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "over server.max_request_records=2" in refused.details()
+    assert status_details(refused) is None
+    assert harness.pipeline.calls == []

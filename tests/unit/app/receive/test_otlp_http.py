@@ -40,11 +40,13 @@ from app.ingest.tenants import SettlementInProgress, TenantCapacity, TenantUnrec
 from app.receive import otlp_http as http_receiver
 from app.receive.api import IngestOutcome, ListenerBindError, StubPort
 from app.receive.auth import BEARER_CHALLENGE, Authenticator
+from app.receive.inflight import InflightBudget, ReceiverBounds
 from app.receive.otlp import (
     BadRequest,
     FlatBatch,
     IngestRejection,
     PayloadTooLarge,
+    RequestLimits,
     Unavailable,
     decode_request,
     to_wal_payload,
@@ -259,6 +261,7 @@ def make_app(
     max_frame_bytes: int = LIMIT,
     metrics_text: Callable[[], tuple[bytes, str]] = lambda: METRICS,
     ingest_concurrency: int = 256,
+    bounds: ReceiverBounds | None = None,
 ) -> FastAPI:
     return create_http_app(
         pipeline,
@@ -266,6 +269,7 @@ def make_app(
         authenticator=Authenticator(tokens),
         metrics_text=metrics_text,
         ingest_concurrency=ingest_concurrency,
+        bounds=bounds,
     )
 
 
@@ -764,7 +768,9 @@ def test_healthz(app: FastAPI, pipeline: StubPort) -> None:
     reply = call(app, method="GET", path="/healthz", content_type=None)
     assert (reply.status, reply.body) == (200, b"ok\n")
     pipeline.alive = False
-    assert call(app, method="GET", path="/healthz", content_type=None).status == 503
+    pipeline.health_detail = "thread turn stopped: RuntimeError: x"
+    reply = call(app, method="GET", path="/healthz", content_type=None)
+    assert (reply.status, reply.body) == (503, b"not alive: thread turn stopped: RuntimeError: x\n")
 
 
 def test_healthz_stays_up_when_not_ready(app: FastAPI, pipeline: StubPort) -> None:
@@ -943,3 +949,107 @@ def test_stopped_server_closes_its_port(pipeline: StubPort) -> None:
     assert not thread.is_alive()
     with pytest.raises(ConnectionRefusedError), socket.create_connection(("127.0.0.1", port), 5):
         pass
+
+
+# ── the in-flight bound, the body read timeout, the expansion limits (issue 21 item 3) ──
+
+
+def bounds(
+    requests: int = 256, size: int = 64 * MiB, timeout: float = 30.0, **limits: int
+) -> ReceiverBounds:
+    return ReceiverBounds(otlp_limits(**limits), InflightBudget(requests, size), timeout, 256)
+
+
+def otlp_limits(**limits: int) -> RequestLimits:
+    return RequestLimits(**limits)
+
+
+def test_bounded_3_http_inflight_bound_refuses_503_before_reading_the_body(
+    pipeline: StubPort,
+) -> None:
+    entered, release = threading.Event(), threading.Event()
+
+    def hold(call: object) -> None:
+        entered.set()
+        assert release.wait(20)
+
+    pipeline.on_ingest = hold
+    app = make_app(pipeline, bounds=bounds(requests=1))
+    body = pb_body(1)
+    headers = [("content-type", PB), ("content-length", str(len(body)))]
+    waiting = [*headers, ("expect", "100-continue")]
+
+    async def scenario() -> tuple[Reply, Reply, Reply]:
+        first = asyncio.ensure_future(_asgi_call(app, "POST", "/v1/logs", headers, [body]))
+        await asyncio.get_running_loop().run_in_executor(None, entered.wait, 20)
+        refused = await _asgi_call(app, "POST", "/v1/logs", waiting, [body])
+        discarded = await _asgi_call(app, "POST", "/v1/logs", headers, [body])
+        release.set()
+        return await first, refused, discarded
+
+    first, refused, discarded = asyncio.run(scenario())
+    assert first.status == 200
+    for reply in (refused, discarded):
+        assert_status(reply, 503, grpc.StatusCode.RESOURCE_EXHAUSTED, as_json=False)
+        assert reply.headers["retry-after"] == "1"
+        assert "server.max_inflight_requests=1" in reply.status_message().message
+        retry = error_details_pb2.RetryInfo()
+        assert reply.status_message().details[0].Unpack(retry)
+    assert refused.chunks_pulled == 0  # it waited for 100 Continue: no body was asked for
+    assert discarded.chunks_pulled == 1  # read and dropped, so the client reads the 503
+    assert len(pipeline.calls) == 1
+    # Everything is returned once answered: the next request is admitted.
+    assert call(app, body).status == 200
+
+
+def test_bounded_3_http_inflight_bytes_count_the_declared_length(pipeline: StubPort) -> None:
+    app = make_app(pipeline, max_frame_bytes=LIMIT, bounds=bounds(size=LIMIT - 1))
+    body = sized_request(LIMIT)
+    reply = call(app, body, headers=[("expect", "100-continue")])
+    assert_status(reply, 503, grpc.StatusCode.RESOURCE_EXHAUSTED, as_json=False)
+    assert "server.max_inflight_bytes" in reply.status_message().message
+    assert reply.chunks_pulled == 0
+    assert pipeline.calls == []
+
+
+def test_bounded_3_http_gzip_inflation_stops_at_the_inflight_bytes(pipeline: StubPort) -> None:
+    app = make_app(pipeline, max_frame_bytes=16 * MiB, bounds=bounds(size=3 * MiB))
+    body = gzip.compress(sized_request(8 * MiB))
+    reply = call(app, body, headers=[("content-encoding", "gzip")])
+    assert_status(reply, 503, grpc.StatusCode.RESOURCE_EXHAUSTED, as_json=False)
+    assert reply.headers["retry-after"] == "1"
+    assert pipeline.calls == []
+
+
+def test_bounded_3_http_expansion_limit_is_400_naming_the_setting(pipeline: StubPort) -> None:
+    app = make_app(pipeline, bounds=bounds(records=2))
+    reply = call(app, pb_body(3))
+    assert_status(reply, 400, grpc.StatusCode.INVALID_ARGUMENT, as_json=False)
+    assert "is 3, over server.max_request_records=2" in reply.status_message().message
+    assert "retry-after" not in reply.headers
+    assert pipeline.calls == []
+
+
+def test_bounded_3_http_slow_body_is_408_after_the_read_timeout(pipeline: StubPort) -> None:
+    app = make_app(pipeline, bounds=bounds(timeout=1.0))
+    server, thread, port = start_in_thread(http_server(app, "127.0.0.1", 0))
+    try:
+        with socket.create_connection(("127.0.0.1", port), 30) as sock:
+            sock.sendall(
+                b"POST /v1/logs HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf"
+                b"\r\nContent-Length: 1000\r\n\r\n" + b"\x0a" * 10
+            )
+            response = http.client.HTTPResponse(sock)
+            response.begin()  # the server answers without the rest of the body
+            payload = response.read()
+        assert response.status == 408
+        status = status_pb2.Status.FromString(payload)
+        assert "server.body_read_timeout_secs=1 s" in status.message
+        # /healthz kept answering meanwhile and afterwards
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn.request("GET", "/healthz")
+        assert conn.getresponse().status == 200
+        conn.close()
+    finally:
+        stop_in_thread(server, thread)
+    assert pipeline.calls == []

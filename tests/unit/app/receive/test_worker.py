@@ -118,6 +118,18 @@ def test_state_reads_the_cores_flags(pair: tuple[FakeCore, Connection]) -> None:
     assert not ready and remote.alive
 
 
+def test_every_state_3_a_worker_says_why_the_core_is_not_alive(
+    pair: tuple[FakeCore, Connection],
+) -> None:
+    """A worker's /healthz names the core's failed thread: STATE carries the reason."""
+    core, worker = pair
+    remote = RemotePort(worker)
+    assert remote.health_detail == ""
+    core.flags, core.detail = 1, b"thread committer stopped: KeyError: 7"
+    alive: bool = remote.alive  # declared: not narrowed by the assert above
+    assert not alive and remote.health_detail == "thread committer stopped: KeyError: 7"
+
+
 def test_an_ingest_awaited_on_an_event_loop_gets_the_cores_answer(
     pair: tuple[FakeCore, Connection],
 ) -> None:
