@@ -1104,6 +1104,18 @@ SABOTAGES: tuple[Sabotage, ...] = (
         ),
     ),
     Sabotage(
+        "native_resource_entries_unlimited",
+        "the native decoder refuses what the upb path refuses for a request limit: a "
+        "resource's attributes count once per row",
+        "app/receive/_otlpdecode.c",
+        "            n[C_ENTRIES] > limits[2] || n[C_KEY_BYTES_MAX] > limits[3] ||",
+        "            n[C_KEY_BYTES_MAX] > limits[3] ||",
+        (
+            "tests/unit/app/receive/test_native.py::test_native_1_each_limit_refuses_what_the_upb_path_refuses",
+            "tests/unit/app/receive/test_native.py::test_native_1_a_limit_refusal_names_the_setting_on_either_decoder",
+        ),
+    ),
+    Sabotage(
         "native_fallback_said_quietly",
         "a node on the upb path for want of the extension says so loudly (a warning)",
         "app/receive/native.py",

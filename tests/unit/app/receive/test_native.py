@@ -23,7 +23,7 @@ import os
 import random
 import struct
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Final
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -383,6 +383,115 @@ def _wide_field(number: int, payload: bytes) -> bytes:
         size >>= 7
     out.append(size)
     return bytes(out) + payload
+
+
+# ── the request limits: the native decoder and the upb path refuse the same requests ──
+
+#: a limit's name → the setting its refusal names (otlp.RequestLimits)
+_LIMITS = ("records", "attributes_per_record", "attributes_per_request", "key_bytes", "value_bytes")
+
+
+def _bound_of(counts: native.Counts, name: str) -> int:
+    """What `name` limits in a request of `counts` (records bounds the groups too)."""
+    return {
+        "records": max(counts.records, counts.resource_logs, counts.scope_logs),
+        "attributes_per_record": counts.attributes_max,
+        "attributes_per_request": counts.attributes_per_request,
+        "key_bytes": counts.key_bytes_max,
+        "value_bytes": counts.value_bytes_max,
+    }[name]
+
+
+def _limited(data: bytes, limits: otlp.RequestLimits) -> object:
+    """What the receivers answer (``otlp.decode_batch``): the batch, None, or the
+    refusal as (class, message, error_type)."""
+    try:
+        decoded = otlp.decode_batch(data, PB, "t", limits)
+    except IngestRejection as exc:
+        return type(exc), exc.message, exc.error_type
+    return None if decoded is None else (decoded[0], decoded[1])
+
+
+def check_limits(data: bytes, limits: otlp.RequestLimits, tightened: str | None) -> str:
+    """The differential assertion with `limits`, for a request on the fast path: the
+    native decoder answers exactly when the upb path accepts (with the same batch),
+    says "limit" exactly when the upb path refuses for a limit — for the one limit
+    `tightened` when only it can be passed — and the receivers' answer is the same
+    refusal, status and message naming the setting, on either decoder."""
+    try:
+        reference: object = otlp.flatten(otlp.decode_request(data, PB, limits), "t", limits)
+    except otlp.RequestLimitExceeded as exc:
+        reference = exc
+    got = native.decode_counted(data, limits)
+    CASES["checked"] += 1
+    if got.status == "ok":
+        CASES["native"] += 1
+        assert isinstance(reference, FlatBatch), f"native accepted what upb refuses: {reference}"
+        assert FlatBatch("t", got.columns) == reference
+    else:
+        assert got.status == "limit", got.status  # the fast path falls back for nothing else
+        assert isinstance(reference, otlp.RequestLimitExceeded), "native refused what upb accepts"
+        if tightened is not None:
+            assert reference.limit == otlp._SETTING_OF[tightened]
+    answer = _limited(data, limits)
+    native.select("upb")
+    try:
+        assert _limited(data, limits) == answer  # the same status, message and error_type
+    finally:
+        native.select("native")
+    if isinstance(reference, otlp.RequestLimitExceeded):
+        assert answer == (otlp.RequestLimitExceeded, reference.message, reference.limit)
+        assert reference.http_status == 400 and reference.limit in reference.message
+    return got.status
+
+
+_HUGE: Final = 1 << 40
+
+
+@_settings(300)
+@given(requests(fast=True), st.sampled_from(_LIMITS), st.integers(-2, 1), _SEEDS)
+def test_native_1_each_limit_refuses_what_the_upb_path_refuses(
+    req: ExportLogsServiceRequest, name: str, offset: int, seed: int
+) -> None:
+    # One limit set around what the request holds (below, at, above), the rest open.
+    counts = _counts(req)
+    open_limits = {n: _HUGE for n in _LIMITS}
+    limits = otlp.RequestLimits(**{**open_limits, name: max(1, _bound_of(counts, name) + offset)})
+    check_limits(req.SerializeToString(), limits, name)
+    check_limits(encode(req, random.Random(seed), _WIRE), limits, name)
+
+
+@_settings(300)
+@given(requests(fast=True), st.lists(st.integers(-1, 1), min_size=5, max_size=5), _SEEDS)
+def test_native_1_limits_together_refuse_what_the_upb_path_refuses(
+    req: ExportLogsServiceRequest, offsets: list[int], seed: int
+) -> None:
+    # Every limit near what the request holds: whichever the upb path names, the
+    # receivers' answer is its refusal on either decoder.
+    counts = _counts(req)
+    bounds = {n: max(1, _bound_of(counts, n) + o) for n, o in zip(_LIMITS, offsets, strict=True)}
+    limits = otlp.RequestLimits(**bounds)
+    check_limits(encode(req, random.Random(seed), _WIRE), limits, None)
+
+
+def test_native_1_a_limit_refusal_names_the_setting_on_either_decoder() -> None:
+    records = [logs_pb2.LogRecord(attributes=[_kv("k" * 9, string_value="v" * 9)])] * 3
+    data = _request(*records, attributes=[_kv("r", int_value=1)]).SerializeToString()
+    for name, bound, what in [
+        ("records", 2, "is 3, over server.max_request_records=2"),
+        ("attributes_per_record", 1, None),
+        ("attributes_per_request", 5, "is 6, over server.max_attributes_per_request=5"),
+        ("key_bytes", 8, "is 9, over server.max_attribute_key_bytes=8"),
+        ("value_bytes", 8, "is 9, over server.max_attribute_value_bytes=8"),
+    ]:
+        limits = otlp.RequestLimits(**{name: bound})
+        if what is None:  # one attribute each: at the limit, accepted
+            assert check_limits(data, limits, name) == "ok"
+            continue
+        assert check_limits(data, limits, name) == "limit"
+        answer = _limited(data, limits)
+        assert isinstance(answer, tuple) and answer[0] is otlp.RequestLimitExceeded
+        assert what in answer[1], answer
 
 
 def test_native_select_upb_turns_the_native_decoder_off() -> None:
