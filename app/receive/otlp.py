@@ -265,8 +265,9 @@ class RequestLimits:
     attribute entries on the parsed message (or the parsed JSON document) before
     anything is built from them (`check_counts`, `_check_json_counts`); `flatten`
     checks key and value lengths and the values nested in arrays and kvlists as it
-    walks, which it does only after the counts passed. A native decoder takes this
-    object too and raises `refuse`'s errors, so the two cannot disagree on a limit.
+    walks, which it does only after the counts passed. The native decoder takes this
+    object too (``app.receive.native``) and, past a limit, hands the request to the
+    upb path, whose `refuse` words the error, so the two cannot disagree on a limit.
 
     - ``records``: log records in the request; resource and scope groups are bounded by
       it too (an empty group costs as much to parse as a record);
