@@ -108,6 +108,8 @@ class Supervisor:
         self.names: set[str] = set()
         #: set by ``close``: no restart waits for longer, none is started after it
         self.closing = threading.Event()
+        #: the threads started and not yet seen ended (``join``)
+        self._threads: list[threading.Thread] = []
 
     # -- the verdict -----------------------------------------------------------------
 
@@ -151,6 +153,9 @@ class Supervisor:
             daemon=True,
         )
         thread.start()
+        with self._lock:
+            self._threads = [t for t in self._threads if t.is_alive()]
+            self._threads.append(thread)
         return Supervised(thread)
 
     def run(
@@ -227,6 +232,17 @@ class Supervisor:
     def close(self) -> None:
         """The node is stopping: no restart waits any longer."""
         self.closing.set()
+
+    def join(self, timeout: float) -> list[str]:
+        """Wait up to ``timeout`` seconds in all for every thread started here to end
+        (after ``close``: a loop in its restart backoff ends at once); the names of
+        those still running."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            threads = list(self._threads)
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        return sorted(t.name for t in threads if t.is_alive())
 
     # -- internals ---------------------------------------------------------------------
 

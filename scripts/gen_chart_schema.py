@@ -42,6 +42,7 @@ CHART_MANAGED = {
     "server.data_dir": "the data volume's mount path, /var/lib/ourios",
     "server.node_id": "the pod name (downward API metadata.name)",
     "server.node_ordinal": "derived by the app from the pod name's trailing -<n>",
+    "server.final_cut_secs": "shutdown.finalCutSecs (also in terminationGracePeriodSeconds)",
     "auth.tokens_file": "the mounted auth Secret (auth.existingSecret or auth.tokens)",
 }
 #: Settings the chart's templates read (ports, probes, the termination grace), so they may

@@ -2,8 +2,9 @@
 
 ``sink`` imports nothing else of ours; ``app`` builds the buffers and the publisher on
 top of what is exported here. The modules are ``sink.parquet`` (schemas, columnar
-buffers, encoders), ``sink.keys`` (the key layout) and ``sink.store`` (the
-``ObjectStore`` protocol, ``LocalStore``, ``S3Store`` and the test doubles).
+buffers, encoders), ``sink.keys`` (the key layout), ``sink.store`` (the
+``ObjectStore`` protocol, ``LocalStore``, ``S3Store`` and the test doubles) and
+``sink.spool`` (the spool and the spiller of the memory bound, DESIGN.md §5.12).
 """
 
 from sink.keys import (

@@ -49,6 +49,19 @@ anyone but the claimant (``park``, an abandoned cut, a count) claims first and l
 partition someone else holds alone. So a waiter only ever waits for a write another
 thread is executing, and every claimed partition is settled by its claimant.
 
+**The memory bound** (DESIGN.md §5.12). ``held_bytes`` is what the rows in memory cost:
+every buffered partition and every registered publish not yet settled (a records
+partition's Arrow size plus its frames' payload bytes, which the decoded columns share a
+buffer with; an audit row's estimate plus its Python objects). Past three quarters of
+``ceiling_bytes`` the ``pressure`` event wakes the spiller (``sink.spool``), which
+publishes the largest partitions early and *spools* what the store does not take: the
+partition becomes a unit whose rows are a Parquet file on the data volume under the
+object name decided then (``Partition.spool``), never merged, published from the file
+with the conditional create. At ``ceiling_bytes`` the ingest turn waits for room
+(``wait_for_room``) instead of buffering more. A publish's rows leave memory when it
+lands (``published``). No partition grows past ``max_object_bytes``: the size trigger
+detaches it first and a failed publish is not merged past it.
+
 Everything here runs under the sink lock, which this class owns; the lock order of
 DESIGN.md §5.3 puts it after the barrier exclusion and the miner lock (the in-flight
 registry's own lock is innermost).
@@ -56,18 +69,29 @@ registry's own lock is innermost).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Final
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from sink.parquet import AuditColumns, RecordColumns
+from sink.spool import SpoolFile
 
 NANOS_PER_DAY: Final = 86_400 * 1_000_000_000
+#: What one buffered template event costs beyond ``AuditColumns.nbytes``: its seven list
+#: slots and the Python integers and strings they point at.
+AUDIT_ROW_OVERHEAD: Final = 320
+#: The largest object a store takes in one PUT (S3): ``max_object_bytes``' default bound.
+MAX_OBJECT_BYTES: Final = 5 << 30
+#: How long a turn waits for room under the ceiling before it goes on (``wait_for_room``).
+ROOM_WAIT_SECS: Final = 30.0
 
 
 class Kind(Enum):
@@ -104,6 +128,10 @@ class Partition:
     #: a settlement's intent span (module docstring): a unit of its own, named by its
     #: rows (the publisher derives ``identity`` from them), never merged
     deterministic: bool = False
+    #: spooled: the rows are this Parquet file (under ``identity``), not in memory
+    spool: SpoolFile | None = None
+    #: rows no longer in memory (spooled, or released once published); ``rows`` counts them
+    rows_elsewhere: int = 0
 
     @property
     def nbytes(self) -> int:
@@ -113,10 +141,27 @@ class Partition:
         return self.audit.nbytes
 
     @property
+    def mem_bytes(self) -> int:
+        """What the rows cost in memory (module docstring); 0 once they left it."""
+        if self.records is not None:
+            return self.records.nbytes + self.est_bytes if len(self.records) else 0
+        assert self.audit is not None
+        return self.audit.nbytes + AUDIT_ROW_OVERHEAD * len(self.audit)
+
+    @property
     def rows(self) -> int:
         cols = self.records if self.records is not None else self.audit
         assert cols is not None
-        return len(cols)
+        return len(cols) + self.rows_elsewhere
+
+    def release_rows(self) -> None:
+        """Drop the rows from memory (published, or spooled), keeping their count."""
+        self.rows_elsewhere = self.rows
+        self.est_bytes = 0
+        if self.records is not None:
+            self.records = RecordColumns()
+        else:
+            self.audit = AuditColumns()
 
 
 @dataclass
@@ -232,6 +277,16 @@ class InFlight:
         with self._lock:
             return [i for k, i in self._items.items() if k <= upto_id]
 
+    def mem_bytes(self) -> int:
+        """What the rows of the unsettled publishes cost in memory."""
+        with self._lock:
+            return sum(i.detached.partition.mem_bytes for i in self._items.values())
+
+    def partitions(self) -> list[Partition]:
+        """The partitions of the publishes not settled yet."""
+        with self._lock:
+            return [i.detached.partition for i in self._items.values()]
+
     def unsettled_rows(self) -> tuple[int, int]:
         """(records rows, template events) in publishes not settled yet."""
         with self._lock:
@@ -248,6 +303,29 @@ def _rows_by_kind(parts: Sequence[Partition]) -> tuple[int, int]:
     return records, sum(p.rows for p in parts if p.kind is Kind.AUDIT)
 
 
+def _halves(part: Partition) -> list[Partition] | None:
+    """A records partition of more than one batch as two, each half of its batches
+    (in order, the metadata shared, the size estimate shared by rows); None for one."""
+    cols = part.records
+    assert cols is not None
+    batches = cols.batches
+    if len(batches) < 2:
+        return None
+    out: list[Partition] = []
+    rows = len(cols) or 1
+    for chunk in (batches[: len(batches) // 2], batches[len(batches) // 2 :]):
+        half = RecordColumns()
+        for batch in chunk:
+            half.append_batch(batch)
+        p = dataclasses.replace(part, records=half, est_bytes=part.est_bytes * len(half) // rows)
+        p.max_lsn = max(pc.max(b.column("wal_lsn")).as_py() for b in chunk)
+        p.parked = True
+        out.append(p)
+    # the integer shares may fall short of the whole: the first half carries the rest
+    out[0].est_bytes += part.est_bytes - sum(p.est_bytes for p in out)
+    return out
+
+
 class Buffers:
     """Record and audit partitions behind the sink lock (module docstring)."""
 
@@ -257,11 +335,27 @@ class Buffers:
         flush_bytes: int,
         clock: Callable[[], float],
         epoch: Callable[[], int],
+        ceiling_bytes: int | None = None,
+        max_object_bytes: int = MAX_OBJECT_BYTES,
     ) -> None:
         self.flush_bytes = flush_bytes
+        #: the memory bound (module docstring); None: unbounded, nothing spills or waits
+        self.ceiling_bytes = ceiling_bytes
+        self.max_object_bytes = max_object_bytes
         self._clock = clock
         self._epoch = epoch
         self.lock = threading.Lock()  # the sink lock
+        #: notified whenever rows leave memory (``wait_for_room``'s waiters)
+        self._room = threading.Condition(self.lock)
+        #: set when ``held_bytes`` passes the spill mark: the spiller's wake-up
+        self.pressure = threading.Event()
+        self._held = 0  # rows in memory: buffered and in unsettled publishes
+        #: the highest ``held_bytes`` since start
+        self.peak_held_bytes = 0
+        #: turns that waited for room, for how long in all (seconds), and gave up waiting
+        self.room_waits = 0
+        self.room_wait_seconds = 0.0
+        self.room_timeouts = 0
         self._records: dict[tuple[str, int], Partition] = {}
         self._audit: dict[tuple[str, int], Partition] = {}
         self._ids = itertools.count(1)
@@ -315,12 +409,16 @@ class Buffers:
                     self._records[key] = part
             cols = part.records
             assert cols is not None
+            before = part.mem_bytes
             cols.append_batch(batch)
             part.max_lsn = max(part.max_lsn, wal_lsn)
             part.audit_watermark = self._audit_seq.get(tenant, 0)
             part.est_bytes += nbytes
             self._bytes += nbytes
-            if not staged and part.est_bytes >= self.flush_bytes:
+            self._hold_locked(part.mem_bytes - before)
+            if not staged and (
+                part.est_bytes >= self.flush_bytes or part.mem_bytes >= self.max_object_bytes
+            ):
                 del self._records[key]
                 return self._detach_locked(part, "size")
             return None
@@ -357,15 +455,137 @@ class Buffers:
                         self._audit[key] = part
                 cols = part.audit
                 assert cols is not None
-                before = cols.nbytes
+                before, held = cols.nbytes, part.mem_bytes
                 cols.append_row(tenant, template_id, version, template, change, wal_lsn, ts)
                 part.max_lsn = max(part.max_lsn, wal_lsn)
                 self._bytes += cols.nbytes - before
+                self._hold_locked(part.mem_bytes - held)
                 if not staged and cols.nbytes >= self.flush_bytes:
                     del self._audit[key]
                     out.append(self._detach_locked(part, "size"))
             self._audit_seq[tenant] = seq
         return out
+
+    # -- the memory bound (module docstring) --------------------------------------------
+
+    def _hold_locked(self, delta: int) -> None:
+        """Rows entered (``delta`` > 0) or left memory; wakes the spiller past the mark
+        and the turns waiting for room when rows left."""
+        self._held += delta
+        if self._held > self.peak_held_bytes:
+            self.peak_held_bytes = self._held
+        ceiling = self.ceiling_bytes
+        if ceiling is None:
+            return
+        if delta > 0 and self._held >= self.spill_mark:
+            self.pressure.set()
+        elif delta < 0:
+            self._room.notify_all()
+
+    @property
+    def spill_mark(self) -> int:
+        """``held_bytes`` from which the spiller publishes or spools (3/4 of the ceiling)."""
+        ceiling = self.ceiling_bytes
+        return ceiling - ceiling // 4 if ceiling is not None else 1 << 62
+
+    @property
+    def spill_target(self) -> int:
+        """What the spiller brings ``held_bytes`` down to once woken (half the ceiling)."""
+        ceiling = self.ceiling_bytes
+        return ceiling // 2 if ceiling is not None else 1 << 62
+
+    @property
+    def held_bytes(self) -> int:
+        """Rows in memory: buffered, and in publishes not settled (module docstring)."""
+        return self._held
+
+    def wait_for_room(self, timeout: float = ROOM_WAIT_SECS) -> float:
+        """Block while ``held_bytes`` is at ``ceiling_bytes`` and something can bring it
+        down (a partition the spiller can take, or a publish under way that will settle);
+        the ingest turn calls it before it buffers a frame, holding no lock, so the rows
+        in memory stay under the ceiling plus one frame. After ``timeout`` seconds the
+        turn goes on anyway (counted in ``room_timeouts``): a spool that cannot be
+        written (a full volume, where admission refuses new batches already) must not
+        stop the turns for good. Returns the seconds waited."""
+        ceiling = self.ceiling_bytes
+        if ceiling is None or self._held < ceiling:
+            return 0.0
+        started = time.monotonic()
+        deadline = started + timeout
+        with self._room:
+            while self._held >= ceiling:
+                if not self._spillable_locked() and not self.in_flight.mem_bytes():
+                    break  # nothing can free memory: never wait for good (staged spans)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self.room_timeouts += 1
+                    break
+                self.pressure.set()
+                self._room.wait(min(0.25, left))
+        waited = time.monotonic() - started
+        self.room_waits += 1
+        self.room_wait_seconds += waited
+        return waited
+
+    def _spillable_locked(self) -> list[Partition]:
+        """Partitions in memory the spiller may take: never a span still being staged."""
+        return [
+            p
+            for p in itertools.chain(self._records.values(), self._audit.values(), self._units)
+            if p.spool is None and p.rows
+        ]
+
+    def detach_for_spill(self) -> Detached | None:
+        """The largest partition in memory, detached and registered (reason ``spill``)
+        for the spiller, or None when memory is at or below the spill target or nothing
+        can be taken."""
+        with self.lock:
+            if self._held <= self.spill_target:
+                return None
+            candidates = self._spillable_locked()
+            if not candidates:
+                return None
+            part = max(candidates, key=lambda p: p.mem_bytes)
+            if part.records is not None and self._records.get((part.tenant, part.day)) is part:
+                del self._records[(part.tenant, part.day)]
+            elif part.audit is not None and self._audit.get((part.tenant, part.day)) is part:
+                del self._audit[(part.tenant, part.day)]
+            else:
+                self._units.remove(part)
+            return self._detach_locked(part, "spill")
+
+    def published(self, d: Detached) -> PublishOutcome:
+        """``d`` is in the store: its rows leave memory (and its spool file the disk);
+        settle it."""
+        outcome = PublishOutcome(d.id, True)
+        with self.lock:
+            part = d.partition
+            self._hold_locked(-part.mem_bytes)
+            self._forget_locked(part)
+            part.release_rows()
+        self.in_flight.settle(outcome)
+        return outcome
+
+    def _forget_locked(self, part: Partition) -> None:
+        """``part``'s rows are gone for good (published, dropped): remove its spool file."""
+        if part.spool is not None:
+            part.spool.discard()
+
+    def _over_object_locked(self, part: Partition) -> bool:
+        """Whether merging a requeued ``part`` into its buffered partition would pass
+        ``max_object_bytes``."""
+        key = (part.tenant, part.day)
+        existing = self._records.get(key) if part.kind is Kind.RECORDS else self._audit.get(key)
+        return existing is not None and existing.mem_bytes + part.mem_bytes > self.max_object_bytes
+
+    @property
+    def spooled(self) -> tuple[int, int]:
+        """(units, bytes) whose rows are spool files: buffered or in a publish."""
+        with self.lock:
+            units = [u for u in self._units if u.spool is not None]
+        flying = [p for p in self.in_flight.partitions() if p.spool is not None]
+        files = {id(p.spool): p.spool for p in [*units, *flying] if p.spool is not None}
+        return len(files), sum(f.nbytes for f in files.values())
 
     def _detach_locked(self, part: Partition, reason: str) -> Detached:
         d = Detached(next(self._ids), part, self._epoch(), reason)
@@ -434,6 +654,8 @@ class Buffers:
         *,
         identity: str | None = None,
         claimed: bool = False,
+        spooled: SpoolFile | None = None,
+        split: bool = False,
     ) -> PublishOutcome | None:
         """Put a failed (or parked) publish's rows back, older rows first; settle it.
 
@@ -444,7 +666,12 @@ class Buffers:
 
         ``identity`` (an ambiguous failure: the store may hold the object) keeps the rows
         as their own unit under that name; a partition that already has one
-        keeps it whatever the failure, since an earlier attempt may have landed."""
+        keeps it whatever the failure, since an earlier attempt may have landed.
+
+        ``spooled``: the rows were written to this spool file (under ``identity``), so
+        they leave memory and stay a unit of their own. ``split``: the encoded object
+        was over ``max_object_bytes``; a records partition of more than one frame goes
+        back as two units, each half of its batches (one without a name only)."""
         if not claimed and not self.in_flight.claim(d):
             return None
         with self.lock:
@@ -455,13 +682,29 @@ class Buffers:
                 self.superseded_rows += part.rows
                 if part.kind is Kind.AUDIT:
                     self._lose_locked(part.tenant, part.first_seq)
+                self._forget_locked(part)
                 outcome = PublishOutcome(d.id, False, epoch, "superseded")
                 self.in_flight.settle(outcome)
                 return outcome
             if identity is not None and part.identity is None:
                 part.identity = identity
-            if part.deterministic or part.identity is not None:
+            if spooled is not None and part.spool is None:
+                # the rows are a file now (``sink.spool``): out of memory, under their name
+                self._hold_locked(-part.mem_bytes)
+                part.release_rows()
+                part.spool = spooled
+            if split and part.identity is None and part.records is not None:
+                halves = _halves(part)
+                if halves is not None:
+                    self._units.extend(halves)
+                    self._bytes += part.nbytes
+                    outcome = PublishOutcome(d.id, False, epoch, error_type)
+                    self.in_flight.settle(outcome)
+                    return outcome
+            if part.deterministic or part.identity is not None or part.spool is not None:
                 self._units.append(part)
+            elif self._over_object_locked(part):
+                self._units.append(part)  # published as itself: merged, it would pass the bound
             elif part.kind is Kind.RECORDS:
                 key = (part.tenant, part.day)
                 existing = self._records.get(key)
@@ -582,27 +825,20 @@ class Buffers:
             return self._discard_locked(tenant)
 
     def _discard_locked(self, tenant: str) -> int:
-        dropped = 0
+        gone: list[Partition] = []
         kept: list[Partition] = []
         for unit in self._units:
-            if unit.tenant == tenant:
-                dropped += unit.rows
-                self._bytes -= unit.nbytes
-            else:
-                kept.append(unit)
+            (gone if unit.tenant == tenant else kept).append(unit)
         self._units = kept
-        for key in [k for k in self._records if k[0] == tenant]:
-            part = self._records.pop(key)
+        gone.extend(self._records.pop(k) for k in [k for k in self._records if k[0] == tenant])
+        gone.extend(self._audit.pop(k) for k in [k for k in self._audit if k[0] == tenant])
+        gone.extend(self._staged.pop(k) for k in [k for k in self._staged if k[1] == tenant])
+        dropped = 0
+        for part in gone:
             dropped += part.rows
             self._bytes -= part.nbytes
-        for akey in [k for k in self._audit if k[0] == tenant]:
-            part_a = self._audit.pop(akey)
-            dropped += part_a.rows
-            self._bytes -= part_a.nbytes
-        for skey in [k for k in self._staged if k[1] == tenant]:
-            part_s = self._staged.pop(skey)
-            dropped += part_s.rows
-            self._bytes -= part_s.nbytes
+            self._hold_locked(-part.mem_bytes)
+            self._forget_locked(part)
         return dropped
 
     # -- state ---------------------------------------------------------------------------

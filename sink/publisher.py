@@ -47,6 +47,42 @@ copy. (RFC 0055 §9.2 renamed the retry by a UUIDv5 over the rows because nothin
 recorded the first attempt's name and accepted the one extra object; the intent now
 records it.) A clean failure wrote nothing and merges freely.
 
+A publish that fails *cleanly* (nothing was written: a refused connection, a throttle)
+takes its intent back (``retract``): its rows merge into the buffers and the next
+attempt has a fresh name, so the publish intents hold one record per object that may
+exist — an attempt that failed cleanly leaves none — however long an outage lasts.
+
+**The store gate** (``StoreGate``). A publish that fails because the store is not
+taking writes (a refused or timed-out connection, a 5xx, a throttle) marks the store
+*down*; while it is, one publish at a time, at most once per ``probe_secs``, goes to
+the store as its probe, and every other one fails at once (``store_unavailable``: no
+encode, no intent, no request) and is requeued. The first probe that lands marks it up
+again. So an outage costs one request per second, not one per partition per cut, and
+the spool is not read back while nothing can take it. ``sink.store.unavailable`` and
+``sink.store.available`` are its events.
+
+**Spilling** (DESIGN.md §5.12, ``sink.spool``). ``spill`` is the spiller's publish: the
+partition is encoded and written to the store when the gate lets it; when it does not,
+or the write fails, the encoded object is written to the spool instead, under the name
+it has now, with its intent recorded — so it leaves memory and becomes a unit that is
+published from its file, as it is, with the conditional create. A spooled unit's intent
+is never recorded again: one record per spooled object, however many attempts.
+
+**Object size.** An encoded records object over ``max_object_bytes`` is not written: its
+partition goes back as two halves (``object_too_large``), unless it is a single frame's
+rows or already has a name.
+
+**Dead letters** (DESIGN.md §5.13, ``sink.deadletter``). A failure of a permanent class
+(``PERMANENT_ERRORS``: the store refused this very object, or its rows cannot be
+encoded) is a strike against its partition (tenant, kind, day); at
+``dead_letter_attempts`` strikes the object is written durably to the dead-letter
+directory instead and the partition settles as published, so the other partitions' cut
+completes and the checkpoint advances. A denial (``DENIALS``) counts only while the store
+takes other objects meanwhile: one denied for every object is the node's
+misconfiguration, not one partition's, and the WAL absorbs it. A success clears the
+strikes; after a dead letter the partition's later rows go the same way at their first
+permanent failure.
+
 A *deterministic* partition (a settlement's intent span, RFC 0055 §9.4; see
 ``sink.buffers``) is named the same way from its first attempt: its records by the
 derivation above, its template events by their content (``sink.keys.audit_object_name``),
@@ -57,17 +93,23 @@ them wrote is never written again (``already_present``).
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import enum
 import logging
 import queue
 import threading
+import time
 from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Final, Protocol
 
-from sink.buffers import Buffers, Detached, Kind, PublishOutcome
+import pyarrow as pa
+
+from sink.buffers import MAX_OBJECT_BYTES, Buffers, Detached, Kind, PublishOutcome
 from sink.claims import IntentHook, claim_of
+from sink.deadletter import ARROW_SUFFIX, DENIALS, PERMANENT_ERRORS, DeadLetter, arrow_stream
 from sink.keys import (
     audit_key,
     audit_object_name,
@@ -75,7 +117,8 @@ from sink.keys import (
     records_key,
     retry_object_name,
 )
-from sink.parquet import RecordColumns, encode_audit, encode_records
+from sink.parquet import AUDIT_SCHEMA, RECORDS_SCHEMA, RecordColumns, encode_audit, encode_records
+from sink.spool import OBJECT_TOO_LARGE, Spool
 from sink.store import ObjectStore, StoreError
 
 log = logging.getLogger("ourios.sink")
@@ -91,8 +134,95 @@ WAIT_SECS: Final = 300.0
 WAIT_TIMEOUT: Final = "publish_wait_timeout"
 
 
+#: the outcome's error type of a publish the store gate refused (the store is down)
+STORE_UNAVAILABLE: Final = "store_unavailable"
+
+#: error types of a store that is not taking writes at all (the gate's "down"); any
+#: other failure is the object's own and leaves the gate as it was
+UNAVAILABLE_ERRORS: Final = frozenset(
+    {"s3_connection", "s3_timeout", "s3_5xx", "s3_throttled", "local_io", "local_no_space"}
+)
+
+#: the gate's default: how often a store that is down is tried again (seconds)
+PROBE_SECS: Final = 1.0
+
+
 def _no_step(name: str) -> None:
     return None
+
+
+class Ticket(enum.Enum):
+    """What the store gate allows one publish (module docstring)."""
+
+    OPEN = 1  # the store takes writes
+    PROBE = 2  # the store is down and this publish is its probe
+    REFUSED = 3  # the store is down: fail at once
+
+
+class StoreGate:
+    """Whether the store takes writes, learnt from the publishes' own outcomes (module
+    docstring). Thread-safe."""
+
+    def __init__(
+        self,
+        *,
+        probe_secs: float = PROBE_SECS,
+        clock: Callable[[], float] = time.monotonic,
+        events: Callable[[str, Mapping[str, object]], None] | None = None,
+    ) -> None:
+        self.probe_secs = probe_secs
+        self._clock = clock
+        self._events = events or (lambda name, fields: None)
+        self._lock = threading.Lock()
+        self._down_since: float | None = None
+        self._probing = False
+        self._next_probe = 0.0
+        #: publishes refused while the store was down
+        self.refused = 0
+
+    @property
+    def down(self) -> bool:
+        return self._down_since is not None
+
+    def admit(self) -> Ticket:
+        with self._lock:
+            if self._down_since is None:
+                return Ticket.OPEN
+            if self._probing or self._clock() < self._next_probe:
+                self.refused += 1
+                return Ticket.REFUSED
+            self._probing = True
+            return Ticket.PROBE
+
+    def done(self, ticket: Ticket, verdict: StoreError | bool | None) -> None:
+        """What the publish admitted with ``ticket`` learnt: True (the store took a
+        write), a ``StoreError``, or None (it never reached the store)."""
+        event: tuple[str, dict[str, object]] | None = None
+        with self._lock:
+            if ticket is Ticket.PROBE:
+                self._probing = False
+            now = self._clock()
+            if verdict is True and self._down_since is not None:
+                event = (
+                    "sink.store.available",
+                    {"seconds": round(now - self._down_since, 3)},
+                )
+                self._down_since = None
+            elif isinstance(verdict, StoreError) and verdict.error_type in UNAVAILABLE_ERRORS:
+                self._next_probe = now + self.probe_secs
+                if self._down_since is None:
+                    self._down_since = now
+                    event = (
+                        "sink.store.unavailable",
+                        {
+                            "error": str(verdict),
+                            "error_type": verdict.error_type,
+                            "action": "one publish a second probes the store; the others "
+                            "fail at once and their rows stay buffered or spooled",
+                        },
+                    )
+        if event is not None:
+            self._events(*event)
 
 
 class ThreadHandle(Protocol):
@@ -128,6 +258,20 @@ class PublishStats:
     #: publishes whose intent could not be made durable (written anyway: after a crash
     #: their rows may be published a second time, never lost)
     intent_failures: int = 0
+    #: partitions the spiller wrote to the spool, and objects published from it
+    spooled: int = 0
+    unspooled: int = 0
+    #: (kind, error_type) -> partitions written to the dead-letter directory
+    dead_lettered: Counter[tuple[str, str]] = field(default_factory=Counter)
+
+
+@dataclass
+class _Strikes:
+    """A partition's permanent failures since its last success (module docstring)."""
+
+    #: the objects the store had taken when the first strike came
+    landed_before: int
+    count: int = 0
 
 
 class Publisher:
@@ -141,14 +285,34 @@ class Publisher:
         queue_depth: int = 64,
         wait_secs: float = WAIT_SECS,
         intents: IntentHook | None = None,
+        retract: Callable[[str], None] | None = None,
         step: Callable[[str], None] | None = None,
+        spool: Spool | None = None,
+        gate: StoreGate | None = None,
+        max_object_bytes: int = MAX_OBJECT_BYTES,
         threads: Threads | None = None,
+        dead_letter: DeadLetter | None = None,
+        dead_letter_attempts: int = 5,
+        events: Callable[[str, Mapping[str, object]], None] | None = None,
     ) -> None:
         self._store = store
+        #: where a partition the store refuses for good goes (None: retried for ever)
+        self.dead_letter = dead_letter
+        self.dead_letter_attempts = dead_letter_attempts
+        self._events = events or (lambda name, fields: None)
+        #: (kind, tenant, day) -> its permanent failures; objects the store took
+        self._strikes: dict[tuple[str, str, int], _Strikes] = {}
+        self._landed = 0
         #: runs the publisher's loop (None: a plain thread)
         self._threads = threads
         #: makes each object's claim durable before its PUT (module docstring)
         self.intents = intents
+        #: takes back the intent of an object a clean failure did not write
+        self._retract = retract
+        #: where the spiller's partitions go when the store does not take them
+        self.spool = spool
+        self.gate = gate
+        self.max_object_bytes = max_object_bytes
         #: told each step of a publish by name (``publish.intended``: the claim is
         #: durable, the PUT not started; ``publish.stored``: the PUT returned, nothing
         #: settled yet) — the node passes its named sync points, so a test can hold or
@@ -242,52 +406,234 @@ class Publisher:
         assert item.outcome is not None
         return item.outcome
 
-    def _publish_claimed(self, d: Detached) -> PublishOutcome:
-        """Write ``d``, whose claim this thread holds, and settle it."""
+    def spill(self, d: Detached) -> PublishOutcome | None:
+        """The spiller's publish of ``d`` (module docstring): to the store when it takes
+        it, else to the spool; None when another thread holds ``d``."""
+        if not self._buffers.in_flight.claim(d):
+            return None
+        return self._publish_claimed(d, spill=True)
+
+    def _publish_claimed(self, d: Detached, *, spill: bool = False) -> PublishOutcome:
+        """Write ``d``, whose claim this thread holds, and settle it. ``spill``: whatever
+        keeps it from the store, its rows go to the spool (module docstring)."""
         kind = d.partition.kind.value
-        if d.partition.kind is Kind.RECORDS:
+        gate = self.gate
+        ticket = gate.admit() if gate is not None else Ticket.OPEN
+        if ticket is Ticket.REFUSED and not spill:
+            why = RuntimeError("the store is down; another publish probes it")
+            return self._failed(d, kind, STORE_UNAVAILABLE, why, quiet=True)
+        verdict: StoreError | bool | None = None
+        try:
+            outcome, verdict = self._attempt(d, kind, ticket is not Ticket.REFUSED, spill)
+            return outcome
+        finally:
+            if gate is not None:
+                gate.done(ticket, verdict)
+
+    def _attempt(
+        self, d: Detached, kind: str, admitted: bool, spill: bool
+    ) -> tuple[PublishOutcome, StoreError | bool | None]:
+        """``_publish_claimed``'s work: the outcome, and what the store said (for the
+        gate: True, its error, or None when no request was made)."""
+        part = d.partition
+        refusal = ""
+        if part.kind is Kind.RECORDS and admitted:
             try:
                 refusal = self._events_durable(d)
             except Exception as exc:  # noqa: BLE001 - requeued and counted, never lost
-                return self._failed(d, kind, "unexpected", exc)
-            if refusal:
-                return self._failed(d, kind, "audit_not_durable", RuntimeError(refusal))
+                return self._failed(d, kind, "unexpected", exc), None
+            if refusal and not spill:
+                return self._failed(d, kind, "audit_not_durable", RuntimeError(refusal)), None
+        with contextlib.ExitStack() as held:
+            try:
+                if part.spool is not None and self.spool is not None:
+                    # the spooled bytes in memory stay within the spool's read budget
+                    data = held.enter_context(self.spool.reading(part.spool))
+                    name, key = self._spooled_key(d)
+                else:
+                    name, key, data = self._encode(d)
+            except Exception as exc:  # noqa: BLE001 - requeued and counted, never lost
+                if part.spool is None:
+                    return self._encode_failed(d, kind, exc), None
+                return self._failed(d, kind, "unexpected", exc), None
+            if self._too_large(d, data):
+                why = RuntimeError(f"{len(data)} bytes over sink.max_object_bytes")
+                return self._failed(d, kind, OBJECT_TOO_LARGE, why, split=True), None
+            if not admitted or refusal:
+                reason = "audit_not_durable" if refusal else STORE_UNAVAILABLE
+                return self._to_spool(d, kind, name, key, data, reason), None
+            return self._write(d, kind, name, key, data, spill)
+
+    def _write(
+        self, d: Detached, kind: str, name: str, key: str, data: bytes, spill: bool
+    ) -> tuple[PublishOutcome, StoreError | bool | None]:
+        """The intent, then the PUT, then the settlement (module docstring)."""
+        part = d.partition
         created = True
-        name = ""
+        # a spooled unit's intent was recorded when it was spooled: never again
+        intended = part.spool is not None or self._intend(key, d)
         try:
-            name, key, data = self._encode(d)
-            self._intend(key, d)
             self._step("publish.intended")
-            if d.partition.identity is None:
+            if part.identity is None:
                 self._store.put(key, data)
             else:
                 # a retry of rows whose earlier attempt may have landed: never replace
                 created = self._store.put_if_absent(key, data)
             self._step("publish.stored")
         except StoreError as exc:
-            # The store may hold the object: every later attempt at these rows writes
-            # this very key, conditionally (module docstring), so none adds a copy.
-            identity = name if exc.ambiguous and name else None
-            return self._failed(d, kind, exc.error_type, exc, identity)
+            if spill:
+                return self._to_spool(d, kind, name, key, data, exc.error_type), exc
+            if exc.ambiguous:
+                # The store may hold the object: every later attempt at these rows writes
+                # this very key, conditionally (module docstring), so none adds a copy.
+                return self._failed(d, kind, exc.error_type, exc, name), exc
+            if intended and part.identity is None and part.spool is None:
+                self._take_back(key)  # nothing was written: its intent holds nothing
+            attempts = self._strike(d, exc.error_type)
+            if attempts:
+                return self._to_dead_letter(d, kind, key, data, exc, attempts), exc
+            return self._failed(d, kind, exc.error_type, exc), exc
         except Exception as exc:  # noqa: BLE001 - requeued and counted, never lost
-            return self._failed(d, kind, "unexpected", exc)
+            return self._failed(d, kind, "unexpected", exc), None
         with self._stats_lock:
+            self._landed += 1
+            self._strikes.pop((kind, part.tenant, part.day), None)
             if created:
                 self.stats.objects[kind] += 1
                 self.stats.bytes[kind] += len(data)
             else:
                 self.stats.already_present += 1
-        outcome = PublishOutcome(d.id, True)
-        self._buffers.in_flight.settle(outcome)
+            if part.spool is not None:
+                self.stats.unspooled += 1
+        return self._buffers.published(d), True
+
+    def _too_large(self, d: Detached, data: bytes) -> bool:
+        """An encoded records object over ``max_object_bytes`` that can still be split:
+        in memory, more than one frame, no name an earlier attempt may have used."""
+        part = d.partition
+        return (
+            len(data) > self.max_object_bytes
+            and part.spool is None
+            and part.identity is None
+            and part.records is not None
+            and len(part.records.batches) > 1
+        )
+
+    def _to_spool(
+        self, d: Detached, kind: str, name: str, key: str, data: bytes, error_type: str
+    ) -> PublishOutcome:
+        """Write the encoded object to the spool under ``name`` with its intent, and put
+        the partition back as a spooled unit (its rows leave memory). When the intent or
+        the file cannot be written, the rows go back into memory under that name."""
+        part = d.partition
+        spool = self.spool
+        if spool is None or part.spool is not None:
+            return self._failed(d, kind, error_type, RuntimeError("not spooled"), name)
+        if not self._intend(key, d):
+            why = RuntimeError("its publish intent could not be recorded")
+            return self._failed(d, kind, error_type, why, name)
+        try:
+            spooled = spool.write(kind, name, data)
+        except OSError as exc:
+            return self._failed(d, kind, "spool_write", exc, name)
+        with self._stats_lock:
+            self.stats.spooled += 1
+        outcome = self._buffers.requeue(d, error_type, identity=name, claimed=True, spooled=spooled)
+        assert outcome is not None  # this thread holds the claim
         return outcome
 
-    def _intend(self, key: str, d: Detached) -> None:
-        """Make the object's claim durable before its PUT (module docstring). A claim
-        that cannot be recorded does not stop the publish — the store must keep taking
-        rows, or the WAL could never be reclaimed — it only gives up, for this object,
-        the suppression a restart would have applied: counted, and logged."""
-        if self.intents is None:
+    def _strike(self, d: Detached, error_type: str) -> int:
+        """Count a permanent failure of ``d``'s partition (module docstring): the strikes
+        so far when it is to be dead-lettered now, else 0."""
+        if self.dead_letter is None or error_type not in PERMANENT_ERRORS:
+            return 0
+        part = d.partition
+        with self._stats_lock:
+            strikes = self._strikes.setdefault(
+                (part.kind.value, part.tenant, part.day), _Strikes(self._landed)
+            )
+            strikes.count += 1
+            if strikes.count < self.dead_letter_attempts:
+                return 0
+            if error_type in DENIALS and self._landed == strikes.landed_before:
+                return 0  # denied with everything else: the node's, not this partition's
+            return strikes.count
+
+    def _encode_failed(self, d: Detached, kind: str, exc: Exception) -> PublishOutcome:
+        """``d``'s rows could not be encoded: requeued, or after the strikes dead-lettered
+        as an Arrow stream of the same rows."""
+        attempts = self._strike(d, "encode_error")
+        if not attempts:
+            return self._failed(d, kind, "encode_error", exc)
+        part = d.partition
+        day = dt.date(1970, 1, 1) + dt.timedelta(days=part.day)
+        name = part.identity if part.identity is not None else new_object_name(self._node)
+        try:
+            if part.kind is Kind.RECORDS:
+                assert part.records is not None
+                key = records_key(part.tenant, day, name)
+                data = arrow_stream(part.records.batches, RECORDS_SCHEMA)
+            else:
+                assert part.audit is not None
+                key = audit_key(part.tenant, day, name)
+                cols = {n: getattr(part.audit, n) for n in AUDIT_SCHEMA.names}
+                table = pa.Table.from_pydict(cols, schema=AUDIT_SCHEMA)
+                data = arrow_stream(table.to_batches(), AUDIT_SCHEMA)
+        except Exception as again:  # noqa: BLE001 - kept in memory and the WAL, counted
+            return self._failed(d, kind, "encode_error", again)
+        return self._to_dead_letter(d, kind, key + ARROW_SUFFIX, data, exc, attempts)
+
+    def _to_dead_letter(
+        self, d: Detached, kind: str, key: str, data: bytes, exc: Exception, attempts: int
+    ) -> PublishOutcome:
+        """Write the object the store refused for good to the dead-letter directory,
+        durably, and settle its partition as published; when it cannot be written the
+        rows are requeued (nothing acknowledged is dropped)."""
+        part = d.partition
+        error_type = exc.error_type if isinstance(exc, StoreError) else "encode_error"
+        assert self.dead_letter is not None
+        try:
+            path = self.dead_letter.write(key, data)
+        except OSError as failed:
+            log.error("dead-lettering %s failed (%s): rows requeued", key, failed)
+            return self._failed(d, kind, error_type, exc)
+        with self._stats_lock:
+            self.stats.dead_lettered[(kind, error_type)] += 1
+        self._events(
+            "sink.partition.dead_lettered",
+            {
+                "tenant": part.tenant,
+                "kind": kind,
+                "day": str(dt.date(1970, 1, 1) + dt.timedelta(days=part.day)),
+                "rows": part.rows,
+                "bytes": len(data),
+                "attempts": attempts,
+                "error_type": error_type,
+                "error": str(exc),
+                "path": str(path),
+                "action": "the store refuses this object for good: it is kept in the "
+                "dead-letter directory and its WAL frames may be reclaimed; fix the cause "
+                "and re-drive it (RUNBOOK.md)",
+            },
+        )
+        return self._buffers.published(d)
+
+    def _take_back(self, key: str) -> None:
+        if self._retract is None:
             return
+        try:
+            self._retract(key)
+        except Exception as exc:  # noqa: BLE001 - a restart only asks about one more key
+            log.warning("the publish intent for %s was not taken back: %s", key, exc)
+
+    def _intend(self, key: str, d: Detached) -> bool:
+        """Make the object's claim durable before its PUT (module docstring); False when
+        it could not be. A claim that cannot be recorded does not stop the publish — the
+        store must keep taking rows, or the WAL could never be reclaimed — it only gives
+        up, for this object, the suppression a restart would have applied: counted, and
+        logged."""
+        if self.intents is None:
+            return True
         try:
             self.intents(claim_of(key, d.partition))
         except Exception as exc:  # noqa: BLE001 - the publish goes on (docstring)
@@ -299,6 +645,8 @@ class Publisher:
                 key,
                 exc,
             )
+            return False
+        return True
 
     def _events_durable(self, d: Detached) -> str:
         """Make the template events ``d``'s rows reference durable; "" when they are,
@@ -364,10 +712,14 @@ class Publisher:
         error_type: str,
         exc: BaseException,
         identity: str | None = None,
+        *,
+        quiet: bool = False,
+        split: bool = False,
     ) -> PublishOutcome:
         with self._stats_lock:
             self.stats.failures[(kind, error_type)] += 1
-        log.warning(
+        log.log(
+            logging.DEBUG if quiet else logging.WARNING,
             "publish of %s partition for tenant %r (%d rows) failed (%s): %s; rows requeued",
             kind,
             d.partition.tenant,
@@ -375,7 +727,7 @@ class Publisher:
             error_type,
             exc,
         )
-        outcome = self._buffers.requeue(d, error_type, identity=identity, claimed=True)
+        outcome = self._buffers.requeue(d, error_type, identity=identity, claimed=True, split=split)
         assert outcome is not None  # this thread holds the claim
         return outcome
 
@@ -386,6 +738,9 @@ class Publisher:
             part.identity = self._deterministic_name(d)
         name = part.identity if part.identity is not None else new_object_name(self._node)
         day = dt.date(1970, 1, 1) + dt.timedelta(days=part.day)
+        if part.spool is not None:  # encoded when it was spooled, under its name
+            name, key = self._spooled_key(d)
+            return name, key, part.spool.read()
         if part.kind is Kind.RECORDS:
             assert part.records is not None
             data = self.records_encoder(part.records, self._compression)
@@ -393,6 +748,14 @@ class Publisher:
         assert part.audit is not None
         data = encode_audit(part.audit, self._compression)
         return name, audit_key(part.tenant, day, name), data
+
+    def _spooled_key(self, d: Detached) -> tuple[str, str]:
+        """(name, key) of a spooled unit: the name it was spooled under."""
+        part = d.partition
+        assert part.identity is not None, "a spooled unit always has its name"
+        day = dt.date(1970, 1, 1) + dt.timedelta(days=part.day)
+        key_of = records_key if part.kind is Kind.RECORDS else audit_key
+        return part.identity, key_of(part.tenant, day, part.identity)
 
     # -- the thread ----------------------------------------------------------------------
 

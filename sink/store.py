@@ -25,8 +25,8 @@ Contract (``ObjectStore``), the same for every implementation:
   ``error_type`` is a Prometheus label value (``s3_timeout``, ``s3_connection``,
   ``s3_throttled``, ``s3_5xx``, ``s3_access_denied``, ``s3_auth``, ``s3_credentials``,
   ``s3_no_such_bucket``, ``s3_not_found``, ``s3_precondition``, ``s3_conflict``,
-  ``s3_client_error``, ``s3_checksum``, ``s3_error``, ``local_io``, ``local_no_space``,
-  ``local_not_found``, ``memory_not_found``, ``invalid_key``, ``injected``,
+  ``s3_client_error``, ``s3_checksum``, ``s3_error``, ``local_io``, ``local_denied``,
+  ``local_no_space``, ``local_not_found``, ``memory_not_found``, ``invalid_key``, ``injected``,
   ``hold_timeout``); ``ambiguous`` is True when a
   write may have taken effect although the call failed (a timeout or a reset after
   the request was sent, a 5xx reply, a failed directory fsync after the rename): the
@@ -184,7 +184,13 @@ def _fsync_dir(path: Path) -> None:
 
 
 def _local_error_type(exc: OSError) -> str:
-    return "local_no_space" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else "local_io"
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "local_no_space"
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EISDIR):
+        # the key's path refuses the object (permissions, a file where a directory must
+        # be): a retry of the same key cannot cure it (sink.deadletter)
+        return "local_denied"
+    return "local_io"
 
 
 class LocalStore:

@@ -690,7 +690,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "shutdown_exits_zero_with_rows_left",
         "a shutdown that leaves acknowledged rows unpublished exits non-zero",
         "app/node/server.py",
-        "    code = EXIT_ROWS_LEFT if left or not final_cut else 0",
+        "    code = EXIT_ROWS_LEFT if left or unturned or not final_cut or not phase.ended else 0",
         "    code = 0",
         (
             "tests/unit/app/node/test_server.py::test_nowedge_0_a_shutdown_with_the_store_down_counts_the_rows_left_and_exits_non_zero",
@@ -704,6 +704,92 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "        cap = max(0, cap)",
         (
             "tests/crash/test_reclaim_model.py::test_nowedge_7_rfc0052_12_a_cap_above_the_record_geometry_is_clamped_to_it",
+        ),
+    ),
+    # -- every state ends well (issue 22 items 1 and 4) ------------------------------------
+    Sabotage(
+        "replay_decode_ignores_the_stop",
+        "SIGTERM is honoured in every state: a replay's decoding ends at the stop",
+        "app/node/workers.py",
+        "        if stop.is_set() or self._stopping.is_set():\n"
+        '            raise DecodeStopped("the replay was stopped")',
+        "        return",
+        (
+            "tests/unit/app/node/test_workers.py::test_every_state_1_a_stop_abandons_the_decode_window",
+            "tests/unit/app/node/test_workers.py::test_every_state_1_stopping_workers_end_a_decode_that_waits_for_them",
+        ),
+    ),
+    Sabotage(
+        "replay_turns_past_the_halt",
+        "SIGTERM is honoured in every state: a replay ends at its next frame",
+        "app/ingest/stages.py",
+        "                    if self._halt.is_set():\n                        break\n"
+        "                    turn_replayed(item)",
+        "                    turn_replayed(item)",
+        (
+            "tests/unit/app/ingest/test_stages.py::test_every_state_1_a_halted_replay_turns_nothing_more_and_nothing_new",
+        ),
+    ),
+    Sabotage(
+        "turns_outlive_the_drain",
+        "no thread outlives server.stopped: the turn thread stops when the drain's time is up",
+        "app/ingest/stages.py",
+        "            self._halt.set()  # out of time: what is not turned stays in the WAL",
+        "            pass",
+        (
+            "tests/unit/app/ingest/test_stages.py::test_every_state_1_a_drain_out_of_time_stops_after_the_frame_in_hand_and_counts_the_rest",
+            "tests/crash/test_sigterm_every_state_serve.py::test_every_state_1_sigterm_exits_within_grace_and_final_cut_and_loses_nothing[backlog_full]",
+        ),
+    ),
+    Sabotage(
+        "final_cut_unbounded",
+        "the process exits within grace + final cut: a cut stuck in the store is abandoned",
+        "app/node/server.py",
+        "        runner.join(max(0.0, until - time.monotonic()))",
+        "        runner.join()",
+        (
+            "tests/crash/test_sigterm_every_state_serve.py::test_every_state_1_sigterm_exits_within_grace_and_final_cut_and_loses_nothing[store_down]",
+        ),
+    ),
+    Sabotage(
+        "supervised_threads_outlive_the_stop",
+        "no thread outlives server.stopped: a supervised loop in its backoff ends at the stop",
+        "app/node/server.py",
+        "        node.threads.close()\n        node.threads.join(SUPERVISED_JOIN_SECS)",
+        "        pass",
+        (
+            "tests/unit/app/node/test_server.py::test_every_state_1_a_supervised_loop_in_its_restart_backoff_ends_with_the_stop",
+        ),
+    ),
+    Sabotage(
+        "decode_failure_stops_the_start",
+        "a frame that cannot be decoded at replay is isolated; the start goes on",
+        "app/node/recovery.py",
+        "            self._isolate(frame, s, decoded)\n            return",
+        '            raise RuntimeError(f"frame {frame.offset} does not decode: {decoded.error}")',
+        (
+            "tests/unit/app/node/test_recovery.py::test_every_state_4_a_replayed_frame_that_does_not_decode_is_isolated_and_the_rest_replay",
+            "tests/crash/test_replay_decode_failure_serve.py::test_every_state_4_a_frame_that_does_not_decode_at_replay_is_isolated_and_the_node_starts[raises]",
+        ),
+    ),
+    Sabotage(
+        "decode_retried_without_bound",
+        "a replayed frame's decode is retried at most wal.frame_decode_attempts times",
+        "app/node/workers.py",
+        "            if failures >= attempts:\n                return Undecodable(error, failures)",
+        "            if False:\n                return Undecodable(error, failures)",
+        (
+            "tests/unit/app/node/test_workers.py::test_every_state_4_a_payload_failing_on_every_worker_is_undecodable_at_the_bound",
+        ),
+    ),
+    Sabotage(
+        "isolated_frame_not_kept",
+        "an isolated frame's payload is kept and named: nothing acknowledged vanishes unnamed",
+        "app/node/recovery.py",
+        "        if self._quarantine is not None:\n            try:\n                saved = str(",
+        "        if False:\n            try:\n                saved = str(",
+        (
+            "tests/unit/app/node/test_recovery.py::test_every_state_4_a_replayed_frame_that_does_not_decode_is_isolated_and_the_rest_replay",
         ),
     ),
     # -- one writer per WAL; a poison batch isolated (issue 18 items 3 and 4) -------------
@@ -1123,6 +1209,236 @@ SABOTAGES: tuple[Sabotage, ...] = (
         '    emit("receive.decoder", details, "info")',
         (
             "tests/integration/test_decoder.py::test_native_2_serve_without_the_extension_runs_on_upb_and_says_so",
+        ),
+    ),
+    # -- issue 22 items 2, 5 and 8: every state ends well ---------------------------------
+    Sabotage(
+        "intent_repair_through_a_temp",
+        "a torn intent tail is cut in place at open: a restart on a full volume starts",
+        "wal/intents.py",
+        "                        fs.ftruncate(fd, found.valid_end)\n",
+        "                        _rewrite(fs, root, [encode_record(r) for r in found.records])\n",
+        (
+            "tests/unit/wal/test_intents.py::test_every_state_2_a_torn_tail_is_cut_in_place_without_a_new_block",
+            "tests/integration/test_start_on_a_full_volume.py::test_every_state_2_a_restart_on_a_full_volume_starts",
+        ),
+    ),
+    Sabotage(
+        "start_up_write_not_from_reserve",
+        "a start-up write that finds no space takes the emergency reserve's",
+        "app/node/diskspace.py",
+        "    try:\n        return attempt()\n    except Exception as exc:\n        if not (reserve.on_volume",
+        "    return attempt()\n    try:\n        return attempt()\n    except Exception as exc:\n        if not (reserve.on_volume",
+        (
+            "tests/unit/app/node/test_diskspace.py::test_every_state_2_a_start_up_write_without_space_takes_the_reserve_once",
+            "tests/integration/test_start_on_a_full_volume.py::test_every_state_2_a_restart_on_a_full_volume_starts",
+        ),
+    ),
+    Sabotage(
+        "small_volume_not_checked",
+        "a volume no larger than the reserve and stop water refuses to start",
+        "app/node/diskspace.py",
+        "        if need and size <= need:\n",
+        "        if need and size < 0:\n",
+        (
+            "tests/unit/app/node/test_diskspace.py::test_every_state_2_a_volume_too_small_for_reserve_and_stop_water_is_refused",
+            "tests/integration/test_start_on_a_full_volume.py::test_every_state_2_a_volume_smaller_than_reserve_and_stop_water_refuses_to_start",
+        ),
+    ),
+    Sabotage(
+        "current_segment_high_water_not_recorded",
+        "the current segment's synced high-water is recorded at the group commit's cadence",
+        "wal/commit.py",
+        "        if self._after_rounds is not None:\n            self._after_rounds()\n",
+        "",
+        (
+            "tests/unit/wal/test_highwater.py::test_every_state_5_damage_below_the_recorded_high_water_is_corruption",
+        ),
+    ),
+    Sabotage(
+        "newest_damage_below_high_water_read_as_torn",
+        "damage below HIGHWATER's claim in the newest segment is corruption, not a torn tail",
+        "wal/opening.py",
+        "                self._high_water.claim(newest_file),\n",
+        "                None,\n",
+        (
+            "tests/unit/wal/test_highwater.py::test_every_state_5_damage_below_the_recorded_high_water_is_corruption",
+        ),
+    ),
+    Sabotage(
+        "high_water_claims_an_unsynced_end",
+        "HIGHWATER never claims more than a completed data fsync covered",
+        "wal/highwater.py",
+        "            lsn = cur.synced_lsn\n",
+        "            lsn = cur.end_lsn\n",
+        (
+            "tests/unit/wal/test_highwater.py::test_every_state_5_a_frame_appended_during_the_round_is_never_claimed",
+            "tests/unit/wal/test_highwater.py::test_every_state_5_a_failed_data_fsync_is_never_claimed",
+        ),
+    ),
+    Sabotage(
+        "torn_tail_frames_uncounted",
+        "the valid frames after a torn tail are counted and named",
+        "wal/opening.py",
+        "        after = frames_after_damage(scan.data, at, path)\n",
+        "        after = frames_after_damage(scan.data, at, path)[:0]\n",
+        (
+            "tests/unit/wal/test_highwater.py::test_every_state_5_a_torn_tail_counts_and_names_the_frames_after_it",
+        ),
+    ),
+    Sabotage(
+        "store_not_probed_at_start",
+        "a wrong store configuration refuses the start",
+        "app/node/server.py",
+        "    if given_store is None:  # the store the settings name",
+        "    if False:  # the store the settings name",
+        (
+            "tests/integration/test_store_probe_serve.py::test_every_state_8_a_wrong_store_configuration_refuses_to_start",
+        ),
+    ),
+    Sabotage(
+        "store_outage_refuses_the_start",
+        "a store that does not answer at start-up starts the node with ourios_store_up 0",
+        "app/node/storeprobe.py",
+        "    return error.error_type not in TRANSIENT and error.error_type not in ANSWERS\n",
+        "    return error.error_type not in ANSWERS\n",
+        (
+            "tests/unit/app/node/test_storeprobe.py::test_every_state_8_a_transient_error_starts_with_the_store_down",
+            "tests/integration/test_store_probe_serve.py::test_every_state_8_a_store_down_at_start_starts_and_says_so",
+        ),
+    ),
+    Sabotage(
+        "store_up_never_comes_back",
+        "ourios_store_up returns to 1 once the store answers",
+        "app/node/storeprobe.py",
+        "            raise\n        self._health.answered()\n        return result\n",
+        "            raise\n        return result\n",
+        (
+            "tests/unit/app/node/test_storeprobe.py::test_every_state_8_a_transient_error_starts_with_the_store_down",
+        ),
+    ),
+    # -- bounded whatever the outage (issue 21 item 1) -------------------------------------
+    Sabotage(
+        "memory_bound_ignored",
+        "the rows in memory stay under sink.ceiling_bytes: what does not fit is spooled",
+        "app/node/server.py",
+        "        ceiling_bytes=settings.sink.ceiling_bytes,\n        max_object_bytes",
+        "        ceiling_bytes=None,\n        max_object_bytes",
+        (
+            "tests/crash/test_bounded_memory_serve.py::test_bounded_1_a_long_store_outage_keeps_memory_under_the_bound_and_loses_nothing",
+        ),
+    ),
+    Sabotage(
+        "spiller_never_spills",
+        "past the spill mark the largest partitions leave memory",
+        "sink/buffers.py",
+        "            if self._held <= self.spill_target:\n                return None",
+        "            if True:\n                return None",
+        (
+            "tests/unit/sink/test_spool.py::test_bounded_1_rows_past_the_spill_mark_spill_to_the_spool_and_memory_comes_down",
+        ),
+    ),
+    Sabotage(
+        "spooled_settled_as_published",
+        "a spooled unit is a place of its own: no cut stamps behind it until it is in the store",
+        "sink/publisher.py",
+        "        outcome = self._buffers.requeue(d, error_type, identity=name, claimed=True, spooled=spooled)",
+        "        outcome = self._buffers.published(d)",
+        (
+            "tests/unit/sink/test_spool.py::test_bounded_1_a_spooled_unit_is_published_from_its_file_once_under_its_name",
+            "tests/unit/app/ingest/test_landed.py::test_bounded_1_a_restart_during_an_outage_re_derives_the_spool_under_the_ceiling",
+        ),
+    ),
+    Sabotage(
+        "spooled_unit_renamed",
+        "a spooled unit keeps the name it was spooled (and its intent recorded) under",
+        "sink/publisher.py",
+        "        return part.identity, key_of(part.tenant, day, part.identity)",
+        "        name = new_object_name(self._node)\n        return name, key_of(part.tenant, day, name)",
+        (
+            "tests/unit/sink/test_spool.py::test_bounded_1_a_spooled_unit_is_published_from_its_file_once_under_its_name",
+        ),
+    ),
+    Sabotage(
+        "intent_per_attempt",
+        "a clean failure takes its intent back: one record per object that may exist",
+        "sink/publisher.py",
+        "                self._take_back(key)  # nothing was written: its intent holds nothing",
+        "                pass",
+        (
+            "tests/unit/sink/test_spool.py::test_bounded_1_one_intent_per_object_that_may_exist_not_one_per_attempt",
+        ),
+    ),
+    Sabotage(
+        "absent_intents_kept_at_restart",
+        "a restart takes back the intents of the objects the store does not hold",
+        "app/ingest/landed.py",
+        "                if self._on_absent is not None:",
+        "                if False:",
+        (
+            "tests/unit/app/ingest/test_landed.py::test_bounded_1_a_restart_during_an_outage_re_derives_the_spool_under_the_ceiling",
+            "tests/unit/app/ingest/test_landed.py::test_bounded_1_the_restart_check_lists_a_crowded_prefix_and_forgets_the_absent",
+        ),
+    ),
+    Sabotage(
+        "spool_not_counted_by_disk_admission",
+        "what the spool writes counts in disk admission's free-space figure",
+        "sink/spool.py",
+        "        if self._on_write is not None:\n            self._on_write(len(data))",
+        "        if False:\n            pass",
+        (
+            "tests/unit/sink/test_spool.py::test_bounded_1_the_spool_of_a_previous_run_is_discarded_and_disk_admission_counts_the_spool",
+        ),
+    ),
+    Sabotage(
+        "merged_past_max_object_bytes",
+        "no partition grows past sink.max_object_bytes, a failed publish included",
+        "sink/buffers.py",
+        "            elif self._over_object_locked(part):",
+        "            elif False:",
+        ("tests/unit/sink/test_spool.py::test_bounded_1_no_partition_grows_past_max_object_bytes",),
+    ),
+    # -- every state ends well: dead letters (issue 22 item 6) ------------------------
+    Sabotage(
+        "dead_letter_never",
+        "a partition the store refuses for good is dead-lettered after bounded attempts",
+        "sink/publisher.py",
+        "            if strikes.count < self.dead_letter_attempts:\n                return 0",
+        "            if True:\n                return 0",
+        (
+            "tests/unit/sink/test_deadletter.py::test_every_state_6_a_partition_refused_for_good_is_dead_lettered_and_the_cut_completes",
+            "tests/unit/sink/test_deadletter.py::test_every_state_6_rows_that_cannot_be_encoded_are_dead_lettered_as_an_arrow_stream",
+        ),
+    ),
+    Sabotage(
+        "dead_letter_settled_unwritten",
+        "a dead-lettered partition settles only once its file is durable",
+        "sink/publisher.py",
+        "            path = self.dead_letter.write(key, data)",
+        "            path = self.dead_letter.root / key",
+        (
+            "tests/unit/sink/test_deadletter.py::test_every_state_6_a_partition_refused_for_good_is_dead_lettered_and_the_cut_completes",
+            "tests/unit/sink/test_deadletter.py::test_every_state_6_a_dead_letter_that_cannot_be_written_keeps_the_rows",
+        ),
+    ),
+    Sabotage(
+        "dead_letter_on_any_error",
+        "only a permanent error class of one partition dead-letters it",
+        "sink/publisher.py",
+        "        if self.dead_letter is None or error_type not in PERMANENT_ERRORS:",
+        "        if self.dead_letter is None:",
+        (
+            "tests/unit/sink/test_deadletter.py::test_every_state_6_no_dead_letter_for_a_node_wide_denial_or_a_transient_error",
+        ),
+    ),
+    Sabotage(
+        "dead_letter_node_wide_denial",
+        "a store that denies every object dead-letters nothing: the WAL absorbs it",
+        "sink/publisher.py",
+        "            if error_type in DENIALS and self._landed == strikes.landed_before:",
+        "            if False:",
+        (
+            "tests/unit/sink/test_deadletter.py::test_every_state_6_no_dead_letter_for_a_node_wide_denial_or_a_transient_error",
         ),
     ),
     # -- every state ends well: threads and clocks (issue 22 items 3 and 7) ------------

@@ -19,7 +19,7 @@ from .errors import (
 )
 from .frontiers import PublishedWriteError
 from .fs import Fs, OsFs
-from .intents import IntentKind, IntentLog, IntentRecord, IntentWriteError
+from .intents import IntentEntry, IntentKind, IntentLog, IntentRecord, IntentWriteError
 from .journal import Journal
 from .quarantine import QuarantineError, QuarantineRecord
 from .reading import Replay
@@ -65,6 +65,7 @@ __all__ = [
     "FrameSpan",
     "FrameTooLarge",
     "Fs",
+    "IntentEntry",
     "IntentKind",
     "IntentLog",
     "IntentRecord",

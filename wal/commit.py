@@ -24,6 +24,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 
 from .errors import (
     AppendError,
@@ -105,10 +106,18 @@ class Commit:
     """
 
     def __init__(
-        self, log: Log, rotation: Rotation, on_append: Timing | None, on_fsync: Timing | None
+        self,
+        log: Log,
+        rotation: Rotation,
+        on_append: Timing | None,
+        on_fsync: Timing | None,
+        after_rounds: Callable[[], None] | None = None,
     ) -> None:
         self._log = log
         self._rotation = rotation
+        #: the leader's call once its rounds are done (``highwater``: record the synced
+        #: high-water at its cadence), after every waiter it covered was woken
+        self._after_rounds = after_rounds
         #: observers of each frame write's and each fsync's duration (the metrics)
         self._on_append = on_append
         self._on_fsync = on_fsync
@@ -197,6 +206,8 @@ class Commit:
         while self._sync_round(me, extra < EXTRA_ROUNDS):
             if me._done:
                 extra += 1
+        if self._after_rounds is not None:
+            self._after_rounds()
 
     def _sync_round(self, me: Pending, may_continue: bool = False) -> bool:
         """One fsync round led by ``me``. True when ``me`` leads the next round too: its

@@ -109,6 +109,16 @@ class WalConfig:
         maximum=2**62,
         unit="bytes",
     )
+    high_water_bytes: int = knob(
+        1 * MiB,
+        "Acknowledged bytes of the current segment after which its synced high-water is "
+        "recorded again in HIGHWATER (one small write and fsync by the commit that "
+        "crossed it): damage below that high-water is refused as corruption, so only "
+        "fewer than this many of the newest acknowledged bytes can read as a torn tail.",
+        minimum=1,
+        maximum=1 * GiB,
+        unit="bytes",
+    )
     archive: bool = knob(
         False,
         "Copy each segment to the object store under wal-archive/ before unlinking it.",

@@ -42,6 +42,7 @@ from .scan import (
     frames_after_damage,
     high_water_problem,
     read_segment_file,
+    recorded_in_highwater,
     scan_segment,
 )
 from .segment import HEADER_SIZE, PARTIAL_RE, SEGMENT_RE, SegmentHeader, uuid7_time
@@ -209,7 +210,7 @@ def verify_root(root: Path | str, *, fs: Fs | None = None) -> RootReport:
         newest = scans[-1]
         if newest.stop.damaged and newest.stop.reason:
             after = _frames_after_damage(newest.data, newest.stop.valid_end, newest.file.path)
-            # Above the checkpoint the newest segment has no recorded high-water, so this
+            # Above its recorded high-water (checked below) a torn tail is legal, so this
             # stays a note; frames that verify after it are worth an operator's look.
             suspect = (
                 f"; {after} frame(s) after it still verify, which a crash rarely leaves: "
@@ -222,14 +223,14 @@ def verify_root(root: Path | str, *, fs: Fs | None = None) -> RootReport:
                     newest.file.path,
                     newest.stop.valid_end,
                     f"torn tail in the newest segment ({newest.stop.reason}); legal after a "
-                    f"crash above the checkpoint (it has no other high-water yet): the next "
-                    f"open seals it and keeps the bytes{suspect}",
+                    f"crash above its recorded high-water (the checkpoint mark, HIGHWATER): "
+                    f"the next open seals it and keeps the bytes{suspect}",
                 )
             )
     _read_checkpoint_into(fs, report, scans)
     _read_reclaim_into(fs, report)
     _read_quarantine_into(fs, report, {f.path.name for f in files} | set(seg_names))
-    _damage_below_checkpoint(report, scans)
+    _damage_below_checkpoint(fs, report, scans)
     _read_published_into(fs, report)
     _describe_sidecars(report, names)
     return report
@@ -262,15 +263,20 @@ def _read_quarantine_into(fs: Fs, report: RootReport, present: set[str]) -> None
         )
 
 
-def _damage_below_checkpoint(report: RootReport, scans: list[SegmentScan]) -> None:
-    """Damage below the checkpoint mark in the mark's own segment is corruption of
-    acknowledged frames, even where a torn tail would be legal (the newest segment): the
-    mark is that segment's high-water (the same refusal open makes)."""
+def _damage_below_checkpoint(fs: Fs, report: RootReport, scans: list[SegmentScan]) -> None:
+    """Damage below the checkpoint mark in the mark's own segment, or below what HIGHWATER
+    records for the newest segment, is corruption of acknowledged frames, even where a
+    torn tail would be legal (the newest segment): each is a high-water of that segment
+    (the same refusal open makes)."""
     reported = {(p.path, p.offset) for p in report.problems}
-    for scan, summary in zip(scans, report.segments, strict=False):
-        recorded = checkpoint_high_water(scan.file, report.checkpoint)
-        if recorded is None or not scan.data:
+    for i, (scan, summary) in enumerate(zip(scans, report.segments, strict=False)):
+        marks = [checkpoint_high_water(scan.file, report.checkpoint)]
+        if i == len(scans) - 1:
+            marks.append(recorded_in_highwater(fs, report.root, scan.file))
+        found = [m for m in marks if m is not None]
+        if not found or not scan.data:
             continue
+        recorded = max(found, key=lambda m: m[0])
         if summary.high_water is None or recorded[0] > summary.high_water:
             summary.high_water, summary.high_water_source = recorded
         problem = high_water_problem(scan, *recorded)
@@ -281,7 +287,9 @@ def _damage_below_checkpoint(report: RootReport, scans: list[SegmentScan]) -> No
                     scan.file.path,
                     scan.stop.valid_end,
                     f"below the checkpoint: {problem.reason} (the store holds the records "
-                    f"of the frames at or below the checkpoint)",
+                    f"of the frames at or below the checkpoint)"
+                    if "checkpoint" in recorded[1]
+                    else f"below the high-water HIGHWATER records: {problem.reason}",
                 )
             )
             report.notes = [n for n in report.notes if (n.path, n.offset) != where]
@@ -331,6 +339,29 @@ def _describe_sidecars(report: RootReport, names: list[str]) -> None:
         report.sidecars["PUBLISHED"] = "unreadable (see the problems)"
     else:
         report.sidecars["PUBLISHED"] = "absent"
+    _describe_high_water(report, present)
+
+
+def _describe_high_water(report: RootReport, present: set[str]) -> None:
+    from .highwater_file import NAME, HighWaterFile
+
+    if NAME not in present:
+        report.sidecars[NAME] = "absent (created at the next open)"
+        return
+    try:
+        found = HighWaterFile.read_only(OsFs(), report.root)
+    except (CorruptionError, OSError) as exc:
+        report.problems.append(Problem(report.root / NAME, None, f"unreadable: {exc}"))
+        report.sidecars[NAME] = "unreadable (see the problems)"
+        return
+    rec = found[1] if found is not None else None
+    if rec is None or rec.segment is None:
+        report.sidecars[NAME] = "nothing recorded yet"
+    else:
+        report.sidecars[NAME] = (
+            f"high-water {rec.lsn} of segment {rec.segment} (base {rec.base_lsn}), "
+            f"generation {rec.generation}"
+        )
 
 
 @dataclass

@@ -38,14 +38,18 @@ and recovery would drop rows that are nowhere else.
 
 Crash cases. *A crash while a record is written*: its PUT never started (the fsync
 comes first), so a torn or checksum-failing tail means nothing. Reading stops at the
-first record that does not verify; open rewrites the file with the records before it
-(temp, fsync, rename, directory fsync) so nothing is ever appended behind damage, and
-reports the bytes it dropped. Only a tail can be torn — every earlier record was
-fsynced before the next was written — so a bad record with good ones after it is bit
-rot; what it hid can only make recovery suppress less (a duplicate), never more (a
-loss), because a record only ever *suppresses* rows, and only those of an object the
-store confirms. *A crash after the record, before or during the PUT*: the object may
-or may not exist; recovery asks the store. *A crash after the PUT*: it exists.
+first record that does not verify; open truncates the file there in place and fsyncs
+it, so nothing is ever appended behind damage, and reports the bytes it dropped. In
+place because a truncation frees blocks and never needs one: a node killed during an
+append on a full volume must start on that volume (a rewrite through a temp needed a
+new block and failed every start with ENOSPC). A power loss before the fsync may undo
+the truncation; the next open finds the same tail and cuts it again. Only a tail can be
+torn — every earlier record was fsynced before the next was written — so a bad record
+with good ones after it is bit rot; what it hid can only make recovery suppress less (a
+duplicate), never more (a loss), because a record only ever *suppresses* rows, and only
+those of an object the store confirms. *A crash after the record, before or during the
+PUT*: the object may or may not exist; recovery asks the store. *A crash after the
+PUT*: it exists.
 
 Version policy: version 1 is the only one written and read; any other version, a bad
 header CRC or a non-zero reserved byte in the header refuses the start naming the file
@@ -53,13 +57,24 @@ header CRC or a non-zero reserved byte in the header refuses the start naming th
 ``tests/unit/wal/data/publishing_v1.bin``.
 
 Trimming: a record is needed only while some claim lies above its tenant's publication
-frontier. ``trim(keep)`` rewrites the file with the records ``keep`` accepts (the same
-temp-and-rename as open's repair), so the file, and recovery's work, stay bounded by
+frontier. ``trim(keep)`` rewrites the file with the records ``keep`` accepts (temp, fsync,
+rename, directory fsync), so the file, and recovery's work, stay bounded by
 what was published since the frontier.
+
+Retracting (issue 21): a record is needed only while its object may exist. A publish
+that failed cleanly wrote nothing, and an object a restart's check found absent is not
+there; ``retract(keys)`` takes their records back in memory at once and compacts the
+file (the same rewrite) once the retracted bytes outgrow the live ones. Equal records
+are one (an append of a record in force writes nothing), so an object retried under
+its own name — a spooled unit, an ambiguous retry — has one record however many
+attempts it takes. The file is therefore bounded by the objects that may exist above
+the frontiers, not by the attempts, and memory holds one small ``IntentEntry`` per
+record (its claims are read back from the file when recovery needs them).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import os
 import struct
@@ -80,6 +95,8 @@ HEADER_SIZE: Final = 16
 MAX_KEY_BYTES: Final = 1024
 MAX_TENANT_BYTES: Final = 128
 MAX_CLAIMS: Final = 1 << 20
+#: retracted bytes a file may hold before it is compacted, beyond the live ones
+COMPACT_FLOOR: Final = 64 << 10
 MAX_BODY: Final = 8 + 2 + MAX_TENANT_BYTES + 2 + MAX_KEY_BYTES + 8 + 20 * MAX_CLAIMS
 
 _HEAD: Final = struct.Struct("<4sHHI")  # 12, then the CRC
@@ -256,12 +273,30 @@ def scan(data: bytes, path: Path) -> IntentScan:
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class IntentEntry:
+    """What the log keeps in memory of one record: never its claims (a long outage's
+    records name every frame it holds), only what a trim decides by and where its bytes
+    are in the file."""
+
+    kind: IntentKind
+    tenant: str
+    key: str
+    #: the newest frame any claim names (``IntentRecord.highest_lsn``)
+    highest_lsn: int
+    offset: int
+    length: int
+    #: CRC-32C of the record's body: equal records are one intent
+    crc: int
+
+
 class IntentLog:
     """The PUBLISHING file of a WAL root, open for appends (module docstring).
 
-    Thread-safe: appends (any publishing thread) and trims (the barrier) take one lock.
+    Thread-safe: appends (any publishing thread), retractions and trims take one lock.
     ``OSError`` from the seam is raised as ``IntentWriteError`` naming the file and the
-    step; the in-memory records change only when the file did."""
+    step; the in-memory entries change only when the file did. Memory holds an
+    ``IntentEntry`` per record, never the claims: ``records`` reads them from the file."""
 
     NAME: ClassVar[str] = "PUBLISHING"
     TEMP: ClassVar[str] = "PUBLISHING.tmp"
@@ -270,13 +305,26 @@ class IntentLog:
         self._fs = fs
         self._root = root
         self._fd: int | None = fd
-        self._size = size
-        self._records = records
-        self._known = set(records)
+        self._entries: list[IntentEntry] = []
+        self._known: dict[tuple[str, int], IntentEntry] = {}
+        at = HEADER_SIZE
+        for rec in records:
+            entry = _entry(rec, encode_record(rec), at)
+            at += entry.length
+            self._add(entry)
+        self._size = at  # open rewrote the file to exactly these records (``size``)
+        #: bytes of retracted records still in the file (``retract``)
+        self._dead = 0
+        #: retracted bytes the file may hold before it is compacted (beyond the live ones)
+        self.compact_floor = COMPACT_FLOOR
         self._lock = threading.Lock()
         self._closed = False
         #: what open found after the last good record (reported once, by the caller)
         self.opened = IntentScan()
+
+    def _add(self, entry: IntentEntry) -> None:
+        self._entries.append(entry)
+        self._known[(entry.key, entry.crc)] = entry
 
     @property
     def path(self) -> Path:
@@ -285,7 +333,8 @@ class IntentLog:
     @classmethod
     def open(cls, fs: Fs, root: Path) -> IntentLog:
         """Open (creating it when absent) and read every record; a torn or damaged tail
-        is dropped by rewriting the file without it, so appends never follow damage."""
+        is cut off in place (truncated and fsynced: no block needed on a full volume),
+        so appends never follow damage."""
         path = root / cls.NAME
         temp = root / cls.TEMP
         try:
@@ -299,33 +348,56 @@ class IntentLog:
                 data = b""
                 found = IntentScan()
                 _rewrite(fs, root, [])
+                fd = fs.open(path, os.O_WRONLY)
             else:
                 found = scan(data, path)
+                fd = fs.open(path, os.O_WRONLY)
                 if found.dropped_bytes:
-                    _rewrite(fs, root, [encode_record(r) for r in found.records])
-            fd = fs.open(path, os.O_WRONLY)
+                    try:
+                        fs.ftruncate(fd, found.valid_end)
+                        fs.fsync(fd)
+                    except OSError:
+                        fs.close(fd)
+                        raise
         except OSError as exc:
             raise IntentWriteError(f"{path}: open failed: {exc}") from exc
-        size = HEADER_SIZE + sum(len(encode_record(r)) for r in found.records)
+        size = found.valid_end
         log = cls(fs, root, fd, size, list(found.records))
-        log.opened = found
+        log.opened = IntentScan([], found.valid_end, found.dropped_bytes, found.dropped_reason)
         return log
 
     def records(self) -> list[IntentRecord]:
-        """Every record in force, oldest first."""
+        """Every record in force, oldest first (read back from the file)."""
         with self._lock:
-            return list(self._records)
+            entries = list(self._entries)
+            if not entries:
+                return []
+            data = self._read_locked()
+        return [_decode_at(data, e) for e in entries]
+
+    def entries(self) -> list[IntentEntry]:
+        """What memory holds of every record in force, oldest first."""
+        with self._lock:
+            return list(self._entries)
 
     def __len__(self) -> int:
         with self._lock:
-            return len(self._records)
+            return len(self._entries)
+
+    @property
+    def size(self) -> int:
+        """The file's length in bytes (the header, the records in force and the
+        retracted ones not compacted yet)."""
+        with self._lock:
+            return self._size
 
     def append(self, rec: IntentRecord) -> None:
         """Make ``rec`` durable (write at the end, fsync) before the caller's PUT. A
         record equal to one in force is already durable: nothing is written."""
         data = encode_record(rec)
         with self._lock:
-            if rec in self._known:
+            entry = _entry(rec, data, self._size)
+            if (entry.key, entry.crc) in self._known:
                 return
             try:
                 fd = self._reopen_locked()
@@ -338,38 +410,76 @@ class IntentLog:
                     f"failed: {exc}"
                 ) from exc
             self._size += len(data)
-            self._records.append(rec)
-            self._known.add(rec)
+            self._add(entry)
 
-    def trim(self, keep: Callable[[IntentRecord], bool]) -> int:
-        """Rewrite the file with the records ``keep`` accepts; returns how many were
-        dropped (0: nothing written). On failure the file and the records in force are
-        unchanged (``IntentWriteError``)."""
+    def retract(self, keys: Iterable[str]) -> int:
+        """Take back the records of ``keys``: objects known not to exist (a clean
+        failure wrote nothing; a restart's check found none). Only memory changes — a
+        crash before the next rewrite leaves them in the file, which costs a restart
+        one question each, never a row — and the file is compacted once the retracted
+        bytes outgrow the live ones (``compact_floor`` at least). Returns how many
+        records were taken back. A failed compaction is left for the next one."""
+        gone = set(keys)
         with self._lock:
-            kept = [r for r in self._records if keep(r)]
-            dropped = len(self._records) - len(kept)
+            kept = [e for e in self._entries if e.key not in gone]
+            dropped = len(self._entries) - len(kept)
             if not dropped:
                 return 0
-            if self._closed:
-                raise IntentWriteError(f"{self.path}: closed")
-            encoded = [encode_record(r) for r in kept]
-            try:
-                _rewrite(self._fs, self._root, encoded)
-            except OSError as exc:
-                raise IntentWriteError(f"{self.path}: trimming failed: {exc}") from exc
-            # The new file is in place: appends go to it from now on (reopened lazily
-            # should this open fail).
-            if self._fd is not None:
-                self._fs.close(self._fd)
-            self._fd = None
-            self._size = HEADER_SIZE + sum(len(b) for b in encoded)
-            self._records = kept
-            self._known = set(kept)
-            try:
-                self._reopen_locked()
-            except OSError:
-                pass  # the next append retries the open
+            self._dead += sum(e.length for e in self._entries if e.key in gone)
+            self._entries = kept
+            self._known = {(e.key, e.crc): e for e in kept}
+            live = self._size - HEADER_SIZE - self._dead
+            if self._dead > max(self.compact_floor, live) and not self._closed:
+                try:
+                    self._rewrite_locked(kept)
+                except IntentWriteError:
+                    pass  # the records stay retracted in memory; the next one compacts
             return dropped
+
+    def trim(self, keep: Callable[[IntentEntry], bool]) -> int:
+        """Rewrite the file with the records ``keep`` accepts (retracted ones dropped
+        too); returns how many records in force were dropped (0: nothing written). On
+        failure the file and the records in force are unchanged (``IntentWriteError``)."""
+        with self._lock:
+            kept = [e for e in self._entries if keep(e)]
+            dropped = len(self._entries) - len(kept)
+            if not dropped:
+                return 0
+            self._rewrite_locked(kept)
+            return dropped
+
+    def _rewrite_locked(self, kept: list[IntentEntry]) -> None:
+        """Replace the file with ``kept`` (their bytes copied from it) and take them as
+        the records in force; ``IntentWriteError`` leaves both as they were."""
+        if self._closed:
+            raise IntentWriteError(f"{self.path}: closed")
+        try:
+            data = self._read_locked() if kept else b""
+            encoded = [data[e.offset : e.offset + e.length] for e in kept]
+            _rewrite(self._fs, self._root, encoded)
+        except OSError as exc:
+            raise IntentWriteError(f"{self.path}: rewriting failed: {exc}") from exc
+        # The new file is in place: appends go to it from now on (reopened lazily
+        # should this open fail).
+        if self._fd is not None:
+            self._fs.close(self._fd)
+        self._fd = None
+        self._entries = []
+        self._known = {}
+        at = HEADER_SIZE
+        for e, raw in zip(kept, encoded, strict=True):
+            self._add(dataclasses.replace(e, offset=at))
+            at += len(raw)
+        self._size = at
+        self._dead = 0
+        try:
+            self._reopen_locked()
+        except OSError:
+            pass  # the next append retries the open
+
+    def _read_locked(self) -> bytes:
+        """The file's bytes up to its logical end."""
+        return read_file(self._fs, self.path)[: self._size]
 
     def _reopen_locked(self) -> int:
         if self._closed:
@@ -388,6 +498,15 @@ class IntentLog:
     @property
     def closed(self) -> bool:
         return self._closed
+
+
+def _entry(rec: IntentRecord, data: bytes, offset: int) -> IntentEntry:
+    (crc,) = struct.unpack_from("<I", data, 4)
+    return IntentEntry(rec.kind, rec.tenant, rec.key, rec.highest_lsn, offset, len(data), crc)
+
+
+def _decode_at(data: bytes, e: IntentEntry) -> IntentRecord:
+    return decode_body(data[e.offset + _REC.size : e.offset + e.length])
 
 
 def _rewrite(fs: Fs, root: Path, records: Iterable[bytes]) -> None:

@@ -17,7 +17,9 @@ Each concern is one part that owns its state; all of them are given the one ``Lo
 * ``wal/reading.py`` ``Reader`` — replay and the bounded per-tenant reads;
 * ``wal/reclamation.py`` ``Reclamation`` — the reclamation pass and the RECLAIM record;
 * ``wal/frontiers.py`` ``Frontiers`` — PUBLISHED;
-* ``wal/checkpointing.py`` ``Checkpointer`` — the CHECKPOINT mark and its write order.
+* ``wal/checkpointing.py`` ``Checkpointer`` — the CHECKPOINT mark and its write order;
+* ``wal/highwater.py`` ``HighWater`` — HIGHWATER, the current segment's synced
+  high-water, recorded at a cadence after sync rounds.
 
 The guarantees are stated in each part's module docstring: WAL before ack and own-frame
 marks (``commit``), bounded rotation retry (``rotation``), nothing appended behind a
@@ -38,6 +40,7 @@ from .config import WalConfig
 from .errors import WalError
 from .frontiers import Frontiers
 from .fs import Fs, OsFs
+from .highwater import HighWater
 from .log import Log
 from .opening import Opener, OpenReport
 from .quarantine import QuarantineRecord
@@ -55,6 +58,7 @@ from .types import (
     FrameCursor,
     FrameKind,
     FrameSpan,
+    HighWaterState,
     NoSpace,
     PublishedMarks,
     RotationKind,
@@ -87,7 +91,10 @@ class Journal:
         self.config = config
         self._log = Log(root, config, fs, clock, events, monotonic)
         self._rotation = Rotation(self._log)
-        self._commit = Commit(self._log, self._rotation, on_append, on_fsync)
+        self._high_water = HighWater(self._log)
+        self._commit = Commit(
+            self._log, self._rotation, on_append, on_fsync, self._high_water.after_round
+        )
         self._reader = Reader(self._log)
         self._reclamation = Reclamation(self._log, archive)
         self._frontiers = Frontiers(self._log, self._reclamation)
@@ -127,7 +134,11 @@ class Journal:
         )
         try:
             report = Opener(
-                journal._log, journal._rotation, journal._reclamation, journal._frontiers
+                journal._log,
+                journal._rotation,
+                journal._reclamation,
+                journal._frontiers,
+                journal._high_water,
             ).run()
         except BaseException:
             journal._release_files()  # a refused open leaks no descriptor
@@ -139,6 +150,7 @@ class Journal:
     def _release_files(self) -> None:
         self._reclamation.release()
         self._frontiers.release()
+        self._high_water.release()
         self._log.release_files()
 
     @property
@@ -329,6 +341,20 @@ class Journal:
             return self._log.end_lsn
 
     @property
+    def high_water(self) -> HighWaterState:
+        """The current segment's recorded high-water and the torn tail open found (what
+        the metrics export)."""
+        hw = self._high_water
+        report = self.open_report
+        return HighWaterState(
+            recorded_lsn=hw.record.lsn,
+            writes=hw.writes,
+            failures=hw.failures,
+            torn_tail_bytes=report.torn_tail_bytes if report is not None else 0,
+            torn_tail_frames=report.torn_tail_frames if report is not None else 0,
+        )
+
+    @property
     def segments_created(self) -> int:
         """Segment files created since open (a failed rotation's partial included): with
         ``end_lsn`` it is what the WAL added to its volume, for a caller estimating free
@@ -374,6 +400,8 @@ class Journal:
             self._reclamation.release()
             self._frontiers.release()
             self._log.close_locked()
+        # after the final fsync: the newest segment's whole length is its high-water
+        self._high_water.close()
 
     def __enter__(self) -> Journal:
         return self

@@ -289,6 +289,8 @@ class Log:
             try:
                 if not seg.sealed and seg.synced_lsn < seg.end_lsn:
                     self.fs.fsync(seg.fd)
+                    # an unsealed segment holds only frames whose writes succeeded
+                    seg.synced_lsn = seg.end_lsn
                 self.fs.close(seg.fd)
             except OSError:
                 pass

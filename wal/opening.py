@@ -13,20 +13,25 @@ In order:
    directory, then PUBLISHED's rows (``frontiers``). Every change is durable before
    anything else reads the record; a fresh root gets RECLAIM before its first segment,
    so no restart ever finds a segment beside no record.
-5. The newest segment is walked frame by frame. Damage below its high-water — the
-   CHECKPOINT mark, when the mark lies in it — is corruption and refuses the open naming
-   the file, the offset and the high-water. A torn tail (damage above it) is sealed,
-   never truncated: the bytes stay as evidence and the next append starts a new segment,
-   whose header records the end of the valid frames as the sealed segment's high-water
-   (open's fsync below makes them durable before any rotation can record it). If a quarantined
-   segment lies beyond it, it is sealed too, so no LSN is reused. It is fsynced (a killed
-   process may have left its last frames only in the page cache). Older segments' frames
-   are walked by replay and by ``ourios wal verify``.
-6. Every open owes a directory fsync (``rotation``); the checkpoint spare is allocated
+5. HIGHWATER is loaded, or created preallocated (``wal/highwater_file.py``).
+6. The newest segment is walked frame by frame. Damage below its high-water — the
+   larger of the CHECKPOINT mark, when the mark lies in it, and what HIGHWATER records
+   for it — is corruption and refuses the open naming the file, the offset and the
+   high-water. A torn tail (damage above it) is sealed, never truncated: the bytes stay
+   as evidence and the next append starts a new segment, whose header records the end
+   of the valid frames as the sealed segment's high-water (open's fsync below makes
+   them durable before any rotation can record it). The frames that still verify after
+   the damage are counted and named (``wal.torn_tail``): above the high-water they may
+   be acknowledged frames of the last ``wal.high_water_bytes``, lost with the tail. If
+   a quarantined segment lies beyond it, it is sealed too, so no LSN is reused. It is
+   fsynced (a killed process may have left its last frames only in the page cache), and
+   HIGHWATER records what that fsync covered when it moved far enough. Older segments'
+   frames are walked by replay and by ``ourios wal verify``.
+7. Every open owes a directory fsync (``rotation``); the checkpoint spare is allocated
    so a full disk can still checkpoint; each quarantine record is reported.
 
-An allocation that fails here (RECLAIM, the first segment, the spare) fails the open
-naming the file; the same root opens once space is freed.
+An allocation that fails here (RECLAIM, HIGHWATER, the first segment, the spare) fails
+the open naming the file; the same root opens once space is freed.
 """
 
 from __future__ import annotations
@@ -39,6 +44,8 @@ from .checkpoint_file import SPARE_NAME, make_spare, read_checkpoint
 from .config import reclaim_file_bytes
 from .errors import CorruptionError, OpenError, OpenIoError
 from .frontiers import Frontiers
+from .highwater import HighWater
+from .highwater_file import HighWaterFile
 from .log import Log, Segment
 from .published_file import PublishedFile
 from .quarantine import in_force, load_records
@@ -54,7 +61,9 @@ from .reclamation import Reclamation
 from .rotation import Rotation, StepError, create_segment
 from .scan import (
     SegmentFile,
+    SegmentScan,
     checkpoint_high_water,
+    frames_after_damage,
     high_water_problem,
     list_root,
     scan_segment,
@@ -73,21 +82,34 @@ class OpenReport:
     seal_reason: str
     stale_partials: int
     checkpoint: WalOffset | None
+    #: bytes after the newest segment's valid frames (a torn tail; kept, never replayed)
+    torn_tail_bytes: int = 0
+    #: frames that still verify after the damage (left behind it, uncounted before)
+    torn_tail_frames: int = 0
 
 
 class Opener:
     """Runs one open over a journal's parts (module docstring); each part is handed what
     it owns: the segment set to the ``Log``, RECLAIM to ``Reclamation``, PUBLISHED to
-    ``Frontiers``, the open obligation to ``Rotation``. The CHECKPOINT mark read here is
-    ``OpenReport.checkpoint``, which the journal hands to its checkpoint writer."""
+    ``Frontiers``, HIGHWATER to ``HighWater``, the open obligation to ``Rotation``. The
+    CHECKPOINT mark read here is ``OpenReport.checkpoint``, which the journal hands to
+    its checkpoint writer."""
 
     def __init__(
-        self, log: Log, rotation: Rotation, reclamation: Reclamation, frontiers: Frontiers
+        self,
+        log: Log,
+        rotation: Rotation,
+        reclamation: Reclamation,
+        frontiers: Frontiers,
+        high_water: HighWater,
     ) -> None:
         self._log = log
         self._rotation = rotation
         self._reclamation = reclamation
         self._frontiers = frontiers
+        self._high_water = high_water
+        self._torn_bytes = 0
+        self._torn_frames = 0
 
     def run(self) -> OpenReport:
         """Open the root; the report carries the CHECKPOINT mark in force."""
@@ -103,6 +125,14 @@ class Opener:
         log.quarantined = in_force(load_records(fs, root), {f.path.name for f in listing.segments})
         quarantined_end = max((q.end_lsn for q in log.quarantined), default=0)
         self._open_reclaim(listing.segments, checkpoint)
+        try:
+            self._high_water.open()
+        except OSError as exc:
+            raise OpenIoError(
+                root / HighWaterFile.NAME,
+                "allocate (so the newest segment's high-water can be recorded)",
+                exc,
+            ) from exc
         sealed_reason = ""
         fresh = not listing.segments
         if fresh:
@@ -127,6 +157,8 @@ class Opener:
         else:
             sealed_reason = self._newest(listing.segments, quarantined_end, checkpoint)
         log.synced_lsn = log.end_lsn
+        if not fresh:
+            self._high_water.record_due()  # what open's fsync of the newest covered
         self._rotation.owe_open()
         try:
             make_spare(fs, root)
@@ -158,6 +190,8 @@ class Opener:
             seal_reason=sealed_reason,
             stale_partials=len(log.partials),
             checkpoint=checkpoint,
+            torn_tail_bytes=self._torn_bytes,
+            torn_tail_frames=self._torn_frames,
         )
 
     def _directory(self) -> None:
@@ -212,10 +246,19 @@ class Opener:
             log.account_scan(seg, scan)  # the whole ledger, in order
         log.disk_bytes += newest_file.size
         log.end_lsn = newest_file.data_end  # the next base skips any torn bytes
-        # The newest segment's only durable high-water is the checkpoint mark when it
-        # lies here (an acknowledged frame's end): damage below it is corruption, not a
-        # torn tail to seal. Refused before anything is written.
-        mark = checkpoint_high_water(newest_file, checkpoint)
+        # The newest segment's durable high-waters are the checkpoint mark when it lies
+        # here (an acknowledged frame's end) and what HIGHWATER records for it (an end a
+        # completed fsync covered): damage below the larger is corruption, not a torn
+        # tail to seal. Refused before anything is written.
+        marks = [
+            m
+            for m in (
+                checkpoint_high_water(newest_file, checkpoint),
+                self._high_water.claim(newest_file),
+            )
+            if m is not None
+        ]
+        mark = max(marks, key=lambda m: m[0]) if marks else None
         if mark is not None:
             problem = high_water_problem(scan, *mark)
             if problem is not None:
@@ -226,6 +269,7 @@ class Opener:
         if scan.stop.damaged:
             seg.sealed = True
             sealed_reason = scan.stop.reason
+            self._report_torn_tail(scan, mark)
             log.events(
                 "wal.segment.sealed",
                 {
@@ -277,11 +321,44 @@ class Opener:
         log.rebuilt = len(segments) == 1
         return sealed_reason
 
+    def _report_torn_tail(self, scan: SegmentScan, mark: tuple[int, str] | None) -> None:
+        """Count and name what a torn tail at or above the high-water leaves behind: its
+        bytes, and the frames that still verify after the damage (one ``wal.torn_tail``
+        event). Above the high-water they may be acknowledged frames of the newest
+        ``wal.high_water_bytes``; a crash rarely leaves any, a power loss that persisted
+        pages out of order can."""
+        path = scan.file.path
+        at = scan.stop.valid_end
+        after = frames_after_damage(scan.data, at, path)
+        self._torn_bytes = scan.file.size - at
+        self._torn_frames = len(after)
+        self._log.events(
+            "wal.torn_tail",
+            {
+                "path": str(path),
+                "segment": path.name,
+                "offset": at,
+                "lsn": scan.valid_end_lsn,
+                "reason": scan.stop.reason,
+                "bytes": self._torn_bytes,
+                "frames_after": len(after),
+                "frame_bytes_after": sum(f.end - f.start for f in after),
+                "frames_after_first_offset": after[0].start if after else None,
+                "high_water": mark[0] if mark is not None else None,
+                "high_water_source": mark[1] if mark is not None else "none recorded",
+                "action": "the tail is kept in the sealed segment and never replayed; "
+                "frames after it were not recovered (see `ourios wal verify`)"
+                if after
+                else "the tail is kept in the sealed segment and never replayed",
+            },
+        )
+
     def _remove_leftover_rebuild(self, other: list[str]) -> None:
-        """A ``RECLAIM.new`` or ``PUBLISHED.new`` left by a crashed geometry rebuild is
-        never read: remove it."""
+        """A ``RECLAIM.new``, ``PUBLISHED.new`` or ``HIGHWATER.new`` left by a crashed
+        creation or rebuild is never read: remove it."""
         fs, root = self._log.fs, self._log.root
-        names = [n for n in (ReclaimFile.NEW_NAME, PublishedFile.NEW_NAME) if n in other]
+        leftovers = (ReclaimFile.NEW_NAME, PublishedFile.NEW_NAME, HighWaterFile.NEW_NAME)
+        names = [n for n in leftovers if n in other]
         for name in names:
             try:
                 fs.unlink(root / name)

@@ -20,10 +20,13 @@ The high-water comes from durable records only, never from the damage itself:
   damage; after a seal it is the end the last good fsync covered, and only the bytes
   above it — the frame whose write failed, frames whose fsync failed — may be torn;
 * the segment holding the CHECKPOINT mark: the mark (an acknowledged frame's end, so
-  fsynced). This is the newest segment's only high-water; open applies it;
-* anything else has none: the newest segment above the mark, and a segment whose direct
-  successor was reclaimed (every frame of it is at or below the checkpoint that let the
-  successor go, so its records are in the store; verify says the tail cannot be checked).
+  fsynced);
+* the newest segment: what HIGHWATER records for it (``wal/highwater_file.py``), an end
+  a completed fsync covered, recorded every ``wal.high_water_bytes`` while it is current.
+  Open applies the larger of the two;
+* anything else has none: a segment whose direct successor was reclaimed (every frame
+  of it is at or below the checkpoint that let the successor go, so its records are in
+  the store; verify says the tail cannot be checked).
 
 Damage at or above the high-water is a torn tail: legal in the newest segment (open seals
 it) and in a sealed one. Damage below it is corruption — bit rot, a bad sector, an edit —
@@ -40,6 +43,7 @@ from pathlib import Path
 from .errors import CorruptionError, OpenIoError
 from .frame import PREFIX, RawFrame, ScanStop, scan_frames
 from .fs import Fs, read_file
+from .highwater_file import HighWaterFile
 from .segment import HEADER_SIZE, PARTIAL_RE, SEGMENT_RE, SegmentHeader
 from .types import WalOffset
 
@@ -266,6 +270,22 @@ def frames_after_damage(data: bytes, damage: int, path: Path) -> list[RawFrame]:
     return frames
 
 
+def recorded_in_highwater(fs: Fs, root: Path, seg: SegmentFile) -> tuple[int, str] | None:
+    """What HIGHWATER records as ``seg``'s high-water, read without opening it for
+    writing (the operator tools); None when it names another segment, is absent, or
+    cannot be read (a problem of its own, which open reports)."""
+    try:
+        found = HighWaterFile.read_only(fs, root)
+    except (CorruptionError, OSError):
+        return None
+    if found is None:
+        return None
+    rec = found[1]
+    if rec.segment != seg.header.uuid or rec.base_lsn != seg.base:
+        return None
+    return rec.lsn, f"recorded in HIGHWATER (generation {rec.generation})"
+
+
 def checkpoint_high_water(seg: SegmentFile, checkpoint: WalOffset | None) -> tuple[int, str] | None:
     """The CHECKPOINT mark as ``seg``'s high-water, when the mark lies in it."""
     if checkpoint is None or checkpoint.segment != seg.header.uuid:
@@ -277,7 +297,7 @@ def recorded_high_water(
     fs: Fs, root: Path, seg: SegmentFile, checkpoint: WalOffset | None
 ) -> tuple[int, str] | None:
     """``seg``'s high-water from the durable records beside it (its direct successor's
-    header, the checkpoint mark), the larger when both; None when neither applies. Reads
+    header, the checkpoint mark, HIGHWATER), the largest; None when none applies. Reads
     one header; an unreadable successor gives none (it is a problem of its own)."""
     found: list[tuple[int, str]] = []
     try:
@@ -291,7 +311,7 @@ def recorded_high_water(
             nxt = None
         if nxt is not None and nxt.header.has_predecessor and nxt.header.prev_base_lsn == seg.base:
             found.append((nxt.header.prev_high_water, f"recorded by its successor {nxt.path.name}"))
-    mark = checkpoint_high_water(seg, checkpoint)
-    if mark is not None:
-        found.append(mark)
+    for mark in (checkpoint_high_water(seg, checkpoint), recorded_in_highwater(fs, root, seg)):
+        if mark is not None:
+            found.append(mark)
     return max(found, key=lambda hw: hw[0]) if found else None

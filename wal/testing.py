@@ -49,6 +49,7 @@ OPS = (
     "pread",
     "fsync",
     "fallocate",
+    "ftruncate",
     "close",
     "rename",
     "link",
@@ -431,7 +432,9 @@ class FaultyFs(OsFs):
         with self._mu:
             inode = self._inodes.get(st.st_ino)
             if inode is not None:
-                inode.durable_size = max(inode.durable_size, st.st_size)
+                # The size it had when the fsync started: larger after appends, smaller
+                # after a truncation (``ftruncate``), and durable either way now.
+                inode.durable_size = st.st_size
                 inode.pre_images.clear()
 
     def fallocate(self, fd: int, offset: int, length: int) -> None:
@@ -440,6 +443,21 @@ class FaultyFs(OsFs):
         if fault is not None:
             self._raise(fault, "fallocate", path)
         super().fallocate(fd, offset, length)
+
+    def ftruncate(self, fd: int, length: int) -> None:
+        path = self._fd_paths.get(fd)
+        fault = self._before("ftruncate", path)
+        if fault is not None:
+            self._raise(fault, "ftruncate", path)
+        with self._mu:
+            # A truncation not yet fsynced is undone by a power loss: the durable bytes
+            # it cut come back (the size change is metadata the crash may not keep).
+            inode = self._inodes.get(os.fstat(fd).st_ino)
+            if inode is not None and length < inode.durable_size:
+                with open(inode.shadow, "rb") as f:
+                    f.seek(length)
+                    inode.pre_images.append((length, f.read(inode.durable_size - length)))
+        super().ftruncate(fd, length)
 
     def close(self, fd: int) -> None:
         path = self._fd_paths.get(fd)

@@ -224,3 +224,17 @@ class PublishedMarks:
     def publishing(self) -> bool:
         """A settlement's publish of (frontier, ``intent``] is not confirmed."""
         return self.intent is not None
+
+
+@dataclass(frozen=True, slots=True)
+class HighWaterState:
+    """The current segment's recorded high-water (``wal/highwater.py``) and the torn tail
+    open found in the newest segment, for the metrics."""
+
+    recorded_lsn: int
+    writes: int
+    failures: int
+    #: bytes after the valid frames of the newest segment at open (kept, never replayed)
+    torn_tail_bytes: int
+    #: frames that still verify after that damage (dropped with it)
+    torn_tail_frames: int

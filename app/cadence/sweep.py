@@ -46,10 +46,10 @@ class AgeSweep:
             self._threads, "age_sweep", self._run, thread_name="ourios-age-sweep", stop=self._stop
         )
 
-    def close(self) -> None:
+    def close(self, timeout: float = 30.0) -> None:
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(30)
+            self._thread.join(timeout)
 
     def sweep_once(self) -> int:
         """One sweep; returns the partitions it drained. Counted ``ok`` only when every

@@ -10,9 +10,15 @@ per distinct key, in parallel, retried while the store does not answer), and bui
 ``Landed``: per frame, the UTC days whose records are already in the store, and the
 template events already there. The replay then forwards nothing ``Landed`` holds.
 
-The cost at start-up is one request per object published since the frontier: the
+The cost at start-up is one request per object that may exist above the frontier: the
 barrier trims the sidecar after every cut whose PUBLISHED write landed
-(``live_intent``), so intents wholly at or below their tenant's frontier are gone.
+(``live_intent``), so intents wholly at or below their tenant's frontier are gone; a
+publish that failed cleanly takes its intent back (``retract_hook``); and the check
+takes back those of the objects it found absent, so a restart loop during an outage
+does not pile them up. Where one prefix holds many of the keys asked about (this
+node's objects of one tenant and day: a long outage's spooled units), the check lists
+that prefix once instead of asking key by key (``LIST_MIN``) and confirms only the keys
+the listing holds, so its cost follows the objects there, not the intents.
 
 Why an object that exists may be trusted for exactly its claim: its key is written by
 one attempt at one set of rows — a fresh UUIDv7 name, the same name again only for a
@@ -34,12 +40,16 @@ from dataclasses import dataclass, field
 from sink.buffers import Kind
 from sink.claims import Claim, IntentHook
 from sink.store import ObjectStore, StoreError
-from wal import IntentKind, IntentLog, IntentRecord, PublishedMarks
+from wal import IntentEntry, IntentKind, IntentLog, IntentRecord, PublishedMarks
 
 log = logging.getLogger("ourios.landed")
 
 #: parallel ``exists`` requests of one check (a HEAD is a round trip; they overlap)
 CHECK_THREADS = 16
+#: keys under one listing prefix from which the check lists it instead of asking each
+LIST_MIN = 64
+#: the length of the UUID that ends an object's name (``sink.keys.new_object_name``)
+_UUID_CHARS = 36
 #: the first and the longest wait between retries of an ``exists`` the store failed
 RETRY_FIRST_SECS = 0.25
 RETRY_MAX_SECS = 5.0
@@ -57,14 +67,23 @@ def intent_hook(intents: IntentLog) -> IntentHook:
     return record
 
 
+def retract_hook(intents: IntentLog) -> Callable[[str], None]:
+    """The publisher's retraction: a clean failure's object does not exist."""
+
+    def retract(key: str) -> None:
+        intents.retract([key])
+
+    return retract
+
+
 def live_intent(
     marks: Mapping[str, PublishedMarks], checkpoint: int
-) -> Callable[[IntentRecord], bool]:
+) -> Callable[[IntentEntry], bool]:
     """Whether an intent is still needed: some claim lies above its tenant's durable
     frontier on its side (the checkpoint for a tenant PUBLISHED has no entry for). A
     side without a frontier keeps it (a terminal tenant, an intent's empty side)."""
 
-    def keep(rec: IntentRecord) -> bool:
+    def keep(rec: IntentEntry) -> bool:
         m = marks.get(rec.tenant)
         if m is None:
             return rec.highest_lsn > checkpoint
@@ -132,11 +151,18 @@ class LandedCheck:
         *,
         threads: int = CHECK_THREADS,
         on_unavailable: Callable[[str, StoreError], None] | None = None,
+        on_absent: Callable[[list[str]], object] | None = None,
+        list_min: int = LIST_MIN,
     ) -> None:
         self._store = store
         self._intents = intents
         self._threads = threads
         self._on_unavailable = on_unavailable
+        #: told the keys found absent once the check is complete (their intents go)
+        self._on_absent = on_absent
+        self._list_min = list_min
+        #: prefixes listed instead of asking key by key
+        self.listed = 0
         self._cancel = threading.Event()
         self._done = threading.Event()
         self._landed: Landed | None = None
@@ -179,11 +205,12 @@ class LandedCheck:
         try:
             keys = self.keys
             present: set[str] = set()
-            if keys:
+            ask = self._listed(keys)
+            if ask:
                 with ThreadPoolExecutor(
-                    max_workers=min(self._threads, len(keys)), thread_name_prefix="ourios-landed"
+                    max_workers=min(self._threads, len(ask)), thread_name_prefix="ourios-landed"
                 ) as pool:
-                    for key, found in zip(keys, pool.map(self._exists, keys), strict=True):
+                    for key, found in zip(ask, pool.map(self._exists, ask), strict=True):
                         if found:
                             present.add(key)
             landed = Landed(checked=len(keys), present=len(present))
@@ -191,10 +218,47 @@ class LandedCheck:
                 landed.add(rec)
             if not self._cancel.is_set():
                 self._landed = landed
+                if self._on_absent is not None:
+                    self._on_absent([k for k in keys if k not in present])
         except BaseException as exc:  # noqa: BLE001 - handed to the waiter
             self._error = exc
         finally:
             self._done.set()
+
+    def _listed(self, keys: list[str]) -> list[str]:
+        """The keys still to ask about one by one: under a prefix holding ``list_min``
+        of them or more, that prefix is listed once and only the keys it holds are
+        asked about (``exists`` stays the word that an object is durable)."""
+        groups: dict[str, list[str]] = {}
+        for key in keys:
+            groups.setdefault(_list_prefix(key), []).append(key)
+        ask: list[str] = []
+        for prefix, group in groups.items():
+            if len(group) < self._list_min:
+                ask.extend(group)
+                continue
+            stored = self._list(prefix)
+            if stored is None:
+                ask.extend(group)  # cancelled: the result is discarded anyway
+                continue
+            self.listed += 1
+            ask.extend(k for k in group if k in stored)
+        return ask
+
+    def _list(self, prefix: str) -> set[str] | None:
+        delay = RETRY_FIRST_SECS
+        while not self._cancel.is_set():
+            try:
+                return set(self._store.list(prefix))
+            except StoreError as exc:
+                with self._warn_lock:
+                    first, self._warned = not self._warned, True
+                if first and self._on_unavailable is not None:
+                    self._on_unavailable(prefix, exc)
+                log.warning("recovery cannot list %s in the store yet: %s", prefix, exc)
+                self._cancel.wait(delay)
+                delay = min(RETRY_MAX_SECS, delay * 2)
+        return None
 
     def _exists(self, key: str) -> bool:
         delay = RETRY_FIRST_SECS
@@ -210,3 +274,12 @@ class LandedCheck:
                 self._cancel.wait(delay)
                 delay = min(RETRY_MAX_SECS, delay * 2)
         return False  # cancelled: the result is discarded
+
+
+def _list_prefix(key: str) -> str:
+    """The listing prefix of an object key: its directory and the node part of its name
+    (``<dir>/<node>-``), so a listing holds only this node's objects of that day."""
+    directory, _, name = key.rpartition("/")
+    stem = name.removesuffix(".parquet")
+    node = stem[:-_UUID_CHARS] if len(stem) > _UUID_CHARS else ""
+    return f"{directory}/{node}"

@@ -375,6 +375,9 @@ class Pipeline:
             # the rebuilt tree and nothing overtakes the gap. Never under the exclusion.
             points.hit("turn.settling")
             self.settler.settle(tenant, force_publish=False)
+        # The memory bound (DESIGN.md §5.12): no lock held, so the spiller and the cuts
+        # go on while this turn waits for room.
+        self.buffers.wait_for_room()
         detached: list[Detached] = []
         with self.exclusion.shared():
             prev = self._last_durable
@@ -712,6 +715,7 @@ class Pipeline:
         elif tenant in self._staging:
             self._staging.discard(tenant)
             self.buffers.seal_staged(tenant)
+        self.buffers.wait_for_room()  # a replay re-derives the spool under the same bound
         with self.miner_lock:
             result = self.miners.mine(tenant, batch.bodies)
         self.folded[tenant] = offset
@@ -800,6 +804,16 @@ class Pipeline:
             clamp,
             exc_info=exc,
         )
+
+    def replay_isolated(self, frame: Frame, error: str) -> None:
+        """Recovery isolated ``frame``: its payload did not decode. The tenant's tree goes
+        on without it (folded past it), and a settlement of the tenant never decodes it
+        in this process (it may be what killed a worker)."""
+        self.settler.isolate_undecodable(frame.tenant, frame.offset, error)
+        with self.miner_lock:
+            folded = self.folded.get(frame.tenant)
+            if folded is None or folded.lsn < frame.offset.lsn:
+                self.folded[frame.tenant] = frame.offset
 
     def replay_deferred(self, frame: Frame, gates: ReplayGates, clamp: WalOffset | None) -> None:
         """A replayed frame of a tenant whose replay failed earlier: not mined into the

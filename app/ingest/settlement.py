@@ -253,6 +253,9 @@ class FrameAttempts:
     error: str = ""
     #: announced as isolated (the event emitted once, the counter moved once)
     announced: bool = False
+    #: isolated by a start-up replay because its payload did not decode: a rebuild
+    #: skips it without decoding it (it may be what killed a worker)
+    undecodable: bool = False
 
 
 def _lower(a: WalOffset | None, b: WalOffset | None) -> WalOffset | None:
@@ -399,6 +402,14 @@ class Settler:
             attempts.failures += 1
             attempts.error = error
             return attempts.failures
+
+    def isolate_undecodable(self, tenant: str, offset: WalOffset, error: str) -> None:
+        """A replay isolated the frame ending at ``offset``: its payload did not decode
+        (``app.node.recovery``, which announced it)."""
+        with self._attempts_lock:
+            self._attempts.setdefault(tenant, {})[offset.lsn] = FrameAttempts(
+                self.max_attempts, error, announced=True, undecodable=True
+            )
 
     def attempts(self, tenant: str, offset: WalOffset) -> int:
         with self._attempts_lock:
@@ -627,8 +638,10 @@ class Settler:
             frames, cursor = p.journal.read_frames_from(cursor, to, tenant, self.read_limit)
             points.hit("settlement.read")  # the journal mutex is free here
             for frame in frames:
-                batch = decode_flat(frame.payload, tenant)
                 lsn = frame.offset.lsn
+                if lsn in isolated and isolated[lsn].undecodable:
+                    continue  # isolated at the replay: not even decoded (its rows are lost)
+                batch = decode_flat(frame.payload, tenant)
                 if lsn in isolated:
                     # Not mined (it fails every time): its rows go out without templates.
                     replayed.append(

@@ -20,6 +20,12 @@ request:
    buffering, the mark. Only a turn sets the mark (its own frame end), so the mark
    never covers a frame whose turn has not run, and nothing replayed is ever a mark.
 
+A stop (``close``) answers every submitted request and turns what it can: with
+``drain``, every acknowledged frame until the time it is given runs out, then the turn
+thread stops after the frame in hand; without (a replay cut short, ``halt``), nothing
+more is turned. What is left is durable, and counted (``left``): the next start replays
+it, since only a turn sets the mark.
+
 Frames appended and not yet turned are the backlog, bounded by ``turn_backlog_bytes``:
 at the bound ``submit`` refuses with 503 ``ingest_backlog`` and a retry hint, so a turn
 thread that falls behind (a slow miner, a long replay) costs the clients a retry,
@@ -32,6 +38,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import Final, TypeVar
 
@@ -93,6 +100,8 @@ class Stages:
         self._turned = threading.Condition(self._backlog_lock)
         self._backlog_bytes = 0
         self._backlog_frames = 0
+        #: (frames, bytes) acknowledged and never turned: the halt came first
+        self._left = (0, 0)
         #: the replay's outcome once its last frame was turned (None: still replaying)
         self.replay_error: BaseException | None = None
 
@@ -149,11 +158,17 @@ class Stages:
                 self._backlog_frames += 1
             self._durable.put((ticket, answer))
 
-    def close(self, timeout: float, *, drain: bool = True) -> bool:
+    def halt(self) -> None:
+        """Turn nothing more (a replay cut short by a stop: nothing new may be turned on
+        top of it); the turn thread stops after the item in hand."""
+        self._halt.set()
+
+    def close(self, timeout: float, *, drain: bool = True, halt_secs: float = 5.0) -> bool:
         """Refuse new submissions and answer every submitted one. With ``drain`` the turn
-        thread turns every acknowledged frame first; without, it stops after the frame
-        it is on (what it leaves is durable: the next start replays it). False when a
-        thread did not end within ``timeout`` seconds."""
+        thread turns acknowledged frames for up to ``timeout`` seconds, then stops after
+        the frame it is on; without, it stops at once after that frame (what it leaves
+        is durable: the next start replays it; ``left`` counts it). False when a thread
+        did not end within ``timeout`` + ``halt_secs`` seconds."""
         with self._submit_lock:
             if self._closed:
                 return True
@@ -161,12 +176,22 @@ class Stages:
             if not drain:
                 self._halt.set()
             self._durable.put(None)
-        joined = True
-        for thread in (self._committer, self._turner):
-            if thread is not None:
-                thread.join(timeout)
-                joined = joined and not thread.is_alive()
-        return joined
+        deadline = time.monotonic() + timeout
+        threads = [t for t in (self._committer, self._turner) if t is not None]
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        if any(t.is_alive() for t in threads):
+            self._halt.set()  # out of time: what is not turned stays in the WAL
+            deadline = time.monotonic() + halt_secs
+            for thread in threads:
+                thread.join(max(0.0, deadline - time.monotonic()))
+        return not any(t.is_alive() for t in threads)
+
+    @property
+    def left(self) -> tuple[int, int]:
+        """(frames, bytes) acknowledged and never turned (the halt came first)."""
+        with self._backlog_lock:
+            return self._left
 
     @property
     def backlog(self) -> tuple[int, int]:
@@ -204,15 +229,20 @@ class Stages:
     ) -> None:
         if replay is not None:
             error: BaseException | None = None
+            items = iter(replay)
             try:
                 assert turn_replayed is not None
-                for item in replay:
+                for item in items:
                     if self._halt.is_set():
                         break
                     turn_replayed(item)
             except BaseException as exc:  # noqa: BLE001 - reported; the node stops on it
                 log.exception("the replay failed")
                 error = exc
+            finally:
+                close = getattr(items, "close", None)
+                if close is not None:
+                    close()  # a replay cut short: its decoding ahead is abandoned
             self.replay_error = error
             if replayed is not None:
                 replayed(error)
@@ -222,7 +252,8 @@ class Stages:
             ticket = self._turns.get()
             if ticket is None:
                 return
-            if not self._halt.is_set():
+            turned = not self._halt.is_set()
+            if turned:
                 points.hit("stages.turn")
                 try:
                     self._pipeline.turn_and_finish(ticket)
@@ -231,6 +262,9 @@ class Stages:
                 except Exception:  # noqa: BLE001 - the frame is durable; the next start
                     log.exception("an ingest turn failed unexpectedly (%s)", ticket.tenant)
             with self._turned:
+                if not turned and ticket.error is None:
+                    frames, size = self._left
+                    self._left = (frames + 1, size + ticket.pending.size)
                 self._backlog_bytes -= ticket.pending.size
                 self._backlog_frames -= 1
                 self._turned.notify_all()

@@ -358,6 +358,20 @@ class WalSettings(WalConfig):
             "unit": "",
         },
     )
+    frame_decode_attempts: int = field(
+        default=3,
+        metadata={
+            "doc": "Failed attempts at decoding one frame's payload during a restart's "
+            "replay (a worker's exception or refusal, or its death while it held the "
+            "payload, each retry on the next worker) after which the frame is isolated: "
+            "not mined, its records not published, its payload kept in "
+            "<data_dir>/quarantine/frames/ and named by replay.frame_isolated; every "
+            "other frame is replayed (RUNBOOK: OuriosReplayFrameIsolated).",
+            "minimum": 1,
+            "maximum": 100,
+            "unit": "",
+        },
+    )
     turn_backlog_bytes: int = field(
         default=64 * MiB,
         metadata={
@@ -471,6 +485,21 @@ _SERVER_ROWS = (
         "gRPC) before the listeners close; the final cut runs after it, bounded by the "
         "store's timeouts, so keep terminationGracePeriodSeconds above this plus the cut "
         "(an unfinished cut loses nothing: the WAL replays it).",
+        minimum=1,
+        maximum=3600,
+        unit="seconds",
+    ),
+    Setting(
+        "server",
+        "final_cut_secs",
+        Kind.INT,
+        30,
+        "Time SIGTERM gives the final cut after the drain (server.shutdown_grace_secs): "
+        "join the timers, flush to the store, snapshots, checkpoint, stop the publisher. "
+        "The process exits within shutdown_grace_secs + final_cut_secs of SIGTERM in "
+        "every state (replaying, store down, disk full, backlog full); what did not reach "
+        "the store by then stays in the WAL for the next start (exit 75). The chart sets it "
+        "from shutdown.finalCutSecs.",
         minimum=1,
         maximum=3600,
         unit="seconds",
@@ -663,11 +692,43 @@ _SINK_ROWS = (
         "ceiling_bytes",
         Kind.INT,
         256 * MiB,
-        "Bound on bytes held in the sink (buffers plus in-flight publishes); above it the "
-        "node applies backpressure to new batches.",
+        "Bound on the rows the sink holds in memory (buffered, and in publishes under "
+        "way): from three quarters of it the largest partitions are published early, and "
+        "what the store does not take is spooled as Parquet to <data_dir>/spool on the "
+        "data volume (counted by disk admission); at the bound the ingest turn waits for "
+        "room instead of buffering more. Nothing is refused while the disk has room.",
         minimum=1 * KiB,
         maximum=64 * GiB,
         unit="bytes",
+    ),
+    Setting(
+        "sink",
+        "max_object_bytes",
+        Kind.INT,
+        512 * MiB,
+        "Largest object the sink writes: a partition is detached before its rows reach "
+        "it, a failed publish is never merged past it, and an encoded object above it is "
+        "split (one frame's rows of one day are never split). S3 takes at most 5 GiB in "
+        "one PUT.",
+        minimum=64 * KiB,
+        maximum=5 * GiB,
+        unit="bytes",
+    ),
+    Setting(
+        "sink",
+        "dead_letter_attempts",
+        Kind.INT,
+        5,
+        "Failed publishes of one partition (tenant, kind, day) with a permanent error "
+        "(s3_access_denied or local_denied while the store takes other objects, "
+        "s3_client_error such as "
+        "EntityTooLarge, encode_error) before it is written durably to "
+        "<data_dir>/deadletter instead, so that the other partitions' cut completes and "
+        "the checkpoint advances (ourios_sink_dead_lettered_total; re-driven by an "
+        "operator).",
+        minimum=1,
+        maximum=1000,
+        unit="",
     ),
     Setting(
         "sink",
@@ -723,6 +784,20 @@ _STORE_ROWS = (
         allowed_text="a region name such as us-east-1",
         check=_check_region,
     ),
+    Setting(
+        "store",
+        "probe_secs",
+        Kind.INT,
+        10,
+        "While the store does not answer (found at the start-up probe, or by a failed "
+        "call since), it is probed again this often with a LIST, PUT and DELETE of "
+        "probe/<node> under its prefix; ourios_store_up says whether it answers. (The "
+        "same probe at start-up refuses the start on a permanent error: a wrong bucket, "
+        "access denied, bad credentials.)",
+        minimum=1,
+        maximum=3600,
+        unit="seconds",
+    ),
 )
 
 _AUTH_ROWS = (
@@ -771,7 +846,8 @@ _DISK_ROWS = (
         "and released when a write fails for lack of space, so a full volume can still be "
         "reclaimed (snapshots, the embedded store's objects); allocated again once there is "
         "room for it and stop water beside it. At least the largest snapshot (plus, with the "
-        "embedded store, what one cut publishes); 0 disables it.",
+        "embedded store, what one cut publishes); 0 disables it. A volume no larger than "
+        "this plus disk.stop_water_bytes refuses to start (it could never admit a batch).",
         minimum=0,
         maximum=_MAX_BYTES,
         unit="bytes",
@@ -802,6 +878,7 @@ class ServerSettings:
     node_ordinal: int
     log_level: LogLevel
     shutdown_grace_secs: int
+    final_cut_secs: int
     workers: int
     decoder: Decoder
     thread_restarts: int
@@ -833,6 +910,8 @@ class SinkSettings:
     flush_bytes: int
     flush_age_secs: int
     ceiling_bytes: int
+    max_object_bytes: int
+    dead_letter_attempts: int
     publisher_queue_depth: int
     parquet_compression: Compression
 
@@ -844,6 +923,7 @@ class StoreSettings:
     url: str
     endpoint_url: str | None
     region: str | None
+    probe_secs: int = 10
 
     @property
     def scheme(self) -> Literal["file", "s3"]:
@@ -938,6 +1018,11 @@ CROSS_RULES: tuple[CrossRule, ...] = (
         "{0} must be at most {1}",
         ("sink.flush_bytes", "sink.ceiling_bytes"),
         lambda s: s.sink.flush_bytes <= s.sink.ceiling_bytes,
+    ),
+    CrossRule(
+        "{0} must be at most {1}",
+        ("sink.flush_bytes", "sink.max_object_bytes"),
+        lambda s: s.sink.flush_bytes <= s.sink.max_object_bytes,
     ),
     CrossRule(
         "{0} and {1} must differ (unless 0)",

@@ -37,6 +37,19 @@ figure subtracts it, so admission keeps refusing and the WAL never gets that spa
 tick re-creates it once a sample shows room for it and stop water above it, and only
 then can admission resume. Each transition is one event, ``disk.reserve.released``
 (with the write that failed) and ``disk.reserve.restored``.
+
+**At start-up** (issue 22 item 2) the reserve is made — or a whole one the previous run
+left is adopted — *before* the WAL opens, so a repair at start-up on a volume filled to
+zero has space to take: every start-up write is in place where it can be (the intent
+log's torn tail is truncated, the sidecars are preallocated), and one that needs a new
+block and fails for lack of space releases the reserve and is tried once more
+(``from_reserve``). A volume too small for ``disk.reserve_bytes`` and
+``disk.stop_water_bytes`` together could never admit a batch (the figure owes the
+reserve until it exists, and it is made only with stop water beside it), so the start
+is refused naming the volume's size and both settings (``check_volume``) rather than
+serving a node that refuses every request for ever. Refused, not sized down: settings
+are validated and never clamped (DESIGN.md §8), and a smaller reserve is a smaller
+margin the operator should choose knowingly.
 """
 
 from __future__ import annotations
@@ -49,9 +62,9 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Final, TypeVar
 
-from wal import Fs, Journal, OsFs
+from wal import Fs, Journal, OsFs, is_no_space
 
 log = logging.getLogger("ourios.disk")
 
@@ -60,6 +73,14 @@ RESERVE_NAME: Final = "disk-reserve"
 DEFAULT_BLOCK: Final = 4096
 
 Events = Callable[[str, Mapping[str, object]], None]
+_T = TypeVar("_T")
+
+
+class VolumeTooSmall(Exception):
+    """The data volume cannot hold the reserve and stop water: no batch could ever be
+    admitted, so the node refuses to start (module docstring)."""
+
+    error_type = "volume_too_small"
 
 
 def _no_events(name: str, fields: Mapping[str, object]) -> None:
@@ -84,6 +105,7 @@ class Reserve:
         fs: Fs | None = None,
         events: Events | None = None,
         clock: Callable[[], float] = time.monotonic,
+        on_volume: bool = True,
     ) -> None:
         if size < 0:
             raise ValueError(f"reserve size must be at least 0, got {size}")
@@ -94,6 +116,8 @@ class Reserve:
         self._clock = clock
         self._lock = threading.Lock()
         self._state = ReserveState.UNALLOCATED
+        #: whether the reserve shares the WAL's volume (releasing it frees space there)
+        self.on_volume = on_volume
         self._released_at: float | None = None
         #: how many times the reserve was released (each a disk.reserve.released event)
         self.releases = 0
@@ -392,30 +416,115 @@ class DiskSpace:
         return taken.free - self.written_since_sample() - self.owed
 
 
-def open_disk_space(
+def volume_bytes(path: Path) -> int:
+    """The size of ``path``'s filesystem that an unprivileged writer may fill (blocks
+    kept for root, as ext4 keeps 5 %, are not the node's)."""
+    st = os.statvfs(path)
+    return (st.f_blocks - (st.f_bfree - st.f_bavail)) * st.f_frsize
+
+
+def check_volume(
     wal_dir: Path,
     data_dir: Path,
-    journal: Journal,
     *,
     reserve_bytes: int,
     stop_water_bytes: int,
-    events: Events | None = None,
+    measure: Callable[[Path], int] = volume_bytes,
+) -> None:
+    """Refuse (``VolumeTooSmall``) a volume that could never admit a batch: one no
+    larger than the reserve and stop water together (each on its own volume when the
+    reserve's directory is on another filesystem than the WAL's). Module docstring."""
+    reserve = f"disk.reserve_bytes={reserve_bytes}"
+    stop = f"disk.stop_water_bytes={stop_water_bytes}"
+    if _same_volume(data_dir, wal_dir):
+        needs = [(wal_dir, reserve_bytes + stop_water_bytes, f"{reserve} plus {stop}")]
+    else:  # the reserve's directory is on a volume of its own
+        needs = [(wal_dir, stop_water_bytes, stop), (data_dir, reserve_bytes, reserve)]
+    for path, need, what in needs:
+        size = measure(_existing(path))
+        if need and size <= need:
+            raise VolumeTooSmall(
+                f"the data volume of {path} holds {size} bytes, not more than {what} "
+                f"({need} bytes): the node could never admit a batch (the reserve is owed "
+                f"until it exists, and it is made only with stop water beside it). Give "
+                f"the volume more than {need} bytes and room for the WAL (the chart's "
+                f"persistence.size), or lower disk.reserve_bytes "
+                f"(OURIOS_DISK_RESERVE_BYTES) or disk.stop_water_bytes "
+                f"(OURIOS_DISK_STOP_WATER_BYTES)"
+            )
+
+
+def _existing(path: Path) -> Path:
+    """``path``, or before it exists (a first start's WAL directory) its nearest
+    existing parent, which is on the volume it will be on."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _same_volume(a: Path, b: Path) -> bool:
+    return os.stat(_existing(a)).st_dev == os.stat(_existing(b)).st_dev
+
+
+def start_reserve(
+    wal_dir: Path, data_dir: Path, reserve_bytes: int, events: Events | None = None
+) -> Reserve:
+    """The reserve in ``data_dir``, made now — before the WAL opens — or adopted whole
+    from the previous run (a failure to allocate is an event, never a failed start: the
+    figure owes it, so admission refuses until there is room)."""
+    reserve = Reserve(
+        data_dir / RESERVE_NAME,
+        reserve_bytes,
+        events=events,
+        on_volume=_same_volume(data_dir, wal_dir),
+    )
+    reserve.ensure()
+    return reserve
+
+
+def from_reserve(reserve: Reserve, what: str, attempt: Callable[[], _T]) -> _T:
+    """Run a start-up write; when it fails for lack of space on the reserve's volume,
+    release the reserve and run it once more (module docstring). Any other failure, or
+    one with no reserve to give, is raised as it was."""
+    try:
+        return attempt()
+    except Exception as exc:
+        if not (reserve.on_volume and _no_space_in(exc)):
+            raise
+        if not reserve.release(f"{what} at start-up failed: {exc}"):
+            raise
+    return attempt()
+
+
+def _no_space_in(exc: BaseException) -> bool:
+    """Whether ``exc`` or an exception it was raised from is ENOSPC/EDQUOT."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # chains are short; a cycle must not loop for ever
+        if seen is None:
+            return False
+        if is_no_space(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def open_disk_space(
+    wal_dir: Path,
+    journal: Journal,
+    *,
+    reserve: Reserve,
+    stop_water_bytes: int,
     measure: Callable[[Path], int] = statvfs_free,
 ) -> DiskSpace:
-    """The node's figure for the WAL's volume, with the reserve in ``data_dir``
-    allocated now (a failure to allocate is an event, never a failed start: the figure
-    owes it, so admission refuses until there is room). ``measure``: the free-space
-    sample (``statvfs``; a test's figure)."""
-    reserve = Reserve(data_dir / RESERVE_NAME, reserve_bytes, events=events)
+    """The node's figure for the WAL's volume, with the reserve ``start_reserve`` made.
+    ``measure``: the free-space sample (``statvfs``; a test's figure)."""
     st = os.statvfs(wal_dir)
-    space = DiskSpace(
+    return DiskSpace(
         wal_dir,
         journal,
         reserve=reserve,
         headroom=stop_water_bytes,
         measure=measure,
         block=st.f_frsize or DEFAULT_BLOCK,
-        reserve_on_volume=os.stat(data_dir).st_dev == os.stat(wal_dir).st_dev,
+        reserve_on_volume=reserve.on_volume,
     )
-    reserve.ensure()
-    return space

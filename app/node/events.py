@@ -68,6 +68,8 @@ _LEVELS = {
     "wal.rotation.retrying": "warning",
     "wal.rotation.terminal": "error",
     "wal.segment.sealed": "warning",
+    "wal.torn_tail": "warning",
+    "wal.high_water.failed": "warning",
     "barrier.latch.set": "error",
     "disk.low_water": "warning",
     "disk.stop_water": "error",
@@ -81,6 +83,9 @@ _LEVELS = {
     "tenant.settling": "warning",
     "tenant.frame_isolated": "error",
     "wal.floor.pinned": "warning",
+    "sink.spool.started": "warning",
+    "sink.store.unavailable": "warning",
+    "sink.partition.dead_lettered": "warning",
     "thread.crashed": "error",
     "thread.failed": "error",
 }

@@ -168,6 +168,35 @@ class _StateCollector(Collector):
         yield gauge(
             "ourios_sink_buffered_bytes", "Bytes buffered in the sinks.", p.buffers.buffered_bytes
         )
+        buffers = p.buffers
+        yield gauge(
+            "ourios_sink_memory_bytes",
+            "Rows the sink holds in memory (buffered, and in publishes under way); kept "
+            "under sink.ceiling_bytes by spilling to the spool (DESIGN.md §5.12).",
+            buffers.held_bytes,
+        )
+        yield gauge(
+            "ourios_sink_ceiling_bytes",
+            "The configured sink.ceiling_bytes (alerts compare the memory with it).",
+            self._m.settings.sink.ceiling_bytes,
+        )
+        spooled_units, spooled_bytes = buffers.spooled
+        yield gauge(
+            "ourios_sink_spool_objects",
+            "Objects in the spool (on the data volume) waiting for the store.",
+            spooled_units,
+        )
+        yield gauge(
+            "ourios_sink_spool_bytes",
+            "Bytes of the objects in the spool waiting for the store.",
+            spooled_bytes,
+        )
+        waits = CounterMetricFamily(
+            "ourios_sink_memory_wait_seconds",
+            "Time ingest turns waited for room under sink.ceiling_bytes.",
+        )
+        waits.add_metric([], buffers.room_wait_seconds)
+        yield waits
         yield gauge(
             "ourios_sink_parked_partitions",
             "Buffered partitions a failed or refused publish put back.",
@@ -195,6 +224,32 @@ class _StateCollector(Collector):
             "hint meanwhile).",
             len(p.unmined.tenants()),
         )
+        hw = p.journal.high_water
+        yield gauge(
+            "ourios_wal_high_water_lsn",
+            "The current segment's synced high-water HIGHWATER records (damage below it is "
+            "corruption, above it a torn tail).",
+            hw.recorded_lsn,
+        )
+        hw_failures = CounterMetricFamily(
+            "ourios_wal_high_water_write_failures",
+            "HIGHWATER writes that failed (the previous high-water stayed in force).",
+        )
+        hw_failures.add_metric([], hw.failures)
+        yield hw_failures
+        torn = CounterMetricFamily(
+            "ourios_wal_torn_tail_frames",
+            "Frames that still verified after a torn tail open found in the newest segment "
+            "(left behind it, never replayed).",
+        )
+        torn.add_metric([], hw.torn_tail_frames)
+        yield torn
+        torn_bytes = CounterMetricFamily(
+            "ourios_wal_torn_tail_bytes",
+            "Bytes of the torn tail open found in the newest segment (kept, never replayed).",
+        )
+        torn_bytes.add_metric([], hw.torn_tail_bytes)
+        yield torn_bytes
         isolated = CounterMetricFamily(
             "ourios_wal_isolated_frames",
             "Frames isolated after wal.frame_mining_attempts failed minings: their records "
@@ -283,6 +338,28 @@ class _StateCollector(Collector):
         )
         intents.add_metric([], stats.intent_failures)
         yield intents
+        spooled = CounterMetricFamily(
+            "ourios_sink_spooled_objects",
+            "Partitions the memory bound wrote to the spool because the store did not take them.",
+        )
+        spooled.add_metric([], stats.spooled)
+        yield spooled
+        dead = CounterMetricFamily(
+            "ourios_sink_dead_lettered",
+            "Partitions the store refused for good (a permanent error class after "
+            "sink.dead_letter_attempts), written to <data_dir>/deadletter instead so the "
+            "checkpoint advances (DESIGN.md §5.13).",
+            labels=["kind", "error_type"],
+        )
+        for (kind, error_type), count in sorted(stats.dead_lettered.items()):
+            dead.add_metric([kind, error_type], count)
+        yield dead
+        gate = p.publisher.gate
+        yield gauge(
+            "ourios_sink_store_down",
+            "1 while the store is not taking writes (one publish a second probes it).",
+            1 if gate is not None and gate.down else 0,
+        )
         yield gauge(
             "ourios_recovery_duration_seconds",
             "How long the start-up replay took.",
@@ -300,6 +377,15 @@ class _StateCollector(Collector):
         )
         audit.add_metric([], self._m.audit_suppressed)
         yield audit
+        replay_isolated = CounterMetricFamily(
+            "ourios_replay_frames_isolated",
+            "Replayed frames isolated because their payload did not decode "
+            "wal.frame_decode_attempts times: not mined, their records not published, their "
+            "payload kept in <data_dir>/quarantine/frames/ (replay.frame_isolated).",
+        )
+        recovery = self._m.recovery
+        replay_isolated.add_metric([], 0 if recovery is None else len(recovery.report.isolated))
+        yield replay_isolated
         for extra in self._m.extra:
             yield from extra()
 

@@ -52,15 +52,33 @@
    any listener exists (more than ``max_tenants`` refuses the start).
 
 A restarted node has no mark until its first acknowledged turn: replay sets none.
+
+**A payload that does not decode** (DESIGN.md §6): the decoder tries each replayed
+payload up to ``wal.frame_decode_attempts`` times — on the workers, a worker's exception
+(a ``MemoryError`` included) or its death counting as one, each retry on the next
+worker — and then yields ``Undecodable`` instead of failing the start. The frame is
+*isolated*: it is not mined (its tenant's tree is as if the batch was never sent), its
+payload is kept byte for byte in ``<data_dir>/quarantine/frames/`` with a record of what
+it was (``app.node.frame_quarantine``), ``replay.frame_isolated`` names its segment,
+byte offset, tenant and error, and the replay goes on with every other frame. A
+transient fault clears within the attempts and loses nothing; a permanent one loses the
+batch from the store, and the loss is named and its bytes kept for re-sending.
+
+**A stop during the replay** (``cancel``): the replay ends at its next frame, the
+decoder abandons its window, and what was not turned stays in the WAL for the next
+start (nothing replayed is ever a mark, so no checkpoint passes it).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
 
 from app.ingest.landed import Landed, LandedCheck
 from app.ingest.mining.miner_cluster import MinerCluster
@@ -69,10 +87,10 @@ from app.ingest.mining.tenant_miner import TenantMiner
 from app.ingest.pipeline import Pipeline
 from app.ingest.settlement import ReplayGates
 from app.ingest.snapshots import SnapshotLedger, SnapshotState, SnapshotStore
-from app.receive.otlp import FlatBatch, IngestRejection, decode_flat
+from app.node.frame_quarantine import keep_frame
+from app.receive.otlp import FlatBatch, decode_flat
 from sink.store import ObjectStore, StoreError
 from wal import (
-    CorruptionError,
     Frame,
     FrameKind,
     IntentKind,
@@ -83,12 +101,73 @@ from wal import (
     Replay,
     WalOffset,
 )
+from wal.segment import HEADER_SIZE
 
 log = logging.getLogger("ourios.recovery")
 
-#: Decodes replayed payloads ``(tenant, payload)`` into batches, yielded in input order
-#: (a payload that does not decode yields its refusal).
-Decoder = Callable[[Iterable[tuple[str, bytes]]], Iterator[FlatBatch | IngestRejection]]
+#: Default of ``wal.frame_decode_attempts``.
+DEFAULT_DECODE_ATTEMPTS = 3
+
+
+@dataclass(frozen=True, slots=True)
+class Undecodable:
+    """A replayed payload that failed to decode ``attempts`` times (module docstring)."""
+
+    error: str
+    attempts: int
+
+
+class DecodeStopped(Exception):
+    """The decoder ended before its input did — the replay's stop, or its workers
+    stopping: what it did not yield is not replayed (it stays in the WAL)."""
+
+
+class Decoder(Protocol):
+    """Decodes replayed payloads ``(tenant, payload)`` into batches, yielded in input
+    order; a payload that fails ``attempts`` times yields ``Undecodable``. Raises
+    ``DecodeStopped`` once ``stop`` is set (between payloads, or while it waits)."""
+
+    def __call__(
+        self, frames: Iterable[tuple[str, bytes]], *, stop: threading.Event, attempts: int
+    ) -> Iterator[FlatBatch | Undecodable]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class IsolatedFrame:
+    """A replayed frame isolated because its payload did not decode
+    (``replay.frame_isolated``)."""
+
+    tenant: str
+    frame: str  # its end offset, ``<lsn>@<segment uuid>``
+    segment: str  # the segment file's name
+    offset: int  # the frame's first byte in that file
+    bytes: int  # its payload
+    attempts: int
+    error: str
+    #: its records were published before the restart (at or below the gates): only the
+    #: template view of them is missing, nothing of the store
+    in_store: bool
+    saved: str | None  # where its payload was kept, None when that failed
+    save_error: str = ""
+
+    def fields(self) -> dict[str, object]:
+        return {
+            "tenant": self.tenant,
+            "frame": self.frame,
+            "segment": self.segment,
+            "offset": self.offset,
+            "bytes": self.bytes,
+            "attempts": self.attempts,
+            "error": self.error,
+            "in_store": self.in_store,
+            "saved": self.saved,
+            "save_error": self.save_error,
+            "action": "the frame is not mined and its records are not published"
+            + (" (they were before the restart)" if self.in_store else "")
+            + "; its payload is kept byte for byte in `saved` (an OTLP protobuf request: "
+            "re-send it for the tenant once it decodes); every other frame is replayed",
+        }
+
 
 #: The counter bits of a template id (node ordinal << 48 | counter).
 COUNTER_MASK = (1 << 48) - 1
@@ -111,6 +190,8 @@ class RecoveryReport:
     #: tenant -> the frame whose mining failed during the replay
     unmined: dict[str, str] = field(default_factory=dict)
     stale_snapshot_temps: int = 0
+    #: frame -> error: frames isolated because their payload did not decode
+    isolated: dict[str, str] = field(default_factory=dict)
     tenants: set[str] = field(default_factory=set)
     torn_segments: list[str] = field(default_factory=list)
     checkpoint: WalOffset | None = None
@@ -143,6 +224,8 @@ class RecoveryReport:
             "snapshot_failures": self.snapshot_failures,
             "frames_unmined": self.frames_unmined,
             "unmined": dict(sorted(self.unmined.items())),
+            "frames_isolated": len(self.isolated),
+            "isolated": dict(sorted(self.isolated.items())),
             "tenants": len(self.tenants),
             "torn_segments": self.torn_segments,
             "checkpoint": None if self.checkpoint is None else str(self.checkpoint),
@@ -183,7 +266,7 @@ class ReplayItem:
 
     frame: Frame
     horizon: WalOffset | None  # the tenant's restored snapshot horizon S
-    decoded: FlatBatch | IngestRejection
+    decoded: FlatBatch | Undecodable
 
 
 class Recovery:
@@ -217,19 +300,32 @@ class Recovery:
         intents: list[IntentRecord] | None = None,
         objects: ObjectStore | None = None,
         on_store_unavailable: Callable[[str, StoreError], None] | None = None,
+        decode_attempts: int = DEFAULT_DECODE_ATTEMPTS,
+        quarantine: Path | None = None,
+        on_isolated: Callable[[IsolatedFrame], None] | None = None,
+        on_absent: Callable[[list[str]], object] | None = None,
     ) -> None:
+        if decode_attempts < 1:
+            raise ValueError(f"decode_attempts must be >= 1, got {decode_attempts}")
         self.journal = journal
+        #: told which intended objects the store does not hold (their intents go)
+        self._on_absent = on_absent
         self.pipeline = pipeline
         self.store = store
         self.ledger = ledger
-        self._decode = decode or decode_here
+        self._decode: Decoder = decode or decode_here
+        self._decode_attempts = decode_attempts
+        #: where an isolated frame's payload is kept (None: nowhere, tests)
+        self._quarantine = quarantine
+        self._on_isolated = on_isolated
+        #: set by ``cancel``: the replay ends at its next frame
+        self._stop = threading.Event()
         #: the publish intents in force at start, and the store to ask about them
         self._intents = intents or []
         self._objects = objects
         self._on_store_unavailable = on_store_unavailable
         self._check: LandedCheck | None = None
         self._landed = Landed()
-        self._cancelled = False
         self.report = RecoveryReport()
         self._started = time.monotonic()
         self._restored: dict[str, WalOffset] = {}
@@ -306,20 +402,28 @@ class Recovery:
         wanted = [rec for rec in self._intents if needed(rec)]
         if wanted:
             self._check = LandedCheck(
-                self._objects, wanted, on_unavailable=self._on_store_unavailable
+                self._objects,
+                wanted,
+                on_unavailable=self._on_store_unavailable,
+                on_absent=self._on_absent,
             ).start()
 
     def cancel(self) -> None:
-        """Shutdown during the replay: stop waiting for the store (the replay then ends
-        before its first frame, which leaves everything in the WAL for the next start)."""
-        self._cancelled = True
+        """Shutdown during the replay: stop waiting for the store, end the replay at its
+        next frame and abandon the decoder's window (what is not turned stays in the WAL
+        for the next start)."""
+        self._stop.set()
         if self._check is not None:
             self._check.cancel()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._stop.is_set()
 
     def _await_check(self) -> bool:
         """The check's answer into ``_landed``; False when cancelled first."""
         if self._check is None:
-            return not self._cancelled
+            return not self._stop.is_set()
         landed = self._check.result()
         if landed is None:
             return False
@@ -341,10 +445,13 @@ class Recovery:
         if not self._await_check():
             return  # cancelled: nothing turned, the backlog stays (the next start replays)
         replay, report, restored = self._replay, self.report, self._restored
+        stop = self._stop
         waiting: deque[tuple[Frame, WalOffset | None]] = deque()
 
         def to_decode() -> Iterator[tuple[str, bytes]]:
             for frame in replay:
+                if stop.is_set():
+                    return  # the decoder raises DecodeStopped on its next wait
                 if frame.kind is not FrameKind.TENANT_BATCH:
                     report.audit_frames_ignored += 1  # nothing writes them; RFC 0052 §3.7
                     continue
@@ -358,9 +465,21 @@ class Recovery:
                 waiting.append((frame, s))
                 yield frame.tenant, frame.payload
 
-        for decoded in self._decode(to_decode()):
-            frame, s = waiting.popleft()
-            yield ReplayItem(frame, s, decoded)
+        decoded_in_order = self._decode(to_decode(), stop=stop, attempts=self._decode_attempts)
+        try:
+            for decoded in decoded_in_order:
+                if stop.is_set():
+                    return  # stopped: the backlog stays (the next start replays it)
+                frame, s = waiting.popleft()
+                yield ReplayItem(frame, s, decoded)
+        except DecodeStopped:
+            return
+        finally:
+            close = getattr(decoded_in_order, "close", None)
+            if close is not None:
+                close()  # a window still in flight on the workers is abandoned
+        if stop.is_set():
+            return
         report.torn_segments = [seg.name for seg in replay.report.torn]
         self._position = self._end
 
@@ -371,14 +490,9 @@ class Recovery:
         tenant = frame.tenant
         lsn = frame.offset.lsn
         self._position = lsn
-        if not isinstance(decoded, FlatBatch):
-            # The receiver validated these bytes before the frame was written and the
-            # frame's CRC holds: an undecodable payload is damage, not a torn write.
-            raise CorruptionError(
-                self.journal.root,
-                frame.start_lsn,
-                f"frame at LSN {frame.start_lsn} no longer decodes: {decoded}",
-            ) from decoded
+        if isinstance(decoded, Undecodable):
+            self._isolate(frame, s, decoded)
+            return
         batch = decoded
         unmined = self._unmined
         if tenant in unmined:
@@ -421,6 +535,71 @@ class Recovery:
         report.records_landed += counts.records_landed
         report.audit_events_landed += counts.events_landed
 
+    def _isolate(self, frame: Frame, s: WalOffset | None, failed: Undecodable) -> None:
+        """A frame whose payload did not decode ``attempts`` times: kept aside, named,
+        left out of its tenant's tree (module docstring); the replay goes on."""
+        tenant, lsn = frame.tenant, frame.offset.lsn
+        records_gate, _ = gates(self._frontiers.get(tenant), self._x, lsn)
+        gate = max(records_gate, -1 if s is None else s.lsn)
+        segment, offset = self._where(frame)
+        saved: str | None = None
+        save_error = ""
+        if self._quarantine is not None:
+            try:
+                saved = str(
+                    keep_frame(
+                        self._quarantine,
+                        frame.payload,
+                        {
+                            "tenant": tenant,
+                            "frame": str(frame.offset),
+                            "segment": segment,
+                            "offset": offset,
+                            "attempts": failed.attempts,
+                            "error": failed.error,
+                            "in_store": lsn <= gate,
+                        },
+                        f"{segment}-{offset}",
+                    )
+                )
+            except OSError as exc:
+                save_error = f"{type(exc).__name__}: {exc}"
+        self.pipeline.replay_isolated(frame, failed.error)
+        isolated = IsolatedFrame(
+            tenant,
+            str(frame.offset),
+            segment,
+            offset,
+            len(frame.payload),
+            failed.attempts,
+            failed.error,
+            lsn <= gate,
+            saved,
+            save_error,
+        )
+        self.report.isolated[isolated.frame] = failed.error
+        log.error(
+            "replay: the frame at %s (tenant %r, %s byte %d) did not decode %d times (last: "
+            "%s); it is isolated and the replay goes on",
+            frame.offset,
+            tenant,
+            segment,
+            offset,
+            failed.attempts,
+            failed.error,
+        )
+        if self._on_isolated is not None:
+            self._on_isolated(isolated)
+
+    def _where(self, frame: Frame) -> tuple[str, int]:
+        """The frame's segment file and the byte its frame starts at there."""
+        assert self._replay is not None
+        found = [seg for seg in self._replay.report.segments if seg.base_lsn <= frame.start_lsn]
+        if not found:
+            return "", frame.start_lsn
+        seg = max(found, key=lambda r: r.base_lsn)
+        return seg.name, frame.start_lsn - seg.base_lsn + HEADER_SIZE
+
     def replayed(self) -> None:
         """The last replayed frame is turned: capture each replayed tenant's snapshot
         state at its replayed horizon (before a new frame's turn folds past it)."""
@@ -445,14 +624,29 @@ class Recovery:
         return report
 
 
-def decode_here(frames: Iterable[tuple[str, bytes]]) -> Iterator[FlatBatch | IngestRejection]:
-    """Decode replayed payloads on this thread, in order (``server.workers`` 0); with
+def decode_here(
+    frames: Iterable[tuple[str, bytes]],
+    *,
+    stop: threading.Event | None = None,
+    attempts: int = DEFAULT_DECODE_ATTEMPTS,
+) -> Iterator[FlatBatch | Undecodable]:
+    """Decode replayed payloads on this thread, in order (``server.workers`` 0), each up to
+    ``attempts`` times (any exception is one: a refusal, a ``MemoryError``); with
     workers, ``app.node.workers.Workers.decode_in_order`` decodes them there instead."""
     for tenant, payload in frames:
-        try:
-            yield decode_flat(payload, tenant)
-        except IngestRejection as exc:
-            yield exc
+        if stop is not None and stop.is_set():
+            raise DecodeStopped("the replay was stopped")
+        error = ""
+        for _ in range(attempts):
+            try:
+                batch = decode_flat(payload, tenant)
+            except Exception as exc:  # noqa: BLE001 - counted; isolated at the bound
+                error = f"{type(exc).__name__}: {exc}"
+                continue
+            yield batch
+            break
+        else:
+            yield Undecodable(error, attempts)
 
 
 def _has_entry(pipeline: Pipeline, tenant: str) -> Callable[[], bool]:

@@ -9,12 +9,20 @@ its last frame is turned: publish what it buffered, install the snapshots, log
 ``recovery.done`` (what was replayed and suppressed, how long it took) and start the age
 sweep, the barrier and housekeeping.
 
-SIGTERM/SIGINT: stop the listeners (requests in flight finish) → stop the age sweep →
+SIGTERM/SIGINT, within ``server.shutdown_grace_secs`` + ``server.final_cut_secs`` in
+every state (``StopBudget``): a replay in progress is cut short at its next frame (its
+decoding on the workers abandoned; nothing new is turned on top of it) → stop the
+listeners (requests in flight finish) → the turn thread turns what was acknowledged
+until the drain's time is up, then stops after the frame in hand → stop the age sweep →
 join the housekeeping and barrier timers → the final cut (flush every buffered
-partition, install snapshots, checkpoint) → stop the publisher → close the WAL; one
-``server.stopped`` line says what was left and whether every thread joined. The exit
-status is 0 only when every acknowledged row reached the store (``EXIT_ROWS_LEFT``
-otherwise: the rows are in the WAL, and the next start replays them).
+partition, install snapshots, checkpoint) → stop the publisher → close the WAL. The
+timers, the cut and the publisher run on a thread of their own, which the main thread
+waits for only until the budget ends. One ``server.stopped`` line says what was left
+and whether every thread joined, and it is the last: a thread still running then (a
+store call that never returns) does not keep the process alive — it exits at once
+(``os._exit``). The exit status is 0 only when every acknowledged row reached the
+store (``EXIT_ROWS_LEFT`` otherwise: the rows are in the WAL, and the next start
+replays them).
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -37,7 +46,7 @@ from app.cadence.barrier import Barrier, CutOutcome
 from app.cadence.housekeeping import Housekeeper
 from app.cadence.sweep import AgeSweep
 from app.ingest.admission import Admission
-from app.ingest.landed import intent_hook
+from app.ingest.landed import intent_hook, retract_hook
 from app.ingest.mining.miner_cluster import MinerCluster
 from app.ingest.mining.template_ids import FileTemplateIdAllocator
 from app.ingest.pipeline import Pipeline
@@ -46,11 +55,25 @@ from app.ingest.stages import LocalPort, Stages
 from app.ingest.tenants import TenantCountExceeded
 from app.node.config import Settings
 from app.node.datalock import DataDirLock, DataDirLocked, DataDirLockError
-from app.node.diskspace import open_disk_space
+from app.node.diskspace import (
+    DiskSpace,
+    VolumeTooSmall,
+    check_volume,
+    from_reserve,
+    open_disk_space,
+    start_reserve,
+)
 from app.node.events import EventLog, configure_logging
 from app.node.gc_policy import freeze_long_lived_heap
 from app.node.metrics import Metrics
-from app.node.recovery import Recovery
+from app.node.recovery import IsolatedFrame, Recovery
+from app.node.storeprobe import (
+    StoreHealth,
+    StoreProbe,
+    StoreUnusable,
+    WatchedStore,
+    probe_at_start,
+)
 from app.node.workers import Listeners, NodeState, Workers, worker_launcher
 from app.receive import native
 from app.receive.auth import Authenticator
@@ -59,8 +82,10 @@ from app.receive.otlp_grpc import create_grpc_server
 from app.receive.otlp_http import create_http_app, http_server
 from app.threads import Supervised, Supervisor, start_thread
 from sink.buffers import Buffers
+from sink.deadletter import DeadLetter
 from sink.keys import node_identity
-from sink.publisher import Publisher
+from sink.publisher import Publisher, StoreGate
+from sink.spool import Spiller, Spool
 from sink.store import LocalStore, ObjectStore, from_url
 from wal import CorruptionError, IntentLog, Journal, OsFs, WalError
 
@@ -89,8 +114,14 @@ class Node:
     #: the publish intents (PUBLISHING in the WAL root): every object's claim before
     #: its PUT, so a restart publishes nothing twice
     intents: IntentLog | None = None
+    #: where the memory bound puts what the store does not take, and its thread
+    #: (DESIGN.md §5.12)
+    spool: Spool | None = None
+    spiller: Spiller | None = None
     #: runs every long-lived thread; one that stopped for good fails /healthz
     threads: Supervisor | None = None
+    #: probes the store again while it does not answer (``ourios_store_up``)
+    store_probe: StoreProbe | None = None
 
 
 def build_node(
@@ -131,22 +162,48 @@ def _build_node(
     metrics.threads = threads
     store = given_store if given_store is not None else _store(settings)
     node = node_identity(server.node_id)
-    archiver: Archiver | None = None
     if settings.wal.archive:
         check_archive_location(store, node, server.wal_dir)  # refused before anything opens
-        archiver = Archiver(store, node, events=events)
-    journal = Journal.open(
+    health = StoreHealth(store, events.emit, f"probe/{node}")
+    if given_store is None:  # the store the settings name: a wrong one refuses the start
+        probe_at_start(
+            health,
+            settings.store.bucket or "",
+            settings.store.endpoint_url or "the AWS endpoint of the region",
+        )
+    metrics.extra.append(health.gauges)
+    watched = WatchedStore(store, health)  # every call the node makes tells the gauge
+    archiver: Archiver | None = None
+    if settings.wal.archive:
+        archiver = Archiver(store, node, events=events)  # it needs the LocalStore itself
+    disk = settings.disk
+    check_volume(
         server.wal_dir,
-        settings.wal,
-        clock=clock,
-        monotonic=monotonic,
-        events=events,
-        on_append=metrics.append_seconds.observe,
-        on_fsync=metrics.fsync_seconds.observe,
-        archive=archiver,
+        server.data_dir,
+        reserve_bytes=disk.reserve_bytes,
+        stop_water_bytes=disk.stop_water_bytes,
+    )
+    # The reserve before the WAL: a start-up write on a full volume that needs a block
+    # takes the reserve's (``from_reserve``) instead of failing every start.
+    reserve = start_reserve(server.wal_dir, server.data_dir, disk.reserve_bytes, events)
+    journal = from_reserve(
+        reserve,
+        "opening the WAL",
+        lambda: Journal.open(
+            server.wal_dir,
+            settings.wal,
+            clock=clock,
+            monotonic=monotonic,
+            events=events,
+            on_append=metrics.append_seconds.observe,
+            on_fsync=metrics.fsync_seconds.observe,
+            archive=archiver,
+        ),
     )
     try:
-        intents = IntentLog.open(OsFs(), server.wal_dir)
+        intents = from_reserve(
+            reserve, "opening the publish intents", lambda: IntentLog.open(OsFs(), server.wal_dir)
+        )
     except BaseException:
         journal.close()
         raise
@@ -162,13 +219,9 @@ def _build_node(
             "warning",
         )
     space = open_disk_space(
-        server.wal_dir,
-        server.data_dir,
-        journal,
-        reserve_bytes=settings.disk.reserve_bytes,
-        stop_water_bytes=settings.disk.stop_water_bytes,
-        events=events,
+        server.wal_dir, journal, reserve=reserve, stop_water_bytes=disk.stop_water_bytes
     )
+    spool = _open_spool(server.data_dir, space, events, settings.sink.ceiling_bytes)
     allocator = FileTemplateIdAllocator(server.data_dir / "template-ids", server.node_ordinal)
     allocator.on_no_space = space.no_space
     if isinstance(store, LocalStore):  # the embedded store: usually on this volume
@@ -180,17 +233,27 @@ def _build_node(
         flush_bytes=settings.sink.flush_bytes,
         clock=monotonic,
         epoch=lambda: holder["p"].epoch if "p" in holder else 1,
+        ceiling_bytes=settings.sink.ceiling_bytes,
+        max_object_bytes=settings.sink.max_object_bytes,
     )
     publisher = Publisher(
-        store,
+        watched,
         buffers,
         node=node,
         compression=settings.sink.parquet_compression,
         queue_depth=settings.sink.publisher_queue_depth,
         intents=intent_hook(intents),
+        retract=retract_hook(intents),
         step=lambda name: points.hit(name),
+        spool=spool,
+        gate=StoreGate(events=events),
+        max_object_bytes=settings.sink.max_object_bytes,
         threads=threads,
+        dead_letter=_dead_letter(server.data_dir, space),
+        dead_letter_attempts=settings.sink.dead_letter_attempts,
+        events=events,
     )
+    spiller = Spiller(buffers, publisher.spill, threads=threads)
     ledger = SnapshotLedger()
     admission = Admission(
         journal,
@@ -266,7 +329,7 @@ def _build_node(
         settings,
         events,
         journal,
-        store,
+        watched,
         pipeline,
         metrics,
         sweep,
@@ -278,8 +341,46 @@ def _build_node(
         archiver,
         lock,
         intents,
+        spool,
+        spiller,
         threads,
+        StoreProbe(health, settings.store.probe_secs, threads),
     )
+
+
+def _dead_letter(data_dir: Path, space: DiskSpace) -> DeadLetter:
+    """The dead-letter directory (DESIGN.md §5.13): never emptied by the node; on the
+    data volume its files count in disk admission's figure."""
+    root = data_dir / "deadletter"
+    root.mkdir(parents=True, exist_ok=True)
+    return DeadLetter(root, on_write=space.wrote if space.on_volume(root) else None)
+
+
+def _open_spool(data_dir: Path, space: DiskSpace, events: EventLog, ceiling: int) -> Spool:
+    """The spool, emptied: the WAL re-derives what a previous run left there (DESIGN.md
+    §5.12). On the data volume its files count in disk admission's figure."""
+    root = data_dir / "spool"
+    root.mkdir(parents=True, exist_ok=True)
+    counted = space.on_volume(root)
+    spool = Spool(
+        root,
+        on_write=space.wrote if counted else None,
+        on_free=space.freed if counted else None,
+        events=events,
+        read_budget=ceiling // 4,  # what draining the spool holds in memory at once
+    )
+    files, size = spool.clear()
+    if files:
+        events.emit(
+            "sink.spool.discarded",
+            {
+                "path": str(root),
+                "files": files,
+                "bytes": size,
+                "action": "the WAL holds every row they held: the replay re-derives them",
+            },
+        )
+    return spool
 
 
 def _store(settings: Settings) -> ObjectStore:
@@ -318,9 +419,44 @@ def run_serve(settings: Settings, config_file: Path | None = None) -> int:
         )
     try:
         node = build_node(settings, events)
-    except (WalError, ArchiveLocationError, DataDirLocked, DataDirLockError, OSError) as exc:
+    except (
+        WalError,
+        ArchiveLocationError,
+        DataDirLocked,
+        DataDirLockError,
+        VolumeTooSmall,
+        StoreUnusable,
+        OSError,
+    ) as exc:
         return _start_failed(events, exc)
-    return _serve(node, stop, received, config_file)
+    code = _serve(node, stop, received, config_file)
+    if lingering_threads():
+        # ``server.stopped`` named them: nothing may run on behind the last line (a store
+        # call that never returns, a wedged turn), and the interpreter would wait for a
+        # non-daemon one for ever. What they held is in the WAL.
+        logging.shutdown()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+#: Threads that are idle by construction and end with the process (the signal relay).
+_IDLE_THREADS = frozenset({"ourios-signals"})
+
+
+def lingering_threads() -> list[str]:
+    """Threads still alive besides this one that ``server.stopped`` must name: every
+    non-daemon thread (the interpreter would wait for it at exit), and every thread of
+    the node's own (``ourios-*``)."""
+    me = threading.current_thread()
+    return sorted(
+        t.name
+        for t in threading.enumerate()
+        if t is not me
+        and t.is_alive()
+        and t.name not in _IDLE_THREADS
+        and (not t.daemon or t.name.startswith("ourios-"))
+    )
 
 
 def _relay_signals(stop: threading.Event, received: list[int]) -> None:
@@ -362,6 +498,43 @@ def wait_for_stop(stop: threading.Event) -> None:
         pass
 
 
+#: What the budget keeps for the process's own exit after ``server.stopped``.
+EXIT_MARGIN_SECS = 1.0
+#: How long the stop waits, out of that margin, for the supervised threads to end once
+#: the supervisor is closed (a loop in its restart backoff ends at once).
+SUPERVISED_JOIN_SECS = EXIT_MARGIN_SECS / 2
+#: The least time the turn thread gets to turn what was acknowledged, even when the
+#: listeners' drain took the whole grace (it comes out of the final cut's share).
+MIN_TURN_SECS = 1.0
+
+
+@dataclass(frozen=True)
+class StopBudget:
+    """SIGTERM's time (DESIGN.md §6) on the monotonic clock: the drain (listeners, then
+    the turns) ends at ``drain_end`` = the stop + ``server.shutdown_grace_secs``, and
+    everything — the final cut, ``server.stopped`` — at ``end`` = ``drain_end`` +
+    ``server.final_cut_secs`` less ``EXIT_MARGIN_SECS`` for the exit itself."""
+
+    drain_end: float
+    end: float
+
+    @classmethod
+    def since(cls, settings: Settings, stopped_at: float) -> StopBudget:
+        drain_end = stopped_at + settings.server.shutdown_grace_secs
+        return cls(drain_end, drain_end + settings.server.final_cut_secs - EXIT_MARGIN_SECS)
+
+    def drain_left(self) -> float:
+        return max(0.0, self.drain_end - time.monotonic())
+
+    def left(self) -> float:
+        return max(0.0, self.end - time.monotonic())
+
+    def turns(self) -> float:
+        """How long the turn thread may drain: the rest of the drain, at least
+        ``MIN_TURN_SECS``, never more than half of what is left in all."""
+        return min(max(MIN_TURN_SECS, self.drain_left()), self.left() / 2)
+
+
 class _Recovering:
     """The start-up's recovery once the node serves (DESIGN.md §5, §6): the replay runs
     on the turn thread ahead of every new frame; when its last frame is turned, this
@@ -375,6 +548,9 @@ class _Recovering:
         self._fatal = fatal
         self._replayed = threading.Event()
         self._error: BaseException | None = None
+        #: the node is stopping: no cadence may start any more
+        self._stopping = False
+        self._lock = threading.Lock()
         self.done = threading.Event()
         self.failed: BaseException | None = None
         self._thread: Supervised | None = None
@@ -394,6 +570,8 @@ class _Recovering:
         )
 
     def stop(self, timeout: float) -> bool:
+        with self._lock:
+            self._stopping = True  # shutdown joins the cadences: none may start after it
         self._replayed.set()  # a replay cut short by shutdown: nothing to finish
         if self._thread is None:
             return True
@@ -415,10 +593,12 @@ class _Recovering:
                 node.metrics.records_suppressed = report.records_suppressed
                 node.metrics.audit_suppressed = report.audit_events_suppressed
                 freeze_long_lived_heap()
-                node.sweep.start()
-                node.barrier.start()
-                node.housekeeper.start()
-                self.done.set()
+                with self._lock:
+                    if not self._stopping:
+                        node.sweep.start()
+                        node.barrier.start()
+                        node.housekeeper.start()
+                    self.done.set()  # the replay is complete: the final cut may run
                 return
         if self._error is not None:
             self.failed = self._error
@@ -461,12 +641,20 @@ def _serve(node: Node, stop: threading.Event, received: list[int], config_file: 
         )
         node.metrics.workers = workers
     pipeline.publisher.start()
+    if node.store_probe is not None:
+        node.store_probe.start()
+    if node.spiller is not None:
+        node.spiller.start()  # before the replay, which buffers under the same bound
 
     def abandon(exc: BaseException) -> int:
+        if node.store_probe is not None:
+            node.store_probe.close()
         if workers is not None:
-            workers.stop(grace)
+            workers.stop(settings.server.shutdown_grace_secs)
         if listeners is not None:
             listeners.close()
+        if node.spiller is not None:
+            node.spiller.close()
         pipeline.publisher.close()
         node.journal.close()
         _release(node)
@@ -485,6 +673,10 @@ def _serve(node: Node, stop: threading.Event, received: list[int], config_file: 
         workers.decode_in_order if workers is not None else None,
         intents=node.intents.records() if node.intents is not None else None,
         objects=node.store,
+        decode_attempts=settings.wal.frame_decode_attempts,
+        quarantine=settings.server.data_dir / "quarantine" / "frames",
+        on_isolated=lambda isolated: _isolated(node, isolated),
+        on_absent=node.intents.retract if node.intents is not None else None,
         on_store_unavailable=lambda key, exc: node.events.emit(
             "recovery.store_unavailable",
             {
@@ -550,11 +742,15 @@ def _serve(node: Node, stop: threading.Event, received: list[int], config_file: 
             http.should_exit = True  # asked to stop while starting: start nothing new
     pipeline.set_ready(True)
     _listening(node, http_port, grpc_port, workers=workers.pids() if workers else [])
+    stopped_at: float | None = None
     try:
         if http is not None:
             http.run(sockets=[sock])  # returns on SIGTERM/SIGINT once requests finish
+            # the HTTP drain (at most its half of the grace) was spent before this line
+            stopped_at = time.monotonic() - grace - STOP_POLL_SECS
         else:
             wait_for_stop(stop)
+            stopped_at = time.monotonic() - STOP_POLL_SECS
         node.events.emit(
             "server.stopping",
             {
@@ -563,33 +759,57 @@ def _serve(node: Node, stop: threading.Event, received: list[int], config_file: 
             },
         )
     finally:
+        budget = StopBudget.since(settings, time.monotonic() if stopped_at is None else stopped_at)
         pipeline.set_ready(False)
-        workers_clean = True
-        if workers is not None:
-            workers_clean = workers.stop(grace)
-        if grpc_server is not None:
-            grpc_server.stop(grace=grace).wait()
-        # A replay still running is cut short: what it did not turn stays in the WAL
-        # for the next start; frames acknowledged behind it are durable there too.
+        # A replay still running is cut short first, before its workers go: it ends at
+        # its next frame, its decoding ahead is abandoned, and nothing new is turned on
+        # top of it. What it did not turn stays in the WAL for the next start; frames
+        # acknowledged behind it are durable there too.
         replaying = not recovering.done.is_set()
         if replaying:
-            recovery.cancel()  # a replay still waiting for the store stops waiting
-        stages_joined = stages.close(grace + 30, drain=not replaying)
-        recovering.stop(30)
+            stages.halt()
+            recovery.cancel()
+        workers_clean = True
+        if workers is not None:
+            workers_clean = workers.stop(budget.drain_left())
+        if grpc_server is not None:
+            grpc_server.stop(grace=min(grace, budget.drain_left())).wait(budget.drain_left())
+        stages_joined = stages.close(
+            budget.turns(), drain=not replaying, halt_secs=min(5.0, budget.left() / 4)
+        )
+        recovering.stop(min(30.0, budget.left() / 4))
         if listeners is not None:
             listeners.close()
+        # never turned: those the halt skipped, and those a turn thread that did not end
+        # never reached (acknowledged, in the WAL above the mark)
+        frames_left, bytes_left = stages.left
+        pending_bytes, pending_frames = stages.backlog
+        frames_left, bytes_left = frames_left + pending_frames, bytes_left + pending_bytes
         node.events.emit(
             "stages.stopped",
             {
                 "workers_clean": workers_clean,
                 "stages_joined": stages_joined,
                 "replay_unfinished_bytes": recovery.backlog_bytes,
+                "frames_left_unturned": frames_left,
+                "bytes_left_unturned": bytes_left,
             },
         )
-        code = shutdown(node, final_cut=recovering.done.is_set())
+        code = shutdown(
+            node,
+            final_cut=recovering.done.is_set(),
+            until=budget.end,
+            unturned=frames_left,
+        )
     if recovering.failed is not None:
         return 1
     return code
+
+
+def _isolated(node: Node, isolated: IsolatedFrame) -> None:
+    """A replayed frame isolated because its payload did not decode: one event (the
+    counter, ``ourios_replay_frames_isolated_total``, reads the recovery's report)."""
+    node.events.emit("replay.frame_isolated", isolated.fields(), "error")
 
 
 def _listening(node: Node, http_port: int, grpc_port: int, *, workers: list[int]) -> None:
@@ -618,6 +838,8 @@ def _start_failed(events: EventLog, exc: BaseException, event: str = "server.sta
     }
     if isinstance(exc, CorruptionError):
         fields.update(path=str(exc.path), offset=exc.offset, high_water=exc.high_water)
+    if isinstance(exc, StoreUnusable):
+        fields.update(exc.fields())
     events.emit(event, fields, "error")
     return 1
 
@@ -628,7 +850,55 @@ def _start_failed(events: EventLog, exc: BaseException, event: str = "server.sta
 EXIT_ROWS_LEFT = 75
 
 
-def shutdown(node: Node, join_timeout: float = 60.0, *, final_cut: bool = True) -> int:
+@dataclass
+class _FinalPhase:
+    """What the final phase got to (``shutdown``): filled in as it goes, so a phase cut
+    short by the budget still reports what it finished."""
+
+    housekeeping_joined: bool = False
+    barrier_joined: bool = False
+    final: CutOutcome | None = None
+    publisher_joined: bool = False
+    wal_closed: bool = False
+    ended: bool = False
+
+
+def _final_phase(
+    node: Node, phase: _FinalPhase, join_timeout: float, final_cut: bool, until: float | None
+) -> None:
+    """Join the timers, run the final cut, stop the publisher, close the WAL."""
+
+    def wait() -> float:
+        if until is None:
+            return join_timeout
+        return max(0.1, min(join_timeout, until - time.monotonic()))
+
+    if node.store_probe is not None:
+        node.store_probe.close()
+    if node.spiller is not None:
+        node.spiller.close(wait())  # the turns are over: nothing more to take
+    node.sweep.close(wait())
+    phase.housekeeping_joined = node.housekeeper.close(wait())
+    phase.barrier_joined = node.barrier.close(wait())
+    if phase.barrier_joined and final_cut:
+        node.barrier.settle()  # an unmined entry would hold the final mark below its frame
+        phase.final = node.barrier.run_cut(node.barrier.capture(rotate_idle=False))
+    phase.publisher_joined = node.pipeline.publisher.close(wait())
+    if phase.housekeeping_joined:
+        node.journal.close()
+        _release(node)  # a WAL still open keeps its lock until the process exits
+        phase.wal_closed = True
+    phase.ended = True
+
+
+def shutdown(
+    node: Node,
+    join_timeout: float = 60.0,
+    *,
+    final_cut: bool = True,
+    until: float | None = None,
+    unturned: int = 0,
+) -> int:
     """Listeners are stopped: join the timers, run the final cut (flush, snapshots,
     checkpoint), close. A timer that does not join within ``join_timeout`` is read as a
     failed cut: a barrier still running a cut gets no final cut after it (two cuts at
@@ -637,6 +907,10 @@ def shutdown(node: Node, join_timeout: float = 60.0, *, final_cut: bool = True) 
     on a reused descriptor — so the process exit releases them instead. Nothing is lost
     either way: what the final cut did not stamp, the next start replays.
 
+    With ``until`` (a monotonic time: the stop's budget) all of it runs on a thread of
+    its own, waited for only until then: a cut still inside a store call is abandoned
+    (``final_cut_error`` ``timed_out``), and the caller ends the process.
+
     Without ``final_cut`` (a start-up's replay did not finish) nothing is flushed: the
     buffers hold only replayed rows, which the next start replays again, and a flush
     without a mark to stamp would publish them twice.
@@ -644,46 +918,60 @@ def shutdown(node: Node, join_timeout: float = 60.0, *, final_cut: bool = True) 
     Returns the exit status: 0, or ``EXIT_ROWS_LEFT`` when acknowledged rows are not in
     the store — buffered, or in a publish that never settled (a thread that did not
     join may hold them) — which ``server.stopped`` counts in ``rows_left_in_wal``; an
-    unfinished replay counts as rows left too."""
+    unfinished replay, and ``unturned`` acknowledged frames the turn thread never
+    reached, count as rows left too."""
     events = node.events
-    node.sweep.close()
-    hk_joined = node.housekeeper.close(join_timeout)
-    barrier_joined = node.barrier.close(join_timeout)
-    final = None
-    if barrier_joined and final_cut:
-        node.barrier.settle()  # an unmined entry would hold the final mark below its frame
-        final = node.barrier.run_cut(node.barrier.capture(rotate_idle=False))
-    joined = node.pipeline.publisher.close(join_timeout)
+    phase = _FinalPhase()
+    if until is None:
+        _final_phase(node, phase, join_timeout, final_cut, until)
+    else:
+        runner = threading.Thread(
+            target=_final_phase,
+            args=(node, phase, join_timeout, final_cut, until),
+            name="ourios-final-cut",
+            daemon=True,
+        )
+        runner.start()
+        runner.join(max(0.0, until - time.monotonic()))
     # Counted after the publisher stopped: what is neither buffered nor in an unsettled
     # publish reached the store. Not the buffers alone — a publish whose thread never
     # returned holds its rows outside them.
     rows_left, events_left = node.pipeline.buffers.unpublished_rows()
-    if hk_joined:
-        node.journal.close()
-        _release(node)  # a WAL still open keeps its lock until the process exits
+    final = phase.final
     if node.threads is not None:
-        node.threads.close()  # everything joined: no crashed loop is restarted now
+        # the final phase ended or was abandoned: no crashed loop is restarted now, and
+        # one waiting out its backoff ends instead (none outlives ``server.stopped``)
+        node.threads.close()
+        node.threads.join(SUPERVISED_JOIN_SECS)
     final_ok = final is not None and final.complete
     left = rows_left + events_left
-    clean = final_ok and left == 0 and joined and hk_joined
+    hk_joined, barrier_joined = phase.housekeeping_joined, phase.barrier_joined
+    joined = phase.publisher_joined
+    clean = final_ok and left == 0 and joined and hk_joined and not unturned
     # an unfinished replay left acknowledged frames unpublished too (counted in bytes)
-    code = EXIT_ROWS_LEFT if left or not final_cut else 0
+    code = EXIT_ROWS_LEFT if left or unturned or not final_cut or not phase.ended else 0
+    if not final_cut:
+        error = "replay_unfinished"
+    elif not phase.ended and (final is None or phase.barrier_joined):
+        error = "timed_out"
+    else:
+        error = _final_error(final, barrier_joined)
     events.emit(
         "server.stopped",
         {
             "rows_left_in_wal": rows_left,
             "template_events_left_in_wal": events_left,
+            "frames_left_unturned": unturned,
             "exit_code": code,
             "publisher_joined": joined,
             "final_cut_ok": final_ok,
-            "final_cut_error": (
-                _final_error(final, barrier_joined) if final_cut else "replay_unfinished"
-            ),
+            "final_cut_error": error,
             "checkpoint": None if final is None or final.mark is None else str(final.mark),
             "timers_joined": hk_joined and barrier_joined,
             "housekeeping_joined": hk_joined,
             "barrier_joined": barrier_joined,
-            "wal_closed": hk_joined,
+            "wal_closed": phase.wal_closed,
+            "threads_left": lingering_threads(),
             "threads_failed": sorted(node.threads.failed) if node.threads is not None else [],
         },
         "info" if clean else ("error" if code else "warning"),

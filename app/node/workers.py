@@ -50,12 +50,14 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, Protocol
 
 from app.ingest.stages import Stages
+from app.node.recovery import DecodeStopped, Undecodable
 from app.receive import channel
 from app.receive.api import IngestOutcome, ListenerBindError
 from app.receive.channel import ChannelClosed, Connection, Kind
@@ -269,32 +271,42 @@ class Workers:
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"worker {index} did not start within {timeout:g} s")
 
-    def stop(self, grace: float) -> bool:
-        """Stop every worker (module docstring); True when each exited by itself."""
+    def stop(self, timeout: float) -> bool:
+        """Stop every worker within ``timeout`` seconds (module docstring): each is sent
+        ``STOP``, and one still running at the end is killed. True when each exited by
+        itself."""
+        deadline = time.monotonic() + timeout
+
+        def left() -> float:
+            return max(0.0, deadline - time.monotonic())
+
         with self._lock:
             self._stopping.set()
             links = list(self._links.values())
         clean = True
         stoppers = [
-            threading.Thread(target=_stop_link, args=(link, grace), daemon=True) for link in links
+            threading.Thread(target=_stop_link, args=(link, timeout), daemon=True) for link in links
         ]
         for t in stoppers:
             t.start()
         for t, link in zip(stoppers, links, strict=True):
-            t.join(grace + 15)
+            t.join(left())
             try:
-                link.proc.wait(max(0.1, grace + 15))
+                link.proc.wait(max(0.01, left()))
             except subprocess.TimeoutExpired:
                 clean = False
                 link.proc.kill()
                 link.proc.wait()
             link.conn.close("the core stopped")
         self._todo.put(None)
+        # each of these ends at once now that every channel is closed
         if self._supervisor is not None:
-            self._supervisor.join(10)
+            self._supervisor.join(max(1.0, left()))
+        for t in stoppers:
+            t.join(max(1.0, left()))
         for link in links:
             if link.reader is not None:
-                link.reader.join(10)
+                link.reader.join(max(1.0, left()))
         return clean
 
     def pids(self) -> list[int]:
@@ -493,30 +505,81 @@ class Workers:
     # -- replay's decoding ------------------------------------------------------------------
 
     def decode_in_order(
-        self, frames: Iterable[tuple[str, bytes]], window: int = 64
-    ) -> Iterator[FlatBatch | IngestRejection]:
+        self,
+        frames: Iterable[tuple[str, bytes]],
+        *,
+        stop: threading.Event,
+        attempts: int,
+        window: int = 64,
+    ) -> Iterator[FlatBatch | Undecodable]:
         """Decode WAL payloads on the workers, keeping up to ``window`` in flight, and
-        yield the batches (or the refusal of one that does not decode) in input order.
-        A worker that dies takes its calls with it: they are decoded again elsewhere."""
-        pending: list[tuple[str, bytes, _Decode]] = []
+        yield the batches in input order (``app.node.recovery.Decoder``).
+
+        A payload that fails is sent again, alone, to the next worker, up to
+        ``attempts`` failures, then yields ``Undecodable``: a worker's refusal or
+        exception (a ``MemoryError`` included) is one failure, and so is its death or
+        silence while it held the payload as a retry. A death in the first, windowed
+        send is not counted — the payload may only have shared a queue with the one
+        that killed the worker. ``DecodeStopped`` once ``stop`` is set or the workers
+        are stopping: the window is abandoned (its answers are dropped)."""
+        pending: deque[tuple[str, bytes, _Decode]] = deque()
         rr = itertools.cycle(range(self.count))
         it = iter(frames)
         exhausted = False
-        while pending or not exhausted:
-            while not exhausted and len(pending) < window:
-                try:
-                    tenant, payload = next(it)
-                except StopIteration:
-                    exhausted = True
+        try:
+            while pending or not exhausted:
+                while not exhausted and len(pending) < window:
+                    self._check_stop(stop)
+                    try:
+                        tenant, payload = next(it)
+                    except StopIteration:
+                        exhausted = True
+                        break
+                    pending.append((tenant, payload, self._decode_call(next(rr), tenant, payload)))
+                if not pending:
                     break
-                pending.append((tenant, payload, self._decode_call(next(rr), tenant, payload)))
-            if not pending:
-                break
-            tenant, payload, call = pending.pop(0)
-            result = call.result()
-            while result is None:  # its worker died: decode it on another
-                result = self._decode_call(next(rr), tenant, payload).result()
-            yield result
+                tenant, payload, call = pending.popleft()
+                yield self._decoded(tenant, payload, call, rr, stop, attempts)
+        finally:
+            for _, _, left in pending:
+                left.forget()
+
+    def _check_stop(self, stop: threading.Event) -> None:
+        if stop.is_set() or self._stopping.is_set():
+            raise DecodeStopped("the replay was stopped")
+
+    def _decoded(
+        self,
+        tenant: str,
+        payload: bytes,
+        call: _Decode,
+        rr: Iterator[int],
+        stop: threading.Event,
+        attempts: int,
+    ) -> FlatBatch | Undecodable:
+        """One payload's batch, retried on the next worker until ``attempts`` failures."""
+        failures = 0
+        error = ""
+        retry = False
+        while True:
+            result = call.result(lambda: stop.is_set() or self._stopping.is_set())
+            self._check_stop(stop)
+            if isinstance(result, FlatBatch):
+                return result
+            if isinstance(result, IngestRejection):
+                failures += 1
+                error = str(result)
+            elif result is _DIED:
+                failures += 1 if retry else 0
+                error = f"the worker holding it died or did not answer ({call.reason})"
+            else:  # no live worker took it: the supervisor is starting one
+                stop.wait(0.05)
+                call = self._decode_call(next(rr), tenant, payload)
+                continue
+            if failures >= attempts:
+                return Undecodable(error, failures)
+            retry = True
+            call = self._decode_call(next(rr), tenant, payload)
 
     def _decode_call(self, index: int, tenant: str, payload: bytes) -> _Decode:
         with self._lock:
@@ -530,28 +593,55 @@ class Workers:
         return _Decode(tenant, call)
 
 
-@dataclass(frozen=True, slots=True)
+#: ``_Decode.result``: the worker died, the channel closed or the answer timed out.
+_DIED: Final = object()
+#: How often a decode waiting for its worker looks at the stop.
+DECODE_POLL_S: Final = 0.1
+#: How long a decode waits for its worker before it counts as lost.
+DECODE_TIMEOUT_S: Final = 60.0
+
+
+@dataclass(slots=True)
 class _Decode:
     """One DECODE in flight on a worker's channel (None: no worker took it)."""
 
     tenant: str
     call: channel.Call | None
+    reason: str = ""
 
-    def result(self) -> FlatBatch | IngestRejection | None:
+    def result(self, stopping: Callable[[], bool]) -> FlatBatch | IngestRejection | object | None:
+        """The batch, the worker's refusal, ``_DIED``, or None when no worker took it or
+        ``stopping()`` became true first."""
         if self.call is None:
-            time.sleep(0.05)  # no live worker right now: the supervisor is starting one
             return None
-        try:
-            answer = self.call.wait(60.0)
-        except (ChannelClosed, TimeoutError):
-            return None
+        waited = 0.0
+        while True:
+            try:
+                answer = self.call.wait(DECODE_POLL_S)
+            except TimeoutError:
+                waited += DECODE_POLL_S
+                if stopping():
+                    return None
+                if waited < DECODE_TIMEOUT_S:
+                    continue
+                self.call.forget()
+                self.reason = f"no answer in {DECODE_TIMEOUT_S:g} s"
+                return _DIED
+            except ChannelClosed as exc:
+                self.reason = str(exc)
+                return _DIED
+            break
         if answer.kind is Kind.DECODED:
             return FlatBatch(self.tenant, channel.decode_batch(answer.body))
         return channel.decode_refusal(answer.body)
 
+    def forget(self) -> None:
+        if self.call is not None:
+            self.call.forget()
 
-def _stop_link(link: _Link, grace: float) -> None:
+
+def _stop_link(link: _Link, timeout: float) -> None:
     try:
-        link.conn.call(Kind.STOP, [], grace + 10)
+        link.conn.call(Kind.STOP, [], timeout)
     except (ChannelClosed, TimeoutError):
         pass

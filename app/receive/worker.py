@@ -220,8 +220,9 @@ class _Jobs:
                     parts, answer = [encode_table(table, compression)], Kind.ENCODED
             except IngestRejection as exc:
                 parts, answer = list(channel.encode_refusal(exc)), Kind.REFUSAL
-            except Exception as exc:  # noqa: BLE001 - reported to the core, which refuses
-                failed = IngestRejection(f"{kind.name.lower()} failed: {exc}")
+            except Exception as exc:  # noqa: BLE001 - reported to the core, which retries
+                # named by its type too: a MemoryError's message is empty
+                failed = IngestRejection(f"{kind.name.lower()} failed: {type(exc).__name__}: {exc}")
                 parts, answer = list(channel.encode_refusal(failed)), Kind.REFUSAL
             try:
                 self._conn.send(answer, ident, parts)

@@ -742,6 +742,24 @@ def test_termination_grace_covers_the_drain_and_the_final_cut(values: Values, gr
     pre_stop = rendered.container["lifecycle"]["preStop"]["exec"]["command"]
     assert pre_stop[0] == "sleep"
     assert grace > int(pre_stop[1]) + drain
+    # The node's own bound (SIGTERM to exit: the drain, then the final cut) is what the
+    # derived grace covers after the preStop sleep (DESIGN.md §6).
+    # An explicit grace shorter than that gives the node a shorter final cut instead.
+    final_cut = int(rendered.settings["OURIOS_SERVER_FINAL_CUT_SECS"])
+    assert grace >= int(pre_stop[1]) + drain + final_cut
+    assert final_cut == min(
+        int(str(nest_get(values, "shutdown.finalCutSecs", 30))), grace - int(pre_stop[1]) - drain
+    )
+
+
+def nest_get(values: Values, dotted: str, default: object) -> object:
+    """The value at ``a.b`` in nested ``values``, else ``default``."""
+    here: object = values
+    for part in dotted.split("."):
+        if not isinstance(here, dict) or part not in here:
+            return default
+        here = here[part]
+    return here
 
 
 def test_termination_grace_too_short_for_the_drain_is_refused() -> None:
@@ -850,17 +868,22 @@ CHANGES: dict[str, tuple[object, dict[str, object]]] = {
     "wal.maxTenants": (4096, {}),
     "wal.maxFrameBytes": (4 * 2**20, {}),
     "wal.unreclaimedBytesLimit": (10 * 2**30, {}),
+    "wal.highWaterBytes": (4 * 2**20, {}),
     "wal.archive": (True, {}),
     "wal.frameMiningAttempts": (5, {}),
+    "wal.frameDecodeAttempts": (5, {}),
     "wal.turnBacklogBytes": (128 * 2**20, {}),
     "sink.flushBytes": (8 * 2**20, {}),
     "sink.flushAgeSecs": (60, {}),
     "sink.ceilingBytes": (512 * 2**20, {}),
+    "sink.maxObjectBytes": (2**30, {}),
+    "sink.deadLetterAttempts": (3, {}),
     "sink.publisherQueueDepth": (16, {}),
     "sink.parquetCompression": ("snappy", {}),
     "store.url": (S3_URL, {}),
     "store.endpointUrl": ("https://minio.example:9000", {"store.url": S3_URL}),
     "store.region": ("eu-west-1", {"store.url": S3_URL}),
+    "store.probeSecs": (30, {}),
     "disk.lowWaterBytes": (2 * 2**30, {}),
     "disk.stopWaterBytes": (512 * 2**20, {}),
     "disk.reserveBytes": (32 * 2**20, {}),

@@ -25,18 +25,20 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsSer
 from app import points
 from app.cadence.barrier import Barrier, CutOutcome
 from app.cadence.housekeeping import Housekeeper
-from app.ingest.landed import intent_hook
+from app.ingest.landed import intent_hook, retract_hook
 from app.ingest.mining.miner_cluster import MinerCluster
 from app.ingest.mining.template_ids import FileTemplateIdAllocator, TemplateIdAllocator
 from app.ingest.pipeline import Pipeline
 from app.ingest.settlement import DEFAULT_MINING_ATTEMPTS
 from app.ingest.snapshots import SnapshotLedger, SnapshotStore
 from app.node.events import EventLog
-from app.node.recovery import Recovery, RecoveryReport
+from app.node.recovery import Decoder, Recovery, RecoveryReport
 from app.receive.otlp import decode_request, flatten
 from app.threads import Supervisor
 from sink.buffers import Buffers
-from sink.publisher import Publisher
+from sink.deadletter import DeadLetter
+from sink.publisher import Publisher, StoreGate
+from sink.spool import Spiller, Spool
 from sink.store import FailingStore, MemoryStore
 from tests.support.minerfaults import FaultPlan, FaultyMiners
 from wal import IntentLog, Journal, OsFs, WalConfig, WalOffset
@@ -112,6 +114,16 @@ class NodeRig:
     #: False: no publish intents (the node before issue 16: a restart republishes what
     #: was published above the frontiers)
     intents: bool = True
+    #: recovery's decoder (None: ``decode_here``); an isolated frame's payload is kept
+    #: under ``<root>/data/quarantine/frames`` and reported as ``replay.frame_isolated``
+    decode: Decoder | None = None
+    #: the memory bound (DESIGN.md §5.12): ``sink.ceiling_bytes`` with the spool in
+    #: ``data/spool``, the store gate and the spiller's thread; None: unbounded
+    sink_ceiling: int | None = None
+    max_object_bytes: int = 1 << 30
+    #: ``sink.dead_letter_attempts`` with the dead-letter directory in ``data/deadletter``
+    #: (DESIGN.md §5.13); None: no dead letters (a refused partition is retried for ever)
+    dead_letter_attempts: int | None = None
 
     def __post_init__(self) -> None:
         self.fs: FaultyFs = (
@@ -154,16 +166,40 @@ class NodeRig:
             flush_bytes=self.flush_bytes,
             clock=self.clock,
             epoch=lambda: holder["p"].epoch if "p" in holder else 1,
+            ceiling_bytes=self.sink_ceiling,
+            max_object_bytes=self.max_object_bytes,
         )
+        self.spool: Spool | None = None
+        gate: StoreGate | None = None
+        if self.sink_ceiling is not None:
+            self.spool = Spool(
+                data / "spool", events=self.record_event, read_budget=self.sink_ceiling // 4
+            )
+            self.spool_discarded = self.spool.clear()
+            gate = StoreGate(clock=self.clock, events=self.record_event)
+        log = self.intent_log
         self.publisher = Publisher(
             self.store,
             self.buffers,
             node="rig-0",
             queue_depth=self.queue_depth,
             wait_secs=self.publish_wait_secs,
-            intents=intent_hook(self.intent_log) if self.intent_log is not None else None,
+            intents=intent_hook(log) if log is not None else None,
+            retract=retract_hook(log) if log is not None else None,
             step=lambda name: points.hit(name),
+            spool=self.spool,
+            gate=gate,
+            max_object_bytes=self.max_object_bytes,
+            dead_letter=(
+                DeadLetter(data / "deadletter") if self.dead_letter_attempts is not None else None
+            ),
+            dead_letter_attempts=self.dead_letter_attempts or 1,
+            events=self.record_event,
         )
+        self.spiller: Spiller | None = None
+        if self.sink_ceiling is not None:
+            self.spiller = Spiller(self.buffers, self.publisher.spill)
+            self.spiller.start()
         self.allocator = FileTemplateIdAllocator(data / "template-ids", 0)
         factory = self.miners_factory
         self.miners = (
@@ -209,6 +245,10 @@ class NodeRig:
             self.ledger,
             intents=self.intent_log.records() if self.intent_log is not None else None,
             objects=self.store,
+            decode=self.decode,
+            quarantine=data / "quarantine" / "frames",
+            on_isolated=lambda f: self.record_event("replay.frame_isolated", f.fields()),
+            on_absent=self.intent_log.retract if self.intent_log is not None else None,
         )
         self.recovery.prepare()
         self.pipeline.set_ready(True)
@@ -236,6 +276,8 @@ class NodeRig:
         return [json.loads(line) for line in self.log_stream.getvalue().splitlines()]
 
     def close(self) -> None:
+        if self.spiller is not None:
+            self.spiller.close()
         self.publisher.close()
         self.journal.close()
         if self.intent_log is not None:
@@ -277,6 +319,8 @@ class NodeRig:
                 except SimulatedCrash:
                     pass
             self.fs.apply_crash(power_loss=power_loss)
+            if self.spiller is not None:
+                self.spiller.close(timeout=5)
             self.publisher.close(timeout=5)
         else:
             self.close()

@@ -114,6 +114,21 @@ terminationGracePeriodSeconds: the preStop sleep, then SIGTERM handling's listen
 {{- end }}
 
 {{/*
+server.final_cut_secs for the node: shutdown.finalCutSecs, or less when an explicit
+terminationGracePeriodSeconds leaves less after the preStop sleep and the drain, so the
+node's own bound (SIGTERM to exit: the drain, then the final cut) always ends inside the
+pod's grace and Kubernetes never SIGKILLs a stop in progress.
+*/}}
+{{- define "ourios.finalCutSecs" -}}
+{{- $cut := int64 .Values.shutdown.finalCutSecs }}
+{{- if not (kindIs "invalid" .Values.terminationGracePeriodSeconds) }}
+{{- $drain := add (int64 .Values.shutdown.preStopSleepSecs) (int64 .Values.server.shutdownGraceSecs) }}
+{{- $cut = min $cut (sub (int64 .Values.terminationGracePeriodSeconds) $drain) }}
+{{- end }}
+{{- $cut }}
+{{- end }}
+
+{{/*
 The settings of `ourios serve` the chart renders, as JSON {OURIOS_NAME: "text"}: every
 settings value, mapped <section>.<camelCaseName> -> OURIOS_<SECTION>_<NAME> (tests check
 the mapping against app/node/config.py). Integers in decimal (Helm holds numbers as float64,
@@ -129,6 +144,7 @@ which would print 6.7108864e+07), booleans as true/false, strings as they are. A
   (list "OURIOS_SERVER_GRPC_PORT" $v.server.grpcPort)
   (list "OURIOS_SERVER_LOG_LEVEL" $v.server.logLevel)
   (list "OURIOS_SERVER_SHUTDOWN_GRACE_SECS" $v.server.shutdownGraceSecs)
+  (list "OURIOS_SERVER_FINAL_CUT_SECS" (include "ourios.finalCutSecs" .))
   (list "OURIOS_SERVER_WORKERS" $v.server.workers)
   (list "OURIOS_SERVER_DECODER" $v.server.decoder)
   (list "OURIOS_SERVER_THREAD_RESTARTS" $v.server.threadRestarts)
@@ -152,17 +168,22 @@ which would print 6.7108864e+07), booleans as true/false, strings as they are. A
   (list "OURIOS_WAL_MAX_TENANTS" $v.wal.maxTenants)
   (list "OURIOS_WAL_MAX_FRAME_BYTES" $v.wal.maxFrameBytes)
   (list "OURIOS_WAL_UNRECLAIMED_BYTES_LIMIT" $v.wal.unreclaimedBytesLimit)
+  (list "OURIOS_WAL_HIGH_WATER_BYTES" $v.wal.highWaterBytes)
   (list "OURIOS_WAL_ARCHIVE" $v.wal.archive)
   (list "OURIOS_WAL_FRAME_MINING_ATTEMPTS" $v.wal.frameMiningAttempts)
+  (list "OURIOS_WAL_FRAME_DECODE_ATTEMPTS" $v.wal.frameDecodeAttempts)
   (list "OURIOS_WAL_TURN_BACKLOG_BYTES" $v.wal.turnBacklogBytes)
   (list "OURIOS_SINK_FLUSH_BYTES" $v.sink.flushBytes)
   (list "OURIOS_SINK_FLUSH_AGE_SECS" $v.sink.flushAgeSecs)
   (list "OURIOS_SINK_CEILING_BYTES" $v.sink.ceilingBytes)
+  (list "OURIOS_SINK_MAX_OBJECT_BYTES" $v.sink.maxObjectBytes)
+  (list "OURIOS_SINK_DEAD_LETTER_ATTEMPTS" $v.sink.deadLetterAttempts)
   (list "OURIOS_SINK_PUBLISHER_QUEUE_DEPTH" $v.sink.publisherQueueDepth)
   (list "OURIOS_SINK_PARQUET_COMPRESSION" $v.sink.parquetCompression)
   (list "OURIOS_STORE_URL" $v.store.url)
   (list "OURIOS_STORE_ENDPOINT_URL" $v.store.endpointUrl)
   (list "OURIOS_STORE_REGION" $v.store.region)
+  (list "OURIOS_STORE_PROBE_SECS" $v.store.probeSecs)
   (list "OURIOS_DISK_LOW_WATER_BYTES" $v.disk.lowWaterBytes)
   (list "OURIOS_DISK_STOP_WATER_BYTES" $v.disk.stopWaterBytes)
   (list "OURIOS_DISK_RESERVE_BYTES" $v.disk.reserveBytes)

@@ -24,6 +24,12 @@ refuses what `ourios serve` would refuse at start-up. A rule whose value was rem
 {{- end }}
 {{- end }}
 
+{{- if and (not (kindIs "invalid" $k.flushBytes)) (not (kindIs "invalid" $k.maxObjectBytes)) }}
+{{- if gt (int64 $k.flushBytes) (int64 $k.maxObjectBytes) }}
+{{- fail (printf "sink.flushBytes (%d) must be at most sink.maxObjectBytes (%d) (OURIOS_SINK_FLUSH_BYTES <= OURIOS_SINK_MAX_OBJECT_BYTES)" (int64 $k.flushBytes) (int64 $k.maxObjectBytes)) }}
+{{- end }}
+{{- end }}
+
 {{- if and (not (kindIs "invalid" $s.maxInflightBytes)) (not (kindIs "invalid" $w.maxFrameBytes)) }}
 {{- if lt (int64 $s.maxInflightBytes) (add (mul 3 (int64 $w.maxFrameBytes)) 2097152) }}
 {{- fail (printf "server.maxInflightBytes (%d) must be at least three times wal.maxFrameBytes (%d) plus 2 MiB (OURIOS_SERVER_MAX_INFLIGHT_BYTES >= 3 x OURIOS_WAL_MAX_FRAME_BYTES + 2 MiB)" (int64 $s.maxInflightBytes) (int64 $w.maxFrameBytes)) }}

@@ -303,7 +303,7 @@ def test_local_errors_name_the_operation_and_key(tmp_path: Path) -> None:
     with pytest.raises(StoreError) as info:
         store.put("a/k", b"x")
     err = info.value
-    assert (err.op, err.key, err.error_type, err.attempts) == ("put", "a/k", "local_io", 1)
+    assert (err.op, err.key, err.error_type, err.attempts) == ("put", "a/k", "local_denied", 1)
     assert "a/k" in str(err)
 
 

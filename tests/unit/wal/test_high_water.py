@@ -124,12 +124,17 @@ def test_nowedge_5_damage_below_the_checkpoint_in_the_newest_segment_refuses_ope
     tmp_path: Path,
 ) -> None:
     """The newest segment has no successor yet: its high-water is the checkpoint mark (an
-    acknowledged frame's end, so fsynced). Damage below it refuses the open instead of
-    being sealed as a torn tail; damage above it is still sealed."""
+    acknowledged frame's end, so fsynced) when HIGHWATER records less (the node was
+    killed before its cadence came round, and a clean close would have recorded the
+    whole segment). Damage below it refuses the open instead of being sealed as a torn
+    tail; damage above it is still sealed."""
     root = tmp_path / "wal"
-    with Journal.open(root, SMALL) as j:
-        offsets = [j.commit("t", payload(i, SIZE)).offset for i in range(6)]
-        j.checkpoint(offsets[3])
+    fs = faulty(tmp_path)
+    j = Journal.open(root, SMALL, fs=fs)
+    offsets = [j.commit("t", payload(i, SIZE)).offset for i in range(6)]
+    j.checkpoint(offsets[3])
+    fs.crash_now()  # killed: no clean close
+    fs.apply_crash(power_loss=False)
     (newest,) = _segments(root)
     starts = _frame_starts(newest)
     original = newest.read_bytes()

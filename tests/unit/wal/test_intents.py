@@ -68,7 +68,7 @@ def test_an_absent_file_is_created_and_appends_survive_a_reopen(tmp_path: Path) 
         pytest.param(lambda b: b + b"\xff\xff\xff\xff\0\0\0\0", id="absurd_length"),
     ],
 )
-def test_a_damaged_tail_is_dropped_and_the_file_rewritten_without_it(
+def test_a_damaged_tail_is_dropped_and_the_file_cut_before_it(
     tmp_path: Path, damage: object
 ) -> None:
     good = encode_header() + encode_record(rec(10)) + encode_record(rec(20))
@@ -149,6 +149,50 @@ def test_fsynced_intents_survive_a_power_loss(tmp_path: Path) -> None:
     assert IntentLog.open(fs, root).records() == [rec(10), rec(20)]
 
 
+def test_every_state_2_a_torn_tail_is_cut_in_place_without_a_new_block(tmp_path: Path) -> None:
+    """A full volume: no file can be created or written. Open's repair truncates the
+    file in place (it frees blocks, never needs one), so the start succeeds."""
+    good = encode_header() + encode_record(rec(10)) + encode_record(rec(20))
+    (tmp_path / IntentLog.NAME).write_bytes(good + encode_record(rec(30))[:-4])
+    fs = FaultyFs(tmp_path / ".shadow")
+    fs.fail("write", count=None, errno=errno.ENOSPC)
+    fs.fail("pwrite", count=None, errno=errno.ENOSPC)
+    fs.fail("open", "*.tmp", count=None, errno=errno.ENOSPC)
+    log = IntentLog.open(fs, tmp_path)
+    try:
+        assert log.records() == [rec(10), rec(20)]
+        assert log.opened.dropped_bytes == len(encode_record(rec(30))) - 4
+    finally:
+        log.close()
+    assert (tmp_path / IntentLog.NAME).read_bytes() == good
+    assert [p.name for p in tmp_path.iterdir() if p.name != ".shadow"] == [IntentLog.NAME]
+
+
+def test_a_power_loss_before_the_repair_is_fsynced_leaves_the_tail_to_cut_again(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "wal"
+    root.mkdir()
+    good = encode_header() + encode_record(rec(10))
+    torn = good + encode_record(rec(20))[:-4]
+    (root / IntentLog.NAME).write_bytes(torn)
+    fs = FaultyFs(tmp_path / ".shadow")
+    fs.fsync_dir(root)
+    with open(root / IntentLog.NAME, "rb+") as f:
+        os.fsync(f.fileno())
+    fs.crash_at("fsync", IntentLog.NAME)
+    with pytest.raises(SimulatedCrash):
+        IntentLog.open(fs, root)
+    fs.apply_crash(power_loss=True)
+    assert (root / IntentLog.NAME).read_bytes() == torn  # the truncation was undone
+    again = IntentLog.open(fs, root)
+    try:
+        assert again.records() == [rec(10)] and again.opened.dropped_bytes > 0
+    finally:
+        again.close()
+    assert (root / IntentLog.NAME).read_bytes() == good
+
+
 @pytest.mark.parametrize("step", ["write", "fsync", "rename", "fsync_dir"])
 def test_a_crash_inside_a_trim_leaves_the_old_file_or_the_new_one(
     tmp_path: Path, step: str
@@ -163,7 +207,7 @@ def test_a_crash_inside_a_trim_leaves_the_old_file_or_the_new_one(
     glob = {"fsync_dir": "wal", "rename": "PUBLISHING"}.get(step, "PUBLISHING.tmp")
     fs.crash_at(step, glob)
     with pytest.raises(SimulatedCrash):
-        log.trim(lambda r: r.frames[0] > 15)
+        log.trim(lambda r: r.highest_lsn > 115)
     fs.apply_crash(power_loss=True)
     found = IntentLog.open(fs, root).records()
     assert found in ([rec(10), rec(20), rec(30)], [rec(20), rec(30)])
@@ -173,7 +217,7 @@ def test_trim_keeps_what_the_predicate_keeps_and_appends_continue(tmp_path: Path
     log = IntentLog.open(OsFs(), tmp_path)
     for lsn in (10, 20, 30):
         log.append(rec(lsn))
-    assert log.trim(lambda r: r.frames[0] >= 20) == 1
+    assert log.trim(lambda r: r.highest_lsn >= 120) == 1
     assert log.trim(lambda r: True) == 0
     log.append(rec(40))
     log.close()
@@ -212,3 +256,33 @@ def test_an_intent_that_cannot_be_stated_is_refused_before_anything_is_written(
         log.append(bad)
     log.close()
     assert os.path.getsize(tmp_path / IntentLog.NAME) == size
+
+
+def test_bounded_1_retracted_intents_leave_memory_at_once_and_the_file_at_compaction(
+    tmp_path: Path,
+) -> None:
+    log = IntentLog.open(OsFs(), tmp_path)
+    log.compact_floor = 0  # compact as soon as the retracted bytes outgrow the live ones
+    for lsn in (10, 20, 30, 40):
+        log.append(rec(lsn))
+    one = len(encode_record(rec(10)))
+    assert log.retract([rec(10).key]) == 1
+    assert log.records() == [rec(20), rec(30), rec(40)]
+    assert log.size == HEADER_SIZE + 4 * one, "one retracted record: not compacted yet"
+    assert log.retract([rec(20).key, rec(30).key, "records/absent"]) == 2
+    assert log.size == HEADER_SIZE + one, "compacted: only the live record is left"
+    log.append(rec(20))  # taken back, so an append writes it again
+    log.append(rec(20))
+    log.close()
+    assert IntentLog.open(OsFs(), tmp_path).records() == [rec(40), rec(20)]
+
+
+def test_bounded_1_memory_holds_no_claims_and_equal_records_are_one(tmp_path: Path) -> None:
+    log = IntentLog.open(OsFs(), tmp_path)
+    wide = IntentRecord(IntentKind.RECORDS, "acme", "k/one", 1, frames=tuple(range(1, 5000)))
+    for _ in range(3):  # a spooled unit retried: one record
+        log.append(wide)
+    (entry,) = log.entries()
+    assert entry.highest_lsn == 4999 and not hasattr(entry, "frames")
+    assert log.records() == [wide]
+    log.close()

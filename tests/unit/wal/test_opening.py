@@ -8,17 +8,27 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.walkit import SMALL, Ledger, assert_recovers, payload, replay_all
+from tests.support.walkit import SMALL, Ledger, assert_recovers, faulty, payload, replay_all
 from wal import CorruptionError, Journal, WalConfig
 from wal.errors import OpenError
 from wal.segment import HEADER_SIZE, SegmentHeader, segment_name, uuid7
 
 
-def _fill(root: Path, n: int, config: WalConfig = SMALL, size: int = 9000) -> Ledger:
+def _fill(
+    root: Path, n: int, config: WalConfig = SMALL, size: int = 9000, *, killed: bool = False
+) -> Ledger:
+    """``n`` acknowledged frames, then a clean close — or, ``killed``, the process dies
+    (nothing after the last acknowledgement runs: no close records the high-water)."""
     ledger = Ledger()
-    with Journal.open(root, config) as j:
-        for i in range(n):
-            assert ledger.commit(j, f"t{i % 3}", payload(i, size))
+    fs = faulty(root.parent)
+    j = Journal.open(root, config, fs=fs)
+    for i in range(n):
+        assert ledger.commit(j, f"t{i % 3}", payload(i, size))
+    if killed:
+        fs.crash_now()
+        fs.apply_crash(power_loss=False)
+    else:
+        j.close()
     return ledger
 
 
@@ -163,7 +173,7 @@ def test_checkpoint_without_segments_is_refused(tmp_path: Path) -> None:
 
 def test_torn_tail_is_sealed_and_kept_and_a_second_restart_works(tmp_path: Path) -> None:
     root = tmp_path / "wal"
-    ledger = _fill(root, 5, size=500)
+    ledger = _fill(root, 5, size=500, killed=True)
     seg = _segments(root)[-1]
     size = os.path.getsize(seg)
     with open(seg, "r+b") as f:

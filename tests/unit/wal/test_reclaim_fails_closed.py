@@ -847,8 +847,8 @@ def test_rfc0052_17_passes_never_allocate(tmp_path: Path) -> None:
 
 
 # where a first start can die: each step of PUBLISHED's creation (RFC 0055: created
-# first, so RECLAIM can record it as seeded), then the record's, then the first
-# segment's creation (open's own directory fsync is the first on the root)
+# first, so RECLAIM can record it as seeded), then the record's, then HIGHWATER's, then
+# the first segment's creation (open's own directory fsync is the first on the root)
 FIRST_START_CRASHES = [
     pytest.param(("open", "PUBLISHED.new", 1), id="published_open_temp"),
     pytest.param(("fsync", "PUBLISHED.new", 1), id="published_fsync"),
@@ -860,6 +860,10 @@ FIRST_START_CRASHES = [
     pytest.param(("fsync", "RECLAIM.new", 1), id="record_fsync"),
     pytest.param(("rename", "RECLAIM", 1), id="record_rename"),
     pytest.param(("fsync_dir", "wal", 3), id="record_parent_fsync"),
+    pytest.param(("open", "HIGHWATER.new", 1), id="high_water_open_temp"),
+    pytest.param(("fsync", "HIGHWATER.new", 1), id="high_water_fsync"),
+    pytest.param(("rename", "HIGHWATER", 1), id="high_water_rename"),
+    pytest.param(("fsync_dir", "wal", 4), id="high_water_parent_fsync"),
     pytest.param(("open", "*.wal.partial", 1), id="first_segment_create"),
     pytest.param(None, id="no_crash"),
 ]
@@ -898,6 +902,8 @@ def test_rfc0052_17_first_start(
     left = sorted(os.listdir(root))
     assert set(left) <= {
         "CHECKPOINT.spare",
+        "HIGHWATER",
+        "HIGHWATER.new",
         "PUBLISHED",
         "PUBLISHED.new",
         "RECLAIM",
@@ -915,7 +921,7 @@ def test_rfc0052_17_first_start(
         again.commit("A", payload(1, 200))
     # no temp left; the checkpoint spare is allocated at open (wal/checkpoint_file.py)
     assert sorted(os.listdir(root)) == sorted(
-        ["CHECKPOINT.spare", "PUBLISHED", "RECLAIM", segment_name(0)]
+        ["CHECKPOINT.spare", "HIGHWATER", "PUBLISHED", "RECLAIM", segment_name(0)]
     )
     with Journal.open(root, CFG) as third:
         assert [f.payload for f in third.replay()] == [payload(1, 200)]

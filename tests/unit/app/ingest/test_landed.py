@@ -24,8 +24,9 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsSer
 from app.ingest.landed import LandedCheck
 from app.receive.otlp import decode_request, flatten
 from sink.buffers import Detached, Kind
+from sink.spool import Spiller
 from sink.store import FailingStore, MemoryStore
-from tests.support.noderig import NodeRig, rids
+from tests.support.noderig import NodeRig, request, rids
 from wal import IntentKind, IntentLog, IntentRecord, OsFs
 
 NANOS_PER_DAY = 86_400 * 1_000_000_000
@@ -323,3 +324,89 @@ def test_issue16_two_intents_for_one_key_suppress_only_what_both_claim() -> None
     landed = LandedCheck(store, intents).run()
     assert landed is not None and (landed.checked, landed.present) == (2, 1)
     assert [lsn for lsn in (10, 20, 30, 40, 50) if landed.days("acme", lsn)] == [10, 30]
+
+
+# -- the memory bound (issue 21 item 1, DESIGN.md §5.12) ----------------------------------
+
+CEILING = 24 << 10
+
+
+def quiesce(rig: NodeRig) -> None:
+    """Stop the spiller after the partition it holds (a spill records its intent, then
+    writes its file): the counts below are read with no spill half done."""
+    assert rig.spiller is not None and rig.spiller.close()
+
+
+def resume(rig: NodeRig) -> None:
+    rig.spiller = Spiller(rig.buffers, rig.publisher.spill)
+    rig.spiller.start()
+
+
+def test_bounded_1_a_restart_during_an_outage_re_derives_the_spool_under_the_ceiling(
+    tmp_path: Path, rigs: list[NodeRig]
+) -> None:
+    """The store stops taking writes (it still answers questions); the node spools what
+    does not fit under the ceiling and dies. The restart discards the spool and the
+    intents of the objects the store does not hold, and its replay re-derives the rows
+    under the same ceiling (spooling again, not taking them all back into memory); when
+    the store takes writes again every record is in it once."""
+    rig = rig_at(tmp_path, rigs, sink_ceiling=CEILING)
+
+    def down(store: FailingStore) -> None:
+        store.fail(always=True, error_type="s3_connection")
+
+    down(rig.store)
+    tags = [f"a{i}" for i in range(60)]
+    for tag in tags:
+        rig.ingest("acme", tag, n=20)
+    quiesce(rig)
+    assert rig.spool is not None and rig.spool.files > 0
+    spooled_before = rig.spool.files
+    assert rig.intent_log is not None and len(rig.intent_log) == spooled_before
+
+    report = rig.restart(crash=True, store_faults=down)
+
+    quiesce(rig)
+    assert rig.spool_discarded[0] == spooled_before, "the previous run's spool is gone"
+    # the spooled objects, and any clean failure whose intent was taken back in memory
+    # only (retractions reach the file at its next compaction)
+    assert report.objects_checked >= spooled_before and report.objects_found == 0
+    assert rig.spool is not None and rig.spool.files > 0, "the replay spooled again"
+    frame = max(len(request(t, 20).SerializeToString()) for t in tags)
+    assert rig.buffers.peak_held_bytes <= CEILING + 8 * frame
+    # the absent objects' intents went; only the new spooled ones are recorded
+    assert rig.intent_log is not None and len(rig.intent_log) == rig.spool.files
+
+    resume(rig)
+    rig.store.clear()
+    rig.clock.advance(10)  # past the store gate's next probe
+    rig.ingest("acme", "after", n=20)  # a restarted node has no mark before its turn
+    for _ in range(3):
+        rig.clock.advance(10)
+        rig.barrier.step()
+    once(rig, [r for t in [*tags, "after"] for r in rids(t, 20)])
+    assert rig.spool.files == 0
+
+
+def test_bounded_1_the_restart_check_lists_a_crowded_prefix_and_forgets_the_absent(
+    tmp_path: Path,
+) -> None:
+    memory = MemoryStore()
+    store = FailingStore(memory)
+    prefix = "records/tenant=acme/date=2025-11-24/rig-0-"
+    keys = [f"{prefix}0190a3c2-7f1e-7b2a-9c4d-5e6f7081920{i}.parquet" for i in range(5)]
+    for key in keys[:2]:
+        memory.put(key, b"x")
+    lone = "records/tenant=globex/date=2025-11-24/rig-0-0190a3c2-7f1e-7b2a-9c4d-5e6f708192aa"
+    intents = [
+        IntentRecord(IntentKind.RECORDS, key.split("=")[1].split("/")[0], key, 20_416, (10 + i,))
+        for i, key in enumerate([*keys, lone])
+    ]
+    absent: list[list[str]] = []
+    check = LandedCheck(store, intents, list_min=3, on_absent=absent.append)
+    landed = check.run()
+    assert landed is not None and landed.present == 2 and landed.checked == 6
+    assert check.listed == 1
+    ops = Counter(op for op, _ in store.calls)
+    assert ops == Counter({"list": 1, "exists": 3}), store.calls  # 2 listed + the lone key
+    assert absent == [[*keys[2:], lone]]

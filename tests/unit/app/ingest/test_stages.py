@@ -216,6 +216,68 @@ def test_close_answers_everything_submitted_then_refuses(rig: NodeRig) -> None:
         stages.submit("t", data, batch, answers.for_("c"))
 
 
+def test_every_state_1_a_drain_out_of_time_stops_after_the_frame_in_hand_and_counts_the_rest(
+    rig: NodeRig,
+) -> None:
+    """``close`` with a turn held past its time: the turn thread stops after that frame,
+    what it never turned is counted (``left``) and stays above the mark (in the WAL)."""
+    stages = Stages(rig.pipeline, backlog_bytes=BACKLOG)
+    stages.start()
+    answers = Answers()
+    closed: list[bool] = []
+    with points.hold("stages.turn", count=1) as held:
+        try:
+            for tag in ("a", "b", "c"):
+                data, batch = batch_of(tag)
+                stages.submit("t", data, batch, answers.for_(tag))
+            answers.wait(3)
+            assert held.reached.wait(10)  # a's turn is held
+            closer = threading.Thread(target=lambda: closed.append(stages.close(0.0)))
+            closer.start()
+        finally:
+            held.release()  # a's turn ends; b and c are never turned
+    closer.join(30)
+    assert closed == [True]
+    frames, size = stages.left
+    assert frames == 2 and size > 0
+    latest = rig.pipeline.latest
+    assert latest is not None and latest.lsn < rig.journal.end_lsn  # b, c above the mark
+    assert rig.published_rids() == []
+
+
+def test_every_state_1_a_halted_replay_turns_nothing_more_and_nothing_new(rig: NodeRig) -> None:
+    """``halt`` during a replay: the replay ends at its next item (its iterator closed:
+    a decoding window ahead is abandoned), ``replayed`` is still called, and frames
+    acknowledged behind the replay are answered and left, never turned."""
+    order: list[str] = []
+    release = threading.Event()
+    waiting = threading.Event()
+    closed = threading.Event()
+
+    def replay() -> Iterator[str]:
+        try:
+            yield "replayed-1"
+            waiting.set()  # replayed-1 is turned
+            assert release.wait(30)
+            yield "replayed-2"
+        finally:
+            closed.set()
+
+    stages = Stages(rig.pipeline, backlog_bytes=BACKLOG)
+    answers = Answers()
+    finished: list[BaseException | None] = []
+    stages.start(replay=replay(), turn_replayed=order.append, replayed=finished.append)
+    data, batch = batch_of("new")
+    stages.submit("t", data, batch, answers.for_("new"))
+    answers.wait(1)
+    assert waiting.wait(30)
+    stages.halt()
+    release.set()
+    assert stages.close(30, drain=False)
+    assert order == ["replayed-1"] and finished == [None] and closed.is_set()
+    assert stages.left[0] == 1 and rig.pipeline.latest is None
+
+
 def test_every_state_3_a_crashed_turn_thread_is_not_restarted_and_fails_the_node(
     tmp_path: Path,
 ) -> None:

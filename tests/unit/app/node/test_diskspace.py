@@ -395,3 +395,66 @@ def test_nowedge_1_only_writers_on_the_watched_volume_count(
     space = DiskSpace(mount)
     assert space.on_volume(mount / "objects" / "not" / "yet")  # its parent is the volume
     assert not space.on_volume(tmp_path / "objects")  # another filesystem
+
+
+def test_every_state_2_a_volume_too_small_for_reserve_and_stop_water_is_refused(
+    tmp_path: Path,
+) -> None:
+    from app.node.diskspace import VolumeTooSmall, check_volume
+
+    wal = tmp_path / "wal"  # not made yet: its parent's volume is the one measured
+    with pytest.raises(VolumeTooSmall) as info:
+        check_volume(
+            wal,
+            tmp_path,
+            reserve_bytes=RESERVE,
+            stop_water_bytes=STOP,
+            measure=lambda p: RESERVE + STOP,
+        )
+    message = str(info.value)
+    assert f"holds {RESERVE + STOP} bytes" in message
+    assert f"disk.reserve_bytes={RESERVE}" in message
+    assert f"disk.stop_water_bytes={STOP}" in message
+    check_volume(
+        wal,
+        tmp_path,
+        reserve_bytes=RESERVE,
+        stop_water_bytes=STOP,
+        measure=lambda p: RESERVE + STOP + 1,
+    )
+    check_volume(wal, tmp_path, reserve_bytes=0, stop_water_bytes=0, measure=lambda p: 0)
+
+
+def test_every_state_2_a_start_up_write_without_space_takes_the_reserve_once(
+    tmp_path: Path,
+) -> None:
+    from app.node.diskspace import from_reserve, start_reserve
+
+    events = Events()
+    reserve = start_reserve(tmp_path / "wal", tmp_path, RESERVE, events)
+    assert reserve.state is ReserveState.IN_PLACE
+    tries: list[int] = []
+
+    def open_once_full() -> str:
+        tries.append(1)
+        if len(tries) == 1:
+            raise RuntimeError("open failed") from OSError(errno.ENOSPC, "full")
+        return "opened"
+
+    assert from_reserve(reserve, "opening X", open_once_full) == "opened"
+    assert len(tries) == 2 and not reserve.path.exists()
+    assert "opening X at start-up failed" in str(events.last("disk.reserve.released")["cause"])
+
+    def always_full() -> str:
+        raise OSError(errno.ENOSPC, "full")
+
+    with pytest.raises(OSError):  # nothing left to give: raised as it was
+        from_reserve(reserve, "opening Y", always_full)
+
+    def broken() -> str:
+        raise OSError(errno.EIO, "io")
+
+    again = start_reserve(tmp_path / "wal", tmp_path, RESERVE, events)
+    with pytest.raises(OSError):  # not a lack of space: the reserve stays
+        from_reserve(again, "opening Z", broken)
+    assert again.state is ReserveState.IN_PLACE and again.path.exists()

@@ -4,15 +4,17 @@ before the replay — and what admission decides meanwhile is what it decides af
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import json
+import threading
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 
 from app.ingest.tenants import SettlementInProgress
-from app.node.recovery import decode_here
-from app.receive.otlp import IngestRejection, decode_request, flatten
+from app.node.recovery import Decoder, Undecodable, decode_here
+from app.receive.otlp import FlatBatch, IngestRejection, decode_request, flatten
 from tests.support.minerfaults import FaultPlan, FaultyMiners
 from tests.support.noderig import NodeRig, request
 from wal import WalConfig
@@ -103,9 +105,9 @@ def test_issue15_nothing_replayed_is_a_mark(tmp_path: Path, rigs: list[NodeRig])
 def test_native_4_the_in_process_replay_decodes_natively(monkeypatch: pytest.MonkeyPatch) -> None:
     # Without workers the replay decodes on its own thread (decode_here): the native
     # decoder's columns, equal to the reference's; a payload it leaves to upb (here an
-    # id of a bad length, which the WAL never holds) still gets the upb path's answer.
+    # id of a bad length, which the WAL never holds) still gets the upb path's answer,
+    # which the replay isolates after its attempts.
     from app.receive import native
-    from app.receive.otlp import BadRequest
 
     assert native.select("native")[0] == "native"
     answered: list[int] = []
@@ -126,4 +128,66 @@ def test_native_4_the_in_process_replay_decodes_natively(monkeypatch: pytest.Mon
     assert answered == [2, 5]
     for (tenant, data), got in zip(frames[:2], out[:2], strict=True):
         assert got == flatten(decode_request(data, "application/x-protobuf"), tenant)
-    assert isinstance(out[2], BadRequest) and "span_id is 1 bytes" in out[2].message
+    assert isinstance(out[2], Undecodable) and "span_id is 1 bytes" in out[2].error
+
+
+MARKER = b"undecodable-"
+
+
+def breaking(marker: bytes) -> Decoder:
+    """``decode_here``, with every payload holding ``marker`` replaced by bytes that are
+    no OTLP request: it fails each of its attempts."""
+
+    def decode(
+        frames: Iterable[tuple[str, bytes]], *, stop: threading.Event, attempts: int
+    ) -> Iterator[FlatBatch | Undecodable]:
+        broken = ((t, b"\xff\xff" if marker in p else p) for t, p in frames)
+        return decode_here(broken, stop=stop, attempts=attempts)
+
+    return decode
+
+
+def test_every_state_4_a_replayed_frame_that_does_not_decode_is_isolated_and_the_rest_replay(
+    tmp_path: Path, rigs: list[NodeRig]
+) -> None:
+    rig = NodeRig(tmp_path, decode=breaking(MARKER))
+    rigs.append(rig)
+    rig.ingest("a", "a0")
+    bad = rig.ingest("a", MARKER.decode() + "x")
+    rig.ingest("b", "b0")
+    rig.ingest("a", "a1")
+    report = rig.restart(crash=True)  # the start does not fail on it
+
+    assert list(report.isolated) == [str(bad)] and report.frames == 4
+    (fields,) = [f for name, f in rig.events if name == "replay.frame_isolated"]
+    assert fields["tenant"] == "a" and fields["attempts"] == 3 and not fields["in_store"]
+    assert str(fields["segment"]).endswith(".wal") and isinstance(fields["offset"], int)
+    kept = Path(str(fields["saved"]))
+    assert kept.read_bytes() == request(f"{MARKER.decode()}x").SerializeToString()
+    assert json.loads(kept.with_suffix(".json").read_text())["frame"] == str(bad)
+    rig.barrier.run_cut(rig.barrier.capture(rotate_idle=False))
+    assert sorted(rig.published_rids()) == sorted(
+        f"{tag}/{i}" for tag in ("a0", "b0", "a1") for i in range(3)
+    )
+    # its tenant's tree went on past it: a rebuild of the tenant never decodes it
+    assert rig.pipeline.folded["a"].lsn > bad.lsn
+    assert rig.pipeline.settler.attempts("a", bad) == rig.pipeline.settler.max_attempts
+
+
+def test_every_state_1_a_cancelled_replay_ends_at_its_next_frame_and_loses_nothing(
+    tmp_path: Path, rigs: list[NodeRig]
+) -> None:
+    rig = NodeRig(tmp_path)
+    rigs.append(rig)
+    for i in range(4):
+        rig.ingest("a", f"a{i}")
+    rig.restart(crash=True, replay=False)
+    items = rig.recovery.items()
+    rig.recovery.turn(next(items))
+    rig.recovery.cancel()
+    assert list(items) == []  # the rest is not turned (nor decoded)
+    assert rig.recovery.backlog_bytes > 0  # and not reported as replayed
+    report = rig.restart(crash=True)  # the next start replays everything
+    assert report.frames == 4
+    rig.barrier.run_cut(rig.barrier.capture(rotate_idle=False))
+    assert sorted(rig.published_rids()) == sorted(f"a{n}/{i}" for n in range(4) for i in range(3))

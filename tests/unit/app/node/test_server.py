@@ -241,6 +241,62 @@ def test_sigterm_delivered_to_another_thread_still_stops_the_node() -> None:
     assert_stops(SIGNAL_TO_ANOTHER_THREAD)
 
 
+def test_every_state_1_a_final_cut_still_running_at_the_budget_is_abandoned_and_named(
+    node: tuple[Node, io.StringIO],
+) -> None:
+    """With ``until`` the final phase runs on a thread of its own: one stuck in the
+    store (here: held before its flush) is abandoned at the budget, ``server.stopped``
+    says so and names the thread, and the exit status says rows are left."""
+    n, stream = node
+    ingest(n, "a")
+    with points.hold("barrier.before_flush") as held:
+        code = shutdown(n, until=time.monotonic() + 0.5)
+        line = stopped(stream)
+        assert held.reached.wait(WAIT_S)  # the abandoned cut, still inside its flush
+        held.release()
+    for t in threading.enumerate():
+        if t.name == "ourios-final-cut":
+            t.join(WAIT_S)
+    assert code == EXIT_ROWS_LEFT == line["exit_code"] and line["level"] == "error"
+    assert line["final_cut_error"] == "timed_out" and line["final_cut_ok"] is False
+    assert "ourios-final-cut" in line["threads_left"] and line["wal_closed"] is False
+    assert line["rows_left_in_wal"] == 3
+
+
+def test_every_state_1_unturned_frames_make_the_exit_status_75(
+    node: tuple[Node, io.StringIO],
+) -> None:
+    n, stream = node
+    ingest(n, "a")
+    code = shutdown(n, unturned=2)
+    line = stopped(stream)
+    assert line["final_cut_ok"] is True and line["rows_left_in_wal"] == 0
+    assert line["frames_left_unturned"] == 2 and code == EXIT_ROWS_LEFT == line["exit_code"]
+
+
+def test_every_state_1_a_supervised_loop_in_its_restart_backoff_ends_with_the_stop(
+    node: tuple[Node, io.StringIO],
+) -> None:
+    """A supervised loop that keeps crashing (here: one of the test's own) waits out a
+    backoff between restarts. The stop closes the supervisor and waits for its threads:
+    the loop ends instead of restarting, and ``server.stopped`` names no thread."""
+    n, stream = node
+    assert n.threads is not None
+    crashed = threading.Event()
+
+    def always_raises() -> None:
+        crashed.set()
+        raise RuntimeError("injected: a loop that crashes at every run")
+
+    probe = n.threads.start("probe", always_raises, thread_name="ourios-probe")
+    assert crashed.wait(WAIT_S)  # crashed once: in its backoff, or already restarted
+    code = shutdown(n, until=time.monotonic() + WAIT_S)
+    line = stopped(stream)
+    assert not probe.is_alive(), "a supervised loop outlived server.stopped"
+    assert line["threads_left"] == [] and line["threads_failed"] == [], line
+    assert code == 0 == line["exit_code"]
+
+
 class _Wall:
     """The wall clock, which a test can step back."""
 

@@ -9,18 +9,21 @@ import itertools
 import socket
 import subprocess
 import threading
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 
 from app.ingest.stages import Stages
+from app.node.recovery import DecodeStopped, Undecodable
 from app.node.workers import NodeState, Workers
 from app.receive import channel
 from app.receive.channel import ChannelClosed, Connection, Kind
+from app.receive.otlp import FlatBatch, IngestRejection, decode_request, flatten
 from sink.parquet import FLAT_SCHEMA, RecordColumns, assemble_records, encode_records
-from tests.support.noderig import NodeRig
+from tests.support.noderig import NodeRig, request
 
 _PIDS = itertools.count(900_000)
 
@@ -29,8 +32,9 @@ class FakeWorker:
     """A worker's end of the channel on a thread: says HELLO, answers FLUSH and STOP,
     hands every answer to the call waiting for it. ``exit()`` ends it as a crash would."""
 
-    def __init__(self, index: int, sock: socket.socket) -> None:
+    def __init__(self, index: int, sock: socket.socket, decode: DecodePolicy | None = None) -> None:
         self.index = index
+        self._decode = decode
         self.pid = next(_PIDS)
         self.conn = Connection(sock)
         self.returncode: int | None = None
@@ -51,6 +55,18 @@ class FakeWorker:
                     compression, table = channel.decode_encode_request(body)
                     self.encoded.append((compression, table))
                     self.conn.send(Kind.ENCODED, ident, [f"encoded by {self.pid}".encode()])
+                elif kind is Kind.DECODE and self._decode is not None:
+                    tenant, payload = channel.decode_decode_request(body)
+                    what = self._decode(bytes(payload))
+                    if what == "ok":
+                        batch = flatten(decode_request(bytes(payload), PROTOBUF), tenant)
+                        self.conn.send(Kind.DECODED, ident, [batch.columns.serialize()])
+                    elif what == "raise":  # what the worker answers for any exception
+                        failed = IngestRejection("decode failed: MemoryError: ")
+                        self.conn.send(Kind.REFUSAL, ident, list(channel.encode_refusal(failed)))
+                    elif what == "die":
+                        self.exit()
+                    # "hold": never answered
                 elif kind is Kind.STOP:
                     self.conn.send(Kind.STOPPING, ident, [])
                     self.returncode = 0
@@ -80,17 +96,23 @@ class FakeWorker:
         self.exit()
 
 
+#: What a fake worker does with a DECODE of a payload: "ok", "raise", "die" or "hold".
+DecodePolicy = Callable[[bytes], str]
+PROTOBUF = "application/x-protobuf"
+
+
 class Fleet:
     """The fake workers launched so far, by index (the latest one of each)."""
 
-    def __init__(self) -> None:
+    def __init__(self, decode: DecodePolicy | None = None) -> None:
+        self.decode = decode
         self.launched: list[FakeWorker] = []
         self._cond = threading.Condition()
         #: when set, a launch returns only once this is set (the supervisor stays inside it)
         self.hold: threading.Event | None = None
 
     def launch(self, index: int, worker_end: socket.socket) -> FakeWorker:
-        worker = FakeWorker(index, worker_end.dup())
+        worker = FakeWorker(index, worker_end.dup(), self.decode)
         with self._cond:
             self.launched.append(worker)
             self._cond.notify_all()
@@ -286,3 +308,98 @@ def test_a_partition_over_the_channels_frame_bound_is_encoded_by_the_core(
     finally:
         monkeypatch.undo()
         assert workers.stop(5)
+
+
+# -- the replay's decoding ----------------------------------------------------------------
+
+
+def _payloads(*tags: str) -> list[tuple[str, bytes]]:
+    return [("t", request(tag).SerializeToString()) for tag in tags]
+
+
+class Counted:
+    """A decode policy: ``bad`` payloads get ``what`` for their first ``clears_after``
+    calls (a fault retries without bound would outlast), every other one is decoded;
+    counts the DECODE calls each payload got."""
+
+    def __init__(self, what: str, clears_after: int = 10) -> None:
+        self.what = what
+        self.clears_after = clears_after
+        self.calls: Counter[bytes] = Counter()
+        self._lock = threading.Lock()
+
+    def __call__(self, payload: bytes) -> str:
+        with self._lock:
+            self.calls[payload] += 1
+            calls = self.calls[payload]
+        return self.what if b"bad" in payload and calls <= self.clears_after else "ok"
+
+
+@pytest.mark.parametrize("what", ["raise", "die"])
+def test_every_state_4_a_payload_failing_on_every_worker_is_undecodable_at_the_bound(
+    rig: NodeRig, what: str
+) -> None:
+    policy = Counted(what)
+    fleet = Fleet(policy)
+    workers, _ = make(rig, fleet, Observed())
+    workers.start()
+    try:
+        frames = _payloads("a", "bad", "b", "c")
+        out = list(workers.decode_in_order(frames, stop=threading.Event(), attempts=3))
+        assert [type(o) for o in out] == [FlatBatch, Undecodable, FlatBatch, FlatBatch]
+        failed = out[1]
+        assert isinstance(failed, Undecodable) and failed.attempts == 3
+        bad = frames[1][1]
+        if what == "raise":
+            assert "MemoryError" in failed.error and policy.calls[bad] == 3
+        else:
+            # the first, windowed send's death is not counted against it (the payload
+            # may only have shared the dying worker's queue); three retries are
+            assert "died" in failed.error and policy.calls[bad] == 4
+    finally:
+        assert workers.stop(5)
+
+
+def test_every_state_1_a_stop_abandons_the_decode_window(rig: NodeRig) -> None:
+    fleet = Fleet(lambda payload: "hold")  # nothing is ever answered
+    workers, _ = make(rig, fleet, Observed())
+    workers.start()
+    stop = threading.Event()
+    raised: list[BaseException] = []
+
+    def decode() -> None:
+        try:
+            list(workers.decode_in_order(_payloads("a", "b"), stop=stop, attempts=3))
+        except DecodeStopped as exc:
+            raised.append(exc)
+
+    t = threading.Thread(target=decode, daemon=True)
+    t.start()
+    try:
+        stop.set()
+        t.join(30)
+        assert not t.is_alive() and len(raised) == 1
+    finally:
+        stop.set()
+        assert workers.stop(5)
+
+
+def test_every_state_1_stopping_workers_end_a_decode_that_waits_for_them(rig: NodeRig) -> None:
+    # Without a stop of its own, a replay waiting for a worker that is gone waited for
+    # ever: the workers stopping ends it (DecodeStopped), never a "finished" replay.
+    fleet = Fleet(lambda payload: "hold")
+    workers, _ = make(rig, fleet, Observed())
+    workers.start()
+    raised: list[BaseException] = []
+
+    def decode() -> None:
+        try:
+            list(workers.decode_in_order(_payloads("a"), stop=threading.Event(), attempts=3))
+        except DecodeStopped as exc:
+            raised.append(exc)
+
+    t = threading.Thread(target=decode, daemon=True)
+    t.start()
+    workers.stop(5)
+    t.join(30)
+    assert not t.is_alive() and len(raised) == 1

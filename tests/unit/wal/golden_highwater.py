@@ -1,0 +1,53 @@
+"""Golden HIGHWATER file (issue 22 item 5, ``wal/highwater_file.py``). Regenerate only
+on purpose:
+
+    .venv/bin/python -m tests.unit.wal.golden_highwater
+
+The whole 144-byte file: header, an older record in slot 0 (the previous segment) and
+the live one in slot 1.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+from wal.highwater_file import HighWaterRecord, encode_file_header, encode_slot
+
+DATA = Path(__file__).parent / "data"
+SEGMENT_A = uuid.UUID("01890f3e-4a5b-7c6d-8e9f-0a1b2c3d4e5f")
+SEGMENT_B = uuid.UUID("01890f3e-5000-7111-9222-333344445555")
+
+
+def golden_live_record() -> HighWaterRecord:
+    """Generation 7: segment B, based at 1 << 40, synced 3 MiB into it."""
+    return HighWaterRecord(7, SEGMENT_B, 1 << 40, (1 << 40) + 3 * (1 << 20))
+
+
+def golden_older_record() -> HighWaterRecord:
+    """Generation 6: the previous segment's last record before it rotated."""
+    return HighWaterRecord(6, SEGMENT_A, 4_096, 1_052_672)
+
+
+def golden_highwater_file() -> bytes:
+    return (
+        encode_file_header()
+        + encode_slot(golden_older_record(), 1)
+        + encode_slot(golden_live_record(), 1)
+    )
+
+
+FILES = {
+    "highwater_v1.bin": golden_highwater_file,
+}
+
+
+def main() -> None:
+    DATA.mkdir(exist_ok=True)
+    for name, make in FILES.items():
+        (DATA / name).write_bytes(make())
+        print("wrote", DATA / name)
+
+
+if __name__ == "__main__":
+    main()
