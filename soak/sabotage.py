@@ -1524,6 +1524,36 @@ SABOTAGES: tuple[Sabotage, ...] = (
         ),
     ),
     Sabotage(
+        "expanded_bytes_unchecked",
+        "a request whose rows would hold more than server.max_expanded_bytes is refused 400 "
+        "naming it, before anything is copied per row",
+        "app/receive/otlp.py",
+        "        if check.limits is not None:\n            check.repeated(resource, rl.scope_logs)",
+        "        if False:\n            check.repeated(resource, rl.scope_logs)",
+        (
+            "tests/unit/app/receive/test_otlp.py::test_bounded_3_expansion_limits_refuse_naming_the_setting",
+            "tests/unit/app/receive/test_native.py::test_bounded_3_the_upb_path_counts_the_bytes_the_rows_hold_on_every_shape",
+        ),
+        more=(
+            (
+                "    if check.limits is not None:\n        check.rows(",
+                "    if False:\n        check.rows(",
+            ),
+        ),
+    ),
+    Sabotage(
+        "expanded_bytes_unchecked_native",
+        "the native decoder refuses what the upb path refuses for server.max_expanded_bytes, "
+        "before it copies a row",
+        "app/receive/_otlpdecode.c",
+        " || n[C_EXPANDED] > limits[5])",
+        ")",
+        (
+            "tests/unit/app/receive/test_native.py::test_bounded_3_expanded_bytes_refuse_the_same_requests_on_either_decoder",
+            "tests/unit/app/receive/test_native.py::test_bounded_3_a_small_body_expanding_to_gigabytes_is_refused_before_its_rows",
+        ),
+    ),
+    Sabotage(
         "open_new_tenant_rate_ignored",
         "in open mode new tenants take slots at a bounded rate",
         "app/ingest/tenants.py",

@@ -598,6 +598,21 @@ _SERVER_ROWS = (
     ),
     Setting(
         "server",
+        "max_expanded_bytes",
+        Kind.INT,
+        64 * MiB,
+        "String bytes one request's rows may hold: each record's severity text, body and "
+        "attributes plus its resource's attributes and scope name, which every record "
+        "repeats (UTF-8, as stored). More is refused 400 naming this setting, counted from "
+        "sizes before anything is copied per record. The default is eight default frames: "
+        "a full Collector batch of 8192 records under 8 KiB of resource attributes, while "
+        "two decodes at once hold at most 128 MiB (docs/RUNBOOK.md).",
+        minimum=64 * KiB,
+        maximum=1 * GiB,
+        unit="bytes",
+    ),
+    Setting(
+        "server",
         "max_inflight_requests",
         Kind.INT,
         256,
@@ -887,6 +902,7 @@ class ServerSettings:
     max_attributes_per_request: int
     max_attribute_key_bytes: int
     max_attribute_value_bytes: int
+    max_expanded_bytes: int
     max_inflight_requests: int
     max_inflight_bytes: int
     max_concurrent_decodes: int

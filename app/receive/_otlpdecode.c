@@ -36,14 +36,14 @@ enum {
     FB_UTF8 = 3,      /* a string field that is not UTF-8: upb refuses */
     FB_ID = 4,        /* a trace/span id of a length validate_request refuses */
     FB_SIZE = 5,      /* a column past Arrow's 32-bit offsets */
-    ST_LIMIT = 6,     /* a count over the limits the caller passed */
+    ST_LIMIT = 6,     /* a count (or the expanded bytes) over the limits the caller passed */
     ST_NOMEM = 7,
 };
 
 /* What the request holds, as the receivers' limits (app.receive.otlp.RequestLimits)
  * count it, in the order of native.Counts. Attributes are counted as sent (duplicates
- * included); scope attributes and bodies are not counted. */
-#define NCOUNTS 7
+ * included); scope attributes and bodies are not counted, except in C_EXPANDED. */
+#define NCOUNTS 8
 enum {
     C_RECORDS,
     C_RESOURCE_LOGS,
@@ -52,11 +52,14 @@ enum {
     C_ENTRIES,         /* each record's attributes plus its resource's */
     C_KEY_BYTES_MAX,   /* longest record or resource attribute key, UTF-8 bytes */
     C_VALUE_BYTES_MAX, /* longest such value as the column holds it, UTF-8 bytes */
+    C_EXPANDED,        /* the string bytes the rows hold: each record's severity text,
+                        * body and attributes, its resource's attributes and its scope's
+                        * name (the last two once a row), as the columns hold them */
 };
 /* The limits, in RequestLimits' order: records (which bounds the resource_logs and
  * scope_logs too), attributes per record (and per resource), attributes per request
- * (C_ENTRIES), key bytes, value bytes. */
-#define NLIMITS 5
+ * (C_ENTRIES), key bytes, value bytes, expanded bytes (C_EXPANDED). */
+#define NLIMITS 6
 
 /* ── growable buffers (malloc: they are filled without the GIL) ──────────────────── */
 
@@ -266,6 +269,7 @@ typedef struct {
 typedef struct {
     const uint8_t *s;
     size_t n;
+    uint64_t rows; /* its records */
     int seen;
 } Scope;
 
@@ -775,6 +779,7 @@ static int parse_record(Ctx *c, Rd *r, size_t res_index, size_t scope_index) {
     c->counts[C_ENTRIES] += raw;
     count_max(c, C_ATTRS_MAX, raw);
     ((Resource *)c->resources.p)[res_index].rows++;
+    ((Scope *)c->scopes.p)[scope_index].rows++;
     TRY(put(&c->time, &time, 8));
     TRY(put(&c->observed, &observed, 8));
     TRY(put(&c->severity, &severity, 4));
@@ -804,7 +809,7 @@ static int parse_scope_logs(Ctx *c, Rd *r, size_t res_index) {
     size_t index = c->scopes.len / sizeof(Scope);
     c->counts[C_SCOPE_LOGS]++;
     if (OVER(c, c->counts[C_SCOPE_LOGS], 0)) return ST_LIMIT;
-    Scope blank = {NULL, 0, 0};
+    Scope blank = {NULL, 0, 0, 0};
     TRY(put(&c->scopes, &blank, sizeof blank));
     while (r->p < r->end) {
         uint32_t f;
@@ -948,10 +953,18 @@ static int decode(Ctx *c, const uint8_t *data, size_t n, const uint64_t *limits)
     Rd r = {data, data + n};
     TRY(start_offsets(c));
     TRY(parse_request(c, &r));
-    /* Every row repeats its resource's attributes. */
+    /* Every row repeats its resource's attributes and its scope's name: what they will
+     * hold is known from the sizes kept once, before anything is copied per row. */
     const Resource *res = (const Resource *)c->resources.p;
-    for (size_t i = 0; i < c->resources.len / sizeof(Resource); i++)
+    uint64_t expanded = c->sevtext.len + c->body.len + c->key.len + c->val.len;
+    for (size_t i = 0; i < c->resources.len / sizeof(Resource); i++) {
         c->counts[C_ENTRIES] += res[i].raw * res[i].rows;
+        expanded += (res[i].kn + res[i].vn) * res[i].rows;
+    }
+    const Scope *scopes = (const Scope *)c->scopes.p;
+    for (size_t i = 0; i < c->scopes.len / sizeof(Scope); i++)
+        expanded += scopes[i].n * scopes[i].rows;
+    c->counts[C_EXPANDED] = expanded;
     if (limits) {
         /* Before the expansion, the one step whose output the input's size does not
          * bound: what RequestLimits.check_counts and flatten's checks refuse. */
@@ -959,7 +972,7 @@ static int decode(Ctx *c, const uint8_t *data, size_t n, const uint64_t *limits)
         if (n[C_RECORDS] > limits[0] || n[C_RESOURCE_LOGS] > limits[0] ||
             n[C_SCOPE_LOGS] > limits[0] || n[C_ATTRS_MAX] > limits[1] ||
             n[C_ENTRIES] > limits[2] || n[C_KEY_BYTES_MAX] > limits[3] ||
-            n[C_VALUE_BYTES_MAX] > limits[4])
+            n[C_VALUE_BYTES_MAX] > limits[4] || n[C_EXPANDED] > limits[5])
             return ST_LIMIT;
     }
     return expand(c);
@@ -1063,9 +1076,9 @@ PyDoc_STRVAR(decode_doc,
 "Decode an ExportLogsServiceRequest. Returns (0, rows, counts, buffers, trace_nulls,\n"
 "span_nulls) on success; (code, counts) when the request is not decoded here: code is\n"
 "a fallback reason, or LIMIT when the request exceeds `limits` (records, attributes per\n"
-"record, attributes per request, key bytes, value bytes: RequestLimits' order), found\n"
-"as soon as the parse passes it and before the resource attributes are copied per row\n"
-"(the counts are then those reached so far).");
+"record, attributes per request, key bytes, value bytes, expanded bytes: RequestLimits'\n"
+"order), found as soon as the parse passes it and before the resource attributes are\n"
+"copied per row (the counts are then those reached so far).");
 
 static PyObject *py_decode(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;

@@ -48,7 +48,8 @@ DECODERS: Final = ("native", "upb")
 class Counts(NamedTuple):
     """What a request holds, counted as the receivers' per-request limits count it
     (``app.receive.otlp.RequestLimits``): attributes as sent, duplicates included,
-    record and resource attributes only (not scope attributes, not bodies)."""
+    record and resource attributes only (not scope attributes, not bodies) — except
+    `expanded_bytes`."""
 
     records: int
     resource_logs: int
@@ -62,6 +63,10 @@ class Counts(NamedTuple):
     #: the longest attribute value as the column holds it (a non-string value as its
     #: JSON text), UTF-8 bytes
     value_bytes_max: int
+    #: the string bytes the rows hold (``RequestLimits.expanded_bytes``): each record's
+    #: severity text, body and attributes, its resource's attributes and its scope's
+    #: name (the last two repeated on every row), as the columns hold them
+    expanded_bytes: int
 
 
 class Limits(Protocol):
@@ -69,7 +74,8 @@ class Limits(Protocol):
     ``records`` bounds the records, the resource_logs and the scope_logs;
     ``attributes_per_record`` one record's or one resource's attributes;
     ``attributes_per_request`` `Counts.attributes_per_request`; ``key_bytes`` and
-    ``value_bytes`` one attribute's key and value."""
+    ``value_bytes`` one attribute's key and value; ``expanded_bytes``
+    `Counts.expanded_bytes`."""
 
     @property
     def records(self) -> int: ...
@@ -81,9 +87,11 @@ class Limits(Protocol):
     def key_bytes(self) -> int: ...
     @property
     def value_bytes(self) -> int: ...
+    @property
+    def expanded_bytes(self) -> int: ...
 
 
-def _bounds(limits: Limits | None) -> tuple[int, int, int, int, int] | None:
+def _bounds(limits: Limits | None) -> tuple[int, int, int, int, int, int] | None:
     if limits is None:
         return None
     return (
@@ -92,6 +100,7 @@ def _bounds(limits: Limits | None) -> tuple[int, int, int, int, int] | None:
         limits.attributes_per_request,
         limits.key_bytes,
         limits.value_bytes,
+        limits.expanded_bytes,
     )
 
 

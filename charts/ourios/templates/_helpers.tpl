@@ -153,6 +153,7 @@ which would print 6.7108864e+07), booleans as true/false, strings as they are. A
   (list "OURIOS_SERVER_MAX_ATTRIBUTES_PER_REQUEST" $v.server.maxAttributesPerRequest)
   (list "OURIOS_SERVER_MAX_ATTRIBUTE_KEY_BYTES" $v.server.maxAttributeKeyBytes)
   (list "OURIOS_SERVER_MAX_ATTRIBUTE_VALUE_BYTES" $v.server.maxAttributeValueBytes)
+  (list "OURIOS_SERVER_MAX_EXPANDED_BYTES" $v.server.maxExpandedBytes)
   (list "OURIOS_SERVER_MAX_INFLIGHT_REQUESTS" $v.server.maxInflightRequests)
   (list "OURIOS_SERVER_MAX_INFLIGHT_BYTES" $v.server.maxInflightBytes)
   (list "OURIOS_SERVER_MAX_CONCURRENT_DECODES" $v.server.maxConcurrentDecodes)

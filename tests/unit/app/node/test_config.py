@@ -94,6 +94,7 @@ def samples(tmp_path: Path) -> dict[str, Sample]:
         "server.max_attributes_per_request": Sample("5000", 5000),
         "server.max_attribute_key_bytes": Sample("1KiB", KiB),
         "server.max_attribute_value_bytes": Sample("64KiB", 64 * KiB),
+        "server.max_expanded_bytes": Sample("16MiB", 16 * MiB),
         "server.max_inflight_requests": Sample("32", 32),
         "server.max_inflight_bytes": Sample("128MiB", 128 * MiB),
         "server.max_concurrent_decodes": Sample("4", 4),
