@@ -853,6 +853,7 @@ CHANGES: dict[str, tuple[object, dict[str, object]]] = {
     "server.maxAttributesPerRequest": (5000, {}),
     "server.maxAttributeKeyBytes": (1024, {}),
     "server.maxAttributeValueBytes": (65536, {}),
+    "server.maxExpandedBytes": (16777216, {}),
     "server.maxInflightRequests": (32, {}),
     "server.maxInflightBytes": (128 * 2**20, {}),
     "server.maxConcurrentDecodes": (4, {}),
