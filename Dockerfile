@@ -7,9 +7,10 @@
 #       -p 4317:4317 -p 4318:4318 ourios:0.1.0
 #
 # The builder stage turns this source tree into a wheel (the same package `pip install .`
-# installs) and collects wheels of its dependencies; the runtime stage installs exactly
-# those wheels into /opt/venv with --no-index, so the package can only be the one built
-# from this tree, never a release of the same name from an index.
+# installs, with the native OTLP decoder compiled: setup.py, app/receive/_otlpdecode.c)
+# and collects wheels of its dependencies; the runtime stage installs exactly those wheels
+# into /opt/venv with --no-index, so the package can only be the one built from this
+# tree, never a release of the same name from an index. The compiler stays in the builder.
 # At run time the process writes only to the data volume (OURIOS_SERVER_DATA_DIR) and /tmp.
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
@@ -19,13 +20,18 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1 \
     PYTHONDONTWRITEBYTECODE=1
 WORKDIR /src
+# gcc and the C library headers for the native decoder (the image has Python's headers).
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
 # Only what the wheel is built from (.dockerignore keeps everything else out).
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY app/ app/
 COPY wal/ wal/
 COPY sink/ sink/
 RUN python -m pip wheel --wheel-dir /wheels . \
-    && ls /wheels/ourios-*.whl
+    && ls /wheels/ourios-*.whl \
+    && python -m zipfile -l /wheels/ourios-*.whl | grep -q 'app/receive/_otlpdecode\..*\.so'
 
 FROM ${PYTHON_IMAGE} AS runtime
 ARG VERSION=0.1.0
@@ -49,7 +55,8 @@ RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
     python -m venv --without-pip /opt/venv \
     && python -m pip --python /opt/venv/bin/python install \
        --no-index --find-links=/wheels --no-cache-dir /wheels/ourios-*.whl \
-    && /opt/venv/bin/ourios --version
+    && /opt/venv/bin/ourios --version \
+    && /opt/venv/bin/python -c "import app.receive._otlpdecode"
 
 ENV PATH=/opt/venv/bin:$PATH \
     HOME=/tmp \

@@ -1167,6 +1167,50 @@ SABOTAGES: tuple[Sabotage, ...] = (
             "tests/unit/sink/test_retry_identity.py::test_rfc0055_9_3_an_ambiguous_retry_keeps_its_identity_and_never_merges_with_new_rows",
         ),
     ),
+    # -- the native decoder (issue 23): a C file, so the copy's extension is rebuilt ------
+    Sabotage(
+        "native_duplicate_key_first_value",
+        "the native decoder gives what the upb path gives: a duplicated key keeps its last value",
+        "app/receive/_otlpdecode.c",
+        "        if (e[i].first != i) {\n            e[e[i].first].voff = e[i].voff;",
+        "        if (e[i].first != i && 0) {\n            e[e[i].first].voff = e[i].voff;",
+        (
+            "tests/unit/app/receive/test_native.py::test_native_1_fast_path_requests_decode_natively_and_equal_upb",
+            "tests/unit/app/receive/test_native.py::test_native_1_many_attributes_with_repeated_keys_equal_upb",
+        ),
+    ),
+    Sabotage(
+        "native_accepts_invalid_utf8",
+        "the native decoder accepts only what upb accepts: a string field that is not UTF-8 is refused",
+        "app/receive/_otlpdecode.c",
+        "    return utf8_valid(sub->p, (size_t)(sub->end - sub->p)) ? ST_OK : FB_UTF8;",
+        "    return ST_OK;",
+        (
+            "tests/unit/app/receive/test_native.py::test_native_1_requests_of_every_shape_equal_upb_or_fall_back",
+        ),
+    ),
+    Sabotage(
+        "native_resource_entries_unlimited",
+        "the native decoder refuses what the upb path refuses for a request limit: a "
+        "resource's attributes count once per row",
+        "app/receive/_otlpdecode.c",
+        "            n[C_ENTRIES] > limits[2] || n[C_KEY_BYTES_MAX] > limits[3] ||",
+        "            n[C_KEY_BYTES_MAX] > limits[3] ||",
+        (
+            "tests/unit/app/receive/test_native.py::test_native_1_each_limit_refuses_what_the_upb_path_refuses",
+            "tests/unit/app/receive/test_native.py::test_native_1_a_limit_refusal_names_the_setting_on_either_decoder",
+        ),
+    ),
+    Sabotage(
+        "native_fallback_said_quietly",
+        "a node on the upb path for want of the extension says so loudly (a warning)",
+        "app/receive/native.py",
+        '    emit("receive.decoder", details, "warning" if why else "info")',
+        '    emit("receive.decoder", details, "info")',
+        (
+            "tests/integration/test_decoder.py::test_native_2_serve_without_the_extension_runs_on_upb_and_says_so",
+        ),
+    ),
     # -- issue 22 items 2, 5 and 8: every state ends well ---------------------------------
     Sabotage(
         "intent_repair_through_a_temp",
@@ -1526,6 +1570,36 @@ SABOTAGES: tuple[Sabotage, ...] = (
         ),
     ),
     Sabotage(
+        "expanded_bytes_unchecked",
+        "a request whose rows would hold more than server.max_expanded_bytes is refused 400 "
+        "naming it, before anything is copied per row",
+        "app/receive/otlp.py",
+        "        if check.limits is not None:\n            check.repeated(resource, rl.scope_logs)",
+        "        if False:\n            check.repeated(resource, rl.scope_logs)",
+        (
+            "tests/unit/app/receive/test_otlp.py::test_bounded_3_expansion_limits_refuse_naming_the_setting",
+            "tests/unit/app/receive/test_native.py::test_bounded_3_the_upb_path_counts_the_bytes_the_rows_hold_on_every_shape",
+        ),
+        more=(
+            (
+                "    if check.limits is not None:\n        check.rows(",
+                "    if False:\n        check.rows(",
+            ),
+        ),
+    ),
+    Sabotage(
+        "expanded_bytes_unchecked_native",
+        "the native decoder refuses what the upb path refuses for server.max_expanded_bytes, "
+        "before it copies a row",
+        "app/receive/_otlpdecode.c",
+        " || n[C_EXPANDED] > limits[5])",
+        ")",
+        (
+            "tests/unit/app/receive/test_native.py::test_bounded_3_expanded_bytes_refuse_the_same_requests_on_either_decoder",
+            "tests/unit/app/receive/test_native.py::test_bounded_3_a_small_body_expanding_to_gigabytes_is_refused_before_its_rows",
+        ),
+    ),
+    Sabotage(
         "open_new_tenant_rate_ignored",
         "in open mode new tenants take slots at a bounded rate",
         "app/ingest/tenants.py",
@@ -1581,9 +1655,22 @@ SABOTAGES: tuple[Sabotage, ...] = (
 
 def copy_tree(dest: Path) -> None:
     ignore = shutil.ignore_patterns(
-        ".venv", ".cache", ".git", "__pycache__", ".hypothesis", "*.pyc"
+        ".venv", ".cache", ".git", "__pycache__", ".hypothesis", "*.pyc", "build", "*.so"
     )
     shutil.copytree(ROOT, dest, ignore=ignore, dirs_exist_ok=True)
+
+
+def build_native(tree: Path) -> None:
+    """Compile the copy's C extension in place (app/receive/_otlpdecode.c): the tests
+    import the copy, so a sabotage of the C file needs its own build, and so does the
+    file restored."""
+    subprocess.run(
+        [sys.executable, "setup.py", "-q", "build_ext", "--inplace", "--force"],
+        cwd=tree,
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def pytest_run(tree: Path, tests: tuple[str, ...]) -> subprocess.CompletedProcess[str]:
@@ -1629,11 +1716,16 @@ def run(sabotage: Sabotage, tree: Path) -> tuple[bool, str]:
         if old not in broken:
             return False, f"the sabotage no longer applies: {old!r} not in {sabotage.file}"
         broken = broken.replace(old, new, 1)
+    native = sabotage.file.endswith(".c")
     target.write_text(broken)
     try:
+        if native:
+            build_native(tree)
         proc = pytest_run(tree, sabotage.tests)
     finally:
         target.write_text(original)
+        if native:
+            build_native(tree)
     failed = [  # pytest's summary lines, not captured log lines that start alike
         line
         for line in proc.stdout.splitlines()
@@ -1656,6 +1748,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="sabotage-") as tmp:
         tree = Path(tmp) / "tree"
         copy_tree(tree)
+        build_native(tree)  # from the copied source, whatever the checkout's build
         controls: dict[tuple[str, ...], str] = {}
         for s in chosen:
             unbroken = control(tree, s.tests, controls)

@@ -97,7 +97,7 @@ from app.ingest.mining.tenant_miner import MineResult, TenantMiner
 from app.ingest.snapshots import SnapshotLedger, SnapshotState
 from app.ingest.tenants import TenantTable
 from app.node.config import WalSettings
-from app.receive.otlp import FlatBatch, decode_request, flatten
+from app.receive.otlp import FlatBatch, decode_flat
 from sink.buffers import Buffers, Detached
 from sink.publisher import Publisher
 from wal import (
@@ -641,7 +641,7 @@ class Settler:
                 lsn = frame.offset.lsn
                 if lsn in isolated and isolated[lsn].undecodable:
                     continue  # isolated at the replay: not even decoded (its rows are lost)
-                batch = flatten(decode_request(frame.payload, "application/x-protobuf"), tenant)
+                batch = decode_flat(frame.payload, tenant)
                 if lsn in isolated:
                     # Not mined (it fails every time): its rows go out without templates.
                     replayed.append(

@@ -97,6 +97,7 @@ _MAX_WORKERS = 256
 Compression = Literal["zstd", "snappy", "gzip", "none"]
 LogLevel = Literal["debug", "info", "warning", "error"]
 LogFormat = Literal["auto", "json", "console"]
+Decoder = Literal["native", "upb"]
 
 
 class ConfigError(Exception):
@@ -531,6 +532,17 @@ _SERVER_ROWS = (
     ),
     Setting(
         "server",
+        "decoder",
+        Kind.CHOICE,
+        "native",
+        "The OTLP/protobuf decoder of the receivers and the replay: native (the C "
+        "extension; requests outside its fast path, and every refusal, take the upb path) "
+        "or upb (the reference alone). native falls back to upb, with a warning event, "
+        "when the extension cannot be imported.",
+        choices=("native", "upb"),
+    ),
+    Setting(
+        "server",
         "thread_restarts",
         Kind.INT,
         5,
@@ -594,6 +606,21 @@ _SERVER_ROWS = (
         "text it is stored as); longer is refused 400 naming this setting.",
         minimum=1,
         maximum=256 * MiB,
+        unit="bytes",
+    ),
+    Setting(
+        "server",
+        "max_expanded_bytes",
+        Kind.INT,
+        64 * MiB,
+        "String bytes one request's rows may hold: each record's severity text, body and "
+        "attributes plus its resource's attributes and scope name, which every record "
+        "repeats (UTF-8, as stored). More is refused 400 naming this setting, counted from "
+        "sizes before anything is copied per record. The default is eight default frames: "
+        "a full Collector batch of 8192 records under 8 KiB of resource attributes, while "
+        "two decodes at once hold at most 128 MiB (docs/RUNBOOK.md).",
+        minimum=64 * KiB,
+        maximum=1 * GiB,
         unit="bytes",
     ),
     Setting(
@@ -966,12 +993,14 @@ class ServerSettings:
     shutdown_grace_secs: int
     final_cut_secs: int
     workers: int
+    decoder: Decoder
     thread_restarts: int
     max_request_records: int
     max_attributes_per_record: int
     max_attributes_per_request: int
     max_attribute_key_bytes: int
     max_attribute_value_bytes: int
+    max_expanded_bytes: int
     max_inflight_requests: int
     max_inflight_bytes: int
     max_concurrent_decodes: int

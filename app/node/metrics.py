@@ -7,6 +7,7 @@ but the standard ``process_*`` series' ``/proc/<pid>/fd`` of the core and each w
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from importlib import metadata
 
 from prometheus_client import (
     CollectorRegistry,
@@ -30,6 +31,7 @@ from app.ingest.stages import Stages
 from app.node.config import Settings
 from app.node.recovery import Recovery
 from app.node.workers import Workers
+from app.receive import native
 from app.threads import Supervisor
 from wal import (
     FloorMin,
@@ -138,6 +140,27 @@ def _miner_metrics(
         )
         family.add_metric([], value)
         yield family
+
+
+class _BuildInfo(Collector):
+    """``ourios_build_info``: the version, and the decoder this process uses (read at
+    collection time: ``app.receive.native.start`` chooses it as ``ourios serve``
+    starts; the workers choose alike from the same install and settings)."""
+
+    def __init__(self) -> None:
+        try:
+            self._version = metadata.version("ourios")
+        except metadata.PackageNotFoundError:
+            self._version = "unknown"
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        info = GaugeMetricFamily(
+            "ourios_build_info",
+            "1, labelled with the version and the OTLP decoder in use (native or upb).",
+            labels=["version", "decoder"],
+        )
+        info.add_metric([self._version, native.active()], 1.0)
+        yield info
 
 
 class _StateCollector(Collector):
@@ -535,6 +558,7 @@ class Metrics:
         disable_created_metrics()  # type: ignore[no-untyped-call]  # no *_created series
         self.registry = CollectorRegistry(auto_describe=False)
         r = self.registry
+        r.register(_BuildInfo())
         self.requests = Counter(
             "ourios_ingest_requests",
             "Export requests answered, by transport, outcome (ok, refused, error) and error type.",

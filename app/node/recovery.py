@@ -88,7 +88,7 @@ from app.ingest.pipeline import Pipeline
 from app.ingest.settlement import ReplayGates
 from app.ingest.snapshots import SnapshotLedger, SnapshotState, SnapshotStore
 from app.node.frame_quarantine import keep_frame
-from app.receive.otlp import FlatBatch, decode_request, flatten
+from app.receive.otlp import FlatBatch, decode_flat
 from sink.store import ObjectStore, StoreError
 from wal import (
     Frame,
@@ -639,7 +639,7 @@ def decode_here(
         error = ""
         for _ in range(attempts):
             try:
-                batch = flatten(decode_request(payload, "application/x-protobuf"), tenant)
+                batch = decode_flat(payload, tenant)
             except Exception as exc:  # noqa: BLE001 - counted; isolated at the bound
                 error = f"{type(exc).__name__}: {exc}"
                 continue

@@ -78,6 +78,7 @@ from app.node.storeprobe import (
     probe_at_start,
 )
 from app.node.workers import Listeners, NodeState, Workers, worker_launcher
+from app.receive import native
 from app.receive.auth import Authenticator
 from app.receive.inflight import receiver_bounds
 from app.receive.otlp_grpc import create_grpc_server
@@ -438,6 +439,7 @@ def run_serve(settings: Settings, config_file: Path | None = None) -> int:
     stop = threading.Event()
     received: list[int] = []
     _relay_signals(stop, received)
+    native.start(settings.server.decoder, events.emit)
     if settings.auth.open_mode:
         events.emit(
             "auth.open_mode",

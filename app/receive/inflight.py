@@ -282,6 +282,7 @@ def receiver_bounds(settings: Settings, events: Events | None = None) -> Receive
             attributes_per_request=server.max_attributes_per_request,
             key_bytes=server.max_attribute_key_bytes,
             value_bytes=server.max_attribute_value_bytes,
+            expanded_bytes=server.max_expanded_bytes,
         ),
         InflightBudget(
             server.max_inflight_requests,

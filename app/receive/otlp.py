@@ -8,6 +8,7 @@ in this order::
     to_wal_payload(req)                        -> bytes        (JSON input only)
     flatten(req, tenant, limits)               -> FlatBatch    (the sink's record columns)
     decode_batch(data, content_type, tenant, limits)  -> the three above, in one call
+                                               (protobuf: decode_flat, the native decoder)
     status_body(rejection, json) / success_body(rejected, message, json)
     parse_tenant(header, open_mode)            -> tenant
 
@@ -84,6 +85,7 @@ from typing import Any, ClassVar, Final
 
 import grpc
 import pyarrow as pa
+import pyarrow.compute as pc
 from google.protobuf import json_format  # type: ignore[import-untyped]
 from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 from google.rpc import error_details_pb2, status_pb2
@@ -92,6 +94,7 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
     ExportLogsServiceResponse,
 )
 
+from app.receive import native
 from sink.parquet import FLAT_SCHEMA
 
 __all__ = [
@@ -111,6 +114,7 @@ __all__ = [
     "UnsupportedMediaType",
     "count_records",
     "decode_batch",
+    "decode_flat",
     "decode_request",
     "decompress",
     "empty_batch",
@@ -262,8 +266,9 @@ class RequestLimits:
     attribute entries on the parsed message (or the parsed JSON document) before
     anything is built from them (`check_counts`, `_check_json_counts`); `flatten`
     checks key and value lengths and the values nested in arrays and kvlists as it
-    walks, which it does only after the counts passed. A native decoder takes this
-    object too and raises `refuse`'s errors, so the two cannot disagree on a limit.
+    walks, which it does only after the counts passed. The native decoder takes this
+    object too (``app.receive.native``) and, past a limit, hands the request to the
+    upb path, whose `refuse` words the error, so the two cannot disagree on a limit.
 
     - ``records``: log records in the request; resource and scope groups are bounded by
       it too (an empty group costs as much to parse as a record);
@@ -272,7 +277,14 @@ class RequestLimits:
       record's own plus its resource's, which every row of the resource repeats — and,
       separately, the values nested in array and kvlist bodies and attribute values;
     - ``key_bytes`` / ``value_bytes``: one attribute key / value in UTF-8 bytes (a
-      non-string value as the JSON text it is stored as).
+      non-string value as the JSON text it is stored as);
+    - ``expanded_bytes``: the string bytes the request's rows hold — each record's
+      severity text, body and attributes, plus its resource's attributes and its scope's
+      name, which every row of the resource (scope) repeats — in UTF-8 as the columns
+      hold them (duplicated keys merged). The counts bound entries, not bytes: a small
+      body of long resource values over many records would otherwise flatten to
+      gigabytes. `flatten` sums it from sizes known once a resource's attributes are
+      read, before anything is copied per row.
 
     Replay passes no limits: a frame already in the WAL is replayed whatever the
     limits are now.
@@ -283,6 +295,7 @@ class RequestLimits:
     attributes_per_request: int = 1_048_576
     key_bytes: int = 4_096
     value_bytes: int = 1 << 20
+    expanded_bytes: int = 64 << 20
 
     def __post_init__(self) -> None:
         for name in _SETTING_OF:
@@ -341,6 +354,7 @@ _SETTING_OF: Final = {
     "attributes_per_request": "max_attributes_per_request",
     "key_bytes": "max_attribute_key_bytes",
     "value_bytes": "max_attribute_value_bytes",
+    "expanded_bytes": "max_expanded_bytes",
 }
 
 
@@ -696,6 +710,7 @@ def decode_batch(
 ) -> tuple[bytes, FlatBatch] | None:
     """`decode_request` then `flatten`: the WAL payload (`data` itself for protobuf,
     `to_wal_payload` for JSON) and the rows; None when the request holds no records.
+    Protobuf goes through `decode_flat` (the native decoder when it can).
 
     A refusal leaves with no traceback into this call: a traceback keeps its frames'
     locals alive, and the parsed request of a hostile body can be 30 times the body —
@@ -703,12 +718,13 @@ def decode_batch(
     bounded it (measured: 16 such refusals in flight held 3.7 GB)."""
     req: ExportLogsServiceRequest | None = None
     try:
+        if _media_type(content_type) in _PROTOBUF_MEDIA_TYPES:
+            batch = decode_flat(data, tenant, limits)
+            return (data, batch) if len(batch) else None
         req = decode_request(data, content_type, limits)
         if count_records(req) == 0:
             return None
-        as_protobuf = _media_type(content_type) in _PROTOBUF_MEDIA_TYPES
-        payload = data if as_protobuf else to_wal_payload(req)
-        return payload, flatten(req, tenant, limits)
+        return to_wal_payload(req), flatten(req, tenant, limits)
     except IngestRejection as exc:
         req = None
         raise exc.with_traceback(None) from None
@@ -779,7 +795,11 @@ def flatten(
 
     With `limits` (the receivers'; `decode_request` has checked the counts), a key or
     value over its length limit, or values nested in arrays and kvlists past the
-    request's attribute limit, is `RequestLimitExceeded` as soon as the walk meets it."""
+    request's attribute limit, is `RequestLimitExceeded` as soon as the walk meets it;
+    so are rows over ``limits.expanded_bytes``: a resource's attributes and its scopes'
+    names times their records as soon as the resource is read, the rows' own strings
+    once walked, and both before the resource attributes and scope names are copied
+    per row (the one step the request's size does not bound)."""
     check = _Checks(limits)
     key_chars, value_chars = check.key_chars, check.value_chars
     # With upb every attribute access creates a Python object, so each field is read
@@ -808,6 +828,8 @@ def flatten(
     value_text = check.value_text
     for rl in req.resource_logs:
         resource = _attribute_dict(rl.resource.attributes, check)
+        if check.limits is not None:
+            check.repeated(resource, rl.scope_logs)
         resource_index = len(resource_ends) - 1
         resource_keys.extend(resource)
         resource_values.extend(resource.values())
@@ -856,6 +878,12 @@ def flatten(
     n = len(times)
     if n == 0:
         return FlatBatch(tenant, _EMPTY)
+    severity_text_array = pa.array(severity_texts, pa.string())
+    body_array = pa.array(bodies, pa.string())
+    key_array = pa.array(keys, pa.string())
+    value_array = pa.array(values, pa.string())
+    if check.limits is not None:
+        check.rows(severity_text_array, body_array, key_array, value_array)
     resources = pa.MapArray.from_arrays(
         pa.array(resource_ends, pa.int32()),
         pa.array(resource_keys, pa.string()),
@@ -866,14 +894,9 @@ def flatten(
         pa.array(times, pa.uint64()),
         pa.array(observed, pa.uint64()),
         pa.array(severities, pa.int32()),
-        pa.array(severity_texts, pa.string()),
-        pa.array(bodies, pa.string()),
-        pa.MapArray.from_arrays(
-            pa.array(ends, pa.int32()),
-            pa.array(keys, pa.string()),
-            pa.array(values, pa.string()),
-            type=_STR_MAP,
-        ),
+        severity_text_array,
+        body_array,
+        pa.MapArray.from_arrays(pa.array(ends, pa.int32()), key_array, value_array, type=_STR_MAP),
         resources.take(pa.array(resource_rows, pa.int32())),
         pa.array(scopes, pa.string()).take(pa.array(scope_rows, pa.int32())),
         pa.array(traces, pa.string()),
@@ -881,6 +904,18 @@ def flatten(
         _record_indexes(n),
     ]
     return FlatBatch(tenant, pa.RecordBatch.from_arrays(arrays, schema=FLAT_SCHEMA))
+
+
+def decode_flat(data: bytes, tenant: str, limits: RequestLimits | None = None) -> FlatBatch:
+    """``flatten(decode_request(data, protobuf, limits), tenant, limits)``: the native
+    decoder's columns when it is in use and the request is on its fast path and within
+    `limits` (``app.receive.native``), else that very call, which also words every
+    refusal — a request over a limit included, so its 400 names the setting exactly as
+    the upb path does. Replay passes no limits."""
+    columns = native.decode(data, limits)
+    if columns is not None:
+        return FlatBatch(tenant, columns)
+    return flatten(decode_request(data, PROTOBUF_CONTENT_TYPE, limits), tenant, limits)
 
 
 #: 0, 1, 2, …: every batch's ``record_index`` is a zero-copy slice of it (an Arrow array
@@ -921,16 +956,50 @@ def _attribute_dict(attributes: Any, check: _Checks) -> dict[str, str]:
 class _Checks:
     """`flatten`'s side of `RequestLimits`: the length bounds as character counts below
     which no string can be over them (a UTF-8 character is at most 4 bytes), the exact
-    checks for longer strings, and the budget of values nested in arrays and kvlists.
-    Without limits every bound is infinite and the budget never runs out."""
+    checks for longer strings, the budget of values nested in arrays and kvlists, and
+    the bytes the rows will hold. Without limits every bound is infinite and the budget
+    never runs out."""
 
-    __slots__ = ("budget", "key_chars", "limits", "value_chars")
+    __slots__ = ("budget", "key_chars", "limits", "repeated_bytes", "value_chars")
 
     def __init__(self, limits: RequestLimits | None) -> None:
         self.limits = limits
         self.key_chars = limits.key_bytes // 4 if limits else _UNBOUNDED
         self.value_chars = limits.value_bytes // 4 if limits else _UNBOUNDED
         self.budget = limits.attributes_per_request if limits else _UNBOUNDED
+        #: the resources' attributes and scopes' names as the rows will repeat them
+        self.repeated_bytes = 0
+
+    def repeated(self, resource: dict[str, str], scope_logs: Any) -> None:
+        """Add what one resource's rows repeat — its attributes (`resource`, duplicates
+        merged) and each scope's name, once a record — and refuse past
+        ``expanded_bytes``: read from sizes, before its records are walked."""
+        assert self.limits is not None
+        per_row = sum(_utf8_bytes(k) + _utf8_bytes(v) for k, v in resource.items())
+        for sl in scope_logs:
+            count = len(sl.log_records)
+            if count:
+                self.repeated_bytes += (per_row + _utf8_bytes(sl.scope.name)) * count
+        if self.repeated_bytes > self.limits.expanded_bytes:
+            raise self.limits.refuse(
+                "expanded_bytes",
+                self.repeated_bytes,
+                "the bytes the request expands to, counting so far only the resource "
+                "attributes and scope names its records repeat,",
+            )
+
+    def rows(self, *columns: pa.Array) -> None:
+        """Refuse rows whose own strings (`columns`: severity texts, bodies, attribute
+        keys and values) and repeated ones pass ``expanded_bytes``."""
+        assert self.limits is not None
+        total = self.repeated_bytes + sum(_string_bytes(column) for column in columns)
+        if total > self.limits.expanded_bytes:
+            raise self.limits.refuse(
+                "expanded_bytes",
+                total,
+                "the bytes the request expands to (each record's severity text, body and "
+                "attributes, and its resource's attributes and scope name)",
+            )
 
     def key(self, key: str) -> None:
         assert self.limits is not None
@@ -961,6 +1030,17 @@ class _Checks:
 
 
 _UNBOUNDED: Final = 1 << 62
+
+
+def _utf8_bytes(text: str) -> int:
+    """`text`'s length in UTF-8 (an ASCII string's is its length: no encoding)."""
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
+def _string_bytes(column: pa.Array) -> int:
+    """The bytes of a string column's values (its data, from its lengths)."""
+    total = pc.sum(pc.binary_length(column)).as_py()
+    return int(total or 0)
 
 
 _dumps: Final = json.JSONEncoder(

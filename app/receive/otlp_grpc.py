@@ -16,8 +16,9 @@ request, in this order::
                  RetryInfo beyond it
     receive      the message, within the body read timeout (else the call is
                  cancelled); then the ticket holds its size
-    decode       in a decode slot: decode_request with the request limits
-                 (INVALID_ARGUMENT naming one), then flatten
+    decode       in a decode slot: decode_batch — the native decoder, or
+                 decode_request with the request limits (INVALID_ARGUMENT naming one)
+                 and flatten
     flatten      zero records: acknowledged without a WAL frame (app.receive.api)
     ingest       IngestPort.ingest(..., "grpc") in the handler thread
     reply        serialized ExportLogsServiceResponse (partial_success only when the

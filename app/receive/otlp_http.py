@@ -17,8 +17,10 @@ refusal (DESIGN.md §7 gives the codes)::
                  the client waits for `100 Continue`)
     read         the body within `body_read_timeout` (408 past it)
     worker       decompress (limit max_frame_bytes; each step grows the ticket) →
-                 a decode slot → decode_request with the request limits (400 naming
-                 one) → WAL payload → flatten → IngestPort.ingest
+                 a decode slot → decode_batch (protobuf: the native decoder's parse +
+                 flatten in one call; else, and for what it leaves, decode_request
+                 with the request limits (400 naming one) → flatten) → WAL payload →
+                 IngestPort.ingest
     reply        ExportLogsServiceResponse 200, or a google.rpc.Status; the ticket
                  is returned
 

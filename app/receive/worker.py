@@ -38,12 +38,12 @@ import pyarrow as pa
 
 from app.node.config import ConfigError, load_settings
 from app.node.events import open_logs
-from app.receive import channel
+from app.receive import channel, native
 from app.receive.api import IngestOutcome
 from app.receive.auth import Authenticator
 from app.receive.channel import ChannelClosed, Connection, Kind
 from app.receive.inflight import receiver_bounds
-from app.receive.otlp import FlatBatch, IngestRejection, Unavailable, decode_request, flatten
+from app.receive.otlp import FlatBatch, IngestRejection, Unavailable, decode_flat
 from app.receive.otlp_grpc import create_grpc_server
 from app.receive.otlp_http import create_http_app, http_server
 from sink.parquet import encode_table
@@ -213,7 +213,7 @@ class _Jobs:
             try:
                 if kind is Kind.DECODE:
                     tenant, payload = channel.decode_decode_request(body)
-                    batch = flatten(decode_request(payload, "application/x-protobuf"), tenant)
+                    batch = decode_flat(payload, tenant)
                     parts, answer = [batch.columns.serialize()], Kind.DECODED
                 else:
                     compression, table = channel.decode_encode_request(body)
@@ -248,6 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"worker {args.index}: {exc}", file=sys.stderr)
         return 2
     events = open_logs(settings.server.log_level, settings.server.log_format)
+    native.start(settings.server.decoder, events.emit, worker=args.index)
     conn = Connection(socket.socket(fileno=args.channel_fd))
     remote = RemotePort(conn)
     observer = ReportingObserver(conn)

@@ -23,11 +23,16 @@ window, and divided by the records acknowledged in it: CPU per record for the wh
 server, the core and the workers, which a noisy shared machine moves far less than
 wall-clock rates.
 
+With ``--decoders native,upb`` each ``server.workers`` setting runs once per decoder
+(``server.decoder``, issue 23), so the two are compared in one run.
+
 The reference, in this process on the same requests, one thread, CPU time
 (``thread_time``): parse (``decode_request``) + ``flatten`` to Arrow + drain3 mining
 (``Drain.add_log_message``, one ``Drain`` per tenant as configured by default, warmed
 by a first pass over the pool so it mines at steady state as the server does). The
-project's own miner (``TenantMiner.mine``) is timed beside it for information.
+project's own miner (``TenantMiner.mine``) is timed beside it for information, and so
+is the native decoder's parse + flatten (``otlp.decode_flat``, issue 23), against the
+upb walk's parse + flatten in the same passes.
 
 Targets (issue 14), each reported "met" / "NOT met" — a benchmark prints, it never
 fails on speed — for the default workers:
@@ -36,13 +41,15 @@ fails on speed — for the default workers:
 - server CPU per record ≤ 1.5× the reference;
 - the core process ≤ 6 µs of CPU per record (a pod's ceiling, given cores, is
   1 / core CPU per record);
-- p99 ≤ 25 ms at half the maximum rate.
+- p99 ≤ 25 ms at half the maximum rate;
+- (issue 23) decode + flatten by the native decoder ≤ 1.5 µs a record, ≥ 4× faster than
+  the upb walk, both isolated in the reference's passes.
 
 Every process started here is stopped on the way out — normal end, exception, Ctrl-C
 or SIGTERM — with SIGTERM, then SIGKILL after ``STOP_TIMEOUT_S``.
 
 Run: ``.venv/bin/python soak/bench/ingest.py [--seconds 10] [--workers default,0]
-[--json FILE]``
+[--decoders native,upb] [--json FILE]`` (``--workers ''``: the reference alone).
 """
 
 from __future__ import annotations
@@ -79,6 +86,8 @@ TARGET_GRPC_RATIO: Final = 0.8
 TARGET_CPU_RATIO: Final = 1.5
 TARGET_CORE_US: Final = 6.0
 TARGET_HALF_RATE_P99_MS: Final = 25.0
+TARGET_NATIVE_US: Final = 1.5
+TARGET_NATIVE_SPEEDUP: Final = 4.0
 
 #: The issue's load shape.
 TENANTS: Final = 32
@@ -108,6 +117,10 @@ class _LineWatcher:
         self.tail: deque[str] = deque(maxlen=40)
         self.problems: Counter[str] = Counter()
         self.events: Counter[str] = Counter()
+        #: ``receive.decoder``: the decoder each process (core, workers) chose
+        self.decoders: list[dict[str, Any]] = []
+        #: the first line of each event name
+        self.first: dict[str, dict[str, Any]] = {}
         self._thread = threading.Thread(target=self._run, name=f"watch-{name}", daemon=True)
 
     def start(self) -> None:
@@ -124,6 +137,9 @@ class _LineWatcher:
             if not isinstance(doc, dict):
                 continue
             self.events[str(doc.get("event"))] += 1
+            if doc.get("event") == "receive.decoder":
+                self.decoders.append(doc)
+            self.first.setdefault(str(doc.get("event")), doc)
             if doc.get("level") in ("warning", "error", "critical"):
                 self.problems[f"{doc.get('level')}:{doc.get('event')}"] += 1
             if self._found is None and self._want(doc):
@@ -205,6 +221,17 @@ class ServerProcess:
         for w in self._watchers.values():
             total.update(w.events)
         return total
+
+    def first_event(self, name: str) -> dict[str, Any] | None:
+        """The first line of event `name` either stream carried, or None yet."""
+        for w in self._watchers.values():
+            if name in w.first:
+                return w.first[name]
+        return None
+
+    @property
+    def decoder_events(self) -> list[dict[str, Any]]:
+        return [doc for w in self._watchers.values() for doc in w.decoders]
 
     @property
     def problems(self) -> Counter[str]:
@@ -291,6 +318,8 @@ class Reference:
     drain3_us: float
     #: the project's ``TenantMiner.mine`` on the same bodies (information only)
     miner_us: float
+    #: parse + flatten by the native decoder (``otlp.decode_flat``; NaN without it)
+    native_us: float = math.nan
 
     @property
     def total_us(self) -> float:
@@ -303,6 +332,8 @@ class Reference:
             "drain3_us": round(self.drain3_us, 3),
             "reference_us": round(self.total_us, 3),
             "project_miner_us": round(self.miner_us, 3),
+            "native_decode_flatten_us": round(self.native_us, 3),
+            "native_speedup": round((self.parse_us + self.flatten_us) / self.native_us, 2),
         }
 
 
@@ -316,7 +347,8 @@ def measure_reference(pool: RequestPool, passes: int) -> Reference:
     from app.ingest.mining.template_ids import CountingAllocator
     from app.ingest.mining.tenant_miner import TenantMiner
     from app.ingest.mining.tokens import PARAM
-    from app.receive.otlp import PROTOBUF_CONTENT_TYPE, decode_request, flatten
+    from app.receive import native
+    from app.receive.otlp import PROTOBUF_CONTENT_TYPE, decode_flat, decode_request, flatten
 
     config = MinerConfig()
 
@@ -336,7 +368,10 @@ def measure_reference(pool: RequestPool, passes: int) -> Reference:
     allocator = CountingAllocator()
     miners = {t: TenantMiner(allocator, config) for t in set(pool.tenants)}
     records = sum(pool.records)
-    laps: dict[str, list[float]] = {"parse": [], "flatten": [], "drain3": [], "miner": []}
+    laps: dict[str, list[float]] = {
+        "parse": [], "flatten": [], "drain3": [], "miner": [], "native": []
+    }  # fmt: skip
+    has_native = native.select("native")[0] == "native"
     clock = time.thread_time
     for lap in range(passes + 1):
         t0 = clock()
@@ -352,12 +387,26 @@ def measure_reference(pool: RequestPool, passes: int) -> Reference:
         for flat in flats:
             miners[flat.tenant].mine(flat.bodies)
         t4 = clock()
+        natives = (
+            [decode_flat(b, t) for b, t in zip(pool.bodies, pool.tenants, strict=True)]
+            if has_native
+            else flats
+        )
+        t5 = clock()
+        assert natives == flats, "the native decoder's batches differ from the reference's"
         if lap:  # the first pass warms the miners
             for key, spent in (("parse", t1 - t0), ("flatten", t2 - t1),
-                               ("drain3", t3 - t2), ("miner", t4 - t3)):  # fmt: skip
+                               ("drain3", t3 - t2), ("miner", t4 - t3),
+                               ("native", t5 - t4)):  # fmt: skip
                 laps[key].append(spent / records * 1e6)
     median = {key: statistics.median(values) for key, values in laps.items()}
-    return Reference(median["parse"], median["flatten"], median["drain3"], median["miner"])
+    return Reference(
+        median["parse"],
+        median["flatten"],
+        median["drain3"],
+        median["miner"],
+        median["native"] if has_native else math.nan,
+    )
 
 
 # ── phases ──────────────────────────────────────────────────────────────────────────
@@ -591,6 +640,25 @@ def verdicts(
     return out
 
 
+def native_verdicts(ref: Reference) -> list[Verdict]:
+    upb = ref.parse_us + ref.flatten_us
+    if math.isnan(ref.native_us):
+        return [Verdict("native decode + flatten", "the extension is not importable", None)]
+    speedup = upb / ref.native_us
+    return [
+        Verdict(
+            f"native decode + flatten ≤ {TARGET_NATIVE_US} µs/record",
+            f"{ref.native_us:.2f} µs",
+            ref.native_us <= TARGET_NATIVE_US,
+        ),
+        Verdict(
+            f"≥ {TARGET_NATIVE_SPEEDUP:g}× faster than the upb walk",
+            f"{speedup:.1f}× ({upb:.2f} µs vs {ref.native_us:.2f} µs)",
+            speedup >= TARGET_NATIVE_SPEEDUP,
+        ),
+    ]
+
+
 # ── the run ─────────────────────────────────────────────────────────────────────────
 
 
@@ -637,9 +705,11 @@ def serve_and_measure(
     base: LoadConfig,
     pool: RequestPool,
     root: Path,
+    decoder: str = "native",
 ) -> ServerRun:
     data_dir = Path(tempfile.mkdtemp(prefix=f"w{workers_setting}-", dir=root))
     env = ourios_env(data_dir)
+    env["OURIOS_SERVER_DECODER"] = decoder
     if workers_setting != "default":
         env["OURIOS_SERVER_WORKERS"] = workers_setting
     else:
@@ -656,6 +726,7 @@ def serve_and_measure(
         worker_pids = [int(p) for p in announced.get("workers", [])]
         count = len(worker_pids)
         label = f"workers={count}" + (" (default)" if workers_setting == "default" else "")
+        label += f", {decoder}"
         out = ServerRun(count, label)
         pids = {"core": ourios.pid, **{f"worker{i}": pid for i, pid in enumerate(worker_pids)}}
         http_port = int(announced["http_port"])
@@ -676,6 +747,9 @@ def serve_and_measure(
             out.notes.append("open loop skipped: the closed loop acknowledged nothing")
         grpc_cfg = replace(base, transport="grpc", port=grpc_port)
         out.grpc = measure(f"{label}: gRPC closed", count, pids, grpc_cfg, pool)
+        used = [e.get("decoder") for e in ourios.decoder_events]
+        if len(used) != 1 + count or any(d != decoder for d in used):
+            raise RuntimeError(f"{label}: the core and workers chose the decoders {used}")
         restarts = ourios.events.get("worker.exited", 0)
         if restarts:
             out.notes.append(f"{restarts} worker(s) exited during the run: CPU figures undercount")
@@ -695,6 +769,11 @@ def main(argv: list[str] | None = None) -> int:
         default="default,0",
         help="server.workers settings to run, comma-separated ('default': derived from the CPUs)",
     )
+    parser.add_argument(
+        "--decoders",
+        default="native",
+        help="server.decoder settings to run each workers setting with (native, upb)",
+    )
     parser.add_argument("--pool", type=int, default=320, help="distinct pre-built requests")
     parser.add_argument("--reference-passes", type=int, default=3)
     parser.add_argument("--token", default=None, help="Authorization: Bearer TOKEN")
@@ -703,6 +782,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep-data", action="store_true", help="keep ourios's data dirs")
     args = parser.parse_args(argv)
     settings = [w.strip() for w in args.workers.split(",") if w.strip()]
+    decoders = [d.strip() for d in args.decoders.split(",") if d.strip()]
+    for d in decoders:
+        if d not in ("native", "upb"):
+            parser.error(f"--decoders: {d!r} is neither 'native' nor 'upb'")
     for w in settings:
         if w != "default" and not w.isdigit():
             parser.error(f"--workers: {w!r} is neither 'default' nor a number")
@@ -737,6 +820,11 @@ def main(argv: list[str] | None = None) -> int:
         f"(the project's miner: {ref.miner_us:.2f})",
         flush=True,
     )
+    print(
+        f"  decode + flatten (one thread, CPU µs/record): upb {ref.parse_us + ref.flatten_us:.2f}, "
+        f"native {ref.native_us:.2f}",
+        flush=True,
+    )
     base = LoadConfig(
         connections=CONNECTIONS,
         duration_s=args.seconds,
@@ -751,7 +839,8 @@ def main(argv: list[str] | None = None) -> int:
             stack.callback(shutil.rmtree, root, True)
         try:
             for setting in settings:
-                runs.append(serve_and_measure(stack, setting, base, pool, root))
+                for decoder in decoders:
+                    runs.append(serve_and_measure(stack, setting, base, pool, root, decoder))
         except KeyboardInterrupt:
             error = "interrupted"
             print("\ninterrupted: stopping the servers", flush=True)
@@ -773,7 +862,10 @@ def main(argv: list[str] | None = None) -> int:
         for note in r.notes:
             print(f"  {r.label}: {note}")
     print()
-    results: list[Verdict] = []
+    results: list[Verdict] = native_verdicts(ref)
+    print("targets, decode + flatten (issue 23, the reference's passes):")
+    for v in results:
+        print(f"  {v.target:<48}  {v.measured:<48}  {v.word}")
     for r in runs:
         print(f"targets, {r.label}:")
         found = verdicts(r.http, r.half, r.grpc, ref)
@@ -781,7 +873,7 @@ def main(argv: list[str] | None = None) -> int:
         for v in found:
             print(f"  {v.target:<{width}}  {v.measured:<48}  {v.word}")
         if r is runs[0]:
-            results = found
+            results = found + results
     print(
         "\nµs/rec: CPU (user+system, /proc) per acknowledged record in the measured window: "
         "srv = core + workers; × ref = srv / reference. cores: CPU per wall second of the "

@@ -62,11 +62,11 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 ROOT: Final = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -84,6 +84,7 @@ from soak.bench.ingest import (  # noqa: E402
     ServerProcess,
     _as_interrupt,
     ourios_env,
+    proc_cpu_seconds,
     started,
     wait_ready,
 )
@@ -263,6 +264,10 @@ class Restart:
     records_replayed: int
     rchar: int
     read_bytes: int
+    #: CPU seconds (user + system) from the spawn to ``recovery.done``, start-up included:
+    #: the core process and its workers
+    core_cpu_s: float = math.nan
+    workers_cpu_s: float = math.nan
 
 
 def proc_io(pid: int) -> dict[str, int]:
@@ -273,11 +278,20 @@ def proc_io(pid: int) -> dict[str, int]:
     return {k: int(v) for k, v in (line.split(": ") for line in text.splitlines())}
 
 
-def restart_once(stack: contextlib.ExitStack, data_dir: Path, name: str) -> Restart:
+#: How long a replay may take after readiness (the node is ready before it ends).
+REPLAY_TIMEOUT_S: Final = 900.0
+
+
+def restart_once(
+    stack: contextlib.ExitStack, data_dir: Path, name: str, decoder: str | None = None
+) -> Restart:
+    env = bench_env(data_dir)
+    if decoder is not None:
+        env["OURIOS_SERVER_DECODER"] = decoder
     server = ServerProcess(
         name,
         [sys.executable, "-m", "app.cli", "serve"],
-        bench_env(data_dir),
+        env,
         lambda doc: doc.get("event") == "server.listening",
         announce_on="stderr",
     )
@@ -286,7 +300,17 @@ def restart_once(stack: contextlib.ExitStack, data_dir: Path, name: str) -> Rest
         wait_ready(f"http://127.0.0.1:{int(server.announcement['http_port'])}/readyz")
         elapsed = time.perf_counter() - t0
         counters = proc_io(server.pid)
-        done = _recovery_done(server.output_tail())
+        deadline = time.monotonic() + REPLAY_TIMEOUT_S
+        while (done := server.first_event("recovery.done")) is None:
+            if time.monotonic() > deadline or server.first_event("recovery.failed"):
+                break
+            time.sleep(0.01)  # polling the child's event stream: an external condition
+        workers = [int(p) for p in server.announcement.get("workers", [])]
+        core_cpu = proc_cpu_seconds(server.pid)
+        workers_cpu = sum(proc_cpu_seconds(p) for p in workers)
+        used = {e.get("decoder") for e in server.decoder_events}
+        if decoder is not None and used != {decoder}:
+            raise RuntimeError(f"{name}: asked for the {decoder} decoder, got {used}")
     if done is None:
         raise RuntimeError(f"{name}: no recovery.done line in\n{server.output_tail()}")
     return Restart(
@@ -297,20 +321,18 @@ def restart_once(stack: contextlib.ExitStack, data_dir: Path, name: str) -> Rest
         int(done["records_replayed"]),
         counters.get("rchar", -1),
         counters.get("read_bytes", -1),
+        core_cpu,
+        workers_cpu,
     )
 
 
-def _recovery_done(tail: str) -> dict[str, Any] | None:
-    for line in tail.splitlines():
-        with contextlib.suppress(ValueError):
-            doc = json.loads(line)
-            if isinstance(doc, dict) and doc.get("event") == "recovery.done":
-                return doc
-    return None
-
-
 def restart_median(
-    stack: contextlib.ExitStack, built: Path, scratch: Path, name: str, repeats: int
+    stack: contextlib.ExitStack,
+    built: Path,
+    scratch: Path,
+    name: str,
+    repeats: int,
+    decoder: str | None = None,
 ) -> Restart:
     """`repeats` restarts, each on a fresh copy (a restart writes post-recovery
     snapshots, so a second one on the same directory would skip the tail)."""
@@ -322,7 +344,7 @@ def restart_median(
         else:
             copy.mkdir()
         try:
-            runs.append(restart_once(stack, copy, name))
+            runs.append(restart_once(stack, copy, name, decoder))
         finally:
             shutil.rmtree(copy, ignore_errors=True)
     runs.sort(key=lambda x: x.restart_s)
@@ -336,12 +358,18 @@ TARGET_REPLAY_RECORDS_PER_S: Final = 100_000
 
 
 def replay_row(
-    stack: contextlib.ExitStack, base: Path, records: int, repeats: int, threads: int
-) -> tuple[int, Restart]:
+    stack: contextlib.ExitStack,
+    base: Path,
+    records: int,
+    repeats: int,
+    threads: int,
+    decoders: Sequence[str] = ("native",),
+) -> tuple[int, dict[str, Restart]]:
     """The replay figure: ``records`` records of the ingest benchmark's shape (100-record
     requests, 32 tenants, four attributes a record) written with no cut at all, so a
-    restart replays every one of them (decoded on the workers, mined in the core);
-    returns (records written, the median restart)."""
+    restart replays every one of them (decoded on the workers, mined in the core), once
+    per decoder (``server.decoder``) on copies of the same data directory; returns
+    (records written, the median restart by decoder)."""
     from soak.bench.loadgen import build_pool
 
     tenants = [f"bench-{i:02d}" for i in range(32)]
@@ -354,19 +382,30 @@ def replay_row(
             churn.write(ex, requests)
     finally:
         churn.close()
-    result = restart_median(stack, built, base, "replay", repeats)
+    results = {d: restart_median(stack, built, base, f"replay-{d}", repeats, d) for d in decoders}
     shutil.rmtree(built, ignore_errors=True)
-    return requests * 100, result
+    return requests * 100, results
 
 
-def print_replay(written: int, r: Restart) -> None:
-    rate = r.records_replayed / r.recovery_s if r.recovery_s > 0 else math.nan
-    met = rate >= TARGET_REPLAY_RECORDS_PER_S
-    print(
-        f"replay: {r.records_replayed:,} of {written:,} records replayed in {r.recovery_s:.3f} s "
-        f"of recovery ({r.frames:,} frames) → {rate:,.0f} records/s "
-        f"(target ≥ {TARGET_REPLAY_RECORDS_PER_S:,}) {'met' if met else 'NOT met'}"
-    )
+def print_replay(written: int, results: Mapping[str, Restart], start: Restart | None) -> None:
+    for decoder, r in results.items():
+        rate = r.records_replayed / r.recovery_s if r.recovery_s > 0 else math.nan
+        met = rate >= TARGET_REPLAY_RECORDS_PER_S
+        print(
+            f"replay ({decoder}): {r.records_replayed:,} of {written:,} records replayed in "
+            f"{r.recovery_s:.3f} s of recovery ({r.frames:,} frames) → {rate:,.0f} records/s "
+            f"(target ≥ {TARGET_REPLAY_RECORDS_PER_S:,}) {'met' if met else 'NOT met'}"
+        )
+        if r.records_replayed and not math.isnan(r.core_cpu_s):
+            base_core = start.core_cpu_s if start is not None else 0.0
+            base_workers = start.workers_cpu_s if start is not None else 0.0
+            per = 1e6 / r.records_replayed
+            print(
+                f"  CPU to recovery.done: core {r.core_cpu_s:.2f} s, workers "
+                f"{r.workers_cpu_s:.2f} s; less an empty start's ({base_core:.2f} s, "
+                f"{base_workers:.2f} s): core {(r.core_cpu_s - base_core) * per:.2f} µs and "
+                f"workers {(r.workers_cpu_s - base_workers) * per:.2f} µs per record"
+            )
 
 
 # ── report ──────────────────────────────────────────────────────────────────────────
@@ -459,6 +498,11 @@ def main(argv: list[str] | None = None) -> int:
         "--replay-records", type=int, default=200_000, help="the replay figure's records"
     )
     ap.add_argument("--replay-only", action="store_true", help="only the replay figure")
+    ap.add_argument(
+        "--replay-decoders",
+        default="native",
+        help="server.decoder settings the replay runs with, on the same WAL (native,upb)",
+    )
     args = ap.parse_args(argv)
     if args.quick:
         args.history_mib, args.retained_mib, args.multiples, args.repeats = 2.0, 2.0, "1,10", 1
@@ -484,16 +528,20 @@ def main(argv: list[str] | None = None) -> int:
     base = Path(tempfile.mkdtemp(prefix="restart-bench-", dir=args.dir))
     rows: list[Row] = []
     baseline: Restart | None = None
-    replay: tuple[int, Restart] | None = None
+    replay: tuple[int, dict[str, Restart]] | None = None
+    warm: Restart | None = None
     error: str | None = None
     with contextlib.ExitStack() as stack:
         stack.callback(shutil.rmtree, base, True)
         try:
             # unmeasured: the first start pays for cold module and page caches
-            restart_median(stack, base / "none", base, "warm-up", 1)
+            warm = restart_median(stack, base / "none", base, "warm-up", 1)
             if args.replay_records > 0:
-                replay = replay_row(stack, base, args.replay_records, args.repeats, args.threads)
-                print_replay(*replay)
+                decoders = [d for d in args.replay_decoders.split(",") if d]
+                replay = replay_row(
+                    stack, base, args.replay_records, args.repeats, args.threads, decoders
+                )
+                print_replay(*replay, warm)
             if args.replay_only:
                 multiples = []
             baseline = restart_median(stack, base / "none", base, "empty", args.repeats)
@@ -536,7 +584,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\nfailed: {exc}", flush=True)
     if replay is not None:
         print()
-        print_replay(*replay)
+        print_replay(*replay, warm)
     if baseline is None or not rows:
         if args.replay_only and replay is not None and error is None:
             return 0
@@ -574,10 +622,15 @@ def main(argv: list[str] | None = None) -> int:
             "replay": None
             if replay is None
             else {
-                "records_written": replay[0],
-                "records_replayed": replay[1].records_replayed,
-                "recovery_s": replay[1].recovery_s,
-                "frames": replay[1].frames,
+                decoder: {
+                    "records_written": replay[0],
+                    "records_replayed": r.records_replayed,
+                    "recovery_s": r.recovery_s,
+                    "frames": r.frames,
+                    "core_cpu_s": r.core_cpu_s,
+                    "workers_cpu_s": r.workers_cpu_s,
+                }
+                for decoder, r in replay[1].items()
             },
             "load": os.getloadavg(),
             "error": error,

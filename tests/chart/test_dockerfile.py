@@ -215,10 +215,28 @@ def test_the_builder_makes_a_wheel_of_this_tree() -> None:
         if "--from" not in inst.args
         for src in inst.args.split()[:-1]
     }
-    needed = {"pyproject.toml", "README.md", *package_dirs()}  # readme: pyproject's `readme`
+    # readme: pyproject's `readme`; setup.py: the native decoder's build
+    needed = {"pyproject.toml", "setup.py", "README.md", *package_dirs()}
     assert needed <= copied, f"the builder does not copy {sorted(needed - copied)}"
     runs = " ".join(i.args for i in builder.all("RUN"))
     assert re.search(r"pip wheel\b.*--wheel-dir\s+/wheels\s+\.(\s|$)", runs), runs
+
+
+def test_native_2_the_builder_compiles_the_native_decoder_into_the_wheel() -> None:
+    builder = dockerfile().stage("builder")
+    runs = [i.args for i in builder.all("RUN")]
+    compiler = next(i for i, run in enumerate(runs) if "apt-get install" in run)
+    assert re.search(r"apt-get install\b.*\bgcc\b.*\blibc6-dev\b", runs[compiler])
+    wheel = next(i for i, run in enumerate(runs) if "pip wheel" in run)
+    assert compiler < wheel, "gcc must be there before the wheel is built"
+    # the build fails when the wheel lacks the extension, never a silent upb-only image
+    assert re.search(r"zipfile -l /wheels/ourios-\*\.whl \| grep -q .*_otlpdecode", runs[wheel])
+    assert "gcc" not in " ".join(i.args for i in dockerfile().final.all("RUN"))
+
+
+def test_native_2_the_runtime_image_imports_the_native_decoder() -> None:
+    install = next(i for i in dockerfile().final.all("RUN") if " install " in i.args)
+    assert '/opt/venv/bin/python -c "import app.receive._otlpdecode"' in install.args
 
 
 def test_the_runtime_installs_only_that_wheel_into_a_venv() -> None:
@@ -279,7 +297,7 @@ def test_every_ourios_variable_of_the_image_is_a_setting() -> None:
     [".venv/bin/python", ".cache/tools/bin/helm", ".git/HEAD", "tests/conftest.py",
      "tests/chart/test_chart.py", "data/wal/x.wal", ".mypy_cache/x", "app/__pycache__/cli.pyc",
      "wal/frame.pyc", "ourios.egg-info/PKG-INFO", "soak/sabotage.py", "charts/ourios/Chart.yaml",
-     "docs/CONFIG.md"],
+     "docs/CONFIG.md", "app/receive/_otlpdecode.cpython-311-x86_64-linux-gnu.so"],
 )  # fmt: skip
 def test_dockerignore_keeps_out(path: str) -> None:
     assert is_ignored(path, ignore_patterns())
@@ -298,6 +316,8 @@ def test_dockerignore_lets_every_copied_source_in() -> None:
         assert modules, package
         for module in modules:
             assert not is_ignored(str(module.relative_to(ROOT)), patterns), module
+    for source in ("setup.py", "app/receive/_otlpdecode.c"):  # the native decoder's build
+        assert not is_ignored(source, patterns), source
 
 
 def test_the_console_script_exists_in_the_installed_metadata() -> None:

@@ -61,16 +61,17 @@ if _mode and "--channel-fd" in sys.argv:  # a worker, not the core
     # patched where the worker module (run as __main__ after this) imports it from
     import app.receive.otlp as _otlp
 
-    _decode = _otlp.decode_request
+    # the worker's DECODE step: decode_flat (the native decoder, else upb + flatten)
+    _decode = _otlp.decode_flat
 
-    def _faulty(payload, content_type):
+    def _faulty(payload, tenant, limits=None):
         if b"undecodable-" in bytes(payload):
             if _mode == "kills":
                 os._exit(137)
             raise MemoryError()
-        return _decode(payload, content_type)
+        return _decode(payload, tenant, limits)
 
-    _otlp.decode_request = _faulty
+    _otlp.decode_flat = _faulty
 '''
 
 

@@ -195,3 +195,69 @@ def test_bounded_3_hostile_requests_cannot_exhaust_a_worker(tmp_path: Path) -> N
         assert wal_frame_count(serve.data_dir / "wal", "normal") == normal.statuses[200]
         assert serve.terminate() == 0
     print(f"worker peak {worker_peak_mib} MiB; normal client {dict(normal.statuses)}")
+
+
+#: server.max_expanded_bytes' default, as its refusal quotes it
+EXPANDED_NAMED = "over server.max_expanded_bytes=67108864"
+#: a worker's peak with the defaults after small bodies that would each have flattened to
+#: 2.1 GB: its own memory (~200 MiB) and a few parsed 130 KB requests, never their rows
+EXPANDING_PEAK_BOUND_MIB = 512
+
+
+def expanding_body() -> bytes:
+    """Issue 21 item 3's gap: 33,000 empty records under one 64 KiB resource value — a
+    130 KB body within every count and length limit whose rows would hold 2.1 GB."""
+    value = b"a" * (64 << 10)
+    attribute = _field(1, _field(1, b"k8s.pod.annotations") + _field(2, _field(1, value)))
+    records = b"\x12\x00" * 33_000  # ScopeLogs.log_records, each an empty LogRecord
+    body = _field(1, _field(1, attribute) + _field(2, records))
+    assert len(body) < 140_000
+    return body
+
+
+def rss_kib(pid: int, field: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no {field} for {pid}")
+
+
+def test_bounded_3_a_small_body_expanding_past_max_expanded_bytes_is_refused_400(
+    tmp_path: Path,
+) -> None:
+    body = expanding_body()
+    env = {"OURIOS_SERVER_WORKERS": "1", "OURIOS_WAL_BARRIER_SECS": "5"}
+    with ServeProcess(tmp_path / "data", env) as serve:
+        (listening,) = serve.event("server.listening")
+        (worker,) = listening["workers"]
+        normal = NormalClient(serve.http_port)
+        normal_thread = threading.Thread(target=normal.run, name="normal-client")
+        normal_thread.start()
+        try:
+            with ThreadPoolExecutor(4) as pool:
+                http_replies = list(
+                    pool.map(lambda _: post_hostile(serve.http_port, body), range(8))
+                )
+                with grpc.insecure_channel(f"127.0.0.1:{serve.grpc_port}") as channel:
+                    grpc_errors = list(pool.map(lambda _: export_hostile(channel, body), range(8)))
+        finally:
+            normal.stop.set()
+            normal_thread.join(120)
+        worker_rss_mib = rss_kib(worker, "VmRSS") // 1024
+        worker_peak_mib = rss_kib(worker, "VmHWM") // 1024  # the most VmRSS has been
+
+        for status, message, headers in http_replies:
+            assert status == 400, (status, message)
+            assert EXPANDED_NAMED in message, message
+            assert "retry-after" not in headers
+        for error in grpc_errors:
+            assert error.code() is grpc.StatusCode.INVALID_ARGUMENT, error
+            assert EXPANDED_NAMED in error.details(), error.details()
+        sent = sum(normal.statuses.values())
+        assert sent >= 5, normal.statuses
+        assert normal.statuses[200] == sent, normal.statuses
+        assert worker_peak_mib < EXPANDING_PEAK_BOUND_MIB, worker_peak_mib
+        assert wal_frame_count(serve.data_dir / "wal", "hostile") == 0
+        assert wal_frame_count(serve.data_dir / "wal", "normal") == normal.statuses[200]
+        assert serve.terminate() == 0
+    print(f"worker VmRSS {worker_rss_mib} MiB, peak {worker_peak_mib} MiB; {dict(normal.statuses)}")

@@ -9,6 +9,7 @@ import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
 from app.ingest.tenants import SettlementInProgress
@@ -99,6 +100,35 @@ def test_issue15_nothing_replayed_is_a_mark(tmp_path: Path, rigs: list[NodeRig])
     mark = rig.ingest("a", "live")  # the first new turn is the first mark
     outcome = rig.barrier.run_cut(rig.barrier.capture(rotate_idle=False))
     assert outcome.mark == mark and rig.journal.last_checkpoint == mark
+
+
+def test_native_4_the_in_process_replay_decodes_natively(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Without workers the replay decodes on its own thread (decode_here): the native
+    # decoder's columns, equal to the reference's; a payload it leaves to upb (here an
+    # id of a bad length, which the WAL never holds) still gets the upb path's answer,
+    # which the replay isolates after its attempts.
+    from app.receive import native
+
+    assert native.select("native")[0] == "native"
+    answered: list[int] = []
+    real = native.decode
+
+    def decode(data: bytes, limits: native.Limits | None = None) -> pa.RecordBatch | None:
+        columns = real(data, limits)
+        if columns is not None:
+            answered.append(columns.num_rows)
+        return columns
+
+    monkeypatch.setattr(native, "decode", decode)
+    payloads = [request(tag, n).SerializeToString() for tag, n in (("a", 2), ("b", 5))]
+    bad = request("c", 1)
+    bad.resource_logs[0].scope_logs[0].log_records[0].span_id = b"\x01"
+    frames = [("t1", payloads[0]), ("t2", payloads[1]), ("t1", bad.SerializeToString())]
+    out = list(decode_here(frames))
+    assert answered == [2, 5]
+    for (tenant, data), got in zip(frames[:2], out[:2], strict=True):
+        assert got == flatten(decode_request(data, "application/x-protobuf"), tenant)
+    assert isinstance(out[2], Undecodable) and "span_id is 1 bytes" in out[2].error
 
 
 MARKER = b"undecodable-"

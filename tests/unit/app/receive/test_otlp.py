@@ -1057,7 +1057,12 @@ def test_fuzz_tenant(value: str | bytes) -> None:
 # ── expansion limits (issue 21 item 3, DESIGN.md §7) ───────────────────────────────
 
 SMALL = otlp.RequestLimits(
-    records=10, attributes_per_record=4, attributes_per_request=20, key_bytes=8, value_bytes=16
+    records=10,
+    attributes_per_record=4,
+    attributes_per_request=20,
+    key_bytes=8,
+    value_bytes=16,
+    expanded_bytes=150,
 )
 
 
@@ -1081,6 +1086,15 @@ def _limited_request(
             lr.body.string_value = "x"
             for i in range(attributes):
                 lr.attributes.append(_kv(f"{key}{i}" if attributes > 1 else key, value or _s("v")))
+    return req
+
+
+def _expanding_request(records: int, resource_value: str, body: str) -> ExportLogsServiceRequest:
+    """`records` records of `body` under one resource attribute "r" = `resource_value`."""
+    req = _limited_request(records=records)
+    req.resource_logs[0].resource.attributes.append(_kv("r", _s(resource_value)))
+    for lr in req.resource_logs[0].scope_logs[0].log_records:
+        lr.body.string_value = body
     return req
 
 
@@ -1118,6 +1132,18 @@ LIMIT_CASES = {
         _limited_request(attributes=1, value=_s("v" * 17)),
         "max_attribute_value_bytes",
         "is 17",
+    ),
+    # 10 rows repeating "r" + 16 bytes: 170 from the resource alone, refused before the walk
+    "expanded_bytes_repeated": (
+        _expanding_request(10, "v" * 16, "x"),
+        "max_expanded_bytes",
+        "counting so far only the resource attributes and scope names its records repeat, is 170",
+    ),
+    # 10 rows of 2 + 14: only their own bodies take them past it, once walked
+    "expanded_bytes_rows": (
+        _expanding_request(10, "v", "b" * 14),
+        "max_expanded_bytes",
+        "is 160",
     ),
     "nested_values": (
         _limited_request(attributes=1, value=_nested(21)),

@@ -34,6 +34,7 @@ from app.receive.otlp import (
     Unavailable,
 )
 from app.receive.otlp_grpc import EXPORT_METHOD, create_grpc_server
+from tests.support.decode_slots import WatchedBudget, watch
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -519,6 +520,18 @@ def test_bounded_3_grpc_slow_message_is_cancelled_after_the_read_timeout(
     assert info.value.code() == grpc.StatusCode.CANCELLED
     assert harness.pipeline.calls == []
     client.export(make_request(1))  # the server goes on serving
+
+
+def test_native_1_grpc_decodes_natively_in_a_decode_slot(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    budget = WatchedBudget(256, 64 * MiB, 1)
+    seen = watch(monkeypatch, budget)
+    client = harness.start(bounds=ReceiverBounds(RequestLimits(), budget, 30.0, 256))
+    client.export(make_request(3))
+    assert seen == [(1, True)]  # the native decoder answered, holding the one slot
+    assert budget.requests == 0 and budget.bytes == 0  # the ticket was returned
+    assert len(harness.pipeline.calls) == 1
 
 
 def test_bounded_3_grpc_expansion_limit_is_invalid_argument_naming_it(harness: Harness) -> None:

@@ -59,6 +59,7 @@ from app.receive.otlp_http import (
     start_in_thread,
     stop_in_thread,
 )
+from tests.support.decode_slots import WatchedBudget, watch
 
 PB = "application/x-protobuf"
 JSON = "application/json"
@@ -1039,6 +1040,19 @@ def test_bounded_3_http_expansion_limit_is_400_naming_the_setting(pipeline: Stub
     assert "is 3, over server.max_request_records=2" in reply.status_message().message
     assert "retry-after" not in reply.headers
     assert pipeline.calls == []
+
+
+def test_native_1_http_decodes_natively_in_a_decode_slot(
+    pipeline: StubPort, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    budget = WatchedBudget(256, 64 * MiB, 1)
+    seen = watch(monkeypatch, budget)
+    app = make_app(pipeline, bounds=ReceiverBounds(RequestLimits(), budget, 30.0, 256))
+    reply = call(app, pb_body(3))
+    assert reply.status == 200, reply.body
+    assert seen == [(1, True)]  # the native decoder answered, holding the one slot
+    assert budget.requests == 0 and budget.bytes == 0  # the ticket was returned
+    assert len(pipeline.calls) == 1
 
 
 def test_bounded_3_http_slow_body_is_408_after_the_read_timeout(pipeline: StubPort) -> None:

@@ -6,17 +6,19 @@ channel's framing is tested in ``test_channel.py``."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 from collections.abc import Iterator
 
 import grpc
+import pyarrow as pa
 import pytest
 
 from app.receive import channel
 from app.receive.api import IngestOutcome
 from app.receive.channel import Connection, Kind
-from app.receive.otlp import BadRequest, Unavailable
-from app.receive.worker import RemotePort
+from app.receive.otlp import BadRequest, FlatBatch, Unavailable
+from app.receive.worker import RemotePort, _Jobs
 from tests.support.fakecore import FakeCore, batch_of, channel_pair
 
 
@@ -177,3 +179,44 @@ def test_an_ingest_awaited_on_an_event_loop_is_unavailable_when_the_core_goes(
     with pytest.raises(Unavailable) as raised:
         asyncio.run(go())
     assert raised.value.retry_after == 1 and raised.value.records == 3
+
+
+def _spy_native(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the payloads the native decoder answered (app.receive.native.decode)."""
+    from app.receive import native
+
+    assert native.select("native")[0] == "native"
+    answered: list[int] = []
+    real = native.decode
+
+    def decode(data: bytes, limits: native.Limits | None = None) -> pa.RecordBatch | None:
+        columns = real(data, limits)
+        if columns is not None:
+            answered.append(columns.num_rows)
+        return columns
+
+    monkeypatch.setattr(native, "decode", decode)
+    return answered
+
+
+def test_native_4_a_replayed_payload_is_decoded_natively_on_the_worker(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The core's replay sends each WAL payload as a DECODE job (app.node.recovery with
+    # workers): the worker's job thread answers it with the native decoder's columns.
+    answered = _spy_native(monkeypatch)
+    data, expected = batch_of("replayed", 3)
+    core_end, worker_end = socket.socketpair()
+    core, worker = Connection(core_end), Connection(worker_end)
+    jobs = _Jobs(worker)
+    try:
+        body = b"".join(channel.encode_decode_request("acme", data))
+        jobs.put(Kind.DECODE, 7, memoryview(body))
+        kind, ident, answer = core.receive()
+    finally:
+        jobs.close()
+        core.close()
+        worker.close()
+    assert (kind, ident) == (Kind.DECODED, 7)
+    assert FlatBatch("acme", channel.decode_batch(answer)) == expected
+    assert answered == [3]
