@@ -55,7 +55,14 @@ from app.node.workers import Listeners, NodeState, Workers, worker_launcher
 from app.receive.auth import Authenticator
 from app.receive.inflight import receiver_bounds
 from app.receive.otlp_grpc import create_grpc_server
-from app.receive.otlp_http import create_http_app, http_server
+from app.receive.otlp_http import (
+    create_http_app,
+    create_ops_app,
+    http_server,
+    start_in_thread,
+    stop_in_thread,
+)
+from app.receive.tls import ServerTls, TlsError, server_tls
 from app.threads import Supervised, Supervisor, start_thread
 from sink.buffers import Buffers
 from sink.keys import node_identity
@@ -315,10 +322,16 @@ def run_serve(settings: Settings, config_file: Path | None = None) -> int:
             "warning",
         )
     try:
+        # Loaded here even with workers (each loads its own): files that do not load
+        # refuse the start, naming the setting, before anything else is touched.
+        tls = server_tls(settings, events.emit)
+    except TlsError as exc:
+        return _start_failed(events, exc)
+    try:
         node = build_node(settings, events)
     except (WalError, ArchiveLocationError, DataDirLocked, DataDirLockError, OSError) as exc:
         return _start_failed(events, exc)
-    return _serve(node, stop, received, config_file)
+    return _serve(node, stop, received, config_file, tls)
 
 
 def _relay_signals(stop: threading.Event, received: list[int]) -> None:
@@ -424,7 +437,13 @@ class _Recovering:
             self._fatal()
 
 
-def _serve(node: Node, stop: threading.Event, received: list[int], config_file: Path | None) -> int:
+def _serve(
+    node: Node,
+    stop: threading.Event,
+    received: list[int],
+    config_file: Path | None,
+    tls: ServerTls | None = None,
+) -> int:
     """Recovery's preparation, then serve — in worker processes (``server.workers`` >
     0) or on this process's receivers — while the replay runs on the turn thread ahead
     of every new frame (``_Recovering``); until SIGTERM/SIGINT or a failed recovery."""
@@ -433,15 +452,26 @@ def _serve(node: Node, stop: threading.Event, received: list[int], config_file: 
     grace = max(1, settings.server.shutdown_grace_secs // 2)
     listeners: Listeners | None = None
     workers: Workers | None = None
-    if settings.server.workers > 0:
-        try:
+    # server.metrics_port's listener, in this process with or without workers; its
+    # /metrics counts every worker's requests as theirs does (Workers.scrape).
+    ops: OpsListener | None = None
+    try:
+        if settings.server.metrics_port:
+            ops = OpsListener(
+                settings,
+                pipeline,
+                lambda: workers.scrape() if workers is not None else node.metrics.exposition(),
+            )
+        if settings.server.workers > 0:
             listeners = Listeners(
                 settings.server.host, settings.server.http_port, settings.server.grpc_port
             )
-        except OSError as exc:
-            node.journal.close()
-            _release(node)
-            return _start_failed(node.events, exc)
+    except OSError as exc:
+        if ops is not None:
+            ops.close()
+        node.journal.close()
+        _release(node)
+        return _start_failed(node.events, exc)
     stages = Stages(pipeline, backlog_bytes=settings.wal.turn_backlog_bytes, threads=node.threads)
     node.metrics.stages = stages
     if listeners is not None:
@@ -465,6 +495,8 @@ def _serve(node: Node, stop: threading.Event, received: list[int], config_file: 
             workers.stop(grace)
         if listeners is not None:
             listeners.close()
+        if ops is not None:
+            ops.close()
         pipeline.publisher.close()
         node.journal.close()
         _release(node)
@@ -531,6 +563,7 @@ def _serve(node: Node, stop: threading.Event, received: list[int], config_file: 
             port=settings.server.grpc_port,
             observer=node.metrics,
             bounds=bounds,
+            credentials=tls.grpc_credentials() if tls is not None else None,
         )
         grpc_server.start()
         app = create_http_app(
@@ -543,11 +576,18 @@ def _serve(node: Node, stop: threading.Event, received: list[int], config_file: 
         )
         sock = _listen(settings.server.host, settings.server.http_port)
         http_port = sock.getsockname()[1]
-        http = http_server(app, grace=grace)
+        http = http_server(app, grace=grace, tls=tls.http_context() if tls is not None else None)
         if stop.is_set():
             http.should_exit = True  # asked to stop while starting: start nothing new
     pipeline.set_ready(True)
-    _listening(node, http_port, grpc_port, workers=workers.pids() if workers else [])
+    _listening(
+        node,
+        http_port,
+        grpc_port,
+        workers=workers.pids() if workers else [],
+        metrics_port=ops.port if ops is not None else 0,
+        tls=tls is not None,
+    )
     try:
         if http is not None:
             http.run(sockets=[sock])  # returns on SIGTERM/SIGINT once requests finish
@@ -576,6 +616,8 @@ def _serve(node: Node, stop: threading.Event, received: list[int], config_file: 
         recovering.stop(30)
         if listeners is not None:
             listeners.close()
+        if ops is not None:
+            ops.close()
         node.events.emit(
             "stages.stopped",
             {
@@ -590,19 +632,47 @@ def _serve(node: Node, stop: threading.Event, received: list[int], config_file: 
     return code
 
 
-def _listening(node: Node, http_port: int, grpc_port: int, *, workers: list[int]) -> None:
+def _listening(
+    node: Node,
+    http_port: int,
+    grpc_port: int,
+    *,
+    workers: list[int],
+    metrics_port: int = 0,
+    tls: bool = False,
+) -> None:
     settings = node.settings
     node.events.emit(
         "server.listening",
         {
             "http_port": http_port,
             "grpc_port": grpc_port,
+            "metrics_port": metrics_port,
+            "tls": tls,
             "node": node_identity(settings.server.node_id),
             "wal": str(settings.server.wal_dir),
             "store": node.store.describe(),
             "workers": workers,
         },
     )
+
+
+class OpsListener:
+    """``server.metrics_port``: ``/metrics``, ``/healthz`` and ``/readyz`` in plaintext on a
+    uvicorn of their own, in a thread of this process, listening from construction
+    (``ListenerBindError`` when the port is taken) until ``close``. It answers from the
+    start: ``/healthz`` while recovery prepares, ``/readyz`` 503 until the node is ready."""
+
+    def __init__(
+        self, settings: Settings, health: Pipeline, scrape: Callable[[], tuple[bytes, str]]
+    ) -> None:
+        server = http_server(
+            create_ops_app(health, scrape), settings.server.host, settings.server.metrics_port
+        )
+        self._server, self._thread, self.port = start_in_thread(server)
+
+    def close(self) -> None:
+        stop_in_thread(self._server, self._thread)
 
 
 def _start_failed(events: EventLog, exc: BaseException, event: str = "server.start_failed") -> int:
