@@ -256,8 +256,7 @@ def chart_properties() -> dict[str, Schema]:
                     "empty: plaintext."
                 ),
                 "clientCaSecret": string(
-                    "A Secret holding the client CA bundle (mutual TLS); needs "
-                    "server.metricsPort."
+                    "A Secret holding the client CA bundle (mutual TLS); needs server.metricsPort."
                 ),
                 "clientCaKey": string("The CA bundle's key in clientCaSecret.", minLength=1),
             }
