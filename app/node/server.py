@@ -667,12 +667,19 @@ class OpsListener:
         self, settings: Settings, health: Pipeline, scrape: Callable[[], tuple[bytes, str]]
     ) -> None:
         server = http_server(
-            create_ops_app(health, scrape), settings.server.host, settings.server.metrics_port
+            create_ops_app(health, scrape),
+            settings.server.host,
+            settings.server.metrics_port,
+            grace=1,
         )
         self._server, self._thread, self.port = start_in_thread(server)
 
     def close(self) -> None:
-        stop_in_thread(self._server, self._thread)
+        try:
+            stop_in_thread(self._server, self._thread)
+        except TimeoutError:
+            # A scrape that will not end must not hold up the final cut behind it.
+            log.warning("the metrics listener did not stop; the process exit ends it")
 
 
 def _start_failed(events: EventLog, exc: BaseException, event: str = "server.start_failed") -> int:

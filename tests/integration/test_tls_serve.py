@@ -159,7 +159,7 @@ def _wait_for_event(node: ServeProcess, name: str, count: int) -> None:
 
 def test_clone_5_a_rotated_certificate_is_served_to_new_connections(tls_node: TlsNode) -> None:
     node, trust = tls_node.node, tls_node.trust
-    held = _served_certificate(node.http_port, trust)  # an open connection keeps its own
+    held = _served_certificate(node.http_port, trust)  # before the renewal
     renewed: Pair = tls_node.second.issue("ourios-renewed")
     before = len(node.event("tls.reloaded"))
     tls_node.volume.update({"tls.crt": renewed.cert, "tls.key": renewed.key})
