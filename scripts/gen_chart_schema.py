@@ -44,10 +44,18 @@ CHART_MANAGED = {
     "server.node_ordinal": "derived by the app from the pod name's trailing -<n>",
     "server.final_cut_secs": "shutdown.finalCutSecs (also in terminationGracePeriodSeconds)",
     "auth.tokens_file": "the mounted auth Secret (auth.existingSecret or auth.tokens)",
+    "server.tls_cert_file": "the mounted TLS Secret (tls.existingSecret)",
+    "server.tls_key_file": "the mounted TLS Secret (tls.existingSecret)",
+    "server.tls_client_ca_file": "the mounted client CA Secret (tls.clientCaSecret)",
 }
 #: Settings the chart's templates read (ports, probes, the termination grace), so they may
 #: not be removed with null.
-REQUIRED = ("server.http_port", "server.grpc_port", "server.shutdown_grace_secs")
+REQUIRED = (
+    "server.http_port",
+    "server.grpc_port",
+    "server.metrics_port",
+    "server.shutdown_grace_secs",
+)
 #: Helm holds every number in values as a float64, exact only up to 2^53 (8 PiB); above
 #: it a value is rounded and even the app's own maximum (2^62) fails Helm's comparison.
 FLOAT64_EXACT = 2**53
@@ -305,6 +313,18 @@ def chart_properties() -> dict[str, Schema]:
                 )
             },
         },
+        "tls": obj(
+            {
+                "existingSecret": string(
+                    "A kubernetes.io/tls Secret (tls.crt, tls.key) both receivers serve; "
+                    "empty: plaintext."
+                ),
+                "clientCaSecret": string(
+                    "A Secret holding the client CA bundle (mutual TLS); needs server.metricsPort."
+                ),
+                "clientCaKey": string("The CA bundle's key in clientCaSecret.", minLength=1),
+            }
+        ),
         "auth": obj(
             {
                 "existingSecret": string("A Secret holding the tokens file."),

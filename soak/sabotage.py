@@ -1650,6 +1650,28 @@ SABOTAGES: tuple[Sabotage, ...] = (
             "tests/integration/test_operator_view.py::test_clone_7_metrics_show_process_series_for_the_core_and_each_worker",
         ),
     ),
+    # -- TLS (issue 24 item 5) -----------------------------------------------------------
+    Sabotage(
+        "tls_certificate_never_reloaded",
+        "a renewed certificate is served to new connections without a restart",
+        "app/receive/tls.py",
+        "            if seen != self._seen:",
+        "            if False:",
+        (
+            "tests/unit/app/receive/test_tls.py::test_clone_5_a_flipped_secret_is_served_from_the_next_handshake",
+            "tests/integration/test_tls_serve.py::test_clone_5_a_rotated_certificate_is_served_to_new_connections",
+        ),
+    ),
+    Sabotage(
+        "tls_bad_pair_replaces_the_served_one",
+        "a renewed pair that does not load never replaces the certificate in service",
+        "app/receive/tls.py",
+        "            ctx = _context(cert, key, self._ca)\n        except (TlsError, OSError) as exc:",
+        "            ctx = _context(cert, cert, None)\n        except (TlsError, OSError) as exc:\n            self._pair = (cert, key)",
+        (
+            "tests/unit/app/receive/test_tls.py::test_clone_5_a_pair_that_does_not_load_keeps_the_certificate_in_service",
+        ),
+    ),
 )
 
 

@@ -448,6 +448,50 @@ _SERVER_ROWS = (
     ),
     Setting(
         "server",
+        "metrics_port",
+        Kind.INT,
+        0,
+        "Plaintext port serving GET /metrics, /healthz and /readyz only (never the "
+        "receivers), so Prometheus and the kubelet need no TLS client certificate; 0: "
+        "they are served on the OTLP/HTTP port only.",
+        minimum=0,
+        maximum=_MAX_PORT,
+    ),
+    Setting(
+        "server",
+        "tls_cert_file",
+        Kind.PATH,
+        None,
+        "PEM certificate chain both receivers serve over TLS (with server.tls_key_file); "
+        "reloaded for new connections when the file changes (a renewed Secret). Unset: "
+        "plaintext.",
+        optional=True,
+        default_text="unset (plaintext)",
+        allowed_text="a readable PEM file",
+    ),
+    Setting(
+        "server",
+        "tls_key_file",
+        Kind.PATH,
+        None,
+        "PEM private key (unencrypted) of server.tls_cert_file; reloaded with it.",
+        optional=True,
+        default_text="unset (plaintext)",
+        allowed_text="a readable PEM file",
+    ),
+    Setting(
+        "server",
+        "tls_client_ca_file",
+        Kind.PATH,
+        None,
+        "PEM CA bundle: with TLS on, both receivers require a client certificate it "
+        "signed (mutual TLS); read at start-up.",
+        optional=True,
+        default_text="unset (no client certificate asked)",
+        allowed_text="a readable PEM file",
+    ),
+    Setting(
+        "server",
         "node_id",
         Kind.STR,
         None,
@@ -986,6 +1030,10 @@ class ServerSettings:
     host: str
     http_port: int
     grpc_port: int
+    metrics_port: int
+    tls_cert_file: Path | None
+    tls_key_file: Path | None
+    tls_client_ca_file: Path | None
     node_id: str
     node_ordinal: int
     log_level: LogLevel
@@ -1158,6 +1206,24 @@ CROSS_RULES: tuple[CrossRule, ...] = (
         lambda s: s.server.http_port != s.server.grpc_port or s.server.http_port == 0,
     ),
     CrossRule(
+        "{0} must differ from {1} and {2} (unless 0)",
+        ("server.metrics_port", "server.http_port", "server.grpc_port"),
+        lambda s: (
+            s.server.metrics_port == 0
+            or s.server.metrics_port not in (s.server.http_port, s.server.grpc_port)
+        ),
+    ),
+    CrossRule(
+        "{0} and {1} go together (set both for TLS, or neither)",
+        ("server.tls_cert_file", "server.tls_key_file"),
+        lambda s: (s.server.tls_cert_file is None) == (s.server.tls_key_file is None),
+    ),
+    CrossRule(
+        "{0} needs {1} (client certificates are asked for over TLS only)",
+        ("server.tls_client_ca_file", "server.tls_cert_file"),
+        lambda s: s.server.tls_client_ca_file is None or s.server.tls_cert_file is not None,
+    ),
+    CrossRule(
         "{0} applies only to an s3:// {1}",
         ("store.endpoint_url", "store.url"),
         lambda s: s.store.endpoint_url is None or s.store.scheme == "s3",
@@ -1296,6 +1362,9 @@ def _resolve(values: dict[str, Any]) -> None:
         values["store.url"] = (data_dir / "objects").as_uri()
     if values["auth.tokens_file"] is not None:
         values["auth.tokens_file"] = values["auth.tokens_file"].absolute()
+    for key in ("server.tls_cert_file", "server.tls_key_file", "server.tls_client_ca_file"):
+        if values[key] is not None:
+            values[key] = values[key].absolute()
 
 
 def default_workers() -> int:

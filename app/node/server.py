@@ -82,7 +82,14 @@ from app.receive import native
 from app.receive.auth import Authenticator
 from app.receive.inflight import receiver_bounds
 from app.receive.otlp_grpc import create_grpc_server
-from app.receive.otlp_http import create_http_app, http_server
+from app.receive.otlp_http import (
+    create_http_app,
+    create_ops_app,
+    http_server,
+    start_in_thread,
+    stop_in_thread,
+)
+from app.receive.tls import ServerTls, TlsError, server_tls
 from app.threads import Supervised, Supervisor, start_thread
 from sink.buffers import Buffers
 from sink.deadletter import DeadLetter
@@ -450,6 +457,12 @@ def run_serve(settings: Settings, config_file: Path | None = None) -> int:
             "warning",
         )
     try:
+        # Loaded here even with workers (each loads its own): files that do not load
+        # refuse the start, naming the setting, before anything else is touched.
+        tls = server_tls(settings, events.emit)
+    except TlsError as exc:
+        return _start_failed(events, exc)
+    try:
         node = build_node(settings, events)
     except (
         WalError,
@@ -461,7 +474,7 @@ def run_serve(settings: Settings, config_file: Path | None = None) -> int:
         OSError,
     ) as exc:
         return _start_failed(events, exc)
-    code = _serve(node, stop, received, config_file)
+    code = _serve(node, stop, received, config_file, tls)
     if lingering_threads():
         # ``server.stopped`` named them: nothing may run on behind the last line (a store
         # call that never returns, a wedged turn), and the interpreter would wait for a
@@ -638,7 +651,13 @@ class _Recovering:
             self._fatal()
 
 
-def _serve(node: Node, stop: threading.Event, received: list[int], config_file: Path | None) -> int:
+def _serve(
+    node: Node,
+    stop: threading.Event,
+    received: list[int],
+    config_file: Path | None,
+    tls: ServerTls | None = None,
+) -> int:
     """Recovery's preparation, then serve — in worker processes (``server.workers`` >
     0) or on this process's receivers — while the replay runs on the turn thread ahead
     of every new frame (``_Recovering``); until SIGTERM/SIGINT or a failed recovery."""
@@ -652,15 +671,26 @@ def _serve(node: Node, stop: threading.Event, received: list[int], config_file: 
     grace = max(1, settings.server.shutdown_grace_secs // 2)
     listeners: Listeners | None = None
     workers: Workers | None = None
-    if settings.server.workers > 0:
-        try:
+    # server.metrics_port's listener, in this process with or without workers; its
+    # /metrics counts every worker's requests as theirs does (Workers.scrape).
+    ops: OpsListener | None = None
+    try:
+        if settings.server.metrics_port:
+            ops = OpsListener(
+                settings,
+                pipeline,
+                lambda: workers.scrape() if workers is not None else node.metrics.exposition(),
+            )
+        if settings.server.workers > 0:
             listeners = Listeners(
                 settings.server.host, settings.server.http_port, settings.server.grpc_port
             )
-        except OSError as exc:
-            node.journal.close()
-            _release(node)
-            return _start_failed(node.events, exc)
+    except OSError as exc:
+        if ops is not None:
+            ops.close()
+        node.journal.close()
+        _release(node)
+        return _start_failed(node.events, exc)
     stages = Stages(
         pipeline,
         backlog_bytes=settings.wal.turn_backlog_bytes,
@@ -697,6 +727,8 @@ def _serve(node: Node, stop: threading.Event, received: list[int], config_file: 
             listeners.close()
         if node.spiller is not None:
             node.spiller.close()
+        if ops is not None:
+            ops.close()
         pipeline.publisher.close()
         node.journal.close()
         _release(node)
@@ -767,6 +799,7 @@ def _serve(node: Node, stop: threading.Event, received: list[int], config_file: 
             port=settings.server.grpc_port,
             observer=node.metrics,
             bounds=bounds,
+            credentials=tls.grpc_credentials() if tls is not None else None,
         )
         grpc_server.start()
         app = create_http_app(
@@ -779,11 +812,18 @@ def _serve(node: Node, stop: threading.Event, received: list[int], config_file: 
         )
         sock = _listen(settings.server.host, settings.server.http_port)
         http_port = sock.getsockname()[1]
-        http = http_server(app, grace=grace)
+        http = http_server(app, grace=grace, tls=tls.http_context() if tls is not None else None)
         if stop.is_set():
             http.should_exit = True  # asked to stop while starting: start nothing new
     pipeline.set_ready(True)
-    _listening(node, http_port, grpc_port, workers=workers.pids() if workers else [])
+    _listening(
+        node,
+        http_port,
+        grpc_port,
+        workers=workers.pids() if workers else [],
+        metrics_port=ops.port if ops is not None else 0,
+        tls=tls is not None,
+    )
     stopped_at: float | None = None
     try:
         if http is not None:
@@ -827,6 +867,8 @@ def _serve(node: Node, stop: threading.Event, received: list[int], config_file: 
         frames_left, bytes_left = stages.left
         pending_bytes, pending_frames = stages.backlog
         frames_left, bytes_left = frames_left + pending_frames, bytes_left + pending_bytes
+        if ops is not None:
+            ops.close()
         node.events.emit(
             "stages.stopped",
             {
@@ -854,7 +896,15 @@ def _isolated(node: Node, isolated: IsolatedFrame) -> None:
     node.events.emit("replay.frame_isolated", isolated.fields(), "error")
 
 
-def _listening(node: Node, http_port: int, grpc_port: int, *, workers: list[int]) -> None:
+def _listening(
+    node: Node,
+    http_port: int,
+    grpc_port: int,
+    *,
+    workers: list[int],
+    metrics_port: int = 0,
+    tls: bool = False,
+) -> None:
     """``server.listening``: the bound ports and what a person starting the node needs
     to know (the console format renders it as the start-up summary)."""
     settings = node.settings
@@ -865,6 +915,8 @@ def _listening(node: Node, http_port: int, grpc_port: int, *, workers: list[int]
             "http_port": http_port,
             "grpc_port": grpc_port,
             "host": settings.server.host,
+            "metrics_port": metrics_port,
+            "tls": tls,
             "node": node_identity(settings.server.node_id),
             "pid": os.getpid(),
             "data_dir": str(settings.server.data_dir),
@@ -885,6 +937,31 @@ def _listening(node: Node, http_port: int, grpc_port: int, *, workers: list[int]
             "what is buffered)",
         },
     )
+
+
+class OpsListener:
+    """``server.metrics_port``: ``/metrics``, ``/healthz`` and ``/readyz`` in plaintext on a
+    uvicorn of their own, in a thread of this process, listening from construction
+    (``ListenerBindError`` when the port is taken) until ``close``. It answers from the
+    start: ``/healthz`` while recovery prepares, ``/readyz`` 503 until the node is ready."""
+
+    def __init__(
+        self, settings: Settings, health: Pipeline, scrape: Callable[[], tuple[bytes, str]]
+    ) -> None:
+        server = http_server(
+            create_ops_app(health, scrape),
+            settings.server.host,
+            settings.server.metrics_port,
+            grace=1,
+        )
+        self._server, self._thread, self.port = start_in_thread(server)
+
+    def close(self) -> None:
+        try:
+            stop_in_thread(self._server, self._thread)
+        except TimeoutError:
+            # A scrape that will not end must not hold up the final cut behind it.
+            log.warning("the metrics listener did not stop; the process exit ends it")
 
 
 def _start_failed(events: EventLog, exc: BaseException, event: str = "server.start_failed") -> int:

@@ -471,7 +471,9 @@ class Workers:
                 exc.records = len(batch)
             answer(None, exc)
 
-    def _metrics(self, conn: Connection, ident: int) -> None:
+    def scrape(self) -> tuple[bytes, str]:
+        """The core's exposition once every worker has ``FLUSH``-ed its reports, so it
+        counts every request a client has had its answer to."""
         with self._lock:
             links = list(self._links.values())
         for link in links:
@@ -479,7 +481,10 @@ class Workers:
                 link.conn.call(Kind.FLUSH, [], 5.0)
             except (ChannelClosed, TimeoutError):
                 pass  # a dying worker's last reports may be missing; its counts stay
-        text, content_type = self._exposition()
+        return self._exposition()
+
+    def _metrics(self, conn: Connection, ident: int) -> None:
+        text, content_type = self.scrape()
         try:
             conn.send(Kind.TEXT, ident, channel.encode_text(content_type, text))
         except ChannelClosed:

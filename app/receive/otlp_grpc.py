@@ -332,6 +332,7 @@ def create_grpc_server(
     observer: IngestObserver = NO_OBSERVER,
     reuse_port: bool = False,
     bounds: ReceiverBounds | None = None,
+    credentials: grpc.ServerCredentials | None = None,
 ) -> tuple[grpc.Server, int]:
     """The LogsService server bound to `host:port` (0 picks a free port) and the bound
     port; not started. `max_workers` handler threads may wait in `IngestPort.ingest` at
@@ -339,8 +340,9 @@ def create_grpc_server(
     which grpcio answers RESOURCE_EXHAUSTED itself). `bounds` are the process's request
     limits, in-flight budget and body read timeout (the settings' defaults when None).
     `reuse_port` binds with ``SO_REUSEPORT`` (a worker process beside its siblings and
-    the core's reservation of the port). Raises `ListenerBindError` when the address is
-    taken."""
+    the core's reservation of the port). `credentials`: TLS
+    (`app.receive.tls.ServerTls.grpc_credentials`); plaintext when None. Raises
+    `ListenerBindError` when the address is taken."""
     if max_frame_bytes < 1:
         raise ValueError(f"max_frame_bytes must be >= 1, got {max_frame_bytes}")
     if max_workers < 1:
@@ -369,7 +371,10 @@ def create_grpc_server(
     )
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
-        bound: int = server.add_insecure_port(address)
+        if credentials is None:
+            bound: int = server.add_insecure_port(address)
+        else:
+            bound = server.add_secure_port(address, credentials)
     except RuntimeError as exc:
         bound, reason = 0, str(exc)
     else:

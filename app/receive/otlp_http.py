@@ -71,6 +71,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -112,7 +113,9 @@ __all__ = [
     "DEFAULT_INGEST_CONCURRENCY",
     "DISCARD_BYTES",
     "LOGS_PATH",
+    "Health",
     "create_http_app",
+    "create_ops_app",
     "http_server",
     "raw_body_cap",
     "start_in_thread",
@@ -399,6 +402,38 @@ def create_http_app(
             content, content_type = success_body(outcome.rejected, outcome.message, as_json)
         return Response(content, 200, None, content_type)
 
+    app = _ReceiverApp(
+        post_logs,
+        openapi_url=None,
+        docs_url=None,
+        redoc_url=None,
+        telemetry={"tracing": False, "metrics": False, "logs": False},
+    )
+    # Starlette routes, not FastAPI path operations: no dependency solving, no models.
+    app.add_route(LOGS_PATH, post_logs, methods=["POST"], include_in_schema=False)
+    _add_ops_routes(app, pipeline, metrics_text)
+    return app
+
+
+class Health(Protocol):
+    """What `/healthz` and `/readyz` read (an `IngestPort` has it)."""
+
+    @property
+    def ready(self) -> bool: ...
+
+    @property
+    def alive(self) -> bool: ...
+
+    @property
+    def health_detail(self) -> str: ...
+
+
+def _add_ops_routes(
+    app: FastAPI, pipeline: Health, metrics_text: Callable[[], tuple[bytes, str]]
+) -> None:
+    """`GET /healthz`, `/readyz` and `/metrics`: on the OTLP/HTTP app, and alone on the
+    plaintext metrics port (`create_ops_app`)."""
+
     async def healthz(request: Request) -> Response:
         if pipeline.alive:
             return PlainTextResponse("ok\n")
@@ -413,18 +448,21 @@ def create_http_app(
         content, content_type = metrics_text()
         return Response(content, 200, None, content_type)
 
-    app = _ReceiverApp(
-        post_logs,
+    app.add_route("/healthz", healthz, methods=["GET"], include_in_schema=False)
+    app.add_route("/readyz", readyz, methods=["GET"], include_in_schema=False)
+    app.add_route("/metrics", metrics, methods=["GET"], include_in_schema=False)
+
+
+def create_ops_app(health: Health, metrics_text: Callable[[], tuple[bytes, str]]) -> FastAPI:
+    """`server.metrics_port`'s application: `/healthz`, `/readyz` and `/metrics` only,
+    never the receivers, so a scraper or a probe reaches it without TLS."""
+    app = FastAPI(
         openapi_url=None,
         docs_url=None,
         redoc_url=None,
         telemetry={"tracing": False, "metrics": False, "logs": False},
     )
-    # Starlette routes, not FastAPI path operations: no dependency solving, no models.
-    app.add_route(LOGS_PATH, post_logs, methods=["POST"], include_in_schema=False)
-    app.add_route("/healthz", healthz, methods=["GET"], include_in_schema=False)
-    app.add_route("/readyz", readyz, methods=["GET"], include_in_schema=False)
-    app.add_route("/metrics", metrics, methods=["GET"], include_in_schema=False)
+    _add_ops_routes(app, health, metrics_text)
     return app
 
 
@@ -432,12 +470,18 @@ def create_http_app(
 
 
 def http_server(
-    app: ASGIApp, host: str = "127.0.0.1", port: int = 0, *, grace: int | None = None
+    app: ASGIApp,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    grace: int | None = None,
+    tls: ssl.SSLContext | None = None,
 ) -> uvicorn.Server:
     """A uvicorn server for `app` on uvloop + httptools, without lifespan events,
     access log or logging configuration of its own (the process configures logging);
-    ``grace``: seconds in-flight requests get at shutdown. The node's servers run on a
-    socket it bound itself (``run(sockets=…)``), so their host and port go unused."""
+    ``grace``: seconds in-flight requests get at shutdown; ``tls``: the context it
+    serves TLS with (`app.receive.tls.ServerTls.http_context`). The node's servers run
+    on a socket it bound itself (``run(sockets=…)``), so their host and port go unused."""
     config = uvicorn.Config(
         app,
         host=host,
@@ -451,6 +495,11 @@ def http_server(
         proxy_headers=False,  # the client address is not used; skips a middleware
         timeout_graceful_shutdown=grace,
     )
+    if tls is not None:
+        # uvicorn builds its context from file names only; its load() is what run()
+        # would call, after which the context it listens with is ours.
+        config.load()
+        config.ssl = tls
     return uvicorn.Server(config)
 
 

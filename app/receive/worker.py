@@ -46,6 +46,7 @@ from app.receive.inflight import receiver_bounds
 from app.receive.otlp import FlatBatch, IngestRejection, Unavailable, decode_flat
 from app.receive.otlp_grpc import create_grpc_server
 from app.receive.otlp_http import create_http_app, http_server
+from app.receive.tls import TlsError, server_tls
 from sink.parquet import encode_table
 
 __all__ = ["RemotePort", "main"]
@@ -259,6 +260,14 @@ def main(argv: list[str] | None = None) -> int:
         settings,
         lambda name, fields: events.emit(name, {"worker": args.index, **fields}, "warning"),
     )
+    try:
+        tls = server_tls(
+            settings,
+            lambda name, fields, level: events.emit(name, {"worker": args.index, **fields}, level),
+        )
+    except TlsError as exc:
+        print(f"worker {args.index}: {exc}", file=sys.stderr)
+        return 2
     grpc_server, _ = create_grpc_server(
         remote,
         max_frame_bytes=settings.wal.max_frame_bytes,
@@ -268,6 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         observer=observer,
         reuse_port=True,
         bounds=bounds,
+        credentials=tls.grpc_credentials() if tls is not None else None,
     )
     grpc_server.start()
     app = create_http_app(
@@ -278,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         observer=observer,
         bounds=bounds,
     )
-    http = http_server(app, grace=grace)
+    http = http_server(app, grace=grace, tls=tls.http_context() if tls is not None else None)
     sock = socket.socket(fileno=args.http_fd)
     http_thread = threading.Thread(
         target=http.run, kwargs={"sockets": [sock]}, name="ourios-http", daemon=True

@@ -55,6 +55,7 @@ from scripts import gen_chart_schema
 from tests.support.otel import sample_request
 from tests.support.seaweed import S3Bucket, SeaweedS3
 from tests.support.serve import ServeProcess
+from tests.support.tlscerts import Authority
 from tests.support.tools import require_tool
 
 from .test_dockerfile import DATA_DIR, dockerfile, pyproject
@@ -360,6 +361,12 @@ VALUE_SETS: dict[str, Values] = {
             "accessKeyId": "AKIAEXAMPLE",
             "secretAccessKey": "wJalrXUtnFEMIEXAMPLE",
         }
+    },
+    "tls": {"tls": {"existingSecret": "ourios-tls"}},
+    "tls_client_ca_metrics_port": {
+        "tls": {"existingSecret": "ourios-tls", "clientCaSecret": "ourios-tls"},
+        "server": {"metricsPort": 9464},
+        "serviceMonitor": {"enabled": True},
     },
     "three_replicas": {
         "replicaCount": 3,
@@ -744,9 +751,9 @@ def test_probes_follow_design_13() -> None:
         container["readinessProbe"],
         container["livenessProbe"],
     )
-    assert startup["httpGet"] == {"path": "/healthz", "port": "http"}
-    assert ready["httpGet"] == {"path": "/readyz", "port": "http"}
-    assert live["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert startup["httpGet"] == {"path": "/healthz", "port": "http", "scheme": "HTTP"}
+    assert ready["httpGet"] == {"path": "/readyz", "port": "http", "scheme": "HTTP"}
+    assert live["httpGet"] == {"path": "/healthz", "port": "http", "scheme": "HTTP"}
     # The listeners open after recovery: the startup probe covers a 30-minute replay.
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 1800
     # A busy node is not restarted (and made to replay) for a minute's slow answers.
@@ -879,6 +886,7 @@ CHANGES: dict[str, tuple[object, dict[str, object]]] = {
     "server.host": ("::", {}),
     "server.httpPort": (8080, {}),
     "server.grpcPort": (9090, {}),
+    "server.metricsPort": (9091, {}),
     "server.logLevel": ("debug", {}),
     "server.logFormat": ("console", {}),
     "server.shutdownGraceSecs": (40, {}),
@@ -1006,6 +1014,7 @@ def test_the_app_accepts_the_schema_minima_and_maxima(tmp_path: Path) -> None:
     lows["server.grpcPort"] = lows["server.httpPort"] + 1  # the ports must differ
     highs = {gen_chart_schema.value_key(r): _bound(r, "maximum") for r in ints}
     highs["server.grpcPort"] = highs["server.httpPort"] - 1
+    highs["server.metricsPort"] = highs["server.httpPort"] - 2  # differs from both
     highs["disk.stopWaterBytes"] = highs["disk.lowWaterBytes"] // 2  # must be below it
     # RECLAIM must stay under 1 GiB: maxTenants and maxUnlinksPerPass take turns at max.
     high_tenants = {**highs, "wal.maxUnlinksPerPass": 128, "wal.rotationRetryAttempts": 128}
@@ -1194,3 +1203,69 @@ def test_notes_say_how_to_send_logs_and_where_they_land(name: str) -> None:
     url = values.get("store", {}).get("url") or f"{DATA_DIR}/objects"
     assert f"{url.rstrip('/')}/records/tenant=<tenant>/date=YYYY-MM-DD/" in text
     assert f"{url.rstrip('/')}/audit/tenant=<tenant>/date=YYYY-MM-DD/" in text
+
+
+# --- TLS and the metrics port (issue 24 item 5) ------------------------------------------
+
+
+def _probes(rendered: Rendered) -> list[Obj]:
+    c = rendered.container
+    return [c[k]["httpGet"] for k in ("startupProbe", "readinessProbe", "livenessProbe")]
+
+
+def test_clone_5_tls_secret_is_mounted_and_the_pod_serves_it(tmp_path: Path) -> None:
+    authority = Authority("chart-ca")
+    pair = authority.issue("ourios")
+    secret = {"tls.crt": pair.cert.decode(), "tls.key": pair.key.decode()}
+    secret["ca.crt"] = authority.pem.decode()
+    rendered = render(VALUE_SETS["tls_client_ca_metrics_port"])
+    container = rendered.container
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    # A directory mount, never subPath: a renewed Secret reaches the running pod.
+    assert "subPath" not in mounts["tls"] and "subPath" not in mounts["tls-client-ca"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports["metrics"] == 9464
+    assert all(p["port"] == "metrics" and p["scheme"] == "HTTP" for p in _probes(rendered))
+    (endpoint,) = rendered.one("ServiceMonitor")["spec"]["endpoints"]
+    assert (endpoint["port"], endpoint["scheme"]) == ("metrics", "http")
+    headless = rendered.one("Service", f"{FULLNAME}-headless")["spec"]["ports"]
+    assert ("metrics", 9464) in {(p["name"], p["port"]) for p in headless}
+    pod = PodEmulator(rendered, tmp_path, secrets={"ourios-tls": secret})
+    effective = pod.ourios_config()
+    assert effective["OURIOS_SERVER_TLS_CERT_FILE"] == "/etc/ourios/tls/tls.crt"
+    assert effective["OURIOS_SERVER_TLS_KEY_FILE"] == "/etc/ourios/tls/tls.key"
+    assert effective["OURIOS_SERVER_TLS_CLIENT_CA_FILE"] == "/etc/ourios/tls-client-ca/ca.crt"
+    assert effective["OURIOS_SERVER_METRICS_PORT"] == 9464
+
+
+def test_clone_5_tls_without_a_metrics_port_probes_over_https() -> None:
+    rendered = render(VALUE_SETS["tls"])
+    assert all(p["port"] == "http" and p["scheme"] == "HTTPS" for p in _probes(rendered))
+    assert "OURIOS_SERVER_TLS_CLIENT_CA_FILE" not in {e["name"] for e in rendered.container["env"]}
+
+
+@pytest.mark.parametrize(
+    ("values", "words"),
+    [
+        pytest.param(
+            {"tls": {"existingSecret": "t", "clientCaSecret": "c"}},
+            "tls.clientCaSecret needs server.metricsPort",
+            id="client_ca_without_metrics_port",
+        ),
+        pytest.param(
+            {"tls": {"clientCaSecret": "c"}, "server": {"metricsPort": 9464}},
+            "tls.clientCaSecret needs tls.existingSecret",
+            id="client_ca_without_tls",
+        ),
+        pytest.param(
+            {"tls": {"existingSecret": "t"}, "serviceMonitor": {"enabled": True}},
+            "serviceMonitor with tls.existingSecret needs server.metricsPort",
+            id="service_monitor_over_tls",
+        ),
+        pytest.param(
+            {"server": {"metricsPort": 4318}}, "server.metricsPort", id="metrics_port_taken"
+        ),
+    ],
+)
+def test_clone_5_tls_values_the_pod_could_not_serve_are_refused(values: Values, words: str) -> None:
+    assert words in render_error(values)

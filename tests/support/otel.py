@@ -66,6 +66,7 @@ from wal.scan import list_root, scan_segment
 from wal.segment import HEADER_SIZE
 
 __all__ = [
+    "ClientTls",
     "EXPORT_METHOD",
     "ExportReport",
     "GrpcReply",
@@ -173,6 +174,23 @@ class SdkClient:
         self.close()
 
 
+@dataclass(frozen=True)
+class ClientTls:
+    """What a client trusts (`ca_file`) and, for mutual TLS, the certificate it shows."""
+
+    ca_file: Path
+    cert_file: Path | None = None
+    key_file: Path | None = None
+
+    def grpc(self) -> grpc.ChannelCredentials:
+        def read(path: Path | None) -> bytes | None:
+            return path.read_bytes() if path is not None else None
+
+        return grpc.ssl_channel_credentials(
+            read(self.ca_file), read(self.key_file), read(self.cert_file)
+        )
+
+
 def _sdk_client(exporter: LogRecordExporter, resource: Resource, batch_size: int) -> SdkClient:
     recording = RecordingExporter(exporter)
     provider = LoggerProvider(resource=resource, shutdown_on_exit=False)
@@ -196,10 +214,15 @@ def http_client(
     resource: Resource,
     gzip: bool = False,
     batch_size: int = 512,
+    tls: ClientTls | None = None,
 ) -> SdkClient:
-    """The SDK's OTLP/HTTP (protobuf) log exporter pointed at `127.0.0.1:port/v1/logs`."""
+    """The SDK's OTLP/HTTP (protobuf) log exporter pointed at `127.0.0.1:port/v1/logs`
+    (https with `tls`)."""
     exporter = HttpLogExporter(
-        endpoint=f"http://127.0.0.1:{port}/v1/logs",
+        endpoint=f"{'https' if tls else 'http'}://127.0.0.1:{port}/v1/logs",
+        certificate_file=str(tls.ca_file) if tls else None,
+        client_certificate_file=str(tls.cert_file) if tls and tls.cert_file else None,
+        client_key_file=str(tls.key_file) if tls and tls.key_file else None,
         headers=dict(headers),
         timeout=30,
         compression=HttpCompression.Gzip if gzip else HttpCompression.NoCompression,
@@ -214,12 +237,14 @@ def grpc_client(
     resource: Resource,
     gzip: bool = False,
     batch_size: int = 512,
+    tls: ClientTls | None = None,
 ) -> SdkClient:
-    """The SDK's OTLP/gRPC log exporter pointed at `127.0.0.1:port` (plaintext);
-    `headers` become metadata (keys must be lower case)."""
+    """The SDK's OTLP/gRPC log exporter pointed at `127.0.0.1:port` (plaintext, or TLS
+    with `tls`); `headers` become metadata (keys must be lower case)."""
     exporter = GrpcLogExporter(
-        endpoint=f"http://127.0.0.1:{port}",
-        insecure=True,
+        endpoint=f"{'https' if tls else 'http'}://127.0.0.1:{port}",
+        insecure=tls is None,
+        credentials=tls.grpc() if tls else None,
         headers=dict(headers),
         timeout=30,
         compression=grpc.Compression.Gzip if gzip else grpc.Compression.NoCompression,
@@ -413,10 +438,17 @@ def grpc_export(
     *,
     compression: grpc.Compression | None = None,
     timeout_s: float = 30.0,
+    tls: ClientTls | None = None,
 ) -> GrpcReply:
-    """Send `body` (raw ExportLogsServiceRequest bytes, unvalidated) to `Export`."""
+    """Send `body` (raw ExportLogsServiceRequest bytes, unvalidated) to `Export` (over
+    TLS with `tls`)."""
     options = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
-    with grpc.insecure_channel(f"127.0.0.1:{port}", options=options) as channel:
+    target = f"127.0.0.1:{port}"
+    with (
+        grpc.secure_channel(target, tls.grpc(), options=options)
+        if tls is not None
+        else grpc.insecure_channel(target, options=options)
+    ) as channel:
         call = channel.unary_unary(EXPORT_METHOD)
         try:
             response = call(

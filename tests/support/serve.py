@@ -18,6 +18,7 @@ import http.client
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import threading
@@ -33,17 +34,25 @@ TEST_RESERVE_BYTES = 1 << 20
 
 class ServeProcess:
     def __init__(
-        self, data_dir: Path, env: Mapping[str, str] | None = None, args: Sequence[str] = ()
+        self,
+        data_dir: Path,
+        env: Mapping[str, str] | None = None,
+        args: Sequence[str] = (),
+        *,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.data_dir = data_dir
         #: after ``serve`` (``--config FILE``, a path relative to the repository root)
         self.args = list(args)
+        #: the client context for the HTTP port when the node serves TLS
+        self.tls = tls
         self.env = {"OURIOS_DISK_RESERVE_BYTES": str(TEST_RESERVE_BYTES), **dict(env or {})}
         self.proc: subprocess.Popen[bytes] | None = None
         self.events: list[dict[str, Any]] = []
         self.lines: list[str] = []
         self.http_port = 0
         self.grpc_port = 0
+        self.metrics_port = 0
         self._listening = threading.Event()
         self._reader: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -140,6 +149,7 @@ class ServeProcess:
             if event.get("event") == "server.listening":
                 self.http_port = int(event["http_port"])
                 self.grpc_port = int(event["grpc_port"])
+                self.metrics_port = int(event.get("metrics_port", 0))
                 self._listening.set()
 
     def wait_ready(self, timeout: float = 30.0) -> None:
@@ -152,7 +162,7 @@ class ServeProcess:
         raise RuntimeError(f"/readyz never became 200:\n{self.tail()}")
 
     def get(self, path: str) -> tuple[int, bytes]:
-        conn = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=10)
+        conn = self._connection(10)
         try:
             conn.request("GET", path)
             resp = conn.getresponse()
@@ -187,7 +197,7 @@ class ServeProcess:
     def post_logs(
         self, body: bytes, headers: Mapping[str, str] | None = None
     ) -> tuple[int, bytes, dict[str, str]]:
-        conn = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=30)
+        conn = self._connection(30)
         try:
             hdrs = {"Content-Type": "application/x-protobuf", **(headers or {})}
             conn.request("POST", "/v1/logs", body=body, headers=hdrs)
@@ -195,6 +205,13 @@ class ServeProcess:
             return resp.status, resp.read(), {k.lower(): v for k, v in resp.getheaders()}
         finally:
             conn.close()
+
+    def _connection(self, timeout: float) -> http.client.HTTPConnection:
+        if self.tls is not None:
+            return http.client.HTTPSConnection(
+                "127.0.0.1", self.http_port, timeout=timeout, context=self.tls
+            )
+        return http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=timeout)
 
     def event(self, name: str) -> list[dict[str, Any]]:
         with self._lock:

@@ -87,6 +87,12 @@ path part is a registry when it has a "." or ":" or is localhost, as Docker read
 {{- define "ourios.dataDir" -}}/var/lib/ourios{{- end }}
 {{- define "ourios.authDir" -}}/etc/ourios/auth{{- end }}
 {{- define "ourios.tokensFile" -}}{{ include "ourios.authDir" . }}/tokens.yaml{{- end }}
+{{- define "ourios.tlsDir" -}}/etc/ourios/tls{{- end }}
+{{- define "ourios.clientCaDir" -}}/etc/ourios/tls-client-ca{{- end }}
+{{/* The port /healthz, /readyz and /metrics are served on: metrics when set, else http. */}}
+{{- define "ourios.opsPort" -}}{{ ternary "metrics" "http" (gt (int64 .Values.server.metricsPort) 0) }}{{- end }}
+{{/* Their scheme: https only on the http port of a TLS node. */}}
+{{- define "ourios.opsScheme" -}}{{ ternary "HTTPS" "HTTP" (and (ne .Values.tls.existingSecret "") (eq (int64 .Values.server.metricsPort) 0)) }}{{- end }}
 
 {{/* The Secret holding the S3 keys, or "" for the pod's own AWS identity. */}}
 {{- define "ourios.storeSecretName" -}}
@@ -160,6 +166,7 @@ which would print 6.7108864e+07), booleans as true/false, strings as they are. A
   (list "OURIOS_SERVER_HOST" $v.server.host)
   (list "OURIOS_SERVER_HTTP_PORT" $v.server.httpPort)
   (list "OURIOS_SERVER_GRPC_PORT" $v.server.grpcPort)
+  (list "OURIOS_SERVER_METRICS_PORT" $v.server.metricsPort)
   (list "OURIOS_SERVER_LOG_LEVEL" $v.server.logLevel)
   (list "OURIOS_SERVER_LOG_FORMAT" $v.server.logFormat)
   (list "OURIOS_SERVER_SHUTDOWN_GRACE_SECS" $v.server.shutdownGraceSecs)

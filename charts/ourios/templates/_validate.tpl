@@ -40,6 +40,20 @@ refuses what `ourios serve` would refuse at start-up. A rule whose value was rem
 {{- fail (printf "server.httpPort and server.grpcPort must differ (both are %d)" (int64 $s.httpPort)) }}
 {{- end }}
 
+{{- $mp := int64 $s.metricsPort }}
+{{- if and (gt $mp 0) (or (eq $mp (int64 $s.httpPort)) (eq $mp (int64 $s.grpcPort))) }}
+{{- fail (printf "server.metricsPort (%d) must differ from server.httpPort and server.grpcPort (unless 0)" $mp) }}
+{{- end }}
+{{- if and .Values.tls.clientCaSecret (not .Values.tls.existingSecret) }}
+{{- fail "tls.clientCaSecret needs tls.existingSecret (client certificates are asked for over TLS only)" }}
+{{- end }}
+{{- if and .Values.tls.clientCaSecret (eq $mp 0) }}
+{{- fail "tls.clientCaSecret needs server.metricsPort: the kubelet's probes and Prometheus present no client certificate" }}
+{{- end }}
+{{- if and .Values.tls.existingSecret .Values.serviceMonitor.enabled (eq $mp 0) }}
+{{- fail "serviceMonitor with tls.existingSecret needs server.metricsPort (a plaintext /metrics)" }}
+{{- end }}
+
 {{- $s3 := hasPrefix "s3://" (toString (default "" $st.url)) }}
 {{- if and (toString (default "" $st.endpointUrl)) (not $s3) }}
 {{- fail (printf "store.endpointUrl (%s) applies only to an s3:// store.url (got %q)" $st.endpointUrl (toString (default "" $st.url))) }}

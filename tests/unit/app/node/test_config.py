@@ -72,6 +72,8 @@ class Sample:
 
 
 S3 = (("store.url", "s3://logs/ourios"),)
+TLS_CERT = (("server.tls_cert_file", "/tls/tls.crt"),)
+TLS_KEY = (("server.tls_key_file", "/tls/tls.key"),)
 
 
 def samples(tmp_path: Path) -> dict[str, Sample]:
@@ -81,6 +83,10 @@ def samples(tmp_path: Path) -> dict[str, Sample]:
         "server.host": Sample("127.0.0.1", "127.0.0.1"),
         "server.http_port": Sample("8080", 8080),
         "server.grpc_port": Sample("9090", 9090),
+        "server.metrics_port": Sample("9464", 9464),
+        "server.tls_cert_file": Sample("/tls/tls.crt", Path("/tls/tls.crt"), TLS_KEY),
+        "server.tls_key_file": Sample("/tls/tls.key", Path("/tls/tls.key"), TLS_CERT),
+        "server.tls_client_ca_file": Sample("/tls/ca.crt", Path("/tls/ca.crt"), TLS_CERT + TLS_KEY),
         "server.node_id": Sample("ourios-7", "ourios-7"),
         "server.node_ordinal": Sample("5", 5),
         "server.log_level": Sample("debug", "debug"),
@@ -201,6 +207,10 @@ def test_defaults_match_design_section_8() -> None:
         "OURIOS_SERVER_HOST": "0.0.0.0",
         "OURIOS_SERVER_HTTP_PORT": 4318,
         "OURIOS_SERVER_GRPC_PORT": 4317,
+        "OURIOS_SERVER_METRICS_PORT": 0,
+        "OURIOS_SERVER_TLS_CERT_FILE": None,
+        "OURIOS_SERVER_TLS_KEY_FILE": None,
+        "OURIOS_SERVER_TLS_CLIENT_CA_FILE": None,
         "OURIOS_SERVER_NODE_ID": socket.gethostname(),
         "OURIOS_SERVER_NODE_ORDINAL": load_settings({}).server.node_ordinal,
         "OURIOS_SERVER_LOG_LEVEL": "info",
@@ -588,6 +598,10 @@ def test_cross_rules_refuse(env: dict[str, str], first: str, second: str) -> Non
 
 def test_every_cross_rule_is_exercised() -> None:
     assert {rule.keys for rule in CROSS_RULES} == {
+        # test_clone_5_tls_settings_that_cannot_serve_are_refused_naming_them
+        ("server.metrics_port", "server.http_port", "server.grpc_port"),
+        ("server.tls_cert_file", "server.tls_key_file"),
+        ("server.tls_client_ca_file", "server.tls_cert_file"),
         ("disk.stop_water_bytes", "disk.low_water_bytes"),
         ("sink.flush_bytes", "sink.ceiling_bytes"),
         ("sink.flush_bytes", "sink.max_object_bytes"),
@@ -1021,3 +1035,39 @@ def test_available_cpus_follows_the_cgroup_quota_else_the_affinity_mask(
     want = affinity if expected is None else min(affinity, expected)
     assert available_cpus(tmp_path) == want
     assert default_workers() >= 1
+
+
+# --- TLS and the metrics port (issue 24 item 5) ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        pytest.param(
+            {"OURIOS_SERVER_TLS_CERT_FILE": "/tls/tls.crt"},
+            ("OURIOS_SERVER_TLS_CERT_FILE", "OURIOS_SERVER_TLS_KEY_FILE"),
+            id="cert_without_key",
+        ),
+        pytest.param(
+            {"OURIOS_SERVER_TLS_KEY_FILE": "/tls/tls.key"},
+            ("OURIOS_SERVER_TLS_CERT_FILE", "OURIOS_SERVER_TLS_KEY_FILE"),
+            id="key_without_cert",
+        ),
+        pytest.param(
+            {"OURIOS_SERVER_TLS_CLIENT_CA_FILE": "/tls/ca.crt"},
+            ("OURIOS_SERVER_TLS_CLIENT_CA_FILE", "OURIOS_SERVER_TLS_CERT_FILE"),
+            id="client_ca_without_tls",
+        ),
+        pytest.param(
+            {"OURIOS_SERVER_METRICS_PORT": "4318"},
+            ("OURIOS_SERVER_METRICS_PORT", "OURIOS_SERVER_HTTP_PORT"),
+            id="metrics_port_on_the_http_port",
+        ),
+    ],
+)
+def test_clone_5_tls_settings_that_cannot_serve_are_refused_naming_them(
+    env: dict[str, str], named: tuple[str, ...]
+) -> None:
+    message = str(refused(env))
+    for name in named:
+        assert name in message, message
