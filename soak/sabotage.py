@@ -401,8 +401,8 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "merge_ambiguous_retry",
         "a retry after an ambiguous PUT keeps its identity, never merged with new rows",
         "sink/buffers.py",
-        "            if part.deterministic or part.identity is not None:",
-        "            if part.deterministic:",
+        "            if part.deterministic or part.identity is not None or part.spool is not None:",
+        "            if part.deterministic or part.spool is not None:",
         (
             "tests/unit/sink/test_retry_identity.py::test_rfc0055_9_3_an_ambiguous_retry_keeps_its_identity_and_never_merges_with_new_rows",
         ),
@@ -1143,15 +1143,16 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "intent_after_the_put",
         "an object's claim is durable before its PUT starts",
         "sink/publisher.py",
-        '            self._intend(key, d)\n            self._step("publish.intended")\n',
-        '            self._step("publish.intended")\n',
+        "        intended = part.spool is not None or self._intend(key, d)\n",
+        "        intended = part.spool is not None\n",
         (
             "tests/crash/test_exactly_once_serve.py::test_issue16_a_sigkill_at_each_step_of_a_publish_adds_no_copy",
         ),
         (
             (
                 '            self._step("publish.stored")\n',
-                '            self._step("publish.stored")\n            self._intend(key, d)\n',
+                '            self._step("publish.stored")\n'
+                "            intended = part.spool is not None or self._intend(key, d)\n",
             ),
         ),
     ),
@@ -1159,9 +1160,8 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "ambiguous_retry_renamed",
         "an ambiguous publish is retried under the key its attempt used",
         "sink/publisher.py",
-        "            identity = name if exc.ambiguous and name else None",
-        "            identity = (self._retry_name(d) if d.partition.kind is Kind.RECORDS else None)"
-        " if exc.ambiguous else None",
+        "                return self._failed(d, kind, exc.error_type, exc, name), exc",
+        "                return self._failed(d, kind, exc.error_type, exc), exc",
         (
             "tests/unit/app/ingest/test_landed.py::test_issue16_an_ambiguous_put_retried_in_process_is_stored_once",
             "tests/unit/sink/test_retry_identity.py::test_rfc0055_9_3_an_ambiguous_retry_keeps_its_identity_and_never_merges_with_new_rows",

@@ -304,6 +304,22 @@ def test_every_sabotage_is_named_under_a_rule() -> None:
         pytest.fail(f"soak/sabotage.py entries docs/RULES.md names under no rule: {missing}")
 
 
+def test_every_sabotage_still_applies_to_the_tree() -> None:
+    """A sabotage whose text has gone from its file breaks nothing and proves nothing:
+    each entry's edits apply, in order, to the file as it is today."""
+    from soak.sabotage import SABOTAGES
+
+    stale = []
+    for sabotage in SABOTAGES:
+        text = (ROOT / sabotage.file).read_text("utf-8")
+        for old, new in ((sabotage.old, sabotage.new), *sabotage.more):
+            if old not in text:
+                stale.append(f"{sabotage.name}: {old!r} is not in {sabotage.file}")
+                break
+            text = text.replace(old, new, 1)
+    assert not stale, "\n".join(stale)
+
+
 def test_a_reference_that_points_nowhere_is_reported_with_its_line(tmp_path: Path) -> None:
     """The checker itself: every kind of dangling reference is caught, and what resolves
     (a wrapped citation, a list after one document name, a public RFC) is not."""
