@@ -327,7 +327,7 @@ class _StateCollector(Collector):
         )
         hw = p.journal.high_water
         yield gauge(
-            "ourios_wal_high_water_lsn",
+            "ourios_wal_high_water_lsn_bytes",
             "The current segment's synced high-water HIGHWATER records (damage below it is "
             "corruption, above it a torn tail).",
             hw.recorded_lsn,

@@ -36,7 +36,7 @@ INTERFACE: dict[str, tuple[str, frozenset[str]]] = {
     "ourios_wal_unreclaimed_bytes": ("gauge", frozenset()),
     "ourios_wal_segments": ("gauge", frozenset()),
     "ourios_wal_oldest_unreclaimed_age_seconds": ("gauge", frozenset()),
-    "ourios_wal_high_water_lsn": ("gauge", frozenset()),
+    "ourios_wal_high_water_lsn_bytes": ("gauge", frozenset()),
     "ourios_wal_high_water_write_failures_total": ("counter", frozenset()),
     "ourios_wal_torn_tail_frames_total": ("counter", frozenset()),
     "ourios_wal_torn_tail_bytes_total": ("counter", frozenset()),
