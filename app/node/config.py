@@ -1186,6 +1186,12 @@ CROSS_RULES: tuple[CrossRule, ...] = (
         lambda s: s.server.max_inflight_bytes >= 3 * s.wal.max_frame_bytes + 2 * MiB,
     ),
     CrossRule(
+        "{0} must be at least {1} (a body the WAL takes is never refused for what its rows "
+        "hold when they repeat nothing)",
+        ("server.max_expanded_bytes", "wal.max_frame_bytes"),
+        lambda s: s.server.max_expanded_bytes >= s.wal.max_frame_bytes,
+    ),
+    CrossRule(
         "{0} must be below {1}",
         ("disk.stop_water_bytes", "disk.low_water_bytes"),
         lambda s: s.disk.stop_water_bytes < s.disk.low_water_bytes,

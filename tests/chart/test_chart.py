@@ -1062,6 +1062,11 @@ CROSS_RULES = [
         id="inflight_below_three_frames",
     ),
     pytest.param(
+        {"server.maxExpandedBytes": 8 * 2**20 - 1, "wal.maxFrameBytes": 8 * 2**20},
+        "server.maxExpandedBytes",
+        id="expanded_below_a_frame",
+    ),
+    pytest.param(
         {"wal.maxUnlinksPerPass": 4, "wal.rotationRetryAttempts": 5},
         "wal.maxUnlinksPerPass",
         id="unlinks_below_rotation_attempts",
@@ -1090,6 +1095,7 @@ def test_a_rule_between_settings_refuses_in_the_chart_and_in_the_app(
     [
         pytest.param({"disk.stopWaterBytes": 2**30 - 1, "disk.lowWaterBytes": 2**30}, id="stop"),
         pytest.param({"sink.flushBytes": 2**28, "sink.ceilingBytes": 2**28}, id="flush"),
+        pytest.param({"server.maxExpandedBytes": 2**23, "wal.maxFrameBytes": 2**23}, id="expanded"),
         pytest.param({"wal.maxUnlinksPerPass": 5, "wal.rotationRetryAttempts": 5}, id="unlinks"),
         pytest.param({"wal.maxTenants": 65536, "wal.maxUnlinksPerPass": 250}, id="reclaim"),
     ],

@@ -36,6 +36,12 @@ refuses what `ourios serve` would refuse at start-up. A rule whose value was rem
 {{- end }}
 {{- end }}
 
+{{- if and (not (kindIs "invalid" $s.maxExpandedBytes)) (not (kindIs "invalid" $w.maxFrameBytes)) }}
+{{- if lt (int64 $s.maxExpandedBytes) (int64 $w.maxFrameBytes) }}
+{{- fail (printf "server.maxExpandedBytes (%d) must be at least wal.maxFrameBytes (%d) (OURIOS_SERVER_MAX_EXPANDED_BYTES >= OURIOS_WAL_MAX_FRAME_BYTES)" (int64 $s.maxExpandedBytes) (int64 $w.maxFrameBytes)) }}
+{{- end }}
+{{- end }}
+
 {{- if eq (int64 $s.httpPort) (int64 $s.grpcPort) }}
 {{- fail (printf "server.httpPort and server.grpcPort must differ (both are %d)" (int64 $s.httpPort)) }}
 {{- end }}

@@ -519,7 +519,11 @@ def test_bounds_themselves_are_accepted(row: Setting) -> None:
         "server.http_port": {"server.grpc_port": "0"},
         "server.grpc_port": {"server.http_port": "0"},
         "server.max_inflight_bytes": {"wal.max_frame_bytes": "1KiB"},
-        "wal.max_frame_bytes": {"server.max_inflight_bytes": "1GiB"},
+        "server.max_expanded_bytes": {"wal.max_frame_bytes": "1KiB"},
+        "wal.max_frame_bytes": {
+            "server.max_inflight_bytes": "1GiB",
+            "server.max_expanded_bytes": "1GiB",
+        },
     }
     for bound in (row.minimum, row.maximum):
         if bound is None:
@@ -584,6 +588,12 @@ def test_bounds_themselves_are_accepted(row: Setting) -> None:
             "wal.max_frame_bytes",
             id="inflight_below_three_frames",
         ),
+        pytest.param(
+            {"server.max_expanded_bytes": "4MiB", "wal.max_frame_bytes": "8MiB"},
+            "server.max_expanded_bytes",
+            "wal.max_frame_bytes",
+            id="expanded_below_a_frame",
+        ),
     ],
 )
 def test_cross_rules_refuse(env: dict[str, str], first: str, second: str) -> None:
@@ -609,6 +619,7 @@ def test_every_cross_rule_is_exercised() -> None:
         ("store.endpoint_url", "store.url"),
         ("store.region", "store.url"),
         ("server.max_inflight_bytes", "wal.max_frame_bytes"),
+        ("server.max_expanded_bytes", "wal.max_frame_bytes"),
     }
 
 
