@@ -82,7 +82,7 @@ def _install(seed, every):
 
     plan.fail_at(pick("before"), "before", times=10**9)
     plan.fail_at(pick("after"), "after", times=10**9)
-    server.MinerCluster = lambda allocator: FaultyMiners(allocator, plan)
+    server.MinerCluster = lambda allocator, config: FaultyMiners(allocator, plan, config)
     start = barrier.Barrier.start
 
     def armed_after_recovery(self):

@@ -66,7 +66,7 @@ def _install(marker):
 
     plan = FaultPlan()  # armed from the start: the replay fails on it too
     plan.fail_at(marker, "before", times=10**9)
-    server.MinerCluster = lambda allocator: FaultyMiners(allocator, plan)
+    server.MinerCluster = lambda allocator, config: FaultyMiners(allocator, plan, config)
 
 
 if os.environ.get("NOWEDGE4_POISON"):

@@ -67,7 +67,7 @@ def _install(hold, fail_records):
 
     plan = FaultPlan(armed=False)
     plan.fail_at("disk sda2 ", "after")
-    server.MinerCluster = lambda allocator: FaultyMiners(allocator, plan)
+    server.MinerCluster = lambda allocator, config: FaultyMiners(allocator, plan, config)
     start = barrier.Barrier.start
 
     def armed_after_recovery(self):

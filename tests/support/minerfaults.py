@@ -130,9 +130,14 @@ def faulty_miner_type(plan: FaultPlan) -> type[TenantMiner]:
 class FaultyMiners(MinerCluster):
     """A ``MinerCluster`` of faulty miners; ``replace_tenant`` fails per the plan."""
 
-    def __init__(self, allocator: TemplateIdAllocator, plan: FaultPlan | None = None) -> None:
+    def __init__(
+        self,
+        allocator: TemplateIdAllocator,
+        plan: FaultPlan | None = None,
+        default_config: MinerConfig | None = None,
+    ) -> None:
         self.plan = plan if plan is not None else FaultPlan()
-        super().__init__(allocator, miner_type=faulty_miner_type(self.plan))
+        super().__init__(allocator, default_config, miner_type=faulty_miner_type(self.plan))
 
     def replace_tenant(self, tenant: str, miner: TenantMiner) -> TenantMiner | None:
         if self.plan.take_replace():
