@@ -97,14 +97,14 @@ class ServeProcess:
         deadline = time.monotonic() + timeout
         while not self._listening.wait(0.05):
             if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"ourios serve exited with {self.proc.returncode}:\n{self.tail()}"
-                )
+                self._reader.join(10)  # every line it wrote, for the message
+                message = f"ourios serve exited with {self.proc.returncode}:\n{self.tail()}"
+                self.close()  # the pipe too: no `with` block will (its __enter__ raised)
+                raise RuntimeError(message)
             if time.monotonic() > deadline:
-                self.kill()
-                raise RuntimeError(
-                    f"ourios serve did not listen within {timeout} s:\n{self.tail()}"
-                )
+                message = f"ourios serve did not listen within {timeout} s:\n{self.tail()}"
+                self.close()
+                raise RuntimeError(message)
         self.wait_ready(deadline - time.monotonic())
         if recovered:
             self.wait_recovered(max(timeout, 120.0))
