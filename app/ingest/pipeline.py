@@ -24,6 +24,7 @@ clamped below it, and the tenant is rebuilt by settlement.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -536,7 +537,12 @@ class Pipeline:
         out: list[Detached] = []
         lsn = offset.lsn
         records = assemble_records(
-            tenant, batch.columns, result.template_ids, result.template_params, lsn
+            tenant,
+            batch.columns,
+            result.template_ids,
+            result.template_params,
+            lsn,
+            result.template_versions,
         )
         rows = len(batch) or 1
         for day, index in _days(batch, offset):
@@ -734,7 +740,7 @@ class Pipeline:
                 else:
                     gated += 1
             if gated or landed:
-                result = MineResult(result.template_ids, result.template_params, forwarded)
+                result = dataclasses.replace(result, events=forwarded)
             counts = counts._replace(events=gated + landed, events_landed=landed)
             known = (lambda tid: not is_fresh(tid)) if is_fresh is not None else (lambda tid: True)
             detached.extend(

@@ -26,7 +26,7 @@ end, is called exactly where ``add_log_message`` calls it.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from operator import eq, itemgetter
 from typing import Literal, Protocol, cast
 
@@ -34,6 +34,7 @@ from drain3.drain import Drain, LogCluster, Node
 
 from app.ingest.mining.errors import MinerError, MinerFailedError
 from app.ingest.mining.miner_config import MinerConfig
+from app.ingest.mining.rematch import rematch_batch
 from app.ingest.mining.snapshot import (
     ClusterRow,
     MinerSnapshot,
@@ -69,6 +70,8 @@ class MineResult:
     template_params: list[tuple[str, ...]]
     #: in the order the bodies caused them
     events: list[TemplateEvent]
+    #: the version of its template each record's parameters fill (app/ingest/mining/rematch.py)
+    template_versions: list[int] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.template_ids)
@@ -315,6 +318,7 @@ class TenantMiner:
         ids: list[int] = []
         params: list[tuple[str, ...]] = []
         events: list[TemplateEvent] = []
+        versions: list[int] = []
         append_id = ids.append
         append_params = params.append
         for index, body in enumerate(bodies):
@@ -335,7 +339,12 @@ class TenantMiner:
             append_id(template.template_id)
             pick = template.params
             append_params(pick(tokens) if pick is not None else ())
-        return MineResult(ids, params, events)
+            versions.append(template.version)
+        if events:
+            changes = [(e.template_id, e.version, e.template, e.index) for e in events]
+            split = str.split if not delimiters else (lambda b: tokenize(b, delimiters))
+            rematch_batch(bodies, ids, params, versions, changes, split)
+        return MineResult(ids, params, events, versions)
 
     def _search(self, tokens: list[str]) -> tuple[_Template | None, bool]:
         """``Drain.tree_search(root, tokens, sim_th, include_params=False)`` computed on
