@@ -45,9 +45,9 @@ representable, so no record can fail an encode on range. Parquet stores them as 
 with the UINT_64 logical type; DuckDB reads them as ``UBIGINT`` (for a timestamp:
 ``make_timestamp_ns(time_unix_nano::BIGINT)``), pyarrow as ``uint64``. Body and
 attribute values that were not strings in OTLP are JSON-encoded by the caller. The
-schema metadata carries ``ourios.schema`` = ``records/2`` (``template_version`` added) or ``audit/1``; a change to a
-column's name or type bumps it. A records object's row groups hold ``ROW_GROUP_ROWS``
-rows.
+schema metadata carries ``ourios.schema`` = ``records/2`` (``template_version`` added)
+or ``audit/1``; a change to a column's name or type bumps it. A records object's row
+groups hold ``ROW_GROUP_ROWS`` rows.
 
 Invariant: an object is encoded whole in memory and handed to the store as one
 ``bytes``, so a reader never sees a Parquet file without its footer; the store's atomic

@@ -49,8 +49,9 @@ def _check(published: Published) -> None:
     for row in records:
         assert row["template_version"] == last, row  # the published version's parameters
         assert row["template_params"], row  # the first record is no longer empty
-        assert _fill(texts[(template_id, row["template_version"])], row["template_params"]) == (
-            row["body"]
+        assert (
+            _fill(texts[(template_id, row["template_version"])], row["template_params"])
+            == (row["body"])
         )
 
 
