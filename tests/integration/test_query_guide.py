@@ -150,6 +150,9 @@ def _check(names: dict[str, Any], sent: Sent) -> None:
     assert got and {value for _, value, _ in got} <= words, got
     assert all(pos >= 1 and n >= 1 for pos, _, n in got)
 
+    # every record of the tenant is rebuilt from its version's text and parameters
+    assert len(names["rebuilt"]) == len(mine)
+
     trace_id = names["TRACE_ID"]
     expected = sorted((r["t"], r["body"]) for r in mine if r["trace"] == trace_id)
     assert [(t, body) for t, _, _, body in names["trace"]] == expected
