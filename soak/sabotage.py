@@ -1489,6 +1489,17 @@ SABOTAGES: tuple[Sabotage, ...] = (
             "tests/unit/app/ingest/test_tenants.py::test_bounded_4_open_mode_takes_new_tenants_at_the_configured_rate",
         ),
     ),
+    Sabotage(
+        "records_not_rematched",
+        "a record's parameters fill the template version it names, the batch's last",
+        "app/ingest/mining/tenant_miner.py",
+        "        if events:\n            changes = ",
+        "        if False:\n            changes = ",
+        (
+            "tests/unit/app/ingest/mining/test_tenant_miner.py::test_issue24_4_every_record_of_a_batch_fills_its_template_last_version_in_the_batch",
+            "tests/integration/test_template_params_serve.py::test_issue24_4_both_records_fill_the_published_version_embedded",
+        ),
+    ),
 )
 
 

@@ -289,3 +289,19 @@ def test_failure_mid_batch_poisons_the_miner() -> None:
         miner.mine(["first template here"])
     with pytest.raises(MinerFailedError):
         miner.to_snapshot()
+
+
+@pytest.mark.parametrize("seed", [4, 24])
+def test_issue24_4_every_record_of_a_batch_fills_its_template_last_version_in_the_batch(
+    seed: int,
+) -> None:
+    lines = corpus(seed, 200)
+    result = TenantMiner(CountingAllocator()).mine(lines)
+    last = {e.template_id: e.version for e in result.events}
+    assert result.template_versions == [last[tid] for tid in result.template_ids]
+    texts = {(e.template_id, e.version): e.template for e in result.events}
+    for i, body in enumerate(lines):
+        values = iter(result.template_params[i])
+        text = texts[(result.template_ids[i], result.template_versions[i])]
+        tokens = text.split(" ") if text else []  # the zero-token template's text is ""
+        assert [next(values) if t == PARAM else t for t in tokens] == body.split()
