@@ -6,17 +6,30 @@ PY := $(VENV)/bin/python
 TOOLS := .cache/tools
 PYDIRS := app wal sink tests soak scripts
 
+# run.yaml's settings on one line: "wal.barrier_secs: 5, sink.flush_age_secs: 2".
+RUN_CADENCES = awk '/^[a-z]/ {s = substr($$1, 1, length($$1) - 1)} \
+	/^ +[a-z_]+:/ {printf "%s%s.%s %s", (n++ ? ", " : ""), s, $$1, $$2} END {print ""}' run.yaml
+
 .PHONY: run test lint typecheck unit bench soak soak-long clean
 
-$(VENV)/.installed: pyproject.toml
+# What the node itself needs (`make run`): its dependencies and nothing of the test
+# toolchain, with pip's progress shown.
+$(VENV)/.installed-run: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -e . --config-settings editable_mode=compat
+	touch $@
+
+# Everything the tests, the soak and the benchmarks need on top of it.
+$(VENV)/.installed: $(VENV)/.installed-run
 	$(PY) -m pip install -q -e '.[test,soak]' --config-settings editable_mode=compat
 	touch $@
 
-# Runs the service on its embedded default: ./data and the local object store.
-run: $(VENV)/.installed
-	$(VENV)/bin/ourios serve
+# A trial on one machine: the embedded default (./data and the local object store) with
+# run.yaml's short cadences, printed first, so what is sent is queryable within seconds.
+run: $(VENV)/.installed-run
+	@echo "make run: run.yaml's trial cadences: $$($(RUN_CADENCES)) (production defaults: 300 s)"
+	$(VENV)/bin/ourios serve --config run.yaml
 
 # Installs everything the tests need, then runs lint, type checks, the generated-docs checks
 # and the whole suite (pytest prints the 25 slowest tests: addopts in pyproject.toml).

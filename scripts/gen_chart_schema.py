@@ -36,7 +36,7 @@ SCHEMA_PATH = ROOT / "charts" / "ourios" / "values.schema.json"
 Schema = dict[str, Any]
 
 #: Sections of the app whose settings are chart values.
-VALUE_SECTIONS = ("server", "wal", "sink", "store", "disk")
+VALUE_SECTIONS = ("server", "wal", "sink", "store", "disk", "miner")
 #: Settings the chart sets itself, with where their value comes from.
 CHART_MANAGED = {
     "server.data_dir": "the data volume's mount path, /var/lib/ourios",
@@ -238,10 +238,73 @@ def store_chart_keys() -> dict[str, Schema]:
     }
 
 
+#: Why extraEnv refuses an OURIOS_* name, in the words the user reads: helm prints a
+#: schema failure as "value must be '<const>'", so the const is the reason.
+EXTRA_ENV_RULE = (
+    "a name outside OURIOS_*: the ourios settings are values of this chart "
+    "(OURIOS_WAL_BARRIER_SECS is wal.barrierSecs), which it renders itself into the "
+    "settings ConfigMap; a second definition in extraEnv would silently override it"
+)
+
+
+def extra_env_name() -> Schema:
+    """An extraEnv name: an OURIOS_* one fails with the reason as the expected value."""
+    return {
+        "type": "string",
+        "description": f"Must be {EXTRA_ENV_RULE}.",
+        "if": {"pattern": "^OURIOS_"},
+        "then": {"const": EXTRA_ENV_RULE},
+    }
+
+
+def _peers(description: str) -> Schema:
+    return {"type": "array", "items": {"type": "object"}, "description": description}
+
+
+def network_policy() -> Schema:
+    """``networkPolicy``: who may reach the pods, and (optionally) where they connect."""
+    return obj(
+        {
+            "enabled": boolean("Render a NetworkPolicy for the release's pods."),
+            "ingress": obj(
+                {
+                    "from": _peers("NetworkPolicyPeers allowed to the OTLP ports; empty: any."),
+                    "metricsNamespaceSelector": string_map(
+                        "Labels of the namespace allowed to scrape /metrics (the HTTP port)."
+                    ),
+                    "extra": _peers("More NetworkPolicyIngressRules, as they are."),
+                }
+            ),
+            "egress": obj(
+                {
+                    "enabled": boolean("Restrict egress to DNS, the store and egress.extra."),
+                    "dnsTo": _peers("NetworkPolicyPeers answering DNS (UDP and TCP 53)."),
+                    "storeTo": _peers("NetworkPolicyPeers of an s3:// store; empty: any."),
+                    "storePorts": {
+                        "type": "array",
+                        "items": {"type": "integer", "minimum": 1, "maximum": 65_535},
+                        "description": "The store's ports; empty: store.endpointUrl's, else 443.",
+                    },
+                    "extra": _peers("More NetworkPolicyEgressRules, as they are."),
+                }
+            ),
+        }
+    )
+
+
 def chart_properties() -> dict[str, Schema]:
     """The chart's own top-level keys (everything but the settings sections)."""
     return {
-        "global": free_object("Helm's global values (unused by this chart)."),
+        "global": {
+            "type": "object",
+            "description": "Values shared with other charts of an umbrella release.",
+            "properties": {
+                "imageRegistry": string(
+                    "A registry (mirror) replacing image.repository's own; empty: none.",
+                    pattern=r"^[^\s/]*(/[^\s/]+)*/?$",
+                )
+            },
+        },
         "auth": obj(
             {
                 "existingSecret": string("A Secret holding the tokens file."),
@@ -330,15 +393,34 @@ def chart_properties() -> dict[str, Schema]:
         "podLabels": string_map(),
         "extraEnv": {
             "type": "array",
-            "description": "Extra container env; OURIOS_* is refused (use the settings).",
+            "description": "Extra container env. " + EXTRA_ENV_RULE,
             "items": {
                 "type": "object",
                 "required": ["name"],
-                "properties": {"name": {"type": "string", "not": {"pattern": "^OURIOS_"}}},
+                "properties": {"name": extra_env_name()},
             },
         },
+        "extraEnvFrom": free_list(
+            "envFrom sources (ConfigMaps, Secrets) before the chart's settings, which win."
+        ),
         "extraVolumes": free_list(),
         "extraVolumeMounts": free_list(),
+        "initContainers": free_list("Containers run to completion before ourios starts."),
+        "extraContainers": free_list("Containers beside ourios in the pod (sidecars)."),
+        "lifecycleHooks": obj(
+            {
+                "postStart": free_object("A LifecycleHandler run after the container starts."),
+                "preStop": free_object(
+                    "A LifecycleHandler replacing the shutdown.preStopSleepSecs sleep."
+                ),
+            }
+        ),
+        "dnsPolicy": string(
+            "The pod's dnsPolicy; empty: Kubernetes' default (ClusterFirst).",
+            enum=["", "ClusterFirst", "ClusterFirstWithHostNet", "Default", "None"],
+        ),
+        "dnsConfig": free_object("The pod's dnsConfig (nameservers, searches, options)."),
+        "networkPolicy": network_policy(),
         "service": obj(
             {
                 "type": string(enum=["ClusterIP", "NodePort", "LoadBalancer"]),
@@ -365,6 +447,7 @@ def chart_properties() -> dict[str, Schema]:
                 "labels": string_map(),
                 "relabelings": free_list(),
                 "metricRelabelings": free_list(),
+                "namespace": string("Where the ServiceMonitor lives; empty: the release's."),
             }
         ),
         "prometheusRule": obj(

@@ -49,8 +49,9 @@ store:
 
 **Precedence.** The environment overrides the file; the file overrides the default.
 `ourios serve --help` lists the same table; `ourios config` prints the effective
-configuration as JSON, and `ourios serve` logs it at start-up as one line
-`{"event": "config.effective", "config": {...}}` keyed by environment variable.
+configuration as JSON, and `ourios serve` logs it at start-up as its first event,
+`config.effective` with `config: {...}` keyed by environment variable (with
+`server.log_format` console, at debug level: a terminal gets a short summary instead).
 
 **Values.** Integers are plain decimal. Settings measured in bytes also accept a binary
 suffix: `KiB`, `MiB`, `GiB`, `TiB` (or `Ki`, `Mi`, `Gi`, `Ti`, as in Kubernetes

@@ -1480,6 +1480,52 @@ SABOTAGES: tuple[Sabotage, ...] = (
         ),
     ),
     Sabotage(
+        "miner_unbounded",
+        "every tenant's miner is bounded: templates (LRU, ids never reused), the body head "
+        "mined, its memory and snapshot",
+        "app/node/server.py",
+        "    return MinerConfig(\n        max_clusters=miner.max_templates,",
+        "    return MinerConfig()\n    return MinerConfig(\n        max_clusters=miner.max_templates,",
+        (
+            "tests/integration/test_noisy_tenant_serve.py::test_bounded_2_a_noisy_tenant_does_not_stall_31_others",
+        ),
+    ),
+    Sabotage(
+        "turn_share_ignored",
+        "a tenant over its share of the ingest turn has its own batches refused (503 "
+        "tenant_turn_share, Retry-After), never another tenant's",
+        "app/ingest/shares.py",
+        "            if over and self._contended_locked(tenant, now):",
+        "            if False:",
+        (
+            "tests/unit/app/ingest/test_shares.py::test_bounded_2_a_tenant_over_its_share_is_refused_and_no_other_is",
+            "tests/integration/test_noisy_tenant_serve.py::test_bounded_2_a_noisy_tenant_does_not_stall_31_others",
+        ),
+    ),
+    Sabotage(
+        "turn_share_cost_not_measured",
+        "a tenant's share is of the turn's time: its work is charged at what a unit takes "
+        "on this node, as measured",
+        "app/ingest/shares.py",
+        "            bucket.balance -= work * self._tenant_unit_secs_locked(bucket)",
+        "            bucket.balance -= work * INITIAL_UNIT_SECS",
+        (
+            "tests/unit/app/ingest/test_shares.py::test_bounded_2_the_share_is_of_the_turns_measured_time",
+            "tests/unit/app/ingest/test_shares.py::test_bounded_2_a_tenant_is_charged_what_its_own_units_take",
+        ),
+    ),
+    Sabotage(
+        "tenant_backlog_share_ignored",
+        "a tenant over its share of the turn backlog has its own batches refused (503 "
+        "tenant_backlog), never another tenant's",
+        "app/ingest/stages.py",
+        "            if share is not None and mine is not None and mine[0] + len(payload) > share:",
+        "            if False:",
+        (
+            "tests/unit/app/ingest/test_stages.py::test_bounded_2_one_tenant_over_its_backlog_share_is_refused_and_others_are_not",
+        ),
+    ),
+    Sabotage(
         "open_new_tenant_rate_ignored",
         "in open mode new tenants take slots at a bounded rate",
         "app/ingest/tenants.py",
@@ -1498,6 +1544,47 @@ SABOTAGES: tuple[Sabotage, ...] = (
         (
             "tests/unit/app/ingest/mining/test_tenant_miner.py::test_issue24_4_every_record_of_a_batch_fills_its_template_last_version_in_the_batch",
             "tests/integration/test_template_params_serve.py::test_issue24_4_both_records_fill_the_published_version_embedded",
+        ),
+    ),
+    Sabotage(
+        "malloc_arenas_unbounded",
+        "the core and its workers run with two malloc arenas unless the operator says",
+        "app/node/malloc_arenas.py",
+        "DEFAULT_ARENAS = 2\n",
+        "DEFAULT_ARENAS = 0\n",
+        (
+            "tests/unit/app/node/test_malloc_arenas.py::test_bounded_1_arenas_default_to_two_and_the_workers_inherit_the_limit",
+        ),
+    ),
+    # -- what an operator sees: logs and process metrics (issue 24) ---------------------
+    Sabotage(
+        "floor_warns_before_first_cut",
+        "a tenant waiting for its first cut is pinned by design and warns nothing",
+        "app/cadence/housekeeping.py",
+        "            and floor.oldest_pinned.lsn <= checkpoint.lsn\n",
+        "",
+        (
+            "tests/unit/app/cadence/test_housekeeping.py::test_clone_6_a_new_tenant_waiting_for_its_first_cut_is_pinned_without_a_warning",
+        ),
+    ),
+    Sabotage(
+        "floor_pin_never_warns",
+        "a pin the checkpoint has passed warns once (wal.floor.pinned)",
+        "app/cadence/housekeeping.py",
+        "        held = (\n            isinstance(floor, FloorPinned)",
+        "        held = False and (\n            isinstance(floor, FloorPinned)",
+        (
+            "tests/unit/app/cadence/test_housekeeping.py::test_clone_6_a_pin_the_checkpoint_passed_warns_once_then_lifts",
+        ),
+    ),
+    Sabotage(
+        "process_series_core_only",
+        "/metrics carries process_* for the core and for each worker",
+        "app/node/metrics.py",
+        '        processes += [({"worker": str(i)}, pid) for i, pid in sorted(self._workers().items())]\n',
+        "",
+        (
+            "tests/integration/test_operator_view.py::test_clone_7_metrics_show_process_series_for_the_core_and_each_worker",
         ),
     ),
 )

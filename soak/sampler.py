@@ -54,7 +54,7 @@ GAUGES: Final = {
     "ourios_wal_segments": "wal_segments",
     "ourios_wal_disk_bytes": "wal_disk_bytes",
     "ourios_wal_unreclaimed_bytes": "wal_unreclaimed_bytes",
-    "ourios_wal_checkpoint_lsn": "wal_checkpoint_lsn",
+    "ourios_wal_checkpoint_lsn_bytes": "wal_checkpoint_lsn",
     "ourios_wal_unflushed_bytes": "wal_unflushed_bytes",
     "ourios_wal_oldest_unreclaimed_age_seconds": "wal_oldest_unreclaimed_age_s",
     "ourios_wal_retain_floor_lag_bytes": "wal_retain_floor_lag_bytes",

@@ -95,11 +95,14 @@ class FloorMin:
 @dataclass(frozen=True, slots=True)
 class FloorPinned:
     """Some tenants with frames have no valid snapshot; the minimum includes their
-    oldest surviving frames."""
+    oldest surviving frames. ``oldest_pinned`` is the oldest of those frames alone: a pin
+    above the checkpoint holds nothing the checkpoint would release (a new tenant
+    waiting for its first cut), one at or below it does."""
 
     offset: WalOffset
     tenants: int
     pinned: tuple[str, ...] = ()
+    oldest_pinned: WalOffset | None = None
     state: str = "pinned"
 
 
@@ -352,7 +355,7 @@ class SegmentLedger:
         if pinned:
             assert pin_low is not None
             offset = pin_low if lowest is None or pin_low.lsn <= lowest.lsn else lowest
-            self.floor = FloorPinned(offset, len(pinned), tuple(sorted(pinned)[:16]))
+            self.floor = FloorPinned(offset, len(pinned), tuple(sorted(pinned)[:16]), pin_low)
         else:
             self.floor = FloorMin(lowest)
         return self.floor

@@ -37,7 +37,7 @@ from app.ingest.admission import Admission, TickDecision
 from app.ingest.snapshots import SnapshotLedger
 from app.node.diskspace import DiskSpace, statvfs_free
 from app.threads import Supervised, Supervisor, start_thread
-from wal import FloorPinned, Journal, ReclaimError, ReclamationProgress, WalError
+from wal import FloorPinned, Journal, ReclaimError, ReclamationProgress, WalError, WalOffset
 
 log = logging.getLogger("ourios.housekeeping")
 
@@ -147,6 +147,9 @@ class Housekeeper:
         started = time.perf_counter()
         points.hit("housekeeping.before_pass")
         progress: ReclamationProgress | None
+        # Read before the horizons: a cut installs its snapshots before it stamps its
+        # checkpoint, so every install this mark covers is in the horizons read next.
+        checkpoint = self.journal.reclaim_state().checkpoint
         try:
             progress = self.journal.maintain(self.ledger.known(), self.cap)
         except ReclaimError as exc:
@@ -169,7 +172,7 @@ class Housekeeper:
             self.on_pass(seconds)
         if progress is not None:
             self.last = progress
-            self._floor_transition(progress)
+            self._floor_transition(progress, checkpoint)
         return progress
 
     def _count(self, outcome: str, error_type: str) -> None:
@@ -177,24 +180,37 @@ class Housekeeper:
         if self.on_run is not None:
             self.on_run(outcome, error_type)
 
-    def _floor_transition(self, progress: ReclamationProgress) -> None:
+    def _floor_transition(
+        self, progress: ReclamationProgress, checkpoint: WalOffset | None
+    ) -> None:
+        """``wal.floor.pinned`` when a pin starts holding frames the checkpoint covers
+        (a snapshot missing after a cut), ``wal.floor.lifted`` when that ends. A tenant
+        whose frames are all above the checkpoint is pinned by design — waiting for the
+        first cut after its first batch — and holds nothing a cut has released: no event
+        (the floor's gauges still show it)."""
         floor = progress.floor
-        pinned = isinstance(floor, FloorPinned)
-        if pinned and not self._pinned:
+        held = (
+            isinstance(floor, FloorPinned)
+            and floor.oldest_pinned is not None
+            and checkpoint is not None
+            and floor.oldest_pinned.lsn <= checkpoint.lsn
+        )
+        if held and not self._pinned:
             assert isinstance(floor, FloorPinned)
             self._events(
                 "wal.floor.pinned",
                 {
                     "tenants": floor.tenants,
                     "offset": str(floor.offset),
+                    "checkpoint": str(checkpoint),
                     "example_tenants": list(floor.pinned),
                     "lag_bytes": progress.lag_bytes,
                     "lag_segments": progress.lag_segments,
                 },
             )
-        elif not pinned and self._pinned:
+        elif not held and self._pinned:
             self._events("wal.floor.lifted", {"floor": floor.state})
-        self._pinned = pinned
+        self._pinned = held
 
     def wake(self) -> None:
         """Run a pass now (the disk's low-water mark asks for one)."""

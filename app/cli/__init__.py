@@ -15,9 +15,10 @@ on stderr, no traceback); 70 a subcommand whose implementation could not be load
 otherwise what the subcommand returns — for ``serve``: 1 a start refused (one
 ``server.start_failed`` event names why), 75 stopped with acknowledged rows that only the
 WAL holds (``server.stopped`` counts them; the next start publishes them), else 0.
-``serve`` writes the effective configuration as
-one ``{"event": "config.effective", "config": {...}}`` JSON line to stderr before it
-calls ``run_serve``, so tests and operators can read back what the node runs with.
+``serve`` writes the effective configuration as its first event,
+``config.effective`` with ``config: {...}`` (in the json log format; at debug level in the
+console format, whose start-up summary is ``server.listening``), so tests and operators
+can read back what the node runs with.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from pathlib import Path
 from types import ModuleType
 
 from app.node.config import SECTIONS, SETTINGS, ConfigError, Settings, load_settings
+from app.node.malloc_arenas import bound_malloc_arenas
 
 __all__ = ["main", "run_serve", "settings_help"]
 
@@ -179,10 +181,11 @@ def _load(config_file: Path | None) -> Settings | None:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    # Before any thread or worker exists: part of the memory bound (DESIGN.md §5.12).
+    bound_malloc_arenas()
     settings = _load(args.config)
     if settings is None:
         return EXIT_USAGE
-    print(settings.effective_json(), file=sys.stderr, flush=True)
     return run_serve(settings, args.config)
 
 

@@ -49,6 +49,7 @@ from app.ingest.settlement import (
     UnminedEntry,
     UnminedSet,
 )
+from app.ingest.shares import TurnShares
 from app.ingest.snapshots import SnapshotLedger, SnapshotState
 from app.ingest.tenants import Reservation, TenantTable, TenantUnrecoverable, TurnResult
 from app.node.gc_policy import collection_deferred
@@ -178,6 +179,8 @@ class Ticket:
     pending: Pending
     offset: WalOffset | None = None
     error: AppendError | None = None
+    #: the work reserved against the tenant's turn share, settled at its turn
+    estimate: float = 0.0
 
 
 class Pipeline:
@@ -195,6 +198,7 @@ class Pipeline:
         ledger: SnapshotLedger | None = None,
         admission: Admission | None = None,
         mining_attempts: int = DEFAULT_MINING_ATTEMPTS,
+        shares: TurnShares | None = None,
         threads: Supervisor | None = None,
     ) -> None:
         self.journal = journal
@@ -245,6 +249,12 @@ class Pipeline:
         self.cut_stall_seconds: deque[float] = deque(maxlen=4096)
         self.on_cut_stall: Callable[[float], None] | None = None
         self.settler = Settler(self, events=self._events, max_attempts=mining_attempts)
+        #: each tenant's share of the turn (None: unbounded); ``_turn`` leaves the work
+        #: of the batch it mined and the seconds its mining took in ``_work`` and
+        #: ``_mined_secs`` for ``turn_and_finish`` to charge
+        self.shares = shares
+        self._work = 0
+        self._mined_secs = 0.0
 
     # -- the receivers' interface --------------------------------------------------------
 
@@ -291,6 +301,7 @@ class Pipeline:
         if len(payload) > limit:
             raise PayloadTooLarge(limit)
         reservation: Reservation | None = None
+        estimate = 0.0
         if not isinstance(self.journal.rotation_state, RotationExhausted):
             hint = self.settler.retry_after(tenant)
             try:
@@ -301,6 +312,8 @@ class Pipeline:
         try:
             try:
                 self.admission.check(tenant, len(payload))  # the bounds: refusing writes nothing
+                if self.shares is not None:
+                    estimate = self.shares.admit(tenant, len(batch))  # the tenant's turn share
             except IngestRejection as exc:
                 exc.records = len(batch)  # the refused-records counter
                 raise
@@ -315,9 +328,11 @@ class Pipeline:
         except BaseException:
             if reservation is not None:
                 self.tenants.finish(reservation, TurnResult.NO_FRAME)
+            if estimate and self.shares is not None:
+                self.shares.release(tenant, estimate)
             raise
         points.hit("ingest.appended")
-        return Ticket(tenant, batch, len(payload), reservation, pending)
+        return Ticket(tenant, batch, len(payload), reservation, pending, estimate=estimate)
 
     def await_durable(self, ticket: Ticket) -> None:
         """Stage 2: wait for the fsync covering the ticket's frame (group commit)."""
@@ -341,12 +356,17 @@ class Pipeline:
             seq = ticket.pending.seq
             self.gate.enter(seq)
             try:
+                self._work = 0
+                self._mined_secs = 0.0
                 if ticket.offset is not None:
                     result = self._turn(
                         tenant, batch, ticket.offset, ticket.nbytes, ticket.pending.span
                     )
             finally:
+                work, mined_secs = self._work, self._mined_secs
                 self.gate.leave(seq)
+                if self.shares is not None and ticket.estimate:
+                    self.shares.charge(tenant, ticket.estimate, work, len(batch), mined_secs)
         finally:
             # The slot's transition, with nothing else held (RFC 0055 §9.1).
             if ticket.reservation is not None:
@@ -406,11 +426,16 @@ class Pipeline:
                     return TurnResult.UNMINED
                 if tenant in self._frozen:
                     self._serialize_locked(tenant)
+                started = time.thread_time()
                 try:
                     result = self.miners.mine(tenant, batch.bodies)
                 except Exception as exc:  # noqa: BLE001 - the frame is durable; settled
                     self._record_unmined(tenant, span, offset, f"{type(exc).__name__}: {exc}")
                     return TurnResult.UNMINED
+                self._work = result.work
+                # the turn thread's CPU time, which it spent holding the GIL: not wall
+                # time, which counts its own waits for the GIL (receivers in this process)
+                self._mined_secs = time.thread_time() - started
             try:
                 detached.extend(self._buffer(tenant, batch, result, offset, nbytes))
             except Exception as exc:  # noqa: BLE001 - mined but not emitted: settled

@@ -30,7 +30,10 @@ Frames appended and not yet turned are the backlog, bounded by ``turn_backlog_by
 at the bound ``submit`` refuses with 503 ``ingest_backlog`` and a retry hint, so a turn
 thread that falls behind (a slow miner, a long replay) costs the clients a retry,
 never the volume. A tenant's new frame is always turned after its older ones, replayed
-ones included: the turn thread takes them in that order.
+ones included: the turn thread takes them in that order. One tenant's share of the
+backlog is bounded too (``miner.tenant_backlog_bytes``, DESIGN.md §5.14): above it only
+that tenant is refused, 503 ``tenant_backlog``, so one tenant cannot fill the backlog
+for every other.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ from app.receive.api import IngestOutcome
 from app.receive.otlp import FlatBatch, IngestRejection, Unavailable
 from app.threads import Supervised, Supervisor, start_thread
 
-__all__ = ["Answer", "IngestBacklogFull", "LocalPort", "Stages"]
+__all__ = ["Answer", "IngestBacklogFull", "LocalPort", "Stages", "TenantBacklogFull"]
 
 log = logging.getLogger("ourios.stages")
 
@@ -77,14 +80,37 @@ class IngestBacklogFull(Unavailable):
         )
 
 
+class TenantBacklogFull(Unavailable):
+    """503 / UNAVAILABLE: this tenant's frames waiting for their turn reached its share."""
+
+    def __init__(self, tenant: str, bound: int, backlog: int, frames: int) -> None:
+        super().__init__(
+            f"tenant {tenant!r} is over its share of the ingest backlog: {backlog} bytes in "
+            f"{frames} frames are acknowledged and waiting for their turn "
+            f"(miner.tenant_backlog_bytes={bound}); other tenants are not affected; "
+            f"retry shortly",
+            retry_after=BACKLOG_RETRY_AFTER_S,
+            error_type="tenant_backlog",
+        )
+
+
 class Stages:
     """Threads ``ourios-commit`` and ``ourios-turn``: ``start``, ``submit``, ``close``."""
 
     def __init__(
-        self, pipeline: Pipeline, *, backlog_bytes: int, threads: Supervisor | None = None
+        self,
+        pipeline: Pipeline,
+        *,
+        backlog_bytes: int,
+        tenant_backlog_bytes: int | None = None,
+        threads: Supervisor | None = None,
     ) -> None:
         if backlog_bytes < 1:
             raise ValueError(f"backlog_bytes must be >= 1, got {backlog_bytes}")
+        #: one tenant's share of the backlog (None: only the node-wide bound)
+        self.tenant_backlog_limit = tenant_backlog_bytes
+        #: tenant -> [bytes, frames] waiting, for tenants with a frame waiting
+        self._tenant_backlog: dict[str, list[int]] = {}
         self._pipeline = pipeline
         #: runs the two threads; a crash of either fails the node at once (``start``)
         self._threads = threads
@@ -148,14 +174,25 @@ class Stages:
                 )
             with self._backlog_lock:
                 backlog, frames = self._backlog_bytes, self._backlog_frames
+                mine = self._tenant_backlog.get(tenant)
             if frames and backlog + len(payload) > self.backlog_limit:
-                refusal = IngestBacklogFull(self.backlog_limit, backlog, frames)
+                refusal: Unavailable = IngestBacklogFull(self.backlog_limit, backlog, frames)
                 refusal.records = len(batch)
+                raise refusal
+            share = self.tenant_backlog_limit
+            if share is not None and mine is not None and mine[0] + len(payload) > share:
+                refusal = TenantBacklogFull(tenant, share, mine[0], mine[1])
+                refusal.records = len(batch)
+                if self._pipeline.shares is not None:
+                    self._pipeline.shares.refused(tenant, "backlog", refusal.retry_after)
                 raise refusal
             ticket = self._pipeline.admit_and_append(tenant, payload, batch)
             with self._backlog_lock:
                 self._backlog_bytes += ticket.pending.size
                 self._backlog_frames += 1
+                waiting = self._tenant_backlog.setdefault(tenant, [0, 0])
+                waiting[0] += ticket.pending.size
+                waiting[1] += 1
             self._durable.put((ticket, answer))
 
     def halt(self) -> None:
@@ -267,6 +304,11 @@ class Stages:
                     self._left = (frames + 1, size + ticket.pending.size)
                 self._backlog_bytes -= ticket.pending.size
                 self._backlog_frames -= 1
+                waiting = self._tenant_backlog[ticket.tenant]
+                waiting[0] -= ticket.pending.size
+                waiting[1] -= 1
+                if not waiting[1]:
+                    del self._tenant_backlog[ticket.tenant]
                 self._turned.notify_all()
 
 

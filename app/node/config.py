@@ -59,6 +59,7 @@ __all__ = [
     "CrossRule",
     "DiskSettings",
     "Kind",
+    "MinerSettings",
     "ServerSettings",
     "Setting",
     "Settings",
@@ -84,7 +85,7 @@ ENV_PREFIX = "OURIOS_"
 #: The ``event`` field of the start-up line carrying ``Settings.effective()``.
 EFFECTIVE_EVENT = "config.effective"
 #: Section order: the YAML file, the docs, ``--help`` and ``effective()`` follow it.
-SECTIONS = ("server", "wal", "sink", "store", "auth", "disk")
+SECTIONS = ("server", "wal", "sink", "store", "auth", "disk", "miner")
 
 _MAX_BYTES = 2**62
 _MAX_PORT = 65_535
@@ -95,6 +96,7 @@ _MAX_WORKERS = 256
 
 Compression = Literal["zstd", "snappy", "gzip", "none"]
 LogLevel = Literal["debug", "info", "warning", "error"]
+LogFormat = Literal["auto", "json", "console"]
 
 
 class ConfigError(Exception):
@@ -477,6 +479,16 @@ _SERVER_ROWS = (
     ),
     Setting(
         "server",
+        "log_format",
+        Kind.CHOICE,
+        "auto",
+        "Format of the events on stderr (core and workers): json, one object per line "
+        "with an RFC 3339 ts, for machines; console, one readable line per event and a "
+        "start-up summary, for a person; auto, console when stderr is a terminal, else json.",
+        choices=("auto", "json", "console"),
+    ),
+    Setting(
+        "server",
         "shutdown_grace_secs",
         Kind.INT,
         25,
@@ -842,10 +854,95 @@ _DISK_ROWS = (
     ),
 )
 
+_MINER_ROWS = (
+    Setting(
+        "miner",
+        "max_templates",
+        Kind.INT,
+        4096,
+        "Templates one tenant's miner keeps; at the bound the least recently used is "
+        "evicted (its id is never reused: a body like it gets a new template, id and "
+        "created event). With the two body bounds it bounds the miner's memory and its "
+        "snapshot (DESIGN.md §5.14).",
+        minimum=1,
+        maximum=10_000_000,
+    ),
+    Setting(
+        "miner",
+        "max_leaf_templates",
+        Kind.INT,
+        128,
+        "Templates one leaf of a tenant's Drain tree keeps (the leaf's least recently "
+        "used is evicted): the most templates one record is compared with.",
+        minimum=1,
+        maximum=1_000_000,
+    ),
+    Setting(
+        "miner",
+        "mined_body_chars",
+        Kind.INT,
+        1024,
+        "Characters of a body that are mined (its head); the record keeps its whole body.",
+        minimum=16,
+        maximum=1_048_576,
+    ),
+    Setting(
+        "miner",
+        "mined_body_tokens",
+        Kind.INT,
+        64,
+        "Tokens of a body's head that are mined; the rest is stored, not mined.",
+        minimum=1,
+        maximum=65_536,
+    ),
+    Setting(
+        "miner",
+        "tenant_turn_percent",
+        Kind.INT,
+        2,
+        "A tenant's share of the ingest turn, in percent of the turn thread's time: its "
+        "mining work (a unit per record and per template compared, 32 per template "
+        "created) is charged at the seconds a unit takes on this node, as the turn "
+        "measures it, so the share means the same on any node and under any load. A "
+        "tenant over it (its burst spent) has its batches refused, 503 tenant_turn_share "
+        "with Retry-After, never another tenant's; a tenant alone on the node is not "
+        "held to it (DESIGN.md §5.14).",
+        minimum=1,
+        maximum=100,
+        unit="percent",
+    ),
+    Setting(
+        "miner",
+        "tenant_turn_burst_secs",
+        Kind.INT,
+        1,
+        "Seconds of miner.tenant_turn_percent a tenant may spend at once before it is "
+        "refused (its bucket); also the longest Retry-After of a tenant_turn_share "
+        "refusal.",
+        minimum=1,
+        maximum=3600,
+        unit="seconds",
+    ),
+    Setting(
+        "miner",
+        "tenant_backlog_bytes",
+        Kind.INT,
+        16 * MiB,
+        "One tenant's share of wal.turn_backlog_bytes (frames acknowledged, not yet "
+        "turned): above it that tenant's batches are refused, 503 tenant_backlog with "
+        "Retry-After, and no other tenant's (at or above wal.turn_backlog_bytes it adds "
+        "nothing). A single frame larger than it is still taken when the tenant has none "
+        "waiting.",
+        minimum=64 * KiB,
+        maximum=16 * GiB,
+        unit="bytes",
+    ),
+)
+
 #: Every setting, in section order. The only place defaults and ranges are declared
 #: (the ``wal`` rows point at ``WalSettings``, which is ``WalConfig`` and one app knob).
 SETTINGS: tuple[Setting, ...] = (
-    _SERVER_ROWS + _wal_rows() + _SINK_ROWS + _STORE_ROWS + _AUTH_ROWS + _DISK_ROWS
+    _SERVER_ROWS + _wal_rows() + _SINK_ROWS + _STORE_ROWS + _AUTH_ROWS + _DISK_ROWS + _MINER_ROWS
 )
 _BY_KEY = {row.yaml_key: row for row in SETTINGS}
 _BY_ENV = {row.env_var: row for row in SETTINGS}
@@ -865,6 +962,7 @@ class ServerSettings:
     node_id: str
     node_ordinal: int
     log_level: LogLevel
+    log_format: LogFormat
     shutdown_grace_secs: int
     final_cut_secs: int
     workers: int
@@ -956,6 +1054,19 @@ class DiskSettings:
     reserve_bytes: int
 
 
+@dataclass(frozen=True)
+class MinerSettings:
+    """The ``miner`` section: one tenant's miner bounds and its share of the turn."""
+
+    max_templates: int
+    max_leaf_templates: int
+    mined_body_chars: int
+    mined_body_tokens: int
+    tenant_turn_percent: int
+    tenant_turn_burst_secs: int
+    tenant_backlog_bytes: int
+
+
 _SECTION_TYPES: dict[str, type[Any]] = {
     "server": ServerSettings,
     "wal": WalSettings,
@@ -963,6 +1074,7 @@ _SECTION_TYPES: dict[str, type[Any]] = {
     "store": StoreSettings,
     "auth": AuthSettings,
     "disk": DiskSettings,
+    "miner": MinerSettings,
 }
 #: fields of a section class that are derived, not settings
 DERIVED_FIELDS = {"auth": ("tokens",)}
@@ -1039,6 +1151,7 @@ class Settings:
     store: StoreSettings
     auth: AuthSettings
     disk: DiskSettings
+    miner: MinerSettings
 
     def value(self, row: Setting) -> object:
         """The effective value of one table row."""

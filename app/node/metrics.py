@@ -1,6 +1,7 @@
 """Prometheus exposition: gauges read at collection time from ``ReclaimState`` and the
 pipeline (a custom collector, never a second copy that can drift), plus the counters
-the pipeline and the publisher keep. Nothing on the collection path walks a directory.
+the pipeline and the publisher keep. Nothing on the collection path walks a directory
+but the standard ``process_*`` series' ``/proc/<pid>/fd`` of the core and each worker.
 """
 
 from __future__ import annotations
@@ -15,11 +16,15 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
 
 from app.cadence.archive import Archiver
 from app.cadence.housekeeping import Housekeeper
 from app.ingest.admission import Admission, Bound
+from app.ingest.mining.tenant_miner import state_bytes_bound
 from app.ingest.pipeline import LATCH_CLEAR, Pipeline
 from app.ingest.stages import Stages
 from app.node.config import Settings
@@ -37,6 +42,102 @@ from wal import (
 )
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def _miner_metrics(
+    p: Pipeline, settings: Settings
+) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+    """The miners' bounds at work (DESIGN.md §5.14): node-wide sums and the largest
+    tenant's figures — no tenant label, since there may be ``wal.max_tenants`` of them."""
+    stats = p.miners.stats()
+    bound = state_bytes_bound(p.miners.default_config)
+    rows: list[tuple[str, str, float, bool]] = [
+        (
+            "ourios_miner_templates",
+            "Templates held by every tenant's miner.",
+            stats.templates,
+            False,
+        ),
+        (
+            "ourios_miner_tenant_templates_max",
+            "Templates of the tenant holding the most (bounded by miner.max_templates).",
+            stats.tenant_templates_max,
+            False,
+        ),
+        (
+            "ourios_miner_state_bytes",
+            "Heap bytes the miners' templates and trees hold (an estimate that errs high).",
+            stats.state_bytes,
+            False,
+        ),
+        (
+            "ourios_miner_tenant_state_bytes_max",
+            "The largest tenant's ourios_miner_state_bytes.",
+            stats.tenant_state_bytes_max,
+            False,
+        ),
+        (
+            "ourios_miner_tenant_state_bytes_limit",
+            "What the miner bounds allow one tenant's miner state (max_templates templates "
+            "of the largest mined body head).",
+            0 if bound is None else bound,
+            False,
+        ),
+        (
+            "ourios_miner_evictions",
+            "Templates evicted by miner.max_templates or miner.max_leaf_templates; a body "
+            "like an evicted template gets a new one with a new id.",
+            stats.evictions,
+            True,
+        ),
+        (
+            "ourios_miner_truncated_bodies",
+            "Bodies mined only in part (miner.mined_body_chars or miner.mined_body_tokens); "
+            "the records keep their whole bodies.",
+            stats.truncated_bodies,
+            True,
+        ),
+        (
+            "ourios_miner_work_units",
+            "Mining work charged to the tenants' turn shares (miner.tenant_turn_percent).",
+            0 if p.shares is None else p.shares.charged,
+            True,
+        ),
+        (
+            "ourios_miner_work_unit_seconds",
+            "The turn thread's CPU seconds one mining work unit takes, as the turn "
+            "measures it (over about the last 10 s): what a tenant's work is charged at.",
+            0 if p.shares is None else p.shares.unit_secs,
+            False,
+        ),
+        (
+            "ourios_ingest_tenant_turn_share_max",
+            "The largest fraction of the turn thread's time one tenant's mining took over "
+            "about the last 10 s (measured).",
+            0 if p.shares is None else p.shares.share_max,
+            False,
+        ),
+        (
+            "ourios_ingest_tenant_turn_share_limit",
+            "The fraction of the turn's time a tenant may take while others are served "
+            "(miner.tenant_turn_percent / 100).",
+            settings.miner.tenant_turn_percent / 100,
+            False,
+        ),
+        (
+            "ourios_ingest_tenants_over_share",
+            "Tenants refused for their share of the turn or of the backlog since they were "
+            "last admitted (503 tenant_turn_share / tenant_backlog).",
+            0 if p.shares is None else p.shares.over_share,
+            False,
+        ),
+    ]
+    for name, doc, value, counter in rows:
+        family: GaugeMetricFamily | CounterMetricFamily = (
+            CounterMetricFamily(name, doc) if counter else GaugeMetricFamily(name, doc)
+        )
+        family.add_metric([], value)
+        yield family
 
 
 class _StateCollector(Collector):
@@ -73,8 +174,8 @@ class _StateCollector(Collector):
                 st.oldest_unreclaimed_age,
             )
         yield gauge(
-            "ourios_wal_checkpoint_lsn",
-            "The CHECKPOINT mark (0 before the first checkpoint).",
+            "ourios_wal_checkpoint_lsn_bytes",
+            "The CHECKPOINT mark, a byte offset in the WAL's log (0 before the first checkpoint).",
             st.checkpoint.lsn if st.checkpoint is not None else 0,
         )
         floor = GaugeMetricFamily(
@@ -273,6 +374,7 @@ class _StateCollector(Collector):
             "The configured wal.turn_backlog_bytes (the alert on the backlog follows it).",
             self._m.settings.wal.turn_backlog_bytes,
         )
+        yield from _miner_metrics(p, self._m.settings)
         recovery = self._m.recovery
         yield gauge(
             "ourios_recovery_backlog_bytes",
@@ -365,6 +467,41 @@ class _StateCollector(Collector):
         yield replay_isolated
         for extra in self._m.extra:
             yield from extra()
+
+
+class _ProcessesCollector(Collector):
+    """The standard ``process_*`` series (resident memory, CPU seconds, open and maximum
+    fds, start time) of the core, unlabelled, and of each worker process, labelled
+    ``worker="<index>"``: read from ``/proc/<pid>`` by the core at collection time (the
+    workers are its children), so a worker needs no metrics of its own to report them."""
+
+    def __init__(self, workers: Callable[[], dict[int, int]]) -> None:
+        self._workers = workers
+        self._readers: dict[int | str, ProcessCollector] = {}
+
+    def _reader(self, pid: int | str) -> ProcessCollector:
+        reader = self._readers.get(pid)
+        if reader is None:
+            reader = ProcessCollector(pid=lambda: pid, registry=None)
+            self._readers[pid] = reader
+        return reader
+
+    def collect(self) -> Iterator[Metric]:
+        processes: list[tuple[dict[str, str], int | str]] = [({}, "self")]
+        processes += [({"worker": str(i)}, pid) for i, pid in sorted(self._workers().items())]
+        for gone in set(self._readers) - {pid for _, pid in processes}:
+            del self._readers[gone]  # a restarted worker's old pid
+        families: dict[str, Metric] = {}
+        for labels, pid in processes:
+            for family in self._reader(pid).collect():
+                out = families.setdefault(
+                    family.name, Metric(family.name, family.documentation, family.type)
+                )
+                for sample in family.samples:
+                    out.samples.append(
+                        Sample(sample.name, {**sample.labels, **labels}, sample.value)
+                    )
+        yield from families.values()
 
 
 #: Latency buckets (seconds): fsync-scale at the bottom, stalls at the top.
@@ -462,6 +599,9 @@ class Metrics:
         #: the node's supervised threads (their restarts and failures)
         self.threads: Supervisor | None = None
         self.extra: list[Callable[[], Iterator[GaugeMetricFamily]]] = []
+        r.register(
+            _ProcessesCollector(lambda: {} if self.workers is None else self.workers.processes())
+        )
 
     def disk_and_archive(
         self, quarantined: list[QuarantineRecord]

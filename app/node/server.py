@@ -48,12 +48,15 @@ from app.cadence.sweep import AgeSweep
 from app.ingest.admission import Admission
 from app.ingest.landed import intent_hook, retract_hook
 from app.ingest.mining.miner_cluster import MinerCluster
+from app.ingest.mining.miner_config import MinerConfig
 from app.ingest.mining.template_ids import FileTemplateIdAllocator
+from app.ingest.mining.tenant_miner import CREATE_WORK
 from app.ingest.pipeline import Pipeline
+from app.ingest.shares import TurnShares
 from app.ingest.snapshots import SnapshotLedger, SnapshotStore, SnapshotStoreError
 from app.ingest.stages import LocalPort, Stages
 from app.ingest.tenants import TenantCountExceeded
-from app.node.config import Settings
+from app.node.config import EFFECTIVE_EVENT, Settings
 from app.node.datalock import DataDirLock, DataDirLocked, DataDirLockError
 from app.node.diskspace import (
     DiskSpace,
@@ -63,7 +66,7 @@ from app.node.diskspace import (
     open_disk_space,
     start_reserve,
 )
-from app.node.events import EventLog, configure_logging
+from app.node.events import EventLog, open_logs
 from app.node.gc_policy import freeze_long_lived_heap
 from app.node.metrics import Metrics
 from app.node.recovery import IsolatedFrame, Recovery
@@ -147,6 +150,21 @@ def build_node(
         raise
 
 
+#: the core's GIL switch interval (Python's default is 5 ms)
+CORE_SWITCH_INTERVAL_S = 0.0005
+
+
+def miner_bounds(settings: Settings) -> MinerConfig:
+    """Every tenant's miner: Drain's defaults under the ``miner`` section's bounds."""
+    miner = settings.miner
+    return MinerConfig(
+        max_clusters=miner.max_templates,
+        max_body_chars=miner.mined_body_chars,
+        max_body_tokens=miner.mined_body_tokens,
+        max_leaf_clusters=miner.max_leaf_templates,
+    )
+
+
 def _build_node(
     settings: Settings,
     events: EventLog,
@@ -226,7 +244,7 @@ def _build_node(
     if isinstance(store, LocalStore):  # the embedded store: usually on this volume
         store.on_write = space.wrote if space.on_volume(store.root) else None
         store.on_no_space = space.no_space
-    miners = MinerCluster(allocator)
+    miners = MinerCluster(allocator, miner_bounds(settings))
     holder: dict[str, Pipeline] = {}
     buffers = Buffers(
         flush_bytes=settings.sink.flush_bytes,
@@ -273,6 +291,14 @@ def _build_node(
         ledger=ledger,
         admission=admission,
         mining_attempts=settings.wal.frame_mining_attempts,
+        shares=TurnShares(
+            settings.miner.tenant_turn_percent,
+            settings.miner.tenant_turn_burst_secs,
+            events=events,
+            # before its first turn a tenant's records are assumed the costliest there can
+            # be: a full leaf compared and a template created
+            first_per_record=1 + settings.miner.max_leaf_templates + CREATE_WORK,
+        ),
         threads=threads,
     )
     holder["p"] = pipeline
@@ -398,8 +424,14 @@ def _listen(host: str, port: int) -> socket.socket:
 
 
 def run_serve(settings: Settings, config_file: Path | None = None) -> int:
-    configure_logging(settings.server.log_level)
-    events = EventLog()
+    events = open_logs(settings.server.log_level, settings.server.log_format)
+    # The whole configuration is for machines (and a debugging person); a person at a
+    # terminal gets server.listening's summary instead.
+    events.emit(
+        EFFECTIVE_EVENT,
+        {"config": settings.effective()},
+        "info" if events.format == "json" else "debug",
+    )
     # uvicorn restores the handler it found and re-raises the signal once it has
     # stopped; with this one in place the re-raise records a request instead of killing
     # the process before the final flush. A signal during recovery is kept too.
@@ -610,6 +642,11 @@ def _serve(node: Node, stop: threading.Event, received: list[int], config_file: 
     of every new frame (``_Recovering``); until SIGTERM/SIGINT or a failed recovery."""
     settings = node.settings
     pipeline = node.pipeline
+    # The turn thread mines in Python while the core's other threads acknowledge: each
+    # time one of them takes the GIL back after I/O it may wait the switch interval, a
+    # few times a request, so a short interval bounds what another tenant's long turn
+    # adds to an acknowledgement (DESIGN.md §5.14).
+    sys.setswitchinterval(CORE_SWITCH_INTERVAL_S)
     grace = max(1, settings.server.shutdown_grace_secs // 2)
     listeners: Listeners | None = None
     workers: Workers | None = None
@@ -622,7 +659,12 @@ def _serve(node: Node, stop: threading.Event, received: list[int], config_file: 
             node.journal.close()
             _release(node)
             return _start_failed(node.events, exc)
-    stages = Stages(pipeline, backlog_bytes=settings.wal.turn_backlog_bytes, threads=node.threads)
+    stages = Stages(
+        pipeline,
+        backlog_bytes=settings.wal.turn_backlog_bytes,
+        tenant_backlog_bytes=settings.miner.tenant_backlog_bytes,
+        threads=node.threads,
+    )
     node.metrics.stages = stages
     if listeners is not None:
         workers = Workers(
@@ -811,16 +853,34 @@ def _isolated(node: Node, isolated: IsolatedFrame) -> None:
 
 
 def _listening(node: Node, http_port: int, grpc_port: int, *, workers: list[int]) -> None:
+    """``server.listening``: the bound ports and what a person starting the node needs
+    to know (the console format renders it as the start-up summary)."""
     settings = node.settings
+    wal = settings.wal
     node.events.emit(
         "server.listening",
         {
             "http_port": http_port,
             "grpc_port": grpc_port,
+            "host": settings.server.host,
             "node": node_identity(settings.server.node_id),
+            "pid": os.getpid(),
+            "data_dir": str(settings.server.data_dir),
             "wal": str(settings.server.wal_dir),
             "store": node.store.describe(),
             "workers": workers,
+            # when what is acknowledged reaches the store: a cut, or rows this old
+            "publish_every_secs": {
+                "wal.barrier_secs": settings.wal.barrier_secs,
+                "sink.flush_age_secs": settings.sink.flush_age_secs,
+            },
+            "cadences": f"barrier {wal.barrier_secs} s, housekeeping {wal.housekeeping_secs} s, "
+            f"flush age {settings.sink.flush_age_secs} s, segment age {wal.segment_age_secs} s",
+            "auth": "open mode (no tokens file: every request accepted)"
+            if settings.auth.open_mode
+            else f"bearer tokens from {settings.auth.tokens_file}",
+            "stop": f"Ctrl-C or SIGTERM to pid {os.getpid()} (the final cut publishes "
+            "what is buffered)",
         },
     )
 

@@ -313,6 +313,11 @@ class Workers:
         with self._lock:
             return [link.proc.pid for link in self._links.values()]
 
+    def processes(self) -> dict[int, int]:
+        """Each running worker's pid by its index (the metrics' process_* per worker)."""
+        with self._lock:
+            return {link.index: link.proc.pid for link in self._links.values()}
+
     # -- supervision ---------------------------------------------------------------------
 
     def _supervise(self) -> None:

@@ -99,6 +99,7 @@ from app.receive.otlp import (
     IngestRejection,
     PayloadTooLarge,
     UnsupportedMediaType,
+    _echo,
     decode_batch,
     decompress,
     status_body,
@@ -131,7 +132,6 @@ _log = logging.getLogger("ourios.http")
 _PROTOBUF_MEDIA_TYPES: Final = frozenset({PROTOBUF_CONTENT_TYPE, "application/protobuf"})
 _IDENTITY_CODINGS: Final = frozenset({"", "identity"})
 _CODED_SLACK_BYTES: Final = 64 * 1024
-_ECHO_CHARS: Final = 32
 _NOT_READY: Final = (
     "not ready: recovery is running, it failed, or the WAL is in its terminal state\n"
 )
@@ -195,7 +195,7 @@ def _combine(seen: str | None, value: bytes) -> str:
 
 
 def _unsupported_type(content_type: str | None) -> UnsupportedMediaType:
-    shown = ascii((content_type or "")[:_ECHO_CHARS])
+    shown = _echo(content_type or "")  # quoted, and "..." when it was cut
     return UnsupportedMediaType(
         f"unsupported Content-Type {shown}; accepted: {PROTOBUF_CONTENT_TYPE}, "
         f"application/protobuf, {JSON_CONTENT_TYPE}"

@@ -37,7 +37,7 @@ from typing import Final
 import pyarrow as pa
 
 from app.node.config import ConfigError, load_settings
-from app.node.events import EventLog, configure_logging
+from app.node.events import open_logs
 from app.receive import channel
 from app.receive.api import IngestOutcome
 from app.receive.auth import Authenticator
@@ -247,8 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"worker {args.index}: {exc}", file=sys.stderr)
         return 2
-    configure_logging(settings.server.log_level)
-    events = EventLog()
+    events = open_logs(settings.server.log_level, settings.server.log_format)
     conn = Connection(socket.socket(fileno=args.channel_fd))
     remote = RemotePort(conn)
     observer = ReportingObserver(conn)

@@ -634,6 +634,8 @@ class HttpResponse:
     status: int
     body: bytes
     keep_alive: bool
+    #: the Retry-After header's value, for a client that honours it
+    retry_after: str | None = None
 
 
 class HttpConnection:
@@ -672,7 +674,7 @@ class HttpConnection:
         else:  # no framing: the body runs to EOF
             body = await reader.read()
             keep_alive = False
-        return HttpResponse(status, body, keep_alive)
+        return HttpResponse(status, body, keep_alive, _retry_after(head))
 
     async def _read_chunked(self) -> bytes:
         reader = self._reader
@@ -698,6 +700,14 @@ class HttpConnection:
             await self._writer.wait_closed()
         except OSError:
             pass
+
+
+def _retry_after(head: bytes) -> str | None:
+    for line in head[:-4].split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"retry-after":
+            return value.strip().decode("ascii", "replace")
+    return None
 
 
 def _parse_head(head: bytes) -> tuple[int, bool, int | None, bool]:

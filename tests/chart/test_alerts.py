@@ -36,11 +36,11 @@ INTERFACE: dict[str, tuple[str, frozenset[str]]] = {
     "ourios_wal_unreclaimed_bytes": ("gauge", frozenset()),
     "ourios_wal_segments": ("gauge", frozenset()),
     "ourios_wal_oldest_unreclaimed_age_seconds": ("gauge", frozenset()),
-    "ourios_wal_checkpoint_lsn": ("gauge", frozenset()),
     "ourios_wal_high_water_lsn": ("gauge", frozenset()),
     "ourios_wal_high_water_write_failures_total": ("counter", frozenset()),
     "ourios_wal_torn_tail_frames_total": ("counter", frozenset()),
     "ourios_wal_torn_tail_bytes_total": ("counter", frozenset()),
+    "ourios_wal_checkpoint_lsn_bytes": ("gauge", frozenset()),
     "ourios_wal_retain_floor": ("gauge", frozenset({"state"})),
     "ourios_wal_retain_floor_lag_bytes": ("gauge", frozenset()),
     "ourios_wal_retain_floor_lag_segments": ("gauge", frozenset()),
@@ -62,6 +62,18 @@ INTERFACE: dict[str, tuple[str, frozenset[str]]] = {
     "ourios_ingest_backlog_bytes": ("gauge", frozenset()),
     "ourios_ingest_backlog_frames": ("gauge", frozenset()),
     "ourios_ingest_backlog_limit_bytes": ("gauge", frozenset()),
+    "ourios_miner_templates": ("gauge", frozenset()),
+    "ourios_miner_tenant_templates_max": ("gauge", frozenset()),
+    "ourios_miner_state_bytes": ("gauge", frozenset()),
+    "ourios_miner_tenant_state_bytes_max": ("gauge", frozenset()),
+    "ourios_miner_tenant_state_bytes_limit": ("gauge", frozenset()),
+    "ourios_miner_evictions_total": ("counter", frozenset()),
+    "ourios_miner_truncated_bodies_total": ("counter", frozenset()),
+    "ourios_miner_work_units_total": ("counter", frozenset()),
+    "ourios_miner_work_unit_seconds": ("gauge", frozenset()),
+    "ourios_ingest_tenant_turn_share_max": ("gauge", frozenset()),
+    "ourios_ingest_tenant_turn_share_limit": ("gauge", frozenset()),
+    "ourios_ingest_tenants_over_share": ("gauge", frozenset()),
     "ourios_recovery_backlog_bytes": ("gauge", frozenset()),
     "ourios_sink_publisher_queue_depth": ("gauge", frozenset()),
     "ourios_sink_parked_partitions": ("gauge", frozenset()),
@@ -103,6 +115,19 @@ INTERFACE: dict[str, tuple[str, frozenset[str]]] = {
     "ourios_housekeeping_pass_seconds": ("histogram", frozenset()),
 }
 
+#: The standard series beside the interface: Prometheus's own ``up`` of each target, and
+#: the process collector's ``process_*`` of the core (unlabelled) and of each worker
+#: (``worker``), listed in docs/METRICS.md's "Process series".
+STANDARD: dict[str, tuple[str, frozenset[str]]] = {
+    "up": ("gauge", frozenset()),
+    "process_resident_memory_bytes": ("gauge", frozenset({"worker"})),
+    "process_virtual_memory_bytes": ("gauge", frozenset({"worker"})),
+    "process_cpu_seconds_total": ("counter", frozenset({"worker"})),
+    "process_open_fds": ("gauge", frozenset({"worker"})),
+    "process_max_fds": ("gauge", frozenset({"worker"})),
+    "process_start_time_seconds": ("gauge", frozenset({"worker"})),
+}
+
 #: Exported only while the state holds (DESIGN.md §9).
 ABSENT_WHEN_CLEAR = frozenset(
     {"ourios_barrier_failed_epoch", "ourios_wal_oldest_unreclaimed_age_seconds"}
@@ -111,7 +136,7 @@ ABSENT_WHEN_CLEAR = frozenset(
 
 def series_names() -> frozenset[str]:
     """Every series name a query may select: the names, plus a histogram's parts."""
-    names = set(INTERFACE)
+    names = set(INTERFACE) | set(STANDARD)
     for name, (kind, _) in INTERFACE.items():
         if kind == "histogram":
             names.update(f"{name}{suffix}" for suffix in ("_bucket", "_sum", "_count"))
@@ -186,7 +211,10 @@ def test_every_alert_fires_in_a_unit_test_and_a_healthy_series_stays_quiet() -> 
         for case in group["alert_rule_test"]:
             name = case["alertname"]
             assert name in alerts, f"test for an unknown alert {name}"
-            hits = {a["exp_labels"]["instance"] for a in case.get("exp_alerts") or []}
+            # an absent() alert has no instance: it fires for the job
+            hits = {
+                a["exp_labels"].get("instance", "(no target)") for a in case.get("exp_alerts") or []
+            }
             tested.setdefault(name, set()).update(hits)
         for name, hits in tested.items():
             fired[name] |= hits
@@ -210,14 +238,18 @@ def test_every_alert_has_a_severity_a_summary_and_a_runbook_section() -> None:
 
 def test_alert_expressions_reference_only_exported_names() -> None:
     for rule in load_alerts():
-        assert _OURIOS_NAME.search(rule["expr"]), rule["alert"]
+        # an Ourios name, or the Ourios job's own `up`
+        assert _OURIOS_NAME.search(rule["expr"]) or 'up{job="ourios"}' in rule["expr"]
         assert unknown_names(rule["expr"]) == set(), rule["alert"]
 
 
 def test_unknown_names_catches_a_misspelt_metric() -> None:
     # The check above is only as good as its extraction.
     assert unknown_names('rate(ourios_wal_segment{state="x"}[5m])') == {"ourios_wal_segment"}
-    assert unknown_names('up{job="x"} and ourios_wal_segments') == {"up"}
+    assert unknown_names('upp{job="x"} and ourios_wal_segments') == {"upp"}
+    assert unknown_names('process_resident_memory_byte{pod="x"}') == {
+        "process_resident_memory_byte"
+    }
     assert unknown_names("histogram_quantile(0.9, rate(ourios_wal_fsync_seconds_bucket[1m]))") == (
         set()
     )
@@ -282,13 +314,40 @@ def test_dashboard_expressions_parse(tmp_path: Path) -> None:
     promtool = require_tool("promtool")
     rules = []
     for i, (_, expr) in enumerate(dashboard_exprs(load_dashboard())):
-        filled = expr.replace("$__rate_interval", "5m").replace("$instance", ".*")
+        filled = expr.replace("$__rate_interval", "5m")
+        for variable in ("$namespace", "$pod", "$instance"):
+            filled = filled.replace(variable, ".*")
         assert "$" not in filled, expr
         rules.append({"record": f"dashboard:query_{i}", "expr": filled})
     path = tmp_path / "dashboard_rules.yaml"
     path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
     out = run([promtool, "check", "rules", str(path)])
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_clone_7_dashboard_filters_by_namespace_pod_and_instance() -> None:
+    """Three chained variables (namespace, then its pods, then their instances), and
+    every query of an Ourios or process series selects all three."""
+    doc = load_dashboard()
+    variables = [v["name"] for v in doc["templating"]["list"]]
+    assert variables[:4] == ["datasource", "namespace", "pod", "instance"]
+    queries = {v["name"]: v["definition"] for v in doc["templating"]["list"][1:4]}
+    assert '{namespace=~"$namespace"}' in queries["pod"]
+    assert 'pod=~"$pod"' in queries["instance"]
+    selectors = re.compile(r"\b((?:ourios|process)_[a-z0-9_]+)\{([^}]*)\}")
+    for where, expr in dashboard_exprs(doc):
+        found = selectors.findall(expr)
+        assert found, where
+        for name, matchers in found:
+            for label in ("namespace", "pod", "instance"):
+                assert f'{label}=~"${label}"' in matchers, (where, name)
+
+
+def test_clone_7_dashboard_shows_memory_and_cpu_per_process() -> None:
+    used: set[str] = set()
+    for _, expr in dashboard_exprs(load_dashboard()):
+        used.update(re.findall(r"\bprocess_[a-z_]+", expr))
+    assert {"process_resident_memory_bytes", "process_cpu_seconds_total"} <= used
 
 
 @pytest.mark.parametrize(
@@ -298,7 +357,11 @@ def test_dashboard_expressions_parse(tmp_path: Path) -> None:
         ("ack latency", {"ourios_ingest_ack_seconds_bucket"}),
         (
             "WAL bytes and segments against the checkpoint",
-            {"ourios_wal_unreclaimed_bytes", "ourios_wal_segments", "ourios_wal_checkpoint_lsn"},
+            {
+                "ourios_wal_unreclaimed_bytes",
+                "ourios_wal_segments",
+                "ourios_wal_checkpoint_lsn_bytes",
+            },
         ),
         ("floor state and lag", {"ourios_wal_retain_floor", "ourios_wal_retain_floor_lag_bytes"}),
         ("rotation state", {"ourios_wal_rotation_state"}),
@@ -336,6 +399,8 @@ def test_metrics_doc_describes_every_name_with_its_type_and_labels() -> None:
         if m:
             rows[m.group(1)] = [c.strip() for c in m.group(2).split("|")]
     assert set(rows) == set(INTERFACE), sorted(set(rows) ^ set(INTERFACE))
+    standard = set(re.findall(r"^\|\s*`((?:process)_[a-z_]+)`", text, re.MULTILINE))
+    assert standard == {n for n in STANDARD if n.startswith("process_")}, standard
     for name, (kind, labels) in INTERFACE.items():
         cells = rows[name]
         assert cells[0] == kind, (name, cells[0])

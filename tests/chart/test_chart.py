@@ -589,6 +589,37 @@ def test_runbook_urls_get_the_base_url() -> None:
     assert urls and all(u.startswith(base + "/docs/") for u in urls), urls
 
 
+def test_clone_7_runbook_urls_are_absolute_by_default() -> None:
+    """By default every alert links to its RUNBOOK section in the chart's repository
+    (Chart.yaml ``sources``); an empty base leaves them relative."""
+    require_monitoring_files()
+    source = yaml.safe_load((CHART / "Chart.yaml").read_text())["sources"][0]
+
+    def urls(values: dict[str, object]) -> list[str]:
+        rule = render(values).one("PrometheusRule")
+        return [r["annotations"]["runbook_url"] for g in rule["spec"]["groups"] for r in g["rules"]]
+
+    absolute = urls({"prometheusRule": {"enabled": True}})
+    assert absolute and all(u.startswith(f"{source}/blob/main/docs/RUNBOOK.md#") for u in absolute)
+    relative = urls({"prometheusRule": {"enabled": True, "runbookBaseUrl": ""}})
+    assert all(u.startswith("docs/RUNBOOK.md#") for u in relative), relative
+
+
+def test_clone_7_service_monitor_names_the_job_ourios() -> None:
+    """The target-down alerts select up{job="ourios"}: the ServiceMonitor takes the job
+    from the Service's app.kubernetes.io/name, which is "ourios" for any release name."""
+    rendered = render(VALUE_SETS["service_monitor"])
+    monitor = rendered.one("ServiceMonitor")
+    assert monitor["spec"]["jobLabel"] == "app.kubernetes.io/name"
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    (service,) = [
+        s
+        for s in rendered.of_kind("Service")
+        if selector.items() <= s["metadata"]["labels"].items()
+    ]
+    assert service["metadata"]["labels"]["app.kubernetes.io/name"] == "ourios"
+
+
 def test_service_monitor_selects_the_headless_service_once() -> None:
     rendered = render(VALUE_SETS["service_monitor"])
     monitor = rendered.one("ServiceMonitor")
@@ -617,8 +648,13 @@ def test_prometheus_rule_passes_promtool(tmp_path: Path) -> None:
         [promtool, "check", "rules", str(rules_file)], capture_output=True, text=True, timeout=60
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    # Unchanged from the file the rules engineer wrote.
-    assert rule["spec"]["groups"] == yaml.safe_load(ALERTS.read_text(encoding="utf-8"))["groups"]
+    # Unchanged from the file the rules engineer wrote, but for the runbook base.
+    relative = render(
+        {**_monitoring_values(), "prometheusRule": {"enabled": True, "runbookBaseUrl": ""}}
+    ).one("PrometheusRule")
+    assert (
+        relative["spec"]["groups"] == yaml.safe_load(ALERTS.read_text(encoding="utf-8"))["groups"]
+    )
 
 
 def test_dashboard_config_map_for_the_grafana_sidecar() -> None:
@@ -844,6 +880,7 @@ CHANGES: dict[str, tuple[object, dict[str, object]]] = {
     "server.httpPort": (8080, {}),
     "server.grpcPort": (9090, {}),
     "server.logLevel": ("debug", {}),
+    "server.logFormat": ("console", {}),
     "server.shutdownGraceSecs": (40, {}),
     "server.workers": (3, {}),
     "server.threadRestarts": (2, {}),
@@ -886,6 +923,13 @@ CHANGES: dict[str, tuple[object, dict[str, object]]] = {
     "disk.lowWaterBytes": (2 * 2**30, {}),
     "disk.stopWaterBytes": (512 * 2**20, {}),
     "disk.reserveBytes": (32 * 2**20, {}),
+    "miner.maxTemplates": (1000, {}),
+    "miner.maxLeafTemplates": (64, {}),
+    "miner.minedBodyChars": (512, {}),
+    "miner.minedBodyTokens": (32, {}),
+    "miner.tenantTurnPercent": (20, {}),
+    "miner.tenantTurnBurstSecs": (10, {}),
+    "miner.tenantBacklogBytes": (8 * 2**20, {}),
 }
 _ROWS = {gen_chart_schema.value_key(row): row for row in gen_chart_schema.value_rows()}
 
@@ -915,7 +959,7 @@ def test_a_chart_value_changes_what_the_app_runs_with(
 
 
 #: The sections whose every tunable the running node must be shown to use.
-TUNED_SECTIONS = ("wal", "sink", "disk")
+TUNED_SECTIONS = ("wal", "sink", "disk", "miner")
 
 
 @pytest.mark.slow

@@ -145,6 +145,9 @@ def test_bounded_1_a_long_store_outage_keeps_memory_under_the_bound_and_loses_no
         (listening,) = serve.event("server.listening")
         core = serve.proc.pid if serve.proc is not None else 0
         workers = list(listening["workers"])
+        for pid in workers:  # the allocator's arenas are part of the bound (DESIGN.md §5.12)
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            assert b"MALLOC_ARENA_MAX=2" in environ, pid
         with (
             MemorySampler(lambda: [core, *workers]) as memory,
             AckLoad(
@@ -193,6 +196,7 @@ def test_bounded_1_a_long_store_outage_keeps_memory_under_the_bound_and_loses_no
                 serve.tail,
             )
             load.stop()
+            serve.wait_turned()  # a stop leaves the unturned to the WAL (exit 75)
         code = serve.terminate()
 
     peaks = {pid: max(memory.peak.get(pid, 0), memory.hwm.get(pid, 0)) for pid in memory.peak}

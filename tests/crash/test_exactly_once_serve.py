@@ -191,6 +191,7 @@ def _finish(data: Path, env: dict[str, str], ledger: AckLedger, rng: random.Rand
             ) as load:
                 load.wait_acked(40, timeout=60)
                 load.stop()
+                serve.wait_turned()  # a stop leaves the unturned to the WAL (exit 75)
             assert serve.terminate() == 0, serve.tail()
             (stopped,) = serve.event("server.stopped")
             assert stopped["rows_left_in_wal"] == 0, serve.tail()
@@ -298,6 +299,7 @@ def test_issue16_seaweedfs_sigkills_under_load_lose_nothing_and_copy_nothing(
                 load.wait_acked(rng.randint(60, 250), timeout=120)
                 if number == kills:
                     load.stop()
+                    serve.wait_turned()  # a stop leaves the unturned to the WAL (exit 75)
                     assert serve.terminate() == 0, serve.tail()
                 else:
                     serve.kill()

@@ -161,6 +161,7 @@ def test_rfc0055_sigkill_with_mining_failures_loses_nothing_and_copies_only_in_a
                         if not any(rr.settled for rr in rounds[:-1]):
                             load.wait_acked(goal + 300, timeout=60)
                         load.stop()
+                        serve.wait_turned()  # a stop leaves the unturned to the WAL (exit 75)
                         assert serve.terminate() == 0, serve.tail()
                     else:
                         serve.kill()

@@ -91,7 +91,11 @@ def _lsn(offset: object) -> int:
 
 def _checkpoint(serve: ServeProcess) -> int:
     status, body = serve.get("/metrics")
-    m = re.search(rb"^ourios_wal_checkpoint_lsn (\S+)$", body, re.M) if status == 200 else None
+    m = (
+        re.search(rb"^ourios_wal_checkpoint_lsn_bytes (\S+)$", body, re.M)
+        if status == 200
+        else None
+    )
     return int(float(m.group(1))) if m else -1
 
 

@@ -476,6 +476,7 @@ class Campaign:
                 # its housekeeping unlinked a segment (a timeout here means it never did).
                 self.probe.wait_for("unlink", 30)
                 load.stop()
+                serve.wait_turned()  # a stop leaves the unturned to the WAL (exit 75)
                 code = serve.terminate()
                 assert code == 0, f"seed {self.seed}: exit {code}\n{serve.tail()}"
                 stopped = serve.event("server.stopped")

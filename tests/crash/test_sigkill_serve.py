@@ -119,6 +119,7 @@ class Campaign:
                 r.queue_depth_at_signal = _metric(serve, "ourios_sink_publisher_queue_depth")
                 if final:
                     load.stop()
+                    serve.wait_turned()  # a stop leaves the unturned to the WAL (exit 75)
                     r.signal = "SIGTERM"
                     r.acked_at_signal = load.acked
                     code = serve.terminate()

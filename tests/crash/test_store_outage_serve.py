@@ -183,6 +183,7 @@ def test_nowedge_0_the_node_publishes_and_cuts_again_after_a_store_outage_under_
             )
             load.wait_acked(acked_back + 100)  # and it still acknowledges
             load.stop()
+            serve.wait_turned()  # a stop leaves the unturned to the WAL (exit 75)
         code = serve.terminate()
 
     (stopped,) = serve.event("server.stopped")

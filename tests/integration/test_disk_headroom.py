@@ -257,7 +257,7 @@ def _fill(path: Path, filler: Path) -> int:
 
 
 def _checkpoint_lsn(server: ServeProcess) -> float:
-    return _metric(server, "ourios_wal_checkpoint_lsn") or 0.0
+    return _metric(server, "ourios_wal_checkpoint_lsn_bytes") or 0.0
 
 
 class LocalOutage:

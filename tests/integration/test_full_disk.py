@@ -30,6 +30,7 @@ import os
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -182,7 +183,8 @@ def test_a_real_full_disk_refuses_reclaims_and_resumes_without_a_restart(
         assert post("after")[0] == 200  # the same process: no restart
         assert server.proc is not None and server.proc.pid == pid
         # nothing was acknowledged between the failure and the recovery event
-        assert float(recovered["ts"]) >= full_at and after >= float(recovered["ts"])
+        at = datetime.fromisoformat(recovered["ts"]).timestamp()  # RFC 3339
+        assert at >= full_at and after >= at
         assert server.terminate() == 0
 
     # 4. every acknowledged record is published; the set is sound

@@ -118,7 +118,7 @@ def warm(s: Scrape) -> bool:
     ingest installed the tenant's snapshot and a pass lifted its pin."""
     return (
         s.value("ourios_wal_retain_floor", state="min") == 1
-        and (s.value("ourios_wal_checkpoint_lsn") or 0) > 0
+        and (s.value("ourios_wal_checkpoint_lsn_bytes") or 0) > 0
         and s.value("ourios_cadence_runs_total", cadence="barrier", outcome="ok") is not None
         and s.value("ourios_cadence_runs_total", cadence="housekeeping", outcome="ok") is not None
         and all((s.value(f"{h}_count") or 0) > 0 for h in HISTOGRAMS)
@@ -158,7 +158,7 @@ def test_rfc0052_7_every_name_is_in_a_live_scrape(tmp_path: Path) -> None:
         assert (s.value("ourios_wal_unreclaimed_bytes") or 0) > 0
         age = s.value("ourios_wal_oldest_unreclaimed_age_seconds")
         assert age is not None and age >= 0
-        assert (s.value("ourios_wal_checkpoint_lsn") or 0) > 0
+        assert (s.value("ourios_wal_checkpoint_lsn_bytes") or 0) > 0
         assert (s.value("ourios_barrier_epoch") or 0) > 1
         for family, states, current in (
             ("ourios_wal_retain_floor", ("unknown", "none", "min", "pinned"), "min"),
@@ -219,7 +219,7 @@ def test_rfc0052_7_growing_unreclaimed_bytes_while_the_checkpoint_stands(tmp_pat
 
     unreclaimed = [r.value("ourios_wal_unreclaimed_bytes") or 0 for r in rounds]
     assert all(b > a for a, b in zip(unreclaimed, unreclaimed[1:], strict=False)), unreclaimed
-    assert {s.value("ourios_wal_checkpoint_lsn") for s in seen} == {0}, "the checkpoint moved"
+    assert {s.value("ourios_wal_checkpoint_lsn_bytes") for s in seen} == {0}, "the checkpoint moved"
     totals = [r.total(failures) for r in rounds]
     assert all(b > a for a, b in zip(totals, totals[1:], strict=False)), totals
     error_types = {x.labels["error_type"] for x in rounds[-1].families[failures][1]}
@@ -303,7 +303,7 @@ def test_rfc0052_7_unreclaimed_bytes_grow_in_process_after_a_healthy_cut(
     assert states[-1].segments > states[0].segments  # rolled, and nothing reclaimed
     # The exported figures are the same numbers, read at collection time.
     assert [s.value("ourios_wal_unreclaimed_bytes") for s in scrapes] == grown
-    assert {s.value("ourios_wal_checkpoint_lsn") for s in scrapes} == {mark.lsn}
+    assert {s.value("ourios_wal_checkpoint_lsn_bytes") for s in scrapes} == {mark.lsn}
     assert [s.value("ourios_wal_segments") for s in scrapes] == [st.segments for st in states]
     totals = [s.total("ourios_sink_publish_failures_total") for s in scrapes]
     assert all(b > a for a, b in zip(totals, totals[1:], strict=False)), totals
@@ -351,23 +351,32 @@ def terminal_rotation(rig: NodeRig, tmp_path: Path, monkeypatch: pytest.MonkeyPa
 def floor_pinned_and_lifted(rig: NodeRig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     read = collector(rig, tmp_path)
     pinned_gauge: list[float | None] = []
+
+    def steps(n: int) -> None:
+        for _ in range(n):
+            rig.housekeeper.step()
+            pinned_gauge.append(read().value("ourios_wal_retain_floor", state="pinned"))
+
     for tenant in ("first", "second"):  # two full transitions, each pinned then lifted
-        rig.ingest(tenant, "a")  # frames and no snapshot yet: pinned
-        for _ in range(3):
-            rig.housekeeper.step()
-            pinned_gauge.append(read().value("ourios_wal_retain_floor", state="pinned"))
+        rig.ingest(tenant, "a")  # frames and no snapshot yet: pinned, by design
+        steps(2)
+        assert names(rig, "wal.floor.") == ["wal.floor.pinned", "wal.floor.lifted"] * (
+            tenant == "second"
+        )
         assert read().value("ourios_wal_retain_floor_pinned_tenants") == 1
+        rig.fs.fail("open", f"{tenant}.*.snap.tmp", count=1)
+        assert cut_ok(rig)  # its install fails, the checkpoint passes its frames: held
+        steps(2)
+        rig.ingest(tenant, "b")
         assert cut_ok(rig)  # installs its snapshot
-        for _ in range(3):
-            rig.housekeeper.step()
-            pinned_gauge.append(read().value("ourios_wal_retain_floor", state="pinned"))
+        steps(2)
     assert names(rig, "wal.floor.") == [
         "wal.floor.pinned",
         "wal.floor.lifted",
         "wal.floor.pinned",
         "wal.floor.lifted",
     ]
-    assert pinned_gauge == [1, 1, 1, 0, 0, 0] * 2
+    assert pinned_gauge == [1, 1, 1, 1, 0, 0] * 2
     pinned = [f for n, f in rig.events if n == "wal.floor.pinned"]
     assert [p["example_tenants"] for p in pinned] == [["first"], ["second"]]
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from app.ingest.mining.miner_cluster import MinerCluster
+from app.ingest.mining.miner_config import MinerConfig
 from app.ingest.mining.template_ids import TemplateIdAllocator
 from app.ingest.mining.tenant_miner import MineResult, TenantMiner
 
@@ -113,10 +114,15 @@ def faulty_miner_type(plan: FaultPlan) -> type[TenantMiner]:
             return super()._mine(bodies)
 
         @classmethod
-        def from_snapshot(cls, data: bytes, allocator: TemplateIdAllocator) -> TenantMiner:
+        def from_snapshot(
+            cls,
+            data: bytes,
+            allocator: TemplateIdAllocator,
+            bounds: MinerConfig | None = None,
+        ) -> TenantMiner:
             if plan.take_restore():
                 raise InjectedMiningFailure("injected snapshot restore failure")
-            return super().from_snapshot(data, allocator)
+            return super().from_snapshot(data, allocator, bounds)
 
     return FaultyTenantMiner
 

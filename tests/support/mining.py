@@ -144,8 +144,46 @@ config_strategy = st.sampled_from(
 )
 
 
+class PruningDrain(Drain):  # type: ignore[misc]  # drain3 is untyped
+    """drain3's Drain plus what our miner does at an LRU eviction: the evicted id leaves
+    its leaf at once (Drain drops it lazily) and the nodes it leaves with neither
+    clusters nor children are removed, so the tree stays bounded with the templates.
+    The reference the equivalence tests hold ``TenantMiner`` to."""
+
+    def add_log_message(self, content: str) -> tuple[Any, str]:
+        before = set(self.id_to_cluster.keys()) if self.max_clusters is not None else set()
+        cluster, change = super().add_log_message(content)
+        if self.max_clusters is not None:
+            for gone in before - set(self.id_to_cluster.keys()):
+                _prune(self.root_node, gone)
+        return cluster, change
+
+
+def _prune(root: Any, drain_id: int) -> None:
+    path: list[tuple[Any, str, Any]] = []
+
+    def find(node: Any) -> bool:
+        if drain_id in node.cluster_ids:
+            return True
+        for key, child in node.key_to_child_node.items():
+            path.append((node, key, child))
+            if find(child):
+                return True
+            path.pop()
+        return False
+
+    if not find(root):
+        return  # the insert's own clean-up already dropped it from the leaf
+    leaf = path[-1][2] if path else root
+    leaf.cluster_ids.remove(drain_id)
+    for parent, key, node in reversed(path):
+        if node.cluster_ids or node.key_to_child_node:
+            break
+        del parent.key_to_child_node[key]
+
+
 def raw_drain(config: MinerConfig) -> Drain:
-    return Drain(
+    return PruningDrain(
         depth=config.depth,
         sim_th=config.sim_th,
         max_children=config.max_children,

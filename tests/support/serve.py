@@ -22,7 +22,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +32,12 @@ TEST_RESERVE_BYTES = 1 << 20
 
 
 class ServeProcess:
-    def __init__(self, data_dir: Path, env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, data_dir: Path, env: Mapping[str, str] | None = None, args: Sequence[str] = ()
+    ) -> None:
         self.data_dir = data_dir
+        #: after ``serve`` (``--config FILE``, a path relative to the repository root)
+        self.args = list(args)
         self.env = {"OURIOS_DISK_RESERVE_BYTES": str(TEST_RESERVE_BYTES), **dict(env or {})}
         self.proc: subprocess.Popen[bytes] | None = None
         self.events: list[dict[str, Any]] = []
@@ -69,7 +73,7 @@ class ServeProcess:
                 del env[key]
         self._listening.clear()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", "serve"],
+            [sys.executable, "-m", "app.cli", "serve", *self.args],
             cwd=ROOT,
             env=env,
             stdin=subprocess.DEVNULL,
@@ -157,6 +161,28 @@ class ServeProcess:
             return 0, b""
         finally:
             conn.close()
+
+    def wait_turned(self, deadline_s: float = 120.0) -> None:
+        """Wait until every acknowledged frame has been turned (the replay's backlog and
+        ``ourios_ingest_backlog_frames`` at 0): a SIGTERM before that leaves them to the
+        WAL and exits 75 (DESIGN.md §6), which a test about something else must not
+        read as its failure. The deadline bounds a failure, it is not a pace."""
+        end = time.monotonic() + deadline_s
+        while True:
+            status, text = self.get("/metrics")
+            values = {}
+            if status == 200:
+                for line in text.decode().splitlines():
+                    name, _, value = line.partition(" ")
+                    if name in ("ourios_ingest_backlog_frames", "ourios_recovery_backlog_bytes"):
+                        values[name] = float(value)
+            if values.get("ourios_ingest_backlog_frames") == 0 and not values.get(
+                "ourios_recovery_backlog_bytes"
+            ):
+                return
+            if time.monotonic() > end:
+                raise AssertionError(f"the turn did not catch up in {deadline_s} s: {values}")
+            time.sleep(0.05)  # polling a metric, not waiting for a guess
 
     def post_logs(
         self, body: bytes, headers: Mapping[str, str] | None = None

@@ -9,12 +9,13 @@ and swaps it in, and nothing here rewinds the allocator.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from app.ingest.mining.miner_config import MinerConfig
 from app.ingest.mining.template_ids import TemplateIdAllocator
 from app.ingest.mining.tenant_miner import MineResult, TenantMiner
 
-__all__ = ["MinerCluster"]
+__all__ = ["MinerCluster", "MinerStats"]
 
 
 class MinerCluster:
@@ -38,10 +39,19 @@ class MinerCluster:
         self._configs = dict(tenant_configs or {})
         self._miners: dict[str, TenantMiner] = {}
         self._type = miner_type
+        #: counts of miners replaced since (a settlement's swap, a restore), so the
+        #: exported counters never go down
+        self.evictions_retired = 0
+        self.truncated_retired = 0
 
     @property
     def allocator(self) -> TemplateIdAllocator:
         return self._allocator
+
+    @property
+    def default_config(self) -> MinerConfig:
+        """The configuration (and bounds) of every tenant without one of its own."""
+        return self._default
 
     def config_for(self, tenant: str) -> MinerConfig:
         return self._configs.get(tenant, self._default)
@@ -67,9 +77,11 @@ class MinerCluster:
     def restore(self, tenant: str, data: bytes) -> TenantMiner:
         """Install the tenant's miner from a snapshot, replacing any it had.
 
-        The snapshot's own configuration is used: its tree was built under it.
+        The snapshot's own configuration is used (its tree was built under it) with the
+        tenant's bounds, which the restore brings the tree under (``from_snapshot``).
         """
-        miner = self._type.from_snapshot(data, self._allocator)
+        miner = self._type.from_snapshot(data, self._allocator, self.config_for(tenant))
+        self._retire(self._miners.get(tenant))
         self._miners[tenant] = miner
         return miner
 
@@ -79,7 +91,7 @@ class MinerCluster:
         side, then swaps it in with ``replace_tenant``)."""
         if snapshot is None:
             return self._type(self._allocator, self.config_for(tenant))
-        return self._type.from_snapshot(snapshot, self._allocator)
+        return self._type.from_snapshot(snapshot, self._allocator, self.config_for(tenant))
 
     def replace_tenant(self, tenant: str, miner: TenantMiner) -> TenantMiner | None:
         """Drop the tenant's live miner and install ``miner`` as one operation (callers
@@ -88,8 +100,42 @@ class MinerCluster:
         discarded miner."""
         old = self._miners.get(tenant)
         self._miners[tenant] = miner
+        self._retire(old)
         return old
+
+    def _retire(self, old: TenantMiner | None) -> None:
+        if old is not None:
+            self.evictions_retired += old.evictions
+            self.truncated_retired += old.truncated_bodies
 
     def discard(self, tenant: str) -> None:
         """Forget the tenant's miner."""
         self._miners.pop(tenant, None)
+
+    def stats(self) -> MinerStats:
+        """The miners' figures summed, and the largest tenant's, for the metrics (read
+        without the miner lock: each figure is one int read, and a scrape may see a
+        batch half-counted)."""
+        miners = list(self._miners.values())
+        templates = [m.template_count for m in miners]
+        held = [m.state_bytes for m in miners]
+        return MinerStats(
+            templates=sum(templates),
+            tenant_templates_max=max(templates, default=0),
+            state_bytes=sum(held),
+            tenant_state_bytes_max=max(held, default=0),
+            evictions=sum(m.evictions for m in miners) + self.evictions_retired,
+            truncated_bodies=sum(m.truncated_bodies for m in miners) + self.truncated_retired,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class MinerStats:
+    """``MinerCluster.stats``: node-wide sums and the largest tenant's figures."""
+
+    templates: int
+    tenant_templates_max: int
+    state_bytes: int
+    tenant_state_bytes_max: int
+    evictions: int
+    truncated_bodies: int

@@ -7,7 +7,7 @@ an invalid value raises ``ValueError`` naming the setting.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NoReturn
 
 __all__ = ["MinerConfig"]
@@ -25,6 +25,15 @@ class MinerConfig:
     extra_delimiters: tuple[str, ...] = ()
     #: Drain's own default: tokens with a digit go down the tree's wildcard branch
     parametrize_numeric_tokens: bool = True
+    #: None mines every character of a body; a number mines only its first that many
+    #: (the body itself is stored whole): one body's share of the tree and the snapshot
+    max_body_chars: int | None = None
+    #: None mines every token; a number mines only the first that many of a body
+    max_body_tokens: int | None = None
+    #: None compares a body with every template of its leaf; a number keeps at most that
+    #: many templates in one leaf (the leaf's least recently used is evicted), so one
+    #: record's search compares at most that many
+    max_leaf_clusters: int | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -60,10 +69,30 @@ class MinerConfig:
         ):
             # an empty delimiter would make str.replace put a space between every char
             refuse("extra_delimiters", self.extra_delimiters, "a tuple of non-empty strings")
+        for name in ("max_body_chars", "max_body_tokens", "max_leaf_clusters"):
+            bound: object = getattr(self, name)
+            if bound is not None and (
+                not isinstance(bound, int)
+                or isinstance(bound, bool)
+                or not 1 <= bound <= 100_000_000
+            ):
+                refuse(name, bound, "None or [1, 100000000]")
         # Typed as bool, but configuration arrives from YAML and the environment.
         numeric: object = self.parametrize_numeric_tokens
         if not isinstance(numeric, bool):
             refuse("parametrize_numeric_tokens", numeric, "bool")
+
+    def with_bounds(self, bounds: MinerConfig) -> MinerConfig:
+        """This configuration with ``bounds``' four bounds (``max_clusters``,
+        ``max_body_chars``, ``max_body_tokens``, ``max_leaf_clusters``): a restored tree
+        keeps the knobs it was built under and takes the node's bounds."""
+        return replace(
+            self,
+            max_clusters=bounds.max_clusters,
+            max_body_chars=bounds.max_body_chars,
+            max_body_tokens=bounds.max_body_tokens,
+            max_leaf_clusters=bounds.max_leaf_clusters,
+        )
 
 
 def _is_int(value: object) -> bool:

@@ -9,28 +9,32 @@ Format, integers little-endian::
 
     offset  size  field
     0       4     magic b"OMNR"
-    4       2     u16 version, currently 1
+    4       2     u16 version, currently 2 (1 is still read)
     6       2     u16 reserved, must be 0
     8       4     u32 body length in bytes
     12      4     u32 CRC-32C (Castagnoli) of the body
     16      n     body: compact JSON, ASCII only (non-ASCII and lone surrogates escaped)
 
-The version-1 body is one object with exactly these keys::
+The version-2 body is one object with exactly these keys::
 
     {"config":   {"sim_th": float, "depth": int, "max_children": int,
                   "max_clusters": int | null, "extra_delimiters": [str, ...],
-                  "parametrize_numeric_tokens": bool},
+                  "parametrize_numeric_tokens": bool, "max_body_chars": int | null,
+                  "max_body_tokens": int | null, "max_leaf_clusters": int | null},
      "clusters_counter": int,          # Drain's last issued cluster id
      "clusters": [[drain_id, template_id, version, size, [token, ...]], ...],
      "nodes":    [[parent_index, key, [drain_id, ...]], ...]}
+
+Version 1 is the same without the last three config keys (read as null: no bound).
 
 ``clusters`` lists every live Drain cluster, least recently used first when
 ``max_clusters`` is set (the LRU order Drain evicts in) and in creation order otherwise.
 ``nodes`` is the prefix tree in pre-order: ``nodes[0]`` is the root (parent -1, key
 ""), every other node names an earlier node as its parent, and a node's children appear
 in the order of its ``key_to_child_node`` dict. Node cluster lists are kept verbatim,
-including ids of clusters the LRU evicted (Drain drops those lazily), so a restored
-tree is equal to the original, node for node.
+including ids of clusters the LRU evicted (Drain drops those lazily; this build's miner
+drops them, and the nodes they leave empty, at the eviction), so a restored tree is
+equal to the original, node for node.
 
 Version policy: only the current version is written; a reader refuses an unknown
 version, a non-zero reserved field, a length or CRC mismatch, and any body that does
@@ -63,7 +67,9 @@ __all__ = [
 ]
 
 SNAPSHOT_MAGIC = b"OMNR"
-SNAPSHOT_VERSION = 1
+SNAPSHOT_VERSION = 2
+#: versions a reader accepts (a format change keeps a reader for each still on disk)
+_READABLE_VERSIONS = frozenset({1, 2})
 
 _SNAPSHOT_HEADER = struct.Struct("<4sHHII")
 
@@ -94,6 +100,9 @@ def encode_miner_snapshot(state: MinerSnapshot) -> bytes:
             "max_clusters": config.max_clusters,
             "extra_delimiters": list(config.extra_delimiters),
             "parametrize_numeric_tokens": config.parametrize_numeric_tokens,
+            "max_body_chars": config.max_body_chars,
+            "max_body_tokens": config.max_body_tokens,
+            "max_leaf_clusters": config.max_leaf_clusters,
         },
         "clusters_counter": state.clusters_counter,
         "clusters": state.clusters,
@@ -110,11 +119,12 @@ def encode_miner_snapshot(state: MinerSnapshot) -> bytes:
 def decode_miner_snapshot(data: bytes) -> MinerSnapshot:
     """The content of ``encode_miner_snapshot`` bytes; ``SnapshotDecodeError`` says what
     is wrong with anything else."""
-    return _parse_body(_decode_snapshot_body(data))
+    version, body = _decode_snapshot_body(data)
+    return _parse_body(body, version)
 
 
 _BODY_KEYS = frozenset({"config", "clusters_counter", "clusters", "nodes"})
-_CONFIG_KEYS = frozenset(
+_CONFIG_KEYS_V1 = frozenset(
     {
         "sim_th",
         "depth",
@@ -124,9 +134,11 @@ _CONFIG_KEYS = frozenset(
         "parametrize_numeric_tokens",
     }
 )
+_BOUND_KEYS = ("max_body_chars", "max_body_tokens", "max_leaf_clusters")
+_CONFIG_KEYS = {1: _CONFIG_KEYS_V1, 2: _CONFIG_KEYS_V1 | frozenset(_BOUND_KEYS)}
 
 
-def _decode_snapshot_body(data: bytes) -> object:
+def _decode_snapshot_body(data: bytes) -> tuple[int, object]:
     if len(data) < _SNAPSHOT_HEADER.size:
         raise SnapshotDecodeError(
             f"truncated: {len(data)} bytes, the header alone is {_SNAPSHOT_HEADER.size}"
@@ -134,8 +146,10 @@ def _decode_snapshot_body(data: bytes) -> object:
     magic, version, reserved, length, stored = _SNAPSHOT_HEADER.unpack_from(data)
     if magic != SNAPSHOT_MAGIC:
         raise SnapshotDecodeError(f"bad magic {bytes(magic)!r}, expected {SNAPSHOT_MAGIC!r}")
-    if version != SNAPSHOT_VERSION:
-        raise SnapshotDecodeError(f"unknown version {version}, this build reads {SNAPSHOT_VERSION}")
+    if version not in _READABLE_VERSIONS:
+        raise SnapshotDecodeError(
+            f"unknown version {version}, this build reads {sorted(_READABLE_VERSIONS)}"
+        )
     if reserved != 0:
         raise SnapshotDecodeError(f"non-zero reserved field {reserved:#06x}")
     actual = len(data) - _SNAPSHOT_HEADER.size
@@ -150,7 +164,7 @@ def _decode_snapshot_body(data: bytes) -> object:
             f"body CRC mismatch: stored {stored:#010x}, computed {computed:#010x}"
         )
     try:
-        return cast(object, json.loads(encoded.decode("ascii")))
+        return version, cast(object, json.loads(encoded.decode("ascii")))
     except (ValueError, RecursionError) as exc:
         raise SnapshotDecodeError(f"malformed body: not ASCII JSON: {exc}") from exc
 
@@ -191,8 +205,13 @@ def _object(value: object, what: str, keys: frozenset[str]) -> dict[str, object]
     return cast(dict[str, object], value)
 
 
-def _parse_config(value: object) -> MinerConfig:
-    raw = _object(value, "config", _CONFIG_KEYS)
+def _optional_int(raw: dict[str, object], key: str) -> int | None:
+    value = raw.get(key)
+    return None if value is None else _int(value, f"config.{key}", 0, 1 << 31)
+
+
+def _parse_config(value: object, version: int) -> MinerConfig:
+    raw = _object(value, "config", _CONFIG_KEYS[version])
     sim_th = raw["sim_th"]
     if not isinstance(sim_th, int | float) or isinstance(sim_th, bool):
         raise _malformed(f"config.sim_th is {sim_th!r}, expected a number")
@@ -212,14 +231,17 @@ def _parse_config(value: object) -> MinerConfig:
             ),
             extra_delimiters=tuple(_strs(raw["extra_delimiters"], "config.extra_delimiters")),
             parametrize_numeric_tokens=numeric,
+            max_body_chars=_optional_int(raw, "max_body_chars"),
+            max_body_tokens=_optional_int(raw, "max_body_tokens"),
+            max_leaf_clusters=_optional_int(raw, "max_leaf_clusters"),
         )
     except (ValueError, OverflowError) as exc:
         raise _malformed(f"config: {exc}") from exc
 
 
-def _parse_body(body: object) -> MinerSnapshot:
+def _parse_body(body: object, version: int) -> MinerSnapshot:
     raw = _object(body, "top level", _BODY_KEYS)
-    config = _parse_config(raw["config"])
+    config = _parse_config(raw["config"], version)
     counter = _int(raw["clusters_counter"], "clusters_counter", 0, INT64_MAX)
 
     rows: list[ClusterRow] = []

@@ -25,10 +25,11 @@ end, is called exactly where ``add_log_message`` calls it.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from operator import eq, itemgetter
-from typing import Literal, Protocol, cast
+from typing import Final, Literal, Protocol, cast
 
 from drain3.drain import Drain, LogCluster, Node
 
@@ -43,9 +44,17 @@ from app.ingest.mining.snapshot import (
     encode_miner_snapshot,
 )
 from app.ingest.mining.template_ids import TemplateIdAllocator
-from app.ingest.mining.tokens import PARAM, tokenize
+from app.ingest.mining.tokens import PARAM, mined_tokens, tokenize
 
-__all__ = ["MineResult", "TemplateEvent", "TemplateInfo", "TenantMiner"]
+__all__ = [
+    "MineResult",
+    "TemplateEvent",
+    "TemplateInfo",
+    "TenantMiner",
+    "snapshot_bytes_bound",
+    "state_bytes_bound",
+    "template_bytes",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +81,8 @@ class MineResult:
     events: list[TemplateEvent]
     #: the version of its template each record's parameters fill (app/ingest/mining/rematch.py)
     template_versions: list[int] = field(default_factory=list)
+    #: the batch's mining work units (``CREATE_WORK``): what the turn share charges
+    work: int = 0
 
     def __len__(self) -> int:
         return len(self.template_ids)
@@ -110,6 +121,7 @@ class _ClusterMap(Protocol):
 
     def get(self, key: int) -> _DrainCluster | None: ...
     def __setitem__(self, key: int, value: _DrainCluster) -> None: ...
+    def __delitem__(self, key: int) -> None: ...
     def __contains__(self, key: object) -> bool: ...
     def __len__(self) -> int: ...
 
@@ -174,6 +186,11 @@ class _Template:
     when they are all equal Drain's widening would change nothing — one C-level
     comparison instead of ``get_seq_distance``'s and ``create_template``'s Python
     loops. ``constants`` is None when every token is a wildcard (nothing can widen).
+
+    ``path`` is where the cluster sits in Drain's prefix tree, (parent, key, node) from
+    the token-count node down to its leaf, so an eviction removes it from its leaf and
+    drops the nodes it leaves empty. ``touched`` orders templates by their last use
+    (the LRU a full leaf evicts in); ``nbytes`` is its share of ``state_bytes``.
     """
 
     __slots__ = (
@@ -185,10 +202,19 @@ class _Template:
         "constants",
         "expected",
         "fixed",
+        "path",
+        "touched",
+        "nbytes",
     )
 
     def __init__(
-        self, template_id: int, version: int, cluster: _DrainCluster, tokens: tuple[str, ...]
+        self,
+        template_id: int,
+        version: int,
+        cluster: _DrainCluster,
+        tokens: tuple[str, ...],
+        path: tuple[_Step, ...],
+        touched: int,
     ) -> None:
         self.template_id = template_id
         self.version = version
@@ -199,6 +225,9 @@ class _Template:
         self.constants: Callable[[list[str]], object] | None = None
         self.expected: object = None
         self.fixed = 0
+        self.path = path
+        self.touched = touched
+        self.nbytes = template_bytes(tokens, len(path))
         self.reshape(tokens)
 
     def reshape(self, tokens: tuple[str, ...]) -> None:
@@ -238,6 +267,76 @@ class _Template:
         return sum(map(eq, cast(tuple[str, ...], got), cast(tuple[str, ...], expected)))
 
 
+#: one step of a template's place in the tree: (parent, key under the parent, node)
+_Step = tuple[_DrainNode, str, _DrainNode]
+
+# What a template costs the heap, an upper bound the tests hold to tracemalloc
+# (tests/unit/app/ingest/mining/test_tenant_miner.py): our _Template with its getters
+# and tuples, Drain's LogCluster and its LRU entry, each token's string and its slots in
+# the template's tuples, and each tree node of its path (a Node, its dict and list).
+TEMPLATE_OVERHEAD_BYTES: Final = 800
+TOKEN_OVERHEAD_BYTES: Final = 24
+NODE_BYTES: Final = 400
+
+# Mining work units, the deterministic cost of a batch (``MineResult.work``) that the
+# turn share charges a tenant (``app.ingest.shares``): a record costs one unit and one
+# per template its search compared; creating a template (the id, the tree insert, the
+# getters, the event) and widening one (drain3's create_template walk) cost what about
+# that many comparisons do (docs/BENCHMARKS.md, "Miner bounds").
+CREATE_WORK: Final = 32
+WIDEN_WORK: Final = 8
+
+
+def template_bytes(tokens: Sequence[str], nodes: int) -> int:
+    """The heap bytes ``state_bytes`` counts for one template of ``tokens`` whose path
+    has ``nodes`` tree nodes (shared nodes are counted once per template: errs high)."""
+    return (
+        TEMPLATE_OVERHEAD_BYTES
+        + sum(map(sys.getsizeof, tokens))
+        + TOKEN_OVERHEAD_BYTES * len(tokens)
+        + NODE_BYTES * nodes
+    )
+
+
+def state_bytes_bound(config: MinerConfig) -> int | None:
+    """The most ``state_bytes`` a miner under ``config`` can reach (None: unbounded).
+
+    A template is made of the mined part of one body: at most ``max_body_tokens``
+    tokens holding at most ``max_body_chars`` characters (four bytes each at worst, plus
+    a string's own overhead per token), and its path has at most ``depth - 1`` nodes."""
+    limit, chars, tokens = config.max_clusters, config.max_body_chars, config.max_body_tokens
+    if limit is None or chars is None or tokens is None:
+        return None
+    tokens = min(tokens, chars)
+    per_token = sys.getsizeof("") + 4 + TOKEN_OVERHEAD_BYTES
+    per = TEMPLATE_OVERHEAD_BYTES + per_token * tokens + 4 * chars + NODE_BYTES * (config.depth - 1)
+    return limit * per
+
+
+def snapshot_bytes_bound(config: MinerConfig) -> int | None:
+    """The largest ``to_snapshot`` a miner under ``config`` can write (None: unbounded).
+
+    Per template: its cluster row (five integers and its tokens) and, in the tree, at
+    most ``depth - 1`` node rows whose keys are tokens of the same mined prefix and a
+    token-count key. A character is at most 12 bytes of ASCII JSON (a character outside
+    the Basic Multilingual Plane is two ``\\uXXXX`` escapes); a token adds its quotes
+    and a comma; an integer is at most 20 characters."""
+    limit, chars, tokens = config.max_clusters, config.max_body_chars, config.max_body_tokens
+    if limit is None or chars is None or tokens is None:
+        return None
+    tokens = min(tokens, chars)
+    text = 12 * chars + 3 * tokens
+    row = 5 * 21 + 4 + text
+    nodes = (config.depth - 1) * (21 + 8 + 21 + 21 + 8) + text + 21
+    head = (
+        16
+        + 512
+        + 30 * len(config.extra_delimiters)
+        + 12 * sum(len(d) for d in config.extra_delimiters)
+    )
+    return head + 64 + limit * (row + nodes)
+
+
 class TenantMiner:
     """One tenant's Drain tree and the template ids and versions of its clusters."""
 
@@ -245,20 +344,43 @@ class TenantMiner:
         self._config = config if config is not None else MinerConfig()
         self._allocator = allocator
         self._drain = _new_drain(self._config)
-        # Drain cluster id -> template. With max_clusters set its order is Drain's LRU
-        # order (both are touched once per body, for the cluster the body landed in),
-        # which says which cluster Drain evicted and gives the snapshot its LRU order
-        # without reading cachetools' private fields.
+        # Drain cluster id -> template. With a bound set (max_clusters,
+        # max_leaf_clusters) its order is the LRU order (Drain's too: both are touched
+        # once per body, for the cluster the body landed in), which says which cluster
+        # Drain evicted and gives the snapshot its LRU order without reading
+        # cachetools' private fields.
         self._templates: dict[int, _Template] = {}
         self._failed: BaseException | None = None
+        #: the use counter ``_Template.touched`` is stamped from
+        self._tick = 0
+        #: templates evicted by the bounds (``max_clusters``, ``max_leaf_clusters``), at
+        #: a creation or at a restore; bodies mined only in part (``max_body_*``); the
+        #: work units of every batch mined; ``state_bytes``
+        self.evictions = 0
+        self.truncated_bodies = 0
+        self.work = 0
+        self._bytes = 0
 
     @property
     def config(self) -> MinerConfig:
         return self._config
 
+    def mined_tokens(self, body: str) -> list[str]:
+        """The tokens this miner mines of ``body`` (only the head of a long one)."""
+        config = self._config
+        return mined_tokens(
+            body, config.extra_delimiters, config.max_body_chars, config.max_body_tokens
+        )
+
     @property
     def template_count(self) -> int:
         return len(self._templates)
+
+    @property
+    def state_bytes(self) -> int:
+        """The heap the templates and their tree hold, an upper bound kept as they come
+        and go (``template_bytes``); at most ``state_bytes_bound(config)``."""
+        return self._bytes
 
     @property
     def cluster_ids(self) -> list[int]:
@@ -310,30 +432,55 @@ class TenantMiner:
         # body for body.
         drain = self._drain
         search = self._search
-        bounded = self._config.max_clusters is not None
+        config = self._config
+        bounded = config.max_clusters is not None or config.max_leaf_clusters is not None
         templates = self._templates
         # On the LRU cache, [] is the touch add_log_message does on a match.
         touch = cast(_Touchable, drain.id_to_cluster).__getitem__
-        delimiters = self._config.extra_delimiters
+        lru = config.max_clusters is not None
+        delimiters = config.extra_delimiters
+        max_chars = config.max_body_chars
+        max_tokens = config.max_body_tokens
         ids: list[int] = []
         params: list[tuple[str, ...]] = []
         events: list[TemplateEvent] = []
         versions: list[int] = []
         append_id = ids.append
         append_params = params.append
+        work = 0
+        truncated = 0
+        tick = self._tick
         for index, body in enumerate(bodies):
+            cut = False
+            if max_chars is not None and len(body) > max_chars:
+                # Only the head is mined (the record keeps its whole body): one body's
+                # share of the tree, the snapshot and the search is bounded.
+                body = body[:max_chars]
+                cut = True
             tokens = body.split() if not delimiters else tokenize(body, delimiters)
-            template, exact = search(tokens)
+            if max_tokens is not None and len(tokens) > max_tokens:
+                del tokens[max_tokens:]
+                cut = True
+            if cut:
+                truncated += 1
+            template, exact, compared = search(tokens)
+            tick += 1
+            work += 1 + compared
             if template is None:
+                self._tick = tick
                 template = self._create(tokens, index, events)
+                work += CREATE_WORK
             else:
                 cluster = template.cluster
                 if not exact:
                     self._widen(cluster, tokens, template, index, events)
+                    work += WIDEN_WORK
                 cluster.size += 1
                 if bounded:
                     drain_id = cluster.cluster_id
-                    touch(drain_id)
+                    if lru:
+                        touch(drain_id)
+                    template.touched = tick
                     del templates[drain_id]
                     templates[drain_id] = template
             append_id(template.template_id)
@@ -342,30 +489,32 @@ class TenantMiner:
             versions.append(template.version)
         if events:
             changes = [(e.template_id, e.version, e.template, e.index) for e in events]
-            split = str.split if not delimiters else (lambda b: tokenize(b, delimiters))
-            rematch_batch(bodies, ids, params, versions, changes, split)
-        return MineResult(ids, params, events, versions)
+            rematch_batch(bodies, ids, params, versions, changes, self.mined_tokens)
+        self._tick = tick
+        self.work += work
+        self.truncated_bodies += truncated
+        return MineResult(ids, params, events, versions, work)
 
-    def _search(self, tokens: list[str]) -> tuple[_Template | None, bool]:
+    def _search(self, tokens: list[str]) -> tuple[_Template | None, bool, int]:
         """``Drain.tree_search(root, tokens, sim_th, include_params=False)`` computed on
-        our templates, and whether the match has every one of its constant tokens (so
-        no widening). The same leaf (first level by token count, then at most
-        ``max_node_depth - 1`` tokens, a missing token taking the wildcard child), the
-        same candidates in the leaf's order (a cluster the LRU evicted is skipped: our
-        map mirrors Drain's), the same similarity ``float(same) / len`` and the same
-        rule (the best similarity, ties to more wildcards, the first of equals; none
-        below ``sim_th``). Drain's version walks every token pair in Python, the
-        largest part of mining's time; here the constants are compared in C
-        (docs/BENCHMARKS.md, "Miner")."""
+        our templates, whether the match has every one of its constant tokens (so no
+        widening), and how many templates it compared (the work). The same leaf (first
+        level by token count, then at most ``max_node_depth - 1`` tokens, a missing
+        token taking the wildcard child), the same candidates in the leaf's order (a
+        cluster the LRU evicted is skipped: our map mirrors Drain's), the same
+        similarity ``float(same) / len`` and the same rule (the best similarity, ties to
+        more wildcards, the first of equals; none below ``sim_th``). Drain's version
+        walks every token pair in Python, the largest part of mining's time; here the
+        constants are compared in C (docs/BENCHMARKS.md, "Miner")."""
         drain = self._drain
         count = len(tokens)
         node = drain.root_node.key_to_child_node.get(str(count))
         if node is None:
-            return None, False
+            return None, False, 0
         templates = self._templates
         if count == 0:
             # Drain returns the group's first cluster without a similarity test.
-            return templates.get(node.cluster_ids[0]), True
+            return templates.get(node.cluster_ids[0]), True, 1
         depth = 1
         limit = drain.max_node_depth
         for token in tokens:
@@ -376,14 +525,15 @@ class TenantMiner:
             if child is None:
                 child = children.get(PARAM)
                 if child is None:
-                    return None, False
+                    return None, False, 0
             node = child
             depth += 1
         best: _Template | None = None
         best_same = 0
         max_sim = -1.0
         max_params = -1
-        for drain_id in node.cluster_ids:
+        candidates = node.cluster_ids
+        for drain_id in candidates:
             template = templates.get(drain_id)
             if template is None:
                 continue
@@ -393,8 +543,8 @@ class TenantMiner:
             if sim > max_sim or (sim == max_sim and wildcards > max_params):
                 max_sim, max_params, best, best_same = sim, wildcards, template, same
         if best is None or max_sim < drain.sim_th:
-            return None, False
-        return best, best_same == best.fixed
+            return None, False, len(candidates)
+        return best, best_same == best.fixed, len(candidates)
 
     def _create(self, tokens: list[str], index: int, events: list[TemplateEvent]) -> _Template:
         drain = self._drain
@@ -407,16 +557,68 @@ class TenantMiner:
         # insert after it drops evicted ids from the leaf it lands in, as in drain3.
         drain.id_to_cluster[drain_id] = cluster
         drain.add_seq_to_prefix_tree(drain.root_node, cluster)
-        template = _Template(template_id, 1, cluster, cluster.log_template_tokens)
+        path = self._path_of(cluster.log_template_tokens)
+        template = _Template(template_id, 1, cluster, cluster.log_template_tokens, path, self._tick)
         self._templates[drain_id] = template
+        self._bytes += template.nbytes
         limit = self._config.max_clusters
         if limit is not None and len(self._templates) > limit:
             evicted = next(iter(self._templates))
             if evicted in drain.id_to_cluster:
                 raise MinerError(f"LRU mirror disagrees with Drain: cluster {evicted} is live")
-            del self._templates[evicted]
+            self._evict(evicted)
+        leaf_limit = self._config.max_leaf_clusters
+        if leaf_limit is not None:
+            leaf = path[-1][2]
+            while len(leaf.cluster_ids) > leaf_limit:
+                # The leaf's least recently used (never the new one: it is the newest).
+                victim = min(
+                    (t for t in map(self._templates.__getitem__, leaf.cluster_ids)),
+                    key=_touched,
+                )
+                del drain.id_to_cluster[victim.cluster.cluster_id]
+                self._evict(victim.cluster.cluster_id)
         events.append(TemplateEvent(template_id, 1, " ".join(tokens), "created", index))
         return template
+
+    def _path_of(self, tokens: tuple[str, ...]) -> tuple[_Step, ...]:
+        """Where ``add_seq_to_prefix_tree`` just put a cluster of ``tokens``: its walk,
+        replayed on the tree it left (a token it routed to the wildcard child has no
+        child of its own, so ``get(token)`` then ``get(PARAM)`` takes the same way)."""
+        node = self._drain.root_node
+        key = str(len(tokens))
+        child = node.key_to_child_node[key]
+        steps: list[_Step] = [(node, key, child)]
+        node = child
+        depth = 1
+        limit = self._drain.max_node_depth
+        for token in tokens:
+            if depth >= limit or depth >= len(tokens):
+                break
+            children = node.key_to_child_node
+            key = token if token in children else PARAM
+            child = children[key]
+            steps.append((node, key, child))
+            node = child
+            depth += 1
+        return tuple(steps)
+
+    def _evict(self, drain_id: int) -> None:
+        """Forget a cluster Drain no longer holds: our template, its id in its leaf (Drain
+        would drop it lazily), and every node of its path it leaves with neither
+        clusters nor children — so the tree, like the templates, stays bounded. Its
+        template id is never handed out again: a body like it makes a new cluster with
+        a new id and a ``created`` event."""
+        template = self._templates.pop(drain_id)
+        self._bytes -= template.nbytes
+        self.evictions += 1
+        leaf = template.path[-1][2]
+        if drain_id in leaf.cluster_ids:
+            leaf.cluster_ids.remove(drain_id)
+        for parent, key, node in reversed(template.path):
+            if node.cluster_ids or node.key_to_child_node:
+                break
+            del parent.key_to_child_node[key]
 
     def _widen(
         self,
@@ -486,22 +688,102 @@ class TenantMiner:
         )
 
     @classmethod
-    def from_snapshot(cls, data: bytes, allocator: TemplateIdAllocator) -> TenantMiner:
-        """Rebuild a miner from ``to_snapshot`` bytes; consumes no ids of ``allocator``."""
+    def from_snapshot(
+        cls, data: bytes, allocator: TemplateIdAllocator, bounds: MinerConfig | None = None
+    ) -> TenantMiner:
+        """Rebuild a miner from ``to_snapshot`` bytes; consumes no ids of ``allocator``.
+
+        ``bounds``: the node's bounds replace the snapshot's (``MinerConfig.with_bounds``)
+        and the restored tree is brought under them — a template no mined body could
+        match any more (more tokens, or more constant characters, than is mined) and,
+        least recently used first, the templates over a full leaf and over
+        ``max_clusters`` are evicted. A pure function of the bytes and the bounds, so
+        every restore of the same snapshot (recovery's, settlement's) is the same tree."""
         state = decode_miner_snapshot(data)
-        miner = cls(allocator, state.config)
+        config = state.config if bounds is None else state.config.with_bounds(bounds)
+        miner = cls(allocator, config)
+        rows = _kept_rows(state.clusters, state.nodes, config)
+        kept = {row[0] for row in rows}
+        miner.evictions = len(state.clusters) - len(rows)
         drain = miner._drain
-        for drain_id, template_id, version, size, tokens in state.clusters:
+        for drain_id, _template_id, _version, size, tokens in rows:
             # Insertion order is the LRU order (oldest first) that was captured.
-            cluster = _new_cluster(tokens, drain_id, size)
-            drain.id_to_cluster[drain_id] = cluster
-            miner._templates[drain_id] = _Template(template_id, version, cluster, tuple(tokens))
+            drain.id_to_cluster[drain_id] = _new_cluster(tokens, drain_id, size)
         built: list[_DrainNode] = []
+        steps: list[_Step | None] = []
+        parents: list[int] = []
         for parent, key, cluster_ids in state.nodes:
             node = drain.root_node if parent < 0 else _new_node()
-            node.cluster_ids = cluster_ids
+            # Only live ids: an older build left the LRU's evicted ones for Drain to drop.
+            node.cluster_ids = [i for i in cluster_ids if i in kept]
             if parent >= 0:
                 built[parent].key_to_child_node[key] = node
+                steps.append((built[parent], key, node))
+            else:
+                steps.append(None)
             built.append(node)
+            parents.append(parent)
+        # Nodes left with neither clusters nor children (what an eviction leaves): pre-
+        # order puts children after their parent, so one backward pass drops them all.
+        for index in range(len(built) - 1, 0, -1):
+            node = built[index]
+            step = steps[index]
+            if step is not None and not node.cluster_ids and not node.key_to_child_node:
+                del step[0].key_to_child_node[step[1]]
+        leaf_of: dict[int, int] = {}
+        for index, node in enumerate(built):
+            for drain_id in node.cluster_ids:
+                leaf_of[drain_id] = index
+        for touched, (drain_id, template_id, version, _size, tokens) in enumerate(rows):
+            path: list[_Step] = []
+            index = leaf_of[drain_id]
+            while parents[index] >= 0:
+                step = steps[index]
+                assert step is not None
+                path.append(step)
+                index = parents[index]
+            cluster = drain.id_to_cluster.get(drain_id)
+            assert cluster is not None
+            template = _Template(
+                template_id, version, cluster, tuple(tokens), tuple(reversed(path)), touched
+            )
+            miner._templates[drain_id] = template
+            miner._bytes += template.nbytes
+        miner._tick = len(rows)
         drain.clusters_counter = state.clusters_counter
         return miner
+
+
+def _touched(template: _Template) -> int:
+    return template.touched
+
+
+def _kept_rows(
+    rows: Sequence[ClusterRow], nodes: Sequence[NodeRow], config: MinerConfig
+) -> list[ClusterRow]:
+    """The rows a restore under ``config``'s bounds keeps, in their LRU order: none that
+    no mined body can match (more than ``max_body_tokens`` tokens, or more than
+    ``max_body_chars`` characters of constants), then at most ``max_leaf_clusters`` per
+    leaf and ``max_clusters`` in all, the most recently used kept."""
+    tokens_limit, chars_limit = config.max_body_tokens, config.max_body_chars
+    out = [
+        row
+        for row in rows
+        if (tokens_limit is None or len(row[4]) <= tokens_limit)
+        and (chars_limit is None or sum(len(t) for t in row[4] if t != PARAM) <= chars_limit)
+    ]
+    leaf_limit = config.max_leaf_clusters
+    if leaf_limit is not None:
+        leaf_of = {drain_id: n for n, (_, _, ids) in enumerate(nodes) for drain_id in ids}
+        per_leaf: dict[int, int] = {}
+        newest_first: list[ClusterRow] = []
+        for row in reversed(out):
+            leaf = leaf_of.get(row[0], -1)
+            per_leaf[leaf] = per_leaf.get(leaf, 0) + 1
+            if per_leaf[leaf] <= leaf_limit:
+                newest_first.append(row)
+        out = newest_first[::-1]
+    limit = config.max_clusters
+    if limit is not None and len(out) > limit:
+        out = out[len(out) - limit :]
+    return out

@@ -58,10 +58,28 @@ app.kubernetes.io/part-of: ourios
 
 {{- define "ourios.image" -}}
 {{- $tag := default .Chart.AppVersion .Values.image.tag }}
+{{- $repository := include "ourios.imageRepository" . }}
 {{- if .Values.image.digest }}
-{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- printf "%s@%s" $repository .Values.image.digest }}
 {{- else }}
-{{- printf "%s:%s" .Values.image.repository $tag }}
+{{- printf "%s:%s" $repository $tag }}
+{{- end }}
+{{- end }}
+
+{{/*
+image.repository, its registry replaced by global.imageRegistry when that is set. The first
+path part is a registry when it has a "." or ":" or is localhost, as Docker reads it.
+*/}}
+{{- define "ourios.imageRepository" -}}
+{{- $registry := trimSuffix "/" (toString (default "" (.Values.global | default dict).imageRegistry)) }}
+{{- $parts := splitList "/" .Values.image.repository }}
+{{- $first := first $parts }}
+{{- if not $registry }}
+{{- .Values.image.repository }}
+{{- else if and (gt (len $parts) 1) (or (contains "." $first) (contains ":" $first) (eq "localhost" $first)) }}
+{{- printf "%s/%s" $registry (rest $parts | join "/") }}
+{{- else }}
+{{- printf "%s/%s" $registry .Values.image.repository }}
 {{- end }}
 {{- end }}
 
@@ -143,6 +161,7 @@ which would print 6.7108864e+07), booleans as true/false, strings as they are. A
   (list "OURIOS_SERVER_HTTP_PORT" $v.server.httpPort)
   (list "OURIOS_SERVER_GRPC_PORT" $v.server.grpcPort)
   (list "OURIOS_SERVER_LOG_LEVEL" $v.server.logLevel)
+  (list "OURIOS_SERVER_LOG_FORMAT" $v.server.logFormat)
   (list "OURIOS_SERVER_SHUTDOWN_GRACE_SECS" $v.server.shutdownGraceSecs)
   (list "OURIOS_SERVER_FINAL_CUT_SECS" (include "ourios.finalCutSecs" .))
   (list "OURIOS_SERVER_WORKERS" $v.server.workers)
@@ -186,6 +205,13 @@ which would print 6.7108864e+07), booleans as true/false, strings as they are. A
   (list "OURIOS_DISK_LOW_WATER_BYTES" $v.disk.lowWaterBytes)
   (list "OURIOS_DISK_STOP_WATER_BYTES" $v.disk.stopWaterBytes)
   (list "OURIOS_DISK_RESERVE_BYTES" $v.disk.reserveBytes)
+  (list "OURIOS_MINER_MAX_TEMPLATES" $v.miner.maxTemplates)
+  (list "OURIOS_MINER_MAX_LEAF_TEMPLATES" $v.miner.maxLeafTemplates)
+  (list "OURIOS_MINER_MINED_BODY_CHARS" $v.miner.minedBodyChars)
+  (list "OURIOS_MINER_MINED_BODY_TOKENS" $v.miner.minedBodyTokens)
+  (list "OURIOS_MINER_TENANT_TURN_PERCENT" $v.miner.tenantTurnPercent)
+  (list "OURIOS_MINER_TENANT_TURN_BURST_SECS" $v.miner.tenantTurnBurstSecs)
+  (list "OURIOS_MINER_TENANT_BACKLOG_BYTES" $v.miner.tenantBacklogBytes)
 }}
 {{- range $pairs }}
 {{- $name := index . 0 }}
@@ -200,4 +226,27 @@ which would print 6.7108864e+07), booleans as true/false, strings as they are. A
 {{- end }}
 {{- end }}
 {{- toJson $out }}
+{{- end }}
+
+{{/*
+The object store's ports for the NetworkPolicy's egress, as a JSON list:
+networkPolicy.egress.storePorts, else store.endpointUrl's port (80 or 443 by its scheme
+when it names none), else 443 (AWS S3).
+*/}}
+{{- define "ourios.storePorts" -}}
+{{- $ports := .Values.networkPolicy.egress.storePorts }}
+{{- $endpoint := toString (default "" .Values.store.endpointUrl) }}
+{{- if $ports }}
+{{- toJson $ports }}
+{{- else if $endpoint }}
+{{- $parsed := urlParse $endpoint }}
+{{- $host := $parsed.host }}
+{{- if and (contains ":" $host) (not (hasSuffix "]" $host)) }}
+{{- toJson (list (last (splitList ":" $host) | int64)) }}
+{{- else }}
+{{- toJson (list (ternary 80 443 (eq $parsed.scheme "http"))) }}
+{{- end }}
+{{- else }}
+{{- toJson (list 443) }}
+{{- end }}
 {{- end }}

@@ -89,6 +89,15 @@ refuses what `ourios serve` would refuse at start-up. A rule whose value was rem
 {{- fail "store: S3 credentials are set but store.url is not an s3:// URL" }}
 {{- end }}
 
+{{- /* The schema refuses these first; this says the same under --skip-schema-validation. */}}
+{{- range $i, $env := .Values.extraEnv }}
+{{- $name := toString $env.name }}
+{{- if hasPrefix "OURIOS_" $name }}
+{{- $key := splitn "_" 2 (lower (trimPrefix "OURIOS_" $name)) }}
+{{- fail (printf "extraEnv[%d] %s: the ourios settings are values of this chart (%s is %s.%s; docs/CONFIG.md), which it renders itself into the settings ConfigMap, and a second definition would silently override it: set the value instead" $i $name $name $key._0 (camelcase (default "" $key._1) | untitle)) }}
+{{- end }}
+{{- end }}
+
 {{- if and .Values.auth.existingSecret .Values.auth.tokens }}
 {{- fail "auth: set either existingSecret or tokens, not both" }}
 {{- end }}

@@ -252,11 +252,10 @@ def test_rfc0052_3_sustained_balanced_ingest_keeps_the_wal_bounded(tmp_path: Pat
                 assert isinstance(p.floor, FloorMin), (t, p.floor)
         assert all(c.ok and c.snapshot_failures == 0 for _, c in d.cuts)
         assert any(c.reason == "rotation" for _, c in d.cuts)
-        # Exactly one pinned/lifted pair: the pass before the first cut (no snapshot yet)
-        # pins all three tenants, the first pass after it lifts the pin.
-        floor_events = [(n, f) for n, f in rig.events if n.startswith("wal.floor.")]
-        assert [n for n, _ in floor_events] == ["wal.floor.pinned", "wal.floor.lifted"]
-        assert floor_events[0][1]["tenants"] == 3
+        # The passes before the first cut find all three tenants pinned (no snapshot
+        # yet), by design: their frames are above the checkpoint, so no event warns.
+        assert any(isinstance(p.floor, FloorPinned) for t, p in d.passes if t <= first_cut)
+        assert [n for n, _ in rig.events if n.startswith("wal.floor.")] == []
         # Every segment rotated on size under load, none on age.
         assert all(what == "append" for _, what in d.rotations)
         assert len(d.rotations) == rolled - 1

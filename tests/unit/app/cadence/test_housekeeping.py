@@ -19,9 +19,10 @@ from app.cadence.housekeeping import Housekeeper
 from app.ingest.admission import DiskLevel
 from app.ingest.pipeline import LATCH_CLEAR
 from app.ingest.snapshots import SnapshotLedger
+from app.node.events import _LEVELS
 from tests.support.admissionkit import CADENCE, LOW, STOP, Events, admission, faulty_journal
 from tests.support.noderig import NodeRig, checkpoint, rig_factory, step
-from wal import AppendError, Journal, ReclamationProgress, WalConfig
+from wal import AppendError, FloorMin, FloorPinned, Journal, ReclamationProgress, WalConfig
 
 SEGMENT_AGE = WalConfig().segment_age_secs
 
@@ -148,3 +149,52 @@ def test_a_failed_sample_changes_nothing(journal: Journal) -> None:
     a.observe(STOP - 1, None)
     hk.step()
     assert a.level is DiskLevel.STOP_WATER  # not lifted by a missing figure
+
+
+def floor_events(rig: NodeRig) -> list[str]:
+    return [name for name, _ in rig.events if name.startswith("wal.floor.")]
+
+
+def test_clone_6_a_new_tenant_waiting_for_its_first_cut_is_pinned_without_a_warning(
+    make_rig: Callable[..., NodeRig],
+) -> None:
+    """A tenant's frames above the checkpoint and no snapshot yet: the floor is Pinned
+    (the gauges say so) but nothing a cut released is held, so no event — a healthy node
+    between its first batch and its first cut warns nothing."""
+    rig = make_rig()
+    rig.ingest("old", "a")
+    assert step(rig).checkpointed  # "old" has its snapshot
+    rig.ingest("new", "a")
+    for _ in range(3):
+        progress = rig.housekeeper.step()
+        assert progress is not None and isinstance(progress.floor, FloorPinned)
+        assert progress.floor.pinned == ("new",)
+    assert floor_events(rig) == []
+    assert step(rig).checkpointed  # installs "new"'s snapshot
+    progress = rig.housekeeper.step()
+    assert progress is not None and isinstance(progress.floor, FloorMin)
+    assert floor_events(rig) == []
+
+
+def test_clone_6_a_pin_the_checkpoint_passed_warns_once_then_lifts(
+    make_rig: Callable[..., NodeRig],
+) -> None:
+    """A cut ran and the tenant's snapshot install failed: the checkpoint passed its
+    frames, so the pin now holds what the cut released — one ``wal.floor.pinned``
+    (a warning) however many passes see it, one ``wal.floor.lifted`` when it ends."""
+    rig = make_rig()
+    rig.ingest("new", "a")
+    rig.housekeeper.step()  # waiting for its first cut: nothing yet
+    assert floor_events(rig) == []
+    rig.fs.fail("open", "new.*.snap.tmp", count=1)
+    assert step(rig).checkpointed  # the install failed; the stamp went on
+    for _ in range(3):
+        rig.housekeeper.step()
+    assert floor_events(rig) == ["wal.floor.pinned"]
+    (pinned,) = [f for n, f in rig.events if n == "wal.floor.pinned"]
+    assert pinned["example_tenants"] == ["new"] and pinned["checkpoint"] == str(checkpoint(rig))
+    assert _LEVELS["wal.floor.pinned"] == "warning"
+    rig.ingest("new", "b")
+    assert step(rig).checkpointed  # this install succeeds
+    rig.housekeeper.step()
+    assert floor_events(rig) == ["wal.floor.pinned", "wal.floor.lifted"]

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
 import types
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TextIO
 
@@ -48,33 +50,53 @@ def test_serve_help_lists_every_setting(capsys: pytest.CaptureFixture[str]) -> N
     assert settings_help() in out
 
 
-def test_serve_prints_effective_configuration_before_serving(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture
+def serve_to_build(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[object]]:
+    """``ourios serve`` runs up to building the node, which is refused (exit 1): what it
+    logged first is on stderr. The root logger's handlers are restored afterwards."""
     seen: list[object] = []
 
-    def run_serve(settings: object, config_file: object = None) -> int:
+    def build_node(settings: object, events: object) -> object:
         seen.append(settings)
-        return 0
+        raise OSError("the test stops here")
 
-    monkeypatch.setattr("app.cli.run_serve", run_serve)
+    monkeypatch.setattr("app.node.server.build_node", build_node)
+    # no signal relay thread or handlers: nothing is served
+    monkeypatch.setattr("app.node.server._relay_signals", lambda stop, received: None)
+    root = logging.getLogger()
+    saved_handlers, saved_level = root.handlers[:], root.level
+    try:
+        yield seen
+    finally:
+        root.handlers[:] = saved_handlers
+        root.setLevel(saved_level)
+
+
+def test_serve_logs_the_effective_configuration_first(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    serve_to_build: list[object],
+) -> None:
     monkeypatch.setenv("OURIOS_WAL_BARRIER_SECS", "30")
-    assert main(["serve"]) == 0
+    assert main(["serve"]) == 1
     err = capsys.readouterr().err
+    assert json.loads(err.splitlines()[0])["event"] == EFFECTIVE_EVENT
     config = effective_line(err)
     assert config == load_settings().effective()
     assert config["OURIOS_WAL_BARRIER_SECS"] == 30
-    assert len(seen) == 1
+    assert len(serve_to_build) == 1
 
 
 def test_serve_reads_the_config_file_and_env_wins(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    serve_to_build: list[object],
 ) -> None:
     config_file = tmp_path / "ourios.yaml"
     config_file.write_text("wal:\n  barrier_secs: 30\n  housekeeping_secs: 7\n", encoding="utf-8")
     monkeypatch.setenv("OURIOS_WAL_HOUSEKEEPING_SECS", "9")
-    monkeypatch.setattr("app.cli.run_serve", lambda settings, config_file=None: 0)
-    assert main(["serve", "--config", str(config_file)]) == 0
+    assert main(["serve", "--config", str(config_file)]) == 1
     config = effective_line(capsys.readouterr().err)
     assert (config["OURIOS_WAL_BARRIER_SECS"], config["OURIOS_WAL_HOUSEKEEPING_SECS"]) == (30, 9)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from app import points
-from app.ingest.stages import IngestBacklogFull, Stages
+from app.ingest.stages import IngestBacklogFull, Stages, TenantBacklogFull
 from app.receive.api import IngestOutcome
 from app.receive.otlp import FlatBatch, IngestRejection, decode_request, flatten
 from app.threads import Supervisor
@@ -214,6 +214,47 @@ def test_close_answers_everything_submitted_then_refuses(rig: NodeRig) -> None:
     data, batch = batch_of("c")
     with pytest.raises(IngestRejection, match="shutting down"):
         stages.submit("t", data, batch, answers.for_("c"))
+
+
+def test_bounded_2_one_tenant_over_its_backlog_share_is_refused_and_others_are_not(
+    rig: NodeRig,
+) -> None:
+    data, _ = batch_of("a")
+    frame = len(data) + 64
+    stages = Stages(rig.pipeline, backlog_bytes=20 * frame, tenant_backlog_bytes=3 * frame)
+    stages.start()
+    answers = Answers()
+    try:
+        with points.hold("stages.turn") as held:
+            try:
+                sent = 0
+                refusal: TenantBacklogFull | None = None
+                while refusal is None:
+                    data, batch = batch_of(f"n{sent}", tenant="noisy")
+                    try:
+                        stages.submit("noisy", data, batch, answers.for_(f"n{sent}"))
+                    except TenantBacklogFull as exc:
+                        refusal = exc
+                    else:
+                        sent += 1
+                    assert sent < 10, "the tenant's share never refused"
+                assert 2 <= sent <= 3
+                assert refusal.error_type == "tenant_backlog" and refusal.retry_after
+                assert "'noisy'" in str(refusal) and "miner.tenant_backlog_bytes" in str(refusal)
+                # the node-wide backlog has room, and another tenant is admitted
+                for i in range(2):
+                    data, batch = batch_of(f"q{i}", tenant="quiet")
+                    stages.submit("quiet", data, batch, answers.for_(f"q{i}"))
+            finally:
+                held.release()
+        answers.wait(sent + 2)
+        assert all(refusal is None for _, _, refusal in answers.got)
+        assert stages.wait_turned(30)
+        data, batch = batch_of("again", tenant="noisy")
+        stages.submit("noisy", data, batch, answers.for_("again"))  # its share is free again
+        answers.wait(sent + 3)
+    finally:
+        stages.close(30)
 
 
 def test_every_state_1_a_drain_out_of_time_stops_after_the_frame_in_hand_and_counts_the_rest(

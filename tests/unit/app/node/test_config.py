@@ -84,6 +84,7 @@ def samples(tmp_path: Path) -> dict[str, Sample]:
         "server.node_id": Sample("ourios-7", "ourios-7"),
         "server.node_ordinal": Sample("5", 5),
         "server.log_level": Sample("debug", "debug"),
+        "server.log_format": Sample("console", "console"),
         "server.shutdown_grace_secs": Sample("10", 10),
         "server.final_cut_secs": Sample("12", 12),
         "server.workers": Sample("3", 3),
@@ -128,6 +129,13 @@ def samples(tmp_path: Path) -> dict[str, Sample]:
         "disk.low_water_bytes": Sample("2GiB", 2 * GiB),
         "disk.stop_water_bytes": Sample("512MiB", 512 * MiB),
         "disk.reserve_bytes": Sample("32MiB", 32 * MiB),
+        "miner.max_templates": Sample("500", 500),
+        "miner.max_leaf_templates": Sample("16", 16),
+        "miner.mined_body_chars": Sample("256", 256),
+        "miner.mined_body_tokens": Sample("32", 32),
+        "miner.tenant_turn_percent": Sample("20", 20),
+        "miner.tenant_turn_burst_secs": Sample("2", 2),
+        "miner.tenant_backlog_bytes": Sample("8MiB", 8 * MiB),
     }
 
 
@@ -194,6 +202,7 @@ def test_defaults_match_design_section_8() -> None:
         "OURIOS_SERVER_NODE_ID": socket.gethostname(),
         "OURIOS_SERVER_NODE_ORDINAL": load_settings({}).server.node_ordinal,
         "OURIOS_SERVER_LOG_LEVEL": "info",
+        "OURIOS_SERVER_LOG_FORMAT": "auto",
         "OURIOS_SERVER_SHUTDOWN_GRACE_SECS": 25,
         "OURIOS_SERVER_FINAL_CUT_SECS": 30,
         "OURIOS_SERVER_WORKERS": max(1, available_cpus() - 1),
@@ -238,6 +247,13 @@ def test_defaults_match_design_section_8() -> None:
         "OURIOS_DISK_LOW_WATER_BYTES": 1 * GiB,
         "OURIOS_DISK_STOP_WATER_BYTES": 256 * MiB,
         "OURIOS_DISK_RESERVE_BYTES": 64 * MiB,
+        "OURIOS_MINER_MAX_TEMPLATES": 4096,
+        "OURIOS_MINER_MAX_LEAF_TEMPLATES": 128,
+        "OURIOS_MINER_MINED_BODY_CHARS": 1024,
+        "OURIOS_MINER_MINED_BODY_TOKENS": 64,
+        "OURIOS_MINER_TENANT_TURN_PERCENT": 2,
+        "OURIOS_MINER_TENANT_TURN_BURST_SECS": 1,
+        "OURIOS_MINER_TENANT_BACKLOG_BYTES": 16 * MiB,
     }
     assert load_settings({}).effective() == expected
 

@@ -6,15 +6,29 @@ import errno
 import io
 import json
 import logging
+import os
+import pty
+import re
 import sys
 from pathlib import Path
 
 import pytest
 
-from app.node.events import EventLog, JsonFormatter, configure_logging
+from app.node.events import (
+    ConsoleFormatter,
+    EventLog,
+    JsonFormatter,
+    configure_logging,
+    open_logs,
+    resolve_format,
+    rfc3339,
+)
 from tests.support.walkit import SMALL, faulty, payload
 from wal import Journal
 from wal.errors import WalIoError
+
+#: what a json event's ``ts`` is: RFC 3339, UTC, milliseconds
+RFC3339 = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
 
 
 def test_emit_writes_one_json_line_per_event() -> None:
@@ -28,7 +42,7 @@ def test_emit_writes_one_json_line_per_event() -> None:
     assert first["event"] == "wal.segment.sealed"
     assert first["level"] == "warning"
     assert first["segment"] == 7 and first["path"] == "/wal/00007.wal"
-    assert isinstance(first["ts"], float)
+    assert RFC3339.fullmatch(first["ts"]), first["ts"]
     assert second["event"] == "barrier.cut" and second["level"] == "info"
 
 
@@ -115,3 +129,88 @@ def test_every_state_3_a_failed_event_write_raises_nothing_and_is_counted(
     stream.broken = False
     events.emit("b", {})
     assert [json.loads(line)["event"] for line in stream.getvalue().splitlines()] == ["b"]
+
+
+def test_clone_6_json_events_and_log_records_carry_rfc3339_timestamps() -> None:
+    stream = io.StringIO()
+    EventLog(stream).emit("barrier.cut", {"epoch": 3})
+    record = logging.LogRecord("ourios.x", logging.INFO, __file__, 1, "m", (), None)
+    record.created = 1_796_487_818.4056
+    event = json.loads(stream.getvalue())
+    logged = json.loads(JsonFormatter().format(record))
+    assert RFC3339.fullmatch(event["ts"]) and event["epoch"] == 3
+    assert logged["ts"] == "2026-12-05T16:23:38.405Z" == rfc3339(record.created)
+
+
+def test_clone_6_console_format_is_one_readable_line_per_event() -> None:
+    stream = io.StringIO()
+    log = EventLog(stream, fmt="console")
+    log("wal.floor.pinned", {"tenants": 2, "example_tenants": ["a", "b"], "why": "no snap"})
+    log.emit("config.effective", {"config": {"X": 1}}, "debug")  # dropped: not debug
+    (line,) = stream.getvalue().splitlines()
+    assert re.fullmatch(
+        r"\d\d:\d\d:\d\d\.\d{3}Z WARNING wal\.floor\.pinned tenants=2 "
+        r'example_tenants=\["a", "b"\] why="no snap"',
+        line,
+    ), line
+    record = logging.LogRecord("ourios.x", logging.ERROR, __file__, 1, "m %d", (3,), None)
+    assert ConsoleFormatter().format(record).endswith(" ERROR   ourios.x: m 3")
+
+
+def test_clone_6_console_renders_server_listening_as_the_start_up_summary() -> None:
+    stream = io.StringIO()
+    EventLog(stream, fmt="console").emit(
+        "server.listening",
+        {
+            "http_port": 4318,
+            "grpc_port": 4317,
+            "host": "0.0.0.0",
+            "data_dir": "./data",
+            "wal": "data/wal",
+            "store": "file:///data/objects",
+            "workers": [11, 12],
+            "cadences": "barrier 300 s",
+            "auth": "open mode",
+            "stop": "Ctrl-C",
+        },
+    )
+    text = stream.getvalue()
+    assert "ourios is ready" in text.splitlines()[0]
+    for expected in (
+        "OTLP/HTTP  http://0.0.0.0:4318/v1/logs",
+        "OTLP/gRPC  0.0.0.0:4317",
+        "data dir   ./data",
+        "store      file:///data/objects",
+        "cadences   barrier 300 s",
+        "auth       open mode",
+        "workers    2 (pid 11, 12)",
+        "stop       Ctrl-C",
+    ):
+        assert expected in text, text
+    assert len(text) < 600 and len(text.splitlines()) == 9
+
+
+def test_clone_6_auto_is_console_on_a_terminal_and_json_elsewhere() -> None:
+    primary, secondary = pty.openpty()
+    try:
+        with os.fdopen(secondary, "w", closefd=False) as tty:
+            assert resolve_format("auto", tty) == "console"
+            assert resolve_format("json", tty) == "json"
+    finally:
+        os.close(primary)
+        os.close(secondary)
+    assert resolve_format("auto", io.StringIO()) == "json"
+    assert resolve_format("console", io.StringIO()) == "console"
+    root = logging.getLogger()
+    saved_handlers, saved_level = root.handlers[:], root.level
+    stream = io.StringIO()
+    try:
+        events = open_logs("debug", "console", stream)
+        events.emit("config.effective", {"config": {}}, "debug")  # debug level: written
+        logging.getLogger("ourios.test").debug("kept")
+    finally:
+        root.handlers[:] = saved_handlers
+        root.setLevel(saved_level)
+    first, second = stream.getvalue().splitlines()
+    assert " DEBUG   config.effective config={}" in first
+    assert second.endswith(" DEBUG   ourios.test: kept")

@@ -85,5 +85,5 @@ def test_gauges_are_read_from_the_bound_pipeline_at_collection(
     stamped = samples(metrics)
     mark = rig.journal.last_checkpoint
     assert mark is not None
-    assert stamped[("ourios_wal_checkpoint_lsn", ())] == mark.lsn
+    assert stamped[("ourios_wal_checkpoint_lsn_bytes", ())] == mark.lsn
     assert stamped[("ourios_sink_buffered_bytes", ())] == 0

@@ -951,6 +951,17 @@ def test_stopped_server_closes_its_port(pipeline: StubPort) -> None:
         pass
 
 
+def test_clone_9_a_cut_content_type_shows_an_ellipsis(app: FastAPI, pipeline: StubPort) -> None:
+    # curl -d sends application/x-www-form-urlencoded (33 characters): the 415 names
+    # its first 32 and says it cut the rest, as every other echo of a client's value does
+    reply = call(app, iter([pb_body(1)]), content_type="application/x-www-form-urlencoded")
+    assert_status(reply, 415, grpc.StatusCode.INVALID_ARGUMENT, as_json=True)
+    message = reply.status_message().message
+    assert message.startswith("unsupported Content-Type 'application/x-www-form-urlencode'...; ")
+    short = call(app, iter([pb_body(1)]), content_type="text/plain")
+    assert short.status_message().message.startswith("unsupported Content-Type 'text/plain'; ")
+
+
 # ── the in-flight bound, the body read timeout, the expansion limits (issue 21 item 3) ──
 
 

@@ -27,12 +27,27 @@ def test_snapshot_golden_bytes() -> None:
     miner.mine(["open file a.txt", "open file b.txt", "héllo wörld"])
     body = (
         b'{"config":{"sim_th":0.4,"depth":4,"max_children":100,"max_clusters":null,'
+        b'"extra_delimiters":[],"parametrize_numeric_tokens":true,"max_body_chars":null,'
+        b'"max_body_tokens":null,"max_leaf_clusters":null},"clusters_counter":2,'
+        b'"clusters":[[1,7,2,2,["open","file","<*>"]],[2,8,1,1,["h\\u00e9llo","w\\u00f6rld"]]],'
+        b'"nodes":[[-1,"",[]],[0,"3",[]],[1,"open",[1]],[0,"2",[]],[3,"h\\u00e9llo",[2]]]}'
+    )
+    header = b"OMNR" + struct.pack("<HHII", 2, 0, len(body), crc32c.crc32c(body))
+    assert miner.to_snapshot() == header + body
+
+
+def test_version_1_snapshot_is_still_read() -> None:
+    # Written before the body bounds: its config has no max_body_* / max_leaf_clusters.
+    body = (
+        b'{"config":{"sim_th":0.4,"depth":4,"max_children":100,"max_clusters":null,'
         b'"extra_delimiters":[],"parametrize_numeric_tokens":true},"clusters_counter":2,'
         b'"clusters":[[1,7,2,2,["open","file","<*>"]],[2,8,1,1,["h\\u00e9llo","w\\u00f6rld"]]],'
         b'"nodes":[[-1,"",[]],[0,"3",[]],[1,"open",[1]],[0,"2",[]],[3,"h\\u00e9llo",[2]]]}'
     )
-    header = b"OMNR" + struct.pack("<HHII", 1, 0, len(body), crc32c.crc32c(body))
-    assert miner.to_snapshot() == header + body
+    restored = TenantMiner.from_snapshot(_reframe(body, version=1), CountingAllocator(9))
+    assert restored.config == MinerConfig()
+    assert [t.template_id for t in restored.templates()] == [7, 8]
+    assert restored.mine(["open file c.txt"]).template_ids == [7]
 
 
 def _snapshot() -> bytes:
@@ -41,7 +56,7 @@ def _snapshot() -> bytes:
     return miner.to_snapshot()
 
 
-def _reframe(body: bytes, version: int = 1, reserved: int = 0) -> bytes:
+def _reframe(body: bytes, version: int = 2, reserved: int = 0) -> bytes:
     header = struct.pack("<HHII", version, reserved, len(body), crc32c.crc32c(body))
     return b"OMNR" + header + body
 
@@ -64,7 +79,8 @@ def _set(path: Sequence[str | int], value: object) -> Callable[[Any], None]:
 
 CORRUPT = [
     pytest.param(lambda d: b"XMNR" + d[4:], "bad magic", id="bad_magic"),
-    pytest.param(lambda d: _reframe(d[16:], version=2), "unknown version 2", id="bad_version"),
+    pytest.param(lambda d: _reframe(d[16:], version=3), "unknown version 3", id="bad_version"),
+    pytest.param(lambda d: _reframe(d[16:], version=1), "unknown ['max_body", id="v2_body_as_v1"),
     pytest.param(lambda d: _reframe(d[16:], version=0), "unknown version 0", id="version_zero"),
     pytest.param(lambda d: _reframe(d[16:], reserved=1), "reserved", id="nonzero_reserved"),
     pytest.param(lambda d: flip(d, len(d) - 5), "CRC mismatch", id="bad_crc_body"),

@@ -4,6 +4,8 @@ to drain3's own add_log_message."""
 from __future__ import annotations
 
 import gc
+import random
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -18,11 +20,20 @@ from app.ingest.mining.miner_config import MinerConfig
 from app.ingest.mining.template_ids import (
     CountingAllocator,
 )
-from app.ingest.mining.tenant_miner import MineResult, TemplateEvent, TenantMiner
+from app.ingest.mining.tenant_miner import (
+    CREATE_WORK,
+    WIDEN_WORK,
+    MineResult,
+    TemplateEvent,
+    TenantMiner,
+    snapshot_bytes_bound,
+    state_bytes_bound,
+)
 from app.ingest.mining.tokens import PARAM, tokenize
 from tests.support.mining import (
     CONFIGS,
     SETTINGS,
+    batches,
     config_strategy,
     corpus,
     drain_state,
@@ -305,3 +316,195 @@ def test_issue24_4_every_record_of_a_batch_fills_its_template_last_version_in_th
         text = texts[(result.template_ids[i], result.template_versions[i])]
         tokens = text.split(" ") if text else []  # the zero-token template's text is ""
         assert [next(values) if t == PARAM else t for t in tokens] == body.split()
+
+
+# -- issue 21 item 2: the bounds of one tenant's miner -----------------------------------
+
+_BOUNDED = MinerConfig(
+    max_clusters=40, max_body_chars=64, max_body_tokens=8, max_leaf_clusters=6, max_children=5
+)
+
+
+def _unique_lines(seed: int, n: int, *, alphabet: str = "abcdefghij") -> list[str]:
+    r = random.Random(seed)
+    return [
+        " ".join(
+            "".join(r.choice(alphabet) for _ in range(r.randrange(1, 9)))
+            for _ in range(r.randrange(0, 14))
+        )
+        for _ in range(n)
+    ]
+
+
+def _nodes(miner: TenantMiner) -> int:
+    return len(drain_state(miner)[0])
+
+
+def test_bounded_2_unique_lines_keep_templates_tree_heap_and_snapshot_under_their_bounds() -> None:
+    # What one tenant of unique lines did to main: every line a template, none evicted,
+    # the tree and the snapshot growing with them.
+    miner = TenantMiner(CountingAllocator(), _BOUNDED)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for chunk in batches(_unique_lines(1, 3000), 100):
+            miner.mine(chunk)
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert miner.template_count <= 40
+    assert miner.evictions > 2000
+    # each template's path is at most depth - 1 nodes, plus the root
+    assert _nodes(miner) <= 1 + 40 * (_BOUNDED.depth - 1)
+    bound = state_bytes_bound(_BOUNDED)
+    assert bound is not None and miner.state_bytes <= bound
+    # the estimate errs high against what the heap really holds (tokens, getters, nodes)
+    assert held <= miner.state_bytes
+    snapshot_bound = snapshot_bytes_bound(_BOUNDED)
+    assert snapshot_bound is not None and len(miner.to_snapshot()) <= snapshot_bound
+
+
+@pytest.mark.parametrize(("templates", "tokens"), [(2000, 10), (500, 100), (2000, 1), (60, 40)])
+def test_bounded_2_state_bytes_errs_high_by_at_most_two(templates: int, tokens: int) -> None:
+    r = random.Random(templates + tokens)
+    lines = [
+        " ".join("".join(r.choice("abcdefghij") for _ in range(6)) for _ in range(tokens + i % 7))
+        for i in range(templates)
+    ]
+    miner = TenantMiner(CountingAllocator(), MinerConfig(max_children=100_000))
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        miner.mine(lines)
+        del lines
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert held <= miner.state_bytes <= 2 * held
+
+
+@SETTINGS
+@given(
+    bodies=st.lists(
+        st.text(
+            alphabet=st.sampled_from(["a", "é", "\U0001f600", " ", '"', "\\", "\x01", "7"]),
+            max_size=200,
+        ),
+        max_size=60,
+    )
+)
+def test_bounded_2_snapshot_bound_holds_for_any_characters(bodies: list[str]) -> None:
+    config = MinerConfig(max_clusters=5, max_body_chars=30, max_body_tokens=6, max_children=3)
+    miner = TenantMiner(CountingAllocator(), config)
+    miner.mine(bodies)
+    bound = snapshot_bytes_bound(config)
+    assert bound is not None and len(miner.to_snapshot()) <= bound
+    memory = state_bytes_bound(config)
+    assert memory is not None and miner.state_bytes <= memory
+
+
+def test_bounded_2_evicted_template_comes_back_with_a_new_id_and_a_created_event() -> None:
+    allocator = CountingAllocator()
+    miner = TenantMiner(allocator, MinerConfig(max_clusters=2))
+    first = miner.mine(["alpha one", "beta two three"]).template_ids
+    miner.mine(["gamma four five six", "delta seven eight nine ten"])  # both evicted
+    assert miner.evictions == 2
+    back = miner.mine(["alpha one"])
+    assert back.template_ids[0] not in first
+    assert back.template_ids[0] == allocator.next_id - 1  # drawn fresh from the allocator
+    assert [(e.change, e.version) for e in back.events] == [("created", 1)]
+    # the evicted clusters' leaves and nodes are gone: only the live two remain
+    paths = {" ".join(path) for path, _, _ in drain_state(miner)[0]}
+    assert paths == {"", "2", "2 alpha", "5", "5 delta"}
+
+
+def test_bounded_2_only_the_body_head_is_mined() -> None:
+    config = MinerConfig(max_body_chars=20, max_body_tokens=3)
+    miner = TenantMiner(CountingAllocator(), config)
+    long_token = "x" * 10_000
+    result = miner.mine(
+        [
+            "disk sda1 full at 99 percent on host a",  # 3 tokens mined
+            "disk sda2 full at 98 percent",
+            long_token,  # one 20-character token
+            "short",  # untouched
+        ]
+    )
+    assert miner.truncated_bodies == 3
+    assert [t.template for t in miner.templates()] == ["disk <*> full", "x" * 20, "short"]
+    assert result.template_params[1] == ("sda2",)
+    assert all(len(t.template) <= 20 + 2 * 3 for t in miner.templates())
+
+
+def test_bounded_2_a_full_leaf_caps_what_one_search_compares() -> None:
+    # Unique lines all land in one leaf (same length, numeric first token): without the
+    # leaf bound each record compares every template there.
+    config = MinerConfig(max_leaf_clusters=4)
+    miner = TenantMiner(CountingAllocator(), config)
+    r = random.Random(3)
+    words = ["".join(r.choice("abcdefghij") for _ in range(8)) for _ in range(500)]
+    lines = [f"{i} {w} {w}{w} tail{w}" for i, w in enumerate(words)]
+    result = miner.mine(lines)
+    leaves = [ids for _, ids, _ in drain_state(miner)[0] if ids]
+    assert max(map(len, leaves)) <= 4
+    assert result.work <= len(lines) * (1 + 4 + CREATE_WORK + WIDEN_WORK)
+    unbounded = TenantMiner(CountingAllocator())
+    assert unbounded.mine(lines).work > 3 * result.work
+
+
+def test_bounded_2_a_full_leaf_evicts_its_least_recently_used() -> None:
+    miner = TenantMiner(CountingAllocator(), MinerConfig(max_leaf_clusters=2, sim_th=0.9))
+    a, b = miner.mine(["x a1 b1 c1", "x a2 b2 c2"]).template_ids
+    miner.mine(["x a1 b1 c1"])  # a is now the more recently used
+    c = miner.mine(["x a3 b3 c3"]).template_ids[0]
+    assert {t.template_id for t in miner.templates()} == {a, c}
+    assert b not in (a, c) and miner.evictions == 1
+
+
+def test_bounded_2_restore_brings_a_snapshot_under_the_nodes_bounds() -> None:
+    # A snapshot written under larger bounds (or none) is trimmed at restore, the same
+    # way every time, so recovery and settlement rebuild the same tree from it.
+    big = TenantMiner(CountingAllocator(), MinerConfig())
+    mine_all(big, _unique_lines(4, 400) + corpus(4, 400) + ["y " * 50])
+    data = big.to_snapshot()
+    one = TenantMiner.from_snapshot(data, CountingAllocator(10_000), _BOUNDED)
+    two = TenantMiner.from_snapshot(data, CountingAllocator(10_000), _BOUNDED)
+    assert one.config == MinerConfig().with_bounds(_BOUNDED)
+    assert one.template_count <= 40 and one.evictions == big.template_count - one.template_count
+    assert all(len(t.template.split()) <= 8 for t in one.templates())
+    assert drain_state(one) == drain_state(two)
+    assert one.to_snapshot() == two.to_snapshot()
+    # the kept templates are the most recently used, their ids unchanged
+    kept = {t.template_id for t in one.templates()}
+    assert kept <= {t.template_id for t in big.templates()[-200:]}
+    probe = corpus(5, 300) + _unique_lines(6, 300)
+    assert mine_all(one, probe) == mine_all(two, probe)
+    assert one.template_count <= 40
+
+
+@SETTINGS
+@given(
+    seed=st.integers(0, 2**32),
+    split=st.integers(0, 400),
+    batch=st.integers(1, 50),
+    unique=st.booleans(),
+)
+def test_bounded_2_a_bounded_miner_restored_mines_like_an_uninterrupted_one(
+    seed: int, split: int, batch: int, unique: bool
+) -> None:
+    # Eviction, pruning and the body head are deterministic over the frames: a replay
+    # from a snapshot reaches the same ids, events and tree as the miner that ran on.
+    lines = _unique_lines(seed, 400) if unique else corpus(seed, 400)
+    config = MinerConfig(
+        max_clusters=12, max_body_chars=40, max_body_tokens=6, max_leaf_clusters=3, max_children=4
+    )
+    ids = CountingAllocator()
+    uninterrupted = TenantMiner(ids, config)
+    mine_all(uninterrupted, lines[:split], batch)
+    snapshot = uninterrupted.to_snapshot()
+    restored = TenantMiner.from_snapshot(snapshot, CountingAllocator(ids.next_id), config)
+    assert drain_state(restored) == drain_state(uninterrupted)
+    expected = mine_all(uninterrupted, lines[split:], batch)
+    assert mine_all(restored, lines[split:], batch) == expected
+    assert drain_state(restored) == drain_state(uninterrupted)
+    assert restored.to_snapshot() == uninterrupted.to_snapshot()

@@ -1,0 +1,53 @@
+"""The C allocator's arenas: part of the resident-memory bound (DESIGN.md §5.12).
+
+glibc gives a thread that meets a locked arena a new one, up to eight per core, and
+keeps what each arena once held. The core runs a dozen threads that allocate (the turn,
+the committer, the spiller, the publishers, the receivers' links), so a store outage,
+which puts the spiller and the publishers to work beside the turn, grew the core's
+resident memory by 26–42 MB with glibc's default (two runs) and by 0–26 MB with two
+arenas (six runs of tests/crash/test_bounded_memory_serve.py). Few arenas suit a Python
+process: its threads allocate while they hold the GIL, so they seldom contend for one.
+
+``bound_malloc_arenas`` runs first in ``ourios serve``: it limits this process with
+``mallopt`` (arenas made from then on) and puts ``MALLOC_ARENA_MAX`` in the environment
+that the worker processes inherit, where glibc reads it at their start. An operator's
+own ``MALLOC_ARENA_MAX`` wins (it is the allocator's documented knob); 0 leaves glibc's
+default.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+from collections.abc import MutableMapping
+
+#: arenas per process unless the environment says otherwise
+DEFAULT_ARENAS = 2
+#: glibc's malloc.h: ``mallopt(M_ARENA_MAX, n)``
+_M_ARENA_MAX = -8
+ENV = "MALLOC_ARENA_MAX"
+
+
+def bound_malloc_arenas(environ: MutableMapping[str, str] = os.environ) -> int | None:
+    """Limit the arenas of this process and of the processes it starts.
+
+    Returns the limit in force, or None when it is left to glibc (``MALLOC_ARENA_MAX=0``,
+    a value that is not a number, or a C library without ``mallopt``).
+    """
+    wanted = environ.setdefault(ENV, str(DEFAULT_ARENAS))
+    try:
+        arenas = int(wanted)
+    except ValueError:
+        return None
+    if arenas <= 0:
+        return None
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # not glibc (musl has no mallopt arenas)
+        return None
+    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
+    mallopt.restype = ctypes.c_int
+    return arenas if mallopt(_M_ARENA_MAX, arenas) == 1 else None

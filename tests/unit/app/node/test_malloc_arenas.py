@@ -1,0 +1,41 @@
+"""The allocator's arena limit of ``ourios serve`` (DESIGN.md §5.12)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from app.node.malloc_arenas import DEFAULT_ARENAS, ENV, bound_malloc_arenas
+
+
+def test_bounded_1_arenas_default_to_two_and_the_workers_inherit_the_limit() -> None:
+    environ: dict[str, str] = {}
+    assert bound_malloc_arenas(environ) == DEFAULT_ARENAS == 2
+    assert environ == {ENV: "2"}  # what a worker process started from here reads
+
+
+def test_bounded_1_an_operators_malloc_arena_max_wins() -> None:
+    environ = {ENV: "4"}
+    assert bound_malloc_arenas(environ) == 4
+    assert environ == {ENV: "4"}
+
+
+def test_bounded_1_zero_or_nonsense_leaves_glibc_its_default() -> None:
+    assert bound_malloc_arenas({ENV: "0"}) is None
+    assert bound_malloc_arenas({ENV: "many"}) is None
+
+
+def test_bounded_1_serve_bounds_the_arenas_before_it_loads_the_settings() -> None:
+    """A start that is refused at its settings has already set the limit it passes on."""
+    code = (
+        "import os, sys\n"
+        "from app.cli import main\n"
+        "os.environ.pop('MALLOC_ARENA_MAX', None)\n"
+        "os.environ['OURIOS_SERVER_WORKERS'] = 'not-a-number'\n"
+        "rc = main(['serve'])\n"
+        "print(os.environ.get('MALLOC_ARENA_MAX'), rc)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.stdout.split() == ["2", "2"], (done.stdout, done.stderr)
