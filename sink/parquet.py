@@ -322,6 +322,14 @@ class RecordColumns:
             columns = {name: list(v) for name, v in zip(_RECORD_COLUMNS, values, strict=True)}
             self.append_batch(records_batch(columns))
 
+    def mapped(self, f: Callable[[pa.RecordBatch], pa.RecordBatch]) -> RecordColumns:
+        """A new buffer of ``f`` of each batch (same schema, same rows); this one is
+        unchanged, and a batch ``f`` returns as it is stays shared."""
+        out = RecordColumns()
+        for batch in self._batches:
+            out.append_batch(f(batch))
+        return out
+
     def merge(self, other: RecordColumns) -> None:
         """Append every row of ``other`` after this buffer's rows; ``other`` is unchanged."""
         self._batches.extend(other._batches)  # shared: a batch never changes

@@ -1,4 +1,6 @@
-"""Re-matching a batch's records to the version of their template the batch ends with.
+"""Re-matching records to a later version of their template: a batch's records to the
+version the batch ends with (``rematch_batch``, when it is mined), and a partition's
+records to the versions of one instant (``VersionMap``, when it is encoded).
 
 Drain creates a template from its first body (version 1 is that body's own text, so the
 body has no parameters) and widens it as later bodies differ (each widening turns
@@ -19,11 +21,15 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from app.ingest.mining.tokens import PARAM
 
-__all__ = ["params_under", "rematch_batch"]
+__all__ = ["VersionMap", "params_under", "rematch_batch"]
 
 
 def params_under(tokens: Sequence[str], template: Sequence[str]) -> tuple[str, ...]:
@@ -70,3 +76,64 @@ def rematch_batch(
         version, template, _ = final
         params[i] = params_under(split(bodies[i]), template)
         versions[i] = version
+
+
+@dataclass(frozen=True, slots=True)
+class VersionMap:
+    """One tenant's widened templates at one instant, applied to its rows when they are
+    encoded (DESIGN.md §3 "Template versions of a record").
+
+    ``versions`` maps a template id to its version and tokens then (``TenantMiner.versions``:
+    never changed afterwards); ``split`` is the miner's own split of a body (only the head
+    of a long one: ``TenantMiner.mined_tokens``), so a record is re-matched on exactly
+    the tokens it was mined from. Taken where the buffers and the miner agree — a cut's
+    capture (the state at its mark), a size trigger or age sweep between two turns, the
+    recovery's publish — with the partition's audit watermark raised to the tenant's
+    events then, so every version it names is published before the rows.
+
+    Calling it on a ``RECORDS_SCHEMA`` batch returns the batch with every row whose
+    version is older than its template's here re-matched to that version (parameters and
+    ``template_version``), or the same batch when none is. The cost: one vectorised pass
+    over the batch's template ids per widened template it holds; only a batch with a
+    stale row has its parameter and version columns rebuilt, and only its stale rows
+    are split again. A pure function of the rows and the map, so every attempt at a
+    partition publishes the same rows."""
+
+    versions: Mapping[int, tuple[int, tuple[str, ...]]]
+    split: Callable[[str], list[str]]
+
+    def __call__(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        versions = self.versions
+        if not versions or batch.num_rows == 0:
+            return batch
+        ids = batch.column("template_id")
+        held = [t for t in pc.unique(ids).to_pylist() if t in versions]
+        if not held:
+            return batch
+        mined = batch.column("template_version")
+        stale: pa.Array | None = None
+        for template_id in held:
+            older = pc.and_(pc.equal(ids, template_id), pc.less(mined, versions[template_id][0]))
+            stale = older if stale is None else pc.or_(stale, older)
+        assert stale is not None
+        rows = pc.indices_nonzero(stale).to_pylist()
+        if not rows:
+            return batch
+        params = batch.column("template_params").to_pylist()
+        numbers = mined.to_pylist()
+        bodies = batch.column("body")
+        id_list = ids.to_pylist()
+        split = self.split
+        for row in rows:
+            version, template = versions[id_list[row]]
+            try:
+                params[row] = list(params_under(split(bodies[row].as_py()), template))
+            except ValueError:
+                continue  # never a widening of what it matched: keeps its own version
+            numbers[row] = version
+        schema = batch.schema
+        columns = list(batch.columns)
+        at = schema.get_field_index
+        columns[at("template_params")] = pa.array(params, schema.field("template_params").type)
+        columns[at("template_version")] = pa.array(numbers, schema.field("template_version").type)
+        return pa.RecordBatch.from_arrays(columns, schema=schema)

@@ -26,9 +26,10 @@ end, is called exactly where ``add_log_message`` calls it.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import eq, itemgetter
+from types import MappingProxyType
 from typing import Final, Literal, Protocol, cast
 
 from drain3.drain import Drain, LogCluster, Node
@@ -360,10 +361,30 @@ class TenantMiner:
         self.truncated_bodies = 0
         self.work = 0
         self._bytes = 0
+        #: template id -> (version, tokens) of every widened template (version 2 on):
+        #: what ``versions`` hands out. Copied before a change once handed out, so a map
+        #: handed out never changes (its holders read it on other threads).
+        self._widened: dict[int, tuple[int, tuple[str, ...]]] = {}
+        self._widened_shared = False
 
     @property
     def config(self) -> MinerConfig:
         return self._config
+
+    def versions(self) -> Mapping[int, tuple[int, tuple[str, ...]]]:
+        """Every widened template's version and tokens now (a template at version 1 has
+        no record mined under an earlier one): a read-only map that later mining never
+        changes, taken in O(1) — the next change copies it first (copy on write), so a
+        map costs a copy of the widened templates only when one is taken and the tree
+        widens or evicts after it. The caller holds the miner lock."""
+        self._widened_shared = True
+        return MappingProxyType(self._widened)
+
+    def _own_widened(self) -> dict[int, tuple[int, tuple[str, ...]]]:
+        if self._widened_shared:
+            self._widened = dict(self._widened)
+            self._widened_shared = False
+        return self._widened
 
     def mined_tokens(self, body: str) -> list[str]:
         """The tokens this miner mines of ``body`` (only the head of a long one)."""
@@ -612,6 +633,8 @@ class TenantMiner:
         template = self._templates.pop(drain_id)
         self._bytes -= template.nbytes
         self.evictions += 1
+        if template.version > 1:
+            self._own_widened().pop(template.template_id, None)
         leaf = template.path[-1][2]
         if drain_id in leaf.cluster_ids:
             leaf.cluster_ids.remove(drain_id)
@@ -636,6 +659,7 @@ class TenantMiner:
         cluster.log_template_tokens = widened
         template.version += 1
         template.reshape(widened)
+        self._own_widened()[template.template_id] = (template.version, widened)
         events.append(
             TemplateEvent(
                 template.template_id, template.version, " ".join(widened), "changed", index
@@ -749,6 +773,8 @@ class TenantMiner:
             )
             miner._templates[drain_id] = template
             miner._bytes += template.nbytes
+            if version > 1:
+                miner._widened[template_id] = (version, tuple(tokens))
         miner._tick = len(rows)
         drain.clusters_counter = state.clusters_counter
         return miner
