@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from app.ingest.mining.miner_config import MinerConfig
 from app.ingest.mining.rematch import VersionMap, params_under, rematch_batch
-from app.ingest.mining.tenant_miner import TenantMiner
 from app.ingest.mining.template_ids import CountingAllocator
+from app.ingest.mining.tenant_miner import TenantMiner
 from app.ingest.mining.tokens import PARAM
 from app.receive.otlp import flatten
 from sink.parquet import FLAT_SCHEMA, RECORDS_SCHEMA, assemble_records
