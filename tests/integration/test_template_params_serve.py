@@ -1,7 +1,8 @@
 """A record's parameters fill the template version it is published with (issue 24 item
-4): a real ``ourios serve`` mines two records of one new template in one request, and
-the published rows read back by DuckDB and pyarrow name the version whose text their
-parameters fill — with the embedded store and with SeaweedFS."""
+4): a real ``ourios serve`` mines two records of one new template in two requests (two
+frames: the first mined while the template was its own text), and the published rows
+read back by DuckDB and pyarrow name the version whose text their parameters fill —
+with the embedded store and with SeaweedFS, and after a SIGKILL, from the replay."""
 
 from __future__ import annotations
 
@@ -18,17 +19,30 @@ TENANT = "acme"
 BODIES = ("user alice logged in from 10.0.0.1", "user bob logged in from 10.0.0.2")
 
 
-def _publish(data_dir: Path, env: dict[str, str]) -> None:
+def _request(i: int, body: str) -> bytes:
     req = ExportLogsServiceRequest()
-    sl = req.resource_logs.add().scope_logs.add()
-    for i, body in enumerate(BODIES):
-        rec = sl.log_records.add()
-        rec.time_unix_nano = 1_714_521_600_000_000_000 + i
-        rec.body.string_value = body
+    rec = req.resource_logs.add().scope_logs.add().log_records.add()
+    rec.time_unix_nano = 1_714_521_600_000_000_000 + i
+    rec.body.string_value = body
+    return req.SerializeToString()
+
+
+def _publish(data_dir: Path, env: dict[str, str], *, kill: bool = False) -> None:
+    """Each body in a request of its own; then a clean stop publishes everything, or a
+    SIGKILL before anything is published and the restarted node's replay publishes it."""
     with ServeProcess(data_dir, env) as serve:
-        status, answer, _ = serve.post_logs(req.SerializeToString(), {"X-Ourios-Tenant": TENANT})
-        assert status == 200, (status, answer)
-        assert serve.terminate() == 0, serve.tail()  # a clean stop publishes everything
+        for i, body in enumerate(BODIES):
+            status, answer, _ = serve.post_logs(_request(i, body), {"X-Ourios-Tenant": TENANT})
+            assert status == 200, (status, answer)
+        if kill:
+            serve.wait_turned()
+            serve.kill()
+        else:
+            assert serve.terminate() == 0, serve.tail()
+    if kill:
+        assert not (data_dir / "objects" / "records").exists()  # nothing was published
+        with ServeProcess(data_dir, env) as serve:
+            assert serve.terminate() == 0, serve.tail()
 
 
 def _fill(text: str, params: list[str]) -> str:
@@ -59,6 +73,13 @@ def test_issue24_4_both_records_fill_the_published_version_embedded(tmp_path: Pa
     _publish(tmp_path / "data", {})
     for reader in ("duckdb", "pyarrow"):
         _check(read_store(tmp_path / "data" / "objects", reader))
+
+
+def test_issue24_4_a_replay_after_sigkill_publishes_the_same_rows_embedded(
+    tmp_path: Path,
+) -> None:
+    _publish(tmp_path / "data", {}, kill=True)
+    _check(read_store(tmp_path / "data" / "objects", "pyarrow"))
 
 
 @pytest.mark.slow
