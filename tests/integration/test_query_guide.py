@@ -160,9 +160,9 @@ def _check(names: dict[str, Any], sent: Sent) -> None:
     assert {text.split(" ")[0] for _, text, _ in top} <= shapes
     assert [n for _, _, n in top] == sorted((n for _, _, n in top), reverse=True)
 
-    # The values each <*> took are words of the bodies the test sent (a record mined
-    # while the template had fewer <*> carries fewer, so positions are not compared, and
-    # the miner's tokens may be wider than the shape's placeholders).
+    # The values each <*> took are words of the bodies the test sent (a record published
+    # before a later widening carries fewer, so positions are not compared, and the
+    # miner's tokens may be wider than the shape's placeholders).
     assert names["template_id"] != 0
     words = {w for r in mine for w in r["body"].split()}
     got = names["params"]
