@@ -24,7 +24,8 @@ def _request(i: int, body: str) -> bytes:
     rec = req.resource_logs.add().scope_logs.add().log_records.add()
     rec.time_unix_nano = 1_714_521_600_000_000_000 + i
     rec.body.string_value = body
-    return req.SerializeToString()
+    data: bytes = req.SerializeToString()
+    return data
 
 
 def _publish(data_dir: Path, env: dict[str, str], *, kill: bool = False) -> None:
