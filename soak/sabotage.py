@@ -1571,6 +1571,16 @@ SABOTAGES: tuple[Sabotage, ...] = (
         ),
     ),
     Sabotage(
+        "versions_pinned_to_a_failed_tree",
+        "no row is pinned to a version a mining failure's lost event announced",
+        "app/ingest/pipeline.py",
+        "            if miner is not None and not miner.failed and tenant not in unsettled:\n",
+        "            if miner is not None:\n",
+        (
+            "tests/unit/app/cadence/test_barrier_versions.py::test_issue24_4_a_tree_a_mining_failure_left_pins_nothing",
+        ),
+    ),
+    Sabotage(
         "rematch_splits_the_whole_body",
         "a record is re-matched on the head of its body the miner mined",
         "app/ingest/mining/tokens.py",

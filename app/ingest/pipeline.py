@@ -596,13 +596,17 @@ class Pipeline:
         them (DESIGN.md §3 "Template versions of a record"). The caller holds the miner
         lock at a point where the buffers hold every event the miners emitted: a cut's
         capture (the versions at its mark), a turn or a replayed frame after its
-        buffering, the age sweep, the recovery's publish."""
-        for d in detached:
-            part = d.partition
-            if part.records is None:
-                continue
-            miner = self.miners.get(part.tenant)
-            if miner is not None:
+        buffering, the age sweep, the recovery's publish. Never to a tree a failure left
+        (an unmined entry, a refused tenant, a failed miner): it may hold versions whose
+        events were never buffered."""
+        records = [d for d in detached if d.partition.records is not None]
+        if not records:
+            return
+        unsettled = self.unmined.tenants() | self.refused
+        for d in records:
+            tenant = d.partition.tenant
+            miner = self.miners.get(tenant)
+            if miner is not None and not miner.failed and tenant not in unsettled:
                 self.buffers.pin(d, VersionMap(miner.versions(), miner.mined_tokens))
 
     def record_cut_stall(self, seconds: float) -> None:

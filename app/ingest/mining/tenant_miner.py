@@ -371,6 +371,11 @@ class TenantMiner:
     def config(self) -> MinerConfig:
         return self._config
 
+    @property
+    def failed(self) -> bool:
+        """A failure mid-batch left the tree in an unknown state (``mine`` refuses)."""
+        return self._failed is not None
+
     def versions(self) -> Mapping[int, tuple[int, tuple[str, ...]]]:
         """Every widened template's version and tokens now (a template at version 1 has
         no record mined under an earlier one): a read-only map that later mining never
