@@ -132,6 +132,10 @@ class Partition:
     spool: SpoolFile | None = None
     #: rows no longer in memory (spooled, or released once published); ``rows`` counts them
     rows_elsewhere: int = 0
+    #: records: what the publisher applies to each batch before encoding it — the
+    #: tenant's template versions at the instant the partition was detached
+    #: (``Buffers.pin``; DESIGN.md §3 "Template versions of a record"); None: as mined
+    rematch: Callable[[pa.RecordBatch], pa.RecordBatch] | None = None
 
     @property
     def nbytes(self) -> int:
@@ -594,6 +598,24 @@ class Buffers:
         self.in_flight.register(d)
         return d
 
+    def pin(self, d: Detached, rematch: Callable[[pa.RecordBatch], pa.RecordBatch]) -> None:
+        """Have ``d``'s records encoded through ``rematch`` (the tenant's template versions
+        now: the caller holds the miner lock where the buffers hold every event the
+        miner emitted), and raise its audit watermark to the tenant's events now, so the
+        versions it names are published before its rows. A partition of an earlier tree
+        of its tenant or of a tenant filling an intent span, an intent span's (named by
+        its rows) or a spooled one (encoded already) keeps its rows as they are."""
+        part = d.partition
+        if part.kind is not Kind.RECORDS or part.deterministic or part.spool is not None:
+            return
+        with self.lock:
+            if part.gen < self._gen.get(part.tenant, 0) or any(
+                k[0] is Kind.AUDIT and a.tenant == part.tenant for k, a in self._staged.items()
+            ):
+                return  # an earlier tree's rows, or events of a span still being filled
+            part.rematch = rematch
+            part.audit_watermark = max(part.audit_watermark, self._audit_seq.get(part.tenant, 0))
+
     # -- detaching many (barrier, age sweep, shutdown) --------------------------------
 
     def drain_all(self, reason: str) -> list[Detached]:
@@ -715,6 +737,8 @@ class Buffers:
                     part.est_bytes += existing.est_bytes
                     part.max_lsn = max(part.max_lsn, existing.max_lsn)
                     part.audit_watermark = max(part.audit_watermark, existing.audit_watermark)
+                    if part.rematch is None:
+                        part.rematch = existing.rematch  # either map fits every row
                 self._records[key] = part
             else:
                 akey = (part.tenant, part.day)

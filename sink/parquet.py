@@ -18,6 +18,16 @@ that DuckDB, pyarrow and operators' queries depend on). Records::
     template_params          list<string>        required  (possibly empty)
     wal_lsn                  uint64              required  the frame's end offset (a mark)
     record_index             int32               required  the record's place in its frame
+    template_version         int32               required  the version of template_id whose
+                                                           text template_params fill; 0:
+                                                           not mined
+
+A record's ``template_params`` are its body's tokens at the ``<*>`` places of the text
+of ``(template_id, template_version)`` in the audit stream, in order: substituting them
+into that text gives the body back (tokens joined by one space). Its version is the
+last its template reached in the record's own frame, so a replay publishes the same
+rows, and that version's audit row is published before the record (DESIGN.md §3
+"Template versions of a record").
 
 Audit::
 
@@ -35,9 +45,9 @@ representable, so no record can fail an encode on range. Parquet stores them as 
 with the UINT_64 logical type; DuckDB reads them as ``UBIGINT`` (for a timestamp:
 ``make_timestamp_ns(time_unix_nano::BIGINT)``), pyarrow as ``uint64``. Body and
 attribute values that were not strings in OTLP are JSON-encoded by the caller. The
-schema metadata carries ``ourios.schema`` = ``records/1`` or ``audit/1``; a change to a
-column's name or type bumps it. A records object's row groups hold ``ROW_GROUP_ROWS``
-rows.
+schema metadata carries ``ourios.schema`` = ``records/2`` (``template_version`` added)
+or ``audit/1``; a change to a column's name or type bumps it. A records object's row
+groups hold ``ROW_GROUP_ROWS`` rows.
 
 Invariant: an object is encoded whole in memory and handed to the store as one
 ``bytes``, so a reader never sees a Parquet file without its footer; the store's atomic
@@ -109,13 +119,14 @@ RECORDS_SCHEMA: Final[pa.Schema] = pa.schema(
         pa.field("template_params", _STR_LIST, nullable=False),
         pa.field("wal_lsn", pa.uint64(), nullable=False),
         pa.field("record_index", pa.int32(), nullable=False),
+        pa.field("template_version", pa.int32(), nullable=False),
     ],
-    metadata={"ourios.schema": "records/1"},
+    metadata={"ourios.schema": "records/2"},
 )
 
 #: The columns the template miner and the WAL add to a decoded batch; the rest
 #: (``FLAT_SCHEMA``) come from the decoder.
-TURN_COLUMNS: Final = ("tenant", "template_id", "template_params", "wal_lsn")
+TURN_COLUMNS: Final = ("tenant", "template_id", "template_params", "wal_lsn", "template_version")
 #: A decoded request's records: ``RECORDS_SCHEMA`` without ``TURN_COLUMNS``, same order.
 FLAT_SCHEMA: Final[pa.Schema] = pa.schema(
     [field for field in RECORDS_SCHEMA if field.name not in TURN_COLUMNS]
@@ -189,6 +200,8 @@ class RecordRow(NamedTuple):
     template_params: Sequence[str]
     wal_lsn: int
     record_index: int
+    #: 0 for rows built without mining (tests and tools)
+    template_version: int = 0
 
 
 class AuditRow(NamedTuple):
@@ -308,6 +321,14 @@ class RecordColumns:
             values = zip(*rows, strict=True)
             columns = {name: list(v) for name, v in zip(_RECORD_COLUMNS, values, strict=True)}
             self.append_batch(records_batch(columns))
+
+    def mapped(self, f: Callable[[pa.RecordBatch], pa.RecordBatch]) -> RecordColumns:
+        """A new buffer of ``f`` of each batch (same schema, same rows); this one is
+        unchanged, and a batch ``f`` returns as it is stays shared."""
+        out = RecordColumns()
+        for batch in self._batches:
+            out.append_batch(f(batch))
+        return out
 
     def merge(self, other: RecordColumns) -> None:
         """Append every row of ``other`` after this buffer's rows; ``other`` is unchanged."""
@@ -522,8 +543,11 @@ def records_batch(columns: Mapping[str, Sequence[Any]]) -> pa.RecordBatch:
     tools; the ingest path builds its arrays directly). Ids may be raw bytes or hex
     (empty: null), maps sequences of pairs. ``EncodeError`` names a column that does not
     fit."""
+    n = len(columns["tenant"])
     arrays = [
-        _convert("records", _RECORD_CONVERTERS, name, list(columns[name]))
+        _convert("records", _RECORD_CONVERTERS, name, list(columns.get(name, [0] * n)))
+        if name == "template_version"
+        else _convert("records", _RECORD_CONVERTERS, name, list(columns[name]))
         for name in _RECORD_COLUMNS
     ]
     return pa.RecordBatch.from_arrays(arrays, schema=RECORDS_SCHEMA)
@@ -535,11 +559,17 @@ def assemble_records(
     template_id: Sequence[int],
     template_params: Sequence[Sequence[str]],
     wal_lsn: int,
+    template_version: Sequence[int] | None = None,
 ) -> pa.RecordBatch:
     """A frame's decoded records (``FLAT_SCHEMA``) with the turn's columns added: the
     tenant and the frame's ``wal_lsn`` repeated, and the miner's template id and
-    parameters per row (``len(flat)`` of each), as one ``RECORDS_SCHEMA`` batch."""
+    parameters per row (``len(flat)`` of each) and the version they fill (None: 0,
+    not mined), as one ``RECORDS_SCHEMA`` batch."""
     n = flat.num_rows
+    if not template_version:
+        template_version = [0] * n  # an unmined frame's rows
+    elif len(template_version) != n:
+        raise ValueError(f"{n} decoded records but {len(template_version)} template versions")
     if len(template_id) != n or len(template_params) != n:
         raise ValueError(
             f"{n} decoded records but {len(template_id)} template ids and "
@@ -552,6 +582,7 @@ def assemble_records(
         "template_id": pa.array(template_id, pa.int64()),
         "template_params": pa.ListArray.from_arrays(offsets, values, type=_STR_LIST),
         "wal_lsn": pa.repeat(pa.scalar(wal_lsn, pa.uint64()), n),
+        "template_version": pa.array(template_version, pa.int32()),
     }
     arrays = [added[name] if name in added else flat.column(name) for name in _RECORD_COLUMNS]
     return pa.RecordBatch.from_arrays(arrays, schema=RECORDS_SCHEMA)

@@ -743,7 +743,12 @@ class Publisher:
             return name, key, part.spool.read()
         if part.kind is Kind.RECORDS:
             assert part.records is not None
-            data = self.records_encoder(part.records, self._compression)
+            records = part.records
+            if part.rematch is not None:
+                # the template versions pinned at the detach (DESIGN.md §3 "Template
+                # versions of a record"): every attempt encodes the same rows
+                records = records.mapped(part.rematch)
+            data = self.records_encoder(records, self._compression)
             return name, records_key(part.tenant, day, name), data
         assert part.audit is not None
         data = encode_audit(part.audit, self._compression)

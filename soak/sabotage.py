@@ -1610,6 +1610,61 @@ SABOTAGES: tuple[Sabotage, ...] = (
         ),
     ),
     Sabotage(
+        "records_not_rematched",
+        "a record's parameters fill the template version it names, the batch's last",
+        "app/ingest/mining/tenant_miner.py",
+        "        if events:\n            changes = ",
+        "        if False:\n            changes = ",
+        (
+            "tests/unit/app/ingest/mining/test_tenant_miner.py::test_issue24_4_every_record_of_a_batch_fills_its_template_last_version_in_the_batch",
+            "tests/integration/test_template_params_serve.py::test_issue24_4_both_records_fill_the_published_version_embedded",
+        ),
+    ),
+    Sabotage(
+        "stale_versions_not_rematched_at_encode",
+        "a record is published at its template's version pinned when its partition left",
+        "sink/publisher.py",
+        "            if part.rematch is not None:\n",
+        "            if False:\n",
+        (
+            "tests/unit/app/cadence/test_barrier_versions.py::test_issue24_4_a_cut_publishes_at_its_marks_versions_when_the_miner_is_past_it",
+            "tests/unit/app/cadence/test_barrier_versions.py::test_issue24_4_a_replay_after_a_crash_publishes_the_same_rows_for_the_same_frames",
+            "tests/integration/test_template_params_serve.py::test_issue24_4_both_records_fill_the_published_version_embedded",
+            "tests/integration/test_template_params_serve.py::test_issue24_4_a_replay_after_sigkill_publishes_the_same_rows_embedded",
+        ),
+    ),
+    Sabotage(
+        "versions_map_follows_the_live_miner",
+        "a cut's rows are published at the versions of its mark, not the live miner's",
+        "app/ingest/mining/tenant_miner.py",
+        "        self._widened_shared = True\n",
+        "        self._widened_shared = False\n",
+        (
+            "tests/unit/app/ingest/mining/test_rematch.py::test_issue24_4_a_pinned_map_keeps_the_versions_of_its_instant",
+            "tests/unit/app/cadence/test_barrier_versions.py::test_issue24_4_a_cut_publishes_at_its_marks_versions_when_the_miner_is_past_it",
+        ),
+    ),
+    Sabotage(
+        "versions_pinned_to_a_failed_tree",
+        "no row is pinned to a version a mining failure's lost event announced",
+        "app/ingest/pipeline.py",
+        "            if miner is not None and not miner.failed and tenant not in unsettled:\n",
+        "            if miner is not None:\n",
+        (
+            "tests/unit/app/cadence/test_barrier_versions.py::test_issue24_4_a_tree_a_mining_failure_left_pins_nothing",
+        ),
+    ),
+    Sabotage(
+        "rematch_splits_the_whole_body",
+        "a record is re-matched on the head of its body the miner mined",
+        "app/ingest/mining/tokens.py",
+        "    if max_tokens is not None and len(tokens) > max_tokens:\n        del tokens[max_tokens:]\n",
+        "",
+        (
+            "tests/unit/app/ingest/mining/test_rematch.py::test_issue24_4_a_truncated_body_is_rematched_on_the_head_the_miner_mined",
+        ),
+    ),
+    Sabotage(
         "malloc_arenas_unbounded",
         "the core and its workers run with two malloc arenas unless the operator says",
         "app/node/malloc_arenas.py",

@@ -55,8 +55,11 @@ class AgeSweep:
         """One sweep; returns the partitions it drained. Counted ``ok`` only when every
         one of them reached the store."""
         p = self._pipeline
-        with p.exclusion.shared():
+        with p.exclusion.shared(), p.miner_lock:
+            # under the miner lock, where a turn mines and buffers: the template versions
+            # pinned are those of the rows and events buffered (DESIGN.md §3)
             detached = p.buffers.drain_aged(self._max_age)
+            p.pin_versions_locked(detached)
         failed = done = 0
         try:
             for d in detached:

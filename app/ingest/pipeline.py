@@ -24,6 +24,7 @@ clamped below it, and the tenant is rebuilt by settlement.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -40,6 +41,7 @@ from app import points
 from app.ingest.admission import Admission
 from app.ingest.cuts import Cut
 from app.ingest.mining.miner_cluster import MinerCluster
+from app.ingest.mining.rematch import VersionMap
 from app.ingest.mining.tenant_miner import MineResult, TemplateEvent, TenantMiner
 from app.ingest.settlement import (
     DEFAULT_MINING_ATTEMPTS,
@@ -435,13 +437,16 @@ class Pipeline:
                 # the turn thread's CPU time, which it spent holding the GIL: not wall
                 # time, which counts its own waits for the GIL (receivers in this process)
                 self._mined_secs = time.thread_time() - started
-            try:
-                detached.extend(self._buffer(tenant, batch, result, offset, nbytes))
-            except Exception as exc:  # noqa: BLE001 - mined but not emitted: settled
-                # The tree took the batch and its rows and events are partly buffered:
-                # the same unknown state as a failure inside mining (RFC 0055 §9.4).
-                self._record_unmined(tenant, span, offset, f"{type(exc).__name__}: {exc}")
-                return TurnResult.UNMINED
+                # Buffered under the miner lock too, so whoever pins template versions
+                # (the age sweep) never sees a tree ahead of the buffered events.
+                try:
+                    detached.extend(self._buffer(tenant, batch, result, offset, nbytes))
+                except Exception as exc:  # noqa: BLE001 - mined but not emitted: settled
+                    # The tree took the batch and its rows and events are partly buffered:
+                    # the same unknown state as a failure inside mining (RFC 0055 §9.4).
+                    self._record_unmined(tenant, span, offset, f"{type(exc).__name__}: {exc}")
+                    return TurnResult.UNMINED
+                self.pin_versions_locked(detached)
             with self._durable_lock:
                 self._latest = offset
                 self._recompute_durable_locked()
@@ -561,7 +566,12 @@ class Pipeline:
         out: list[Detached] = []
         lsn = offset.lsn
         records = assemble_records(
-            tenant, batch.columns, result.template_ids, result.template_params, lsn
+            tenant,
+            batch.columns,
+            result.template_ids,
+            result.template_params,
+            lsn,
+            result.template_versions,
         )
         rows = len(batch) or 1
         for day, index in _days(batch, offset):
@@ -579,6 +589,25 @@ class Pipeline:
         return out
 
     # -- the barrier's side --------------------------------------------------------------
+
+    def pin_versions_locked(self, detached: list[Detached]) -> None:
+        """Pin each records partition of ``detached`` to its tenant's template versions
+        now (``VersionMap``: O(1) per partition), so its rows are encoded re-matched to
+        them (DESIGN.md §3 "Template versions of a record"). The caller holds the miner
+        lock at a point where the buffers hold every event the miners emitted: a cut's
+        capture (the versions at its mark), a turn or a replayed frame after its
+        buffering, the age sweep, the recovery's publish. Never to a tree a failure left
+        (an unmined entry, a refused tenant, a failed miner): it may hold versions whose
+        events were never buffered."""
+        records = [d for d in detached if d.partition.records is not None]
+        if not records:
+            return
+        unsettled = self.unmined.tenants() | self.refused
+        for d in records:
+            tenant = d.partition.tenant
+            miner = self.miners.get(tenant)
+            if miner is not None and not miner.failed and tenant not in unsettled:
+                self.buffers.pin(d, VersionMap(miner.versions(), miner.mined_tokens))
 
     def record_cut_stall(self, seconds: float) -> None:
         self.cut_stall_seconds.append(seconds)
@@ -599,6 +628,7 @@ class Pipeline:
         # an unrecoverable one (RFC 0055 §9.4).
         unsettled = self.unmined.tenants() | self.refused
         with self.miner_lock:
+            self.pin_versions_locked(batches)
             for tenant, horizon in self.folded.items():
                 done = installed.get(tenant)
                 if done is not None and done.lsn >= horizon.lsn:
@@ -692,6 +722,8 @@ class Pipeline:
             detached = self.buffers.drain_all(reason)  # seals every intent span staged
             upto = self.buffers.last_id
             self._staging.clear()
+            with self.miner_lock:
+                self.pin_versions_locked(detached)
         ok = True
         for d in detached:
             ok = self.publisher.publish(d).ok and ok
@@ -741,39 +773,43 @@ class Pipeline:
             self._staging.discard(tenant)
             self.buffers.seal_staged(tenant)
         self.buffers.wait_for_room()  # a replay re-derives the spool under the same bound
+        # Mined and buffered under the miner lock, as a turn is (``pin_versions_locked``).
         with self.miner_lock:
             result = self.miners.mine(tenant, batch.bodies)
-        self.folded[tenant] = offset
-        detached: list[Detached] = []
-        counts = ReplayCounts(0 if publish_records else len(batch), 0, 0, 0)
-        if result.events:
-            forwarded: list[TemplateEvent] = []
-            gated = landed = 0
-            for e in result.events:
-                if is_fresh is not None and is_fresh(e.template_id):
-                    forwarded.append(e)  # minted by this replay: no stored event binds it
-                elif landed_event is not None and landed_event(e.template_id, e.version):
-                    landed += 1
-                elif publish_audit:
-                    forwarded.append(e)
-                else:
-                    gated += 1
-            if gated or landed:
-                result = MineResult(result.template_ids, result.template_params, forwarded)
-            counts = counts._replace(events=gated + landed, events_landed=landed)
-            known = (lambda tid: not is_fresh(tid)) if is_fresh is not None else (lambda tid: True)
-            detached.extend(
-                self.buffer_audit(tenant, batch, result, offset, known if intent else None)
-            )
-        if publish_records:
-            if landed_days:
-                skipped = _rows_in_days(batch, offset, landed_days)
-                counts = counts._replace(records=skipped, records_landed=skipped)
-            detached.extend(
-                self.buffer_records(
-                    tenant, batch, result, offset, nbytes, staged=intent, skip_days=landed_days
+            self.folded[tenant] = offset
+            detached: list[Detached] = []
+            counts = ReplayCounts(0 if publish_records else len(batch), 0, 0, 0)
+            if result.events:
+                forwarded: list[TemplateEvent] = []
+                gated = landed = 0
+                for e in result.events:
+                    if is_fresh is not None and is_fresh(e.template_id):
+                        forwarded.append(e)  # minted by this replay: no stored event binds it
+                    elif landed_event is not None and landed_event(e.template_id, e.version):
+                        landed += 1
+                    elif publish_audit:
+                        forwarded.append(e)
+                    else:
+                        gated += 1
+                if gated or landed:
+                    result = dataclasses.replace(result, events=forwarded)
+                counts = counts._replace(events=gated + landed, events_landed=landed)
+                known = (
+                    (lambda tid: not is_fresh(tid)) if is_fresh is not None else (lambda tid: True)
                 )
-            )
+                detached.extend(
+                    self.buffer_audit(tenant, batch, result, offset, known if intent else None)
+                )
+            if publish_records:
+                if landed_days:
+                    skipped = _rows_in_days(batch, offset, landed_days)
+                    counts = counts._replace(records=skipped, records_landed=skipped)
+                detached.extend(
+                    self.buffer_records(
+                        tenant, batch, result, offset, nbytes, staged=intent, skip_days=landed_days
+                    )
+                )
+            self.pin_versions_locked(detached)
         for d in detached:
             if not self.publisher.offer(d):
                 self.publisher.park(d)

@@ -82,6 +82,7 @@ Settlement never takes the ingest gate: the barrier exclusion, then the miner lo
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 import math
@@ -657,7 +658,7 @@ class Settler:
                     _Replayed(
                         frame,
                         batch,
-                        MineResult(mined.template_ids, mined.template_params, events),
+                        dataclasses.replace(mined, events=events),
                         lsn > w_records,
                     )
                 )

@@ -160,14 +160,17 @@ def _check(names: dict[str, Any], sent: Sent) -> None:
     assert {text.split(" ")[0] for _, text, _ in top} <= shapes
     assert [n for _, _, n in top] == sorted((n for _, _, n in top), reverse=True)
 
-    # The values each <*> took are words of the bodies the test sent (a record mined
-    # while the template had fewer <*> carries fewer, so positions are not compared, and
-    # the miner's tokens may be wider than the shape's placeholders).
+    # The values each <*> took are words of the bodies the test sent (a record published
+    # before a later widening carries fewer, so positions are not compared, and the
+    # miner's tokens may be wider than the shape's placeholders).
     assert names["template_id"] != 0
     words = {w for r in mine for w in r["body"].split()}
     got = names["params"]
     assert got and {value for _, value, _ in got} <= words, got
     assert all(pos >= 1 and n >= 1 for pos, _, n in got)
+
+    # every record of the tenant is rebuilt from its version's text and parameters
+    assert len(names["rebuilt"]) == len(mine)
 
     trace_id = names["TRACE_ID"]
     expected = sorted((r["t"], r["body"]) for r in mine if r["trace"] == trace_id)

@@ -81,16 +81,18 @@ def mine_all(miner: TenantMiner, lines: Sequence[str], batch: int = 37) -> MineR
     ids: list[int] = []
     params: list[tuple[str, ...]] = []
     events: list[TemplateEvent] = []
+    versions: list[int] = []
     for chunk in batches(lines, batch):
         base = len(ids)
         result = miner.mine(chunk)
         ids.extend(result.template_ids)
         params.extend(result.template_params)
+        versions.extend(result.template_versions)
         events.extend(
             TemplateEvent(e.template_id, e.version, e.template, e.change, e.index + base)
             for e in result.events
         )
-    return MineResult(ids, params, events)
+    return MineResult(ids, params, events, versions)
 
 
 DrainState = tuple[list[Any], list[tuple[int, tuple[str, ...], int]], int, str]

@@ -26,15 +26,17 @@ end, is called exactly where ``add_log_message`` calls it.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from operator import eq, itemgetter
+from types import MappingProxyType
 from typing import Final, Literal, Protocol, cast
 
 from drain3.drain import Drain, LogCluster, Node
 
 from app.ingest.mining.errors import MinerError, MinerFailedError
 from app.ingest.mining.miner_config import MinerConfig
+from app.ingest.mining.rematch import rematch_batch
 from app.ingest.mining.snapshot import (
     ClusterRow,
     MinerSnapshot,
@@ -43,7 +45,7 @@ from app.ingest.mining.snapshot import (
     encode_miner_snapshot,
 )
 from app.ingest.mining.template_ids import TemplateIdAllocator
-from app.ingest.mining.tokens import PARAM, tokenize
+from app.ingest.mining.tokens import PARAM, mined_tokens, tokenize
 
 __all__ = [
     "MineResult",
@@ -78,6 +80,8 @@ class MineResult:
     template_params: list[tuple[str, ...]]
     #: in the order the bodies caused them
     events: list[TemplateEvent]
+    #: the version of its template each record's parameters fill (app/ingest/mining/rematch.py)
+    template_versions: list[int] = field(default_factory=list)
     #: the batch's mining work units (``CREATE_WORK``): what the turn share charges
     work: int = 0
 
@@ -357,10 +361,42 @@ class TenantMiner:
         self.truncated_bodies = 0
         self.work = 0
         self._bytes = 0
+        #: template id -> (version, tokens) of every widened template (version 2 on):
+        #: what ``versions`` hands out. Copied before a change once handed out, so a map
+        #: handed out never changes (its holders read it on other threads).
+        self._widened: dict[int, tuple[int, tuple[str, ...]]] = {}
+        self._widened_shared = False
 
     @property
     def config(self) -> MinerConfig:
         return self._config
+
+    @property
+    def failed(self) -> bool:
+        """A failure mid-batch left the tree in an unknown state (``mine`` refuses)."""
+        return self._failed is not None
+
+    def versions(self) -> Mapping[int, tuple[int, tuple[str, ...]]]:
+        """Every widened template's version and tokens now (a template at version 1 has
+        no record mined under an earlier one): a read-only map that later mining never
+        changes, taken in O(1) — the next change copies it first (copy on write), so a
+        map costs a copy of the widened templates only when one is taken and the tree
+        widens or evicts after it. The caller holds the miner lock."""
+        self._widened_shared = True
+        return MappingProxyType(self._widened)
+
+    def _own_widened(self) -> dict[int, tuple[int, tuple[str, ...]]]:
+        if self._widened_shared:
+            self._widened = dict(self._widened)
+            self._widened_shared = False
+        return self._widened
+
+    def mined_tokens(self, body: str) -> list[str]:
+        """The tokens this miner mines of ``body`` (only the head of a long one)."""
+        config = self._config
+        return mined_tokens(
+            body, config.extra_delimiters, config.max_body_chars, config.max_body_tokens
+        )
 
     @property
     def template_count(self) -> int:
@@ -434,6 +470,7 @@ class TenantMiner:
         ids: list[int] = []
         params: list[tuple[str, ...]] = []
         events: list[TemplateEvent] = []
+        versions: list[int] = []
         append_id = ids.append
         append_params = params.append
         work = 0
@@ -475,10 +512,14 @@ class TenantMiner:
             append_id(template.template_id)
             pick = template.params
             append_params(pick(tokens) if pick is not None else ())
+            versions.append(template.version)
+        if events:
+            changes = [(e.template_id, e.version, e.template, e.index) for e in events]
+            rematch_batch(bodies, ids, params, versions, changes, self.mined_tokens)
         self._tick = tick
         self.work += work
         self.truncated_bodies += truncated
-        return MineResult(ids, params, events, work)
+        return MineResult(ids, params, events, versions, work)
 
     def _search(self, tokens: list[str]) -> tuple[_Template | None, bool, int]:
         """``Drain.tree_search(root, tokens, sim_th, include_params=False)`` computed on
@@ -597,6 +638,8 @@ class TenantMiner:
         template = self._templates.pop(drain_id)
         self._bytes -= template.nbytes
         self.evictions += 1
+        if template.version > 1:
+            self._own_widened().pop(template.template_id, None)
         leaf = template.path[-1][2]
         if drain_id in leaf.cluster_ids:
             leaf.cluster_ids.remove(drain_id)
@@ -621,6 +664,7 @@ class TenantMiner:
         cluster.log_template_tokens = widened
         template.version += 1
         template.reshape(widened)
+        self._own_widened()[template.template_id] = (template.version, widened)
         events.append(
             TemplateEvent(
                 template.template_id, template.version, " ".join(widened), "changed", index
@@ -734,6 +778,8 @@ class TenantMiner:
             )
             miner._templates[drain_id] = template
             miner._bytes += template.nbytes
+            if version > 1:
+                miner._widened[template_id] = (version, tuple(tokens))
         miner._tick = len(rows)
         drain.clusters_counter = state.clusters_counter
         return miner

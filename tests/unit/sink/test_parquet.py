@@ -98,6 +98,7 @@ def test_records_schema_has_the_design_columns() -> None:
         "tenant", "time_unix_nano", "observed_time_unix_nano", "severity_number",
         "severity_text", "body", "attributes", "resource_attributes", "scope_name",
         "trace_id", "span_id", "template_id", "template_params", "wal_lsn", "record_index",
+            "template_version",
     ]  # fmt: skip
     types = {f.name: f.type for f in RECORDS_SCHEMA}
     assert types["time_unix_nano"] == pa.uint64() == types["wal_lsn"]
@@ -123,7 +124,7 @@ def test_records_round_trip_through_pyarrow() -> None:
     rows = sample_rows()
     table = read(encode_records(buffer(rows)))
     assert table.schema.equals(RECORDS_SCHEMA)  # map entry names differ on read
-    assert table.schema.metadata == {b"ourios.schema": b"records/1"}
+    assert table.schema.metadata == {b"ourios.schema": b"records/2"}
     assert table.to_pylist() == expected_pylist(rows)
 
 
@@ -153,7 +154,7 @@ def test_records_read_by_duckdb(tmp_path: Path) -> None:
             "attributes": "MAP(VARCHAR, VARCHAR)", "resource_attributes": "MAP(VARCHAR, VARCHAR)",
             "scope_name": "VARCHAR", "trace_id": "VARCHAR", "span_id": "VARCHAR",
             "template_id": "BIGINT", "template_params": "VARCHAR[]", "wal_lsn": "UBIGINT",
-            "record_index": "INTEGER",
+            "record_index": "INTEGER", "template_version": "INTEGER",
         }  # fmt: skip
         got = con.sql(
             f"""
@@ -274,6 +275,7 @@ _row = st.builds(
     trace_id=st.binary(min_size=0, max_size=16), span_id=st.binary(min_size=0, max_size=8),
     template_id=st.integers(-(2**63), 2**63 - 1), template_params=st.lists(_text, max_size=4),
     wal_lsn=_u64, record_index=st.integers(0, 2**31 - 1),
+    template_version=st.integers(0, 2**31 - 1),
 )  # fmt: skip
 
 

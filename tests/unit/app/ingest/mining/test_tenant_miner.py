@@ -53,7 +53,8 @@ def test_repeated_whitespace_tokenises_like_single_spaces() -> None:
         ]
     )
     assert len(set(result.template_ids)) == 1
-    assert result.template_params == [(), ("sda2", "42"), ("sdb1", "7")]
+    assert result.template_params == [("sda1", "91"), ("sda2", "42"), ("sdb1", "7")]
+    assert result.template_versions == [2, 2, 2]
     gc.collect()  # params are tuples: untracked once collected, never a GC burden
     assert not any(gc.is_tracked(params) for params in result.template_params)
     assert [e.template for e in result.events] == [
@@ -65,7 +66,8 @@ def test_repeated_whitespace_tokenises_like_single_spaces() -> None:
 def test_params_with_extra_delimiters() -> None:
     miner = TenantMiner(CountingAllocator(), MinerConfig(extra_delimiters=("=", ",")))
     result = miner.mine(["user=alice,status=ok", "user=bob,status=ok", " user=carol,status=fail"])
-    assert result.template_params == [(), ("bob",), ("carol", "fail")]
+    assert result.template_params == [("alice", "ok"), ("bob", "ok"), ("carol", "fail")]
+    assert result.template_versions == [3, 3, 3]
     assert result.events[-1].template == "user <*> status <*>"
 
 
@@ -89,15 +91,15 @@ def test_empty_and_blank_bodies_share_the_zero_token_template() -> None:
 def test_params_fill_the_template_back_into_the_body_tokens(seed: int, config: MinerConfig) -> None:
     lines = corpus(seed, 300)
     result = mine_all(TenantMiner(CountingAllocator(), config), lines)
-    # The template as of each body is the last event for its id at or before the body.
-    current: dict[int, str] = {}
-    events = iter(result.events)
-    pending = next(events, None)
+    # Each record names the version its parameters fill; that version was announced by
+    # an event at or before the record (its text is in the audit stream first).
+    texts: dict[tuple[int, int], tuple[str, int]] = {
+        (e.template_id, e.version): (e.template, e.index) for e in result.events
+    }
     for i, body in enumerate(lines):
-        while pending is not None and pending.index <= i:
-            current[pending.template_id] = pending.template
-            pending = next(events, None)
-        template = tokenize(current[result.template_ids[i]], ())
+        text, announced = texts[(result.template_ids[i], result.template_versions[i])]
+        assert announced <= i or announced // 37 == i // 37  # same batch: same frame
+        template = tokenize(text, ())
         params = iter(result.template_params[i])
         rebuilt = [next(params) if token == PARAM else token for token in template]
         assert next(params, None) is None
@@ -298,6 +300,22 @@ def test_failure_mid_batch_poisons_the_miner() -> None:
         miner.mine(["first template here"])
     with pytest.raises(MinerFailedError):
         miner.to_snapshot()
+
+
+@pytest.mark.parametrize("seed", [4, 24])
+def test_issue24_4_every_record_of_a_batch_fills_its_template_last_version_in_the_batch(
+    seed: int,
+) -> None:
+    lines = corpus(seed, 200)
+    result = TenantMiner(CountingAllocator()).mine(lines)
+    last = {e.template_id: e.version for e in result.events}
+    assert result.template_versions == [last[tid] for tid in result.template_ids]
+    texts = {(e.template_id, e.version): e.template for e in result.events}
+    for i, body in enumerate(lines):
+        values = iter(result.template_params[i])
+        text = texts[(result.template_ids[i], result.template_versions[i])]
+        tokens = text.split(" ") if text else []  # the zero-token template's text is ""
+        assert [next(values) if t == PARAM else t for t in tokens] == body.split()
 
 
 # -- issue 21 item 2: the bounds of one tenant's miner -----------------------------------
