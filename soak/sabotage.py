@@ -1042,9 +1042,9 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "replayed_frame_is_a_mark",
         "nothing replayed is ever a mark: only a new frame's turn sets it",
         "app/ingest/pipeline.py",
-        "            result = self.miners.mine(tenant, batch.bodies)\n        self.folded[tenant] = offset\n",
-        "            result = self.miners.mine(tenant, batch.bodies)\n        self.folded[tenant] = offset\n"
-        "        self._last_durable = self._latest = offset\n",
+        "            result = self.miners.mine(tenant, batch.bodies)\n            self.folded[tenant] = offset\n",
+        "            result = self.miners.mine(tenant, batch.bodies)\n            self.folded[tenant] = offset\n"
+        "            self._last_durable = self._latest = offset\n",
         ("tests/unit/app/node/test_recovery.py::test_issue15_nothing_replayed_is_a_mark",),
     ),
     # -- issue 18 item 6: settlement's intent is durable (RFC 0055 §9.4) ---------------
