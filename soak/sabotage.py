@@ -1588,6 +1588,16 @@ SABOTAGES: tuple[Sabotage, ...] = (
         ),
     ),
     Sabotage(
+        "refused_parse_kept_resident",
+        "the parse of a large request refused over a limit is given back to the kernel",
+        "app/receive/otlp.py",
+        "            release_freed_memory()\n",
+        "            pass\n",
+        (
+            "tests/unit/app/receive/test_otlp.py::test_bounded_3_a_large_request_refused_over_a_limit_gives_its_parse_back",
+        ),
+    ),
+    Sabotage(
         "expanded_bytes_unchecked_native",
         "the native decoder refuses what the upb path refuses for server.max_expanded_bytes, "
         "before it copies a row",

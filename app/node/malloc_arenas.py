@@ -51,3 +51,26 @@ def bound_malloc_arenas(environ: MutableMapping[str, str] = os.environ) -> int |
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     mallopt.restype = ctypes.c_int
     return arenas if mallopt(_M_ARENA_MAX, arenas) == 1 else None
+
+
+def _libc_malloc_trim() -> ctypes._NamedFuncPointer | None:
+    try:
+        trim = ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return None
+    trim.argtypes = (ctypes.c_size_t,)
+    trim.restype = ctypes.c_int
+    return trim
+
+
+_MALLOC_TRIM = _libc_malloc_trim()
+
+
+def release_freed_memory() -> None:
+    """Give the C allocator's free memory back to the kernel (``malloc_trim``; nothing
+    without glibc). For a worker that has just dropped the parse of a request refused
+    over a limit — up to 30 times its body, in small blocks: kept in an arena's free
+    lists, one such parse per arena would stay resident beside the next decode's, and
+    two arenas made a worker's peak one parse higher than the decode slots allow."""
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)

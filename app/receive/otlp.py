@@ -94,6 +94,7 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
     ExportLogsServiceResponse,
 )
 
+from app.node.malloc_arenas import release_freed_memory
 from app.receive import native
 from sink.parquet import FLAT_SCHEMA
 
@@ -705,6 +706,12 @@ def _raise_bad_id(req: ExportLogsServiceRequest) -> None:
                         )
 
 
+#: a body from which a refusal over a limit gives the allocator's free memory back: its
+#: parse may have been 30 times the body (`release_freed_memory`); below it, not worth
+#: the trim's walk of the heap
+_TRIM_AFTER_BYTES: Final = 1 << 20
+
+
 def decode_batch(
     data: bytes, content_type: str, tenant: str, limits: RequestLimits | None
 ) -> tuple[bytes, FlatBatch] | None:
@@ -727,7 +734,10 @@ def decode_batch(
         return to_wal_payload(req), flatten(req, tenant, limits)
     except IngestRejection as exc:
         req = None
-        raise exc.with_traceback(None) from None
+        exc = exc.with_traceback(None)  # frees the parse: the traceback held its frames
+        if isinstance(exc, RequestLimitExceeded) and len(data) >= _TRIM_AFTER_BYTES:
+            release_freed_memory()
+        raise exc from None
 
 
 def count_records(req: ExportLogsServiceRequest) -> int:

@@ -39,3 +39,10 @@ def test_bounded_1_serve_bounds_the_arenas_before_it_loads_the_settings() -> Non
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
     )
     assert done.stdout.split() == ["2", "2"], (done.stdout, done.stderr)
+
+
+def test_bounded_3_release_freed_memory_runs_on_this_c_library() -> None:
+    from app.node import malloc_arenas
+
+    assert malloc_arenas._MALLOC_TRIM is not None  # glibc, as the image's base
+    malloc_arenas.release_freed_memory()

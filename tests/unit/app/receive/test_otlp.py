@@ -1195,6 +1195,28 @@ def test_bounded_3_counts_are_refused_before_anything_is_flattened(
     assert visited == []
 
 
+def test_bounded_3_a_large_request_refused_over_a_limit_gives_its_parse_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Its parse (up to 30 times the body) is freed by the refusal; the allocator's free
+    # memory goes back to the kernel then, so it does not stay resident beside the next
+    # decode's (DESIGN.md §7). A small refused body is not worth the heap walk.
+    trims: list[None] = []
+    monkeypatch.setattr(otlp, "release_freed_memory", lambda: trims.append(None))
+    req = _limited_request(attributes=0)
+    record = req.resource_logs[0].scope_logs[0].log_records[0]
+    record.attributes.extend(common_pb2.KeyValue() for _ in range(600_000))
+    large = req.SerializeToString()
+    assert len(large) >= MiB
+    with pytest.raises(otlp.RequestLimitExceeded):
+        otlp.decode_batch(large, PB, "t", otlp.RequestLimits())
+    assert len(trims) == 1
+    small = _limited_request(attributes=5).SerializeToString()
+    with pytest.raises(otlp.RequestLimitExceeded):
+        otlp.decode_batch(small, PB, "t", SMALL)
+    assert len(trims) == 1
+
+
 def test_bounded_3_a_collector_batch_passes_the_default_limits() -> None:
     # 8192 records with 64 attributes each under 32 resource attributes: 786,432 map
     # entries, a full Collector batch of heavily attributed records (short keys, so it
