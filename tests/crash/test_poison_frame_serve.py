@@ -182,6 +182,7 @@ def test_nowedge_4_a_poison_frame_is_isolated_and_the_others_publish_and_reclaim
             _isolates_and_moves_on(second, data, p2)
             _post(second, "v2")
             load.wait_acked(load.acked + 20, timeout=60)
+        second.wait_turned()  # a stop before the turn leaves frames to the WAL (exit 75)
         assert second.terminate() == 0, second.tail()
     finally:
         second.kill()

@@ -777,6 +777,7 @@ def publish_run(tmp_path_factory: pytest.TempPathFactory) -> PublishRun:
         assert grpc_export(server.grpc_port, b"", [("x-ourios-tenant", "empty")]).response == b""
         _send_encoding(server, {}, days_req, DAYS)
         _send_encoding(server, {"json": {}}, sample_request("long", 2, time_base_ns=1), LONG_TENANT)
+        server.wait_turned()  # a stop before the turn leaves frames to the WAL (exit 75)
         assert server.terminate() == 0
     objects = data_dir / "objects"
     return PublishRun(

@@ -122,4 +122,5 @@ def test_nowedge_5_a_real_node_refuses_a_bit_flip_below_a_sealed_segments_high_w
         recovered = again.event("recovery.done")
         assert len(recovered) == 1
         _post(again, "c0")  # it serves
+        again.wait_turned()  # a stop before the turn leaves frames to the WAL (exit 75)
         assert again.terminate() == 0

@@ -124,6 +124,7 @@ def test_nowedge_3_a_second_serve_on_a_live_data_directory_refuses_and_the_first
         status, body, _ = second.post_logs(request("b0", 20).SerializeToString())
         assert status == 200, body
         _refused(data, second)  # and holds the directory in turn
+        second.wait_turned()  # a stop before the turn leaves frames to the WAL (exit 75)
         assert second.terminate() == 0, second.tail()
     finally:
         second.kill()

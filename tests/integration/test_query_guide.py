@@ -104,6 +104,7 @@ def _run_node(tmp_path: Path, env: dict[str, str], seed: int) -> Sent:
     serve = ServeProcess(tmp_path / "data", env)
     with serve:
         sent = _send(serve, seed)
+        serve.wait_turned()  # a stop before the turn leaves frames to the WAL (exit 75)
         assert serve.terminate() == 0, serve.tail()
     return sent
 

@@ -35,8 +35,8 @@ def _publish(data_dir: Path, env: dict[str, str], *, kill: bool = False) -> None
         for i, body in enumerate(BODIES):
             status, answer, _ = serve.post_logs(_request(i, body), {"X-Ourios-Tenant": TENANT})
             assert status == 200, (status, answer)
+        serve.wait_turned()  # a stop before the turn leaves frames to the WAL (exit 75)
         if kill:
-            serve.wait_turned()
             serve.kill()
         else:
             assert serve.terminate() == 0, serve.tail()

@@ -162,6 +162,7 @@ def test_workers_sigkill_of_a_worker_under_load_loses_nothing_and_it_comes_back(
         # the replacement serves: a fresh load is acknowledged through both workers
         with AckLoad(ledger, serve.http_port, senders=6, tenants=TENANTS, seed=seed) as load:
             load.wait_acked(60)
+        serve.wait_turned()  # a stop before the turn leaves frames to the WAL (exit 75)
         assert serve.terminate() == 0, serve.tail()
     _check_acked_published(ledger, data_dir)
 
