@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from app.node.malloc_arenas import DEFAULT_ARENAS, ENV, bound_malloc_arenas
 
 
@@ -39,3 +41,31 @@ def test_bounded_1_serve_bounds_the_arenas_before_it_loads_the_settings() -> Non
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
     )
     assert done.stdout.split() == ["2", "2"], (done.stdout, done.stderr)
+
+
+def _thp_enabled(status: str) -> str:
+    return next(line.split()[1] for line in status.splitlines() if line.startswith("THP_enabled:"))
+
+
+def test_serve_turns_huge_pages_off_for_itself_and_its_workers() -> None:
+    """Arrow's allocator faulting 2 MiB pages in per batch cost the core a third of its
+    CPU (docs/BENCHMARKS.md); a worker process inherits the setting."""
+    code = (
+        "import os, subprocess, sys\n"
+        "from app.cli import main\n"
+        "os.environ['OURIOS_SERVER_WORKERS'] = 'not-a-number'\n"
+        "rc = main(['serve'])\n"
+        "child = subprocess.run([sys.executable, '-c', "
+        "'print(open(\"/proc/self/status\").read())'], capture_output=True, text=True)\n"
+        "print(open('/proc/self/status').read())\n"
+        "print('--child--')\n"
+        "print(child.stdout)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    if "THP_enabled:" not in done.stdout:
+        pytest.skip("this kernel does not report THP_enabled")
+    own, child = done.stdout.split("--child--")
+    assert _thp_enabled(own) == "0", done.stderr
+    assert _thp_enabled(child) == "0", done.stderr
