@@ -69,5 +69,8 @@ def disable_huge_pages() -> bool:
         prctl = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True).prctl
     except (OSError, AttributeError):
         return False
+    # the kernel reads four unsigned longs after the option and refuses unused ones
+    # that are not zero, so they are passed at their full width
+    prctl.argtypes = (ctypes.c_int, *(ctypes.c_ulong,) * 4)
     prctl.restype = ctypes.c_int
     return bool(prctl(_PR_SET_THP_DISABLE, 1, 0, 0, 0) == 0)
