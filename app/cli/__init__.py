@@ -34,7 +34,7 @@ from pathlib import Path
 from types import ModuleType
 
 from app.node.config import SECTIONS, SETTINGS, ConfigError, Settings, load_settings
-from app.node.malloc_arenas import bound_malloc_arenas
+from app.node.malloc_arenas import bound_malloc_arenas, disable_huge_pages
 
 __all__ = ["main", "run_serve", "settings_help"]
 
@@ -183,6 +183,7 @@ def _load(config_file: Path | None) -> Settings | None:
 def _serve(args: argparse.Namespace) -> int:
     # Before any thread or worker exists: part of the memory bound (DESIGN.md §5.12).
     bound_malloc_arenas()
+    disable_huge_pages()
     settings = _load(args.config)
     if settings is None:
         return EXIT_USAGE

@@ -35,7 +35,6 @@ from dataclasses import dataclass
 from typing import Final, NamedTuple
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from app import points
 from app.ingest.admission import Admission
@@ -908,8 +907,10 @@ def _days(batch: FlatBatch, offset: WalOffset) -> list[tuple[int, list[int] | No
     batch is one day: returned as ``[(day, None)]`` without building index lists."""
     if not len(batch):
         return []
-    bounds = pc.min_max(batch.columns.column("time_unix_nano")).as_py()
-    lo, hi = bounds["min"], bounds["max"]
+    # numpy over the column's buffer (zero-copy: the column has no nulls) costs half of
+    # ``pc.min_max`` and its scalars
+    times_np = batch.columns.column("time_unix_nano").to_numpy()
+    lo, hi = int(times_np.min()), int(times_np.max())
     if lo and lo // NANOS_PER_DAY == hi // NANOS_PER_DAY:
         return [(lo // NANOS_PER_DAY, None)]  # the usual batch: one day, every time set
     times = batch.column("time_unix_nano")

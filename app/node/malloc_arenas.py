@@ -13,6 +13,14 @@ process: its threads allocate while they hold the GIL, so they seldom contend fo
 that the worker processes inherit, where glibc reads it at their start. An operator's
 own ``MALLOC_ARENA_MAX`` wins (it is the allocator's documented knob); 0 leaves glibc's
 default.
+
+``disable_huge_pages`` runs beside it: Arrow's allocator (mimalloc) hands freed pages
+back to the kernel within milliseconds and faults them in again on the next batch, and
+with transparent huge pages each such fault zeroes a whole 2 MiB page for a 60 KiB
+batch — 28–37 % of the core's CPU under the ingest benchmark (``perf``: kernel
+``clear_page_erms`` under ``do_huge_pmd_anonymous_page``, from ``mi_page_free_list_extend``;
+1.3 % with huge pages off, docs/BENCHMARKS.md). The setting is the process's, and
+``fork`` and ``exec`` keep it, so the worker processes run without them too.
 """
 
 from __future__ import annotations
@@ -26,6 +34,8 @@ from collections.abc import MutableMapping
 DEFAULT_ARENAS = 2
 #: glibc's malloc.h: ``mallopt(M_ARENA_MAX, n)``
 _M_ARENA_MAX = -8
+#: linux/prctl.h: ``prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0)``
+_PR_SET_THP_DISABLE = 41
 ENV = "MALLOC_ARENA_MAX"
 
 
@@ -42,9 +52,8 @@ def bound_malloc_arenas(environ: MutableMapping[str, str] = os.environ) -> int |
         return None
     if arenas <= 0:
         return None
-    name = ctypes.util.find_library("c")
     try:
-        libc = ctypes.CDLL(name)
+        libc = ctypes.CDLL(ctypes.util.find_library("c"))
         mallopt = libc.mallopt
     except (OSError, AttributeError):  # not glibc (musl has no mallopt arenas)
         return None
@@ -74,3 +83,17 @@ def release_freed_memory() -> None:
     two arenas made a worker's peak one parse higher than the decode slots allow."""
     if _MALLOC_TRIM is not None:
         _MALLOC_TRIM(0)
+
+
+def disable_huge_pages() -> bool:
+    """No transparent huge pages for this process and the processes it starts; False
+    where the kernel or the C library has no such switch (the node runs as before)."""
+    try:
+        prctl = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True).prctl
+    except (OSError, AttributeError):
+        return False
+    # the kernel reads four unsigned longs after the option and refuses unused ones
+    # that are not zero, so they are passed at their full width
+    prctl.argtypes = (ctypes.c_int, *(ctypes.c_ulong,) * 4)
+    prctl.restype = ctypes.c_int
+    return bool(prctl(_PR_SET_THP_DISABLE, 1, 0, 0, 0) == 0)

@@ -38,6 +38,7 @@ import pyarrow as pa
 
 from app.node.config import ConfigError, load_settings
 from app.node.events import open_logs
+from app.node.gc_policy import freeze_long_lived_heap
 from app.receive import channel, native
 from app.receive.api import IngestOutcome
 from app.receive.auth import Authenticator
@@ -289,6 +290,11 @@ def main(argv: list[str] | None = None) -> int:
         bounds=bounds,
     )
     http = http_server(app, grace=grace, tls=tls.http_context() if tls is not None else None)
+    # Start-up's objects (modules, the ASGI and gRPC stacks) live as long as the process:
+    # out of the collector's generations, a full collection no longer stops the event
+    # loop for a walk over all of them (58 ms measured under the half-load benchmark,
+    # docs/BENCHMARKS.md).
+    freeze_long_lived_heap()
     sock = socket.socket(fileno=args.http_fd)
     http_thread = threading.Thread(
         target=http.run, kwargs={"sockets": [sock]}, name="ourios-http", daemon=True

@@ -268,6 +268,61 @@ def proc_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _CLK_TCK  # utime, stime
 
 
+def thread_cpu_seconds(pid: int) -> dict[int, float]:
+    """User + system CPU of each living thread of process `pid`, by its kernel id."""
+    out: dict[int, float] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+        except OSError:
+            continue  # it ended meanwhile
+        fields = stat[stat.rindex(")") + 2 :].split()
+        out[int(tid)] = (int(fields[11]) + int(fields[12])) / _CLK_TCK
+    return out
+
+
+def thread_names(pid: int) -> dict[int, str]:
+    """The Python name of each thread of `pid` by its kernel id (``py-spy dump``; empty
+    without py-spy): the kernel only knows them all as ``python``."""
+    spy = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
+    if spy is None:
+        return {}
+    try:
+        done = subprocess.run(
+            [spy, "dump", "--json", "--nonblocking", "--pid", str(pid)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        threads = json.loads(done.stdout)
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return {}
+    return {
+        int(t["os_thread_id"]): str(t.get("thread_name") or "?")
+        for t in threads
+        if t.get("os_thread_id") is not None
+    }
+
+
+def thread_groups(
+    start: Mapping[int, float], end: Mapping[int, float], names: Mapping[int, str], total: float
+) -> dict[str, float]:
+    """CPU seconds of the core's threads in a window, grouped by name without its number
+    (``ourios-link-0`` and ``ourios-link-1`` are ``ourios-link``); threads that ended
+    inside the window (a cut's flush lanes) are the process's total less the rest."""
+    groups: dict[str, float] = {}
+    for tid, cpu in end.items():
+        name = names.get(tid, "unnamed").rstrip("0123456789").rstrip("-_") or "unnamed"
+        groups[name] = groups.get(name, 0.0) + cpu - start.get(tid, 0.0)
+    groups["(threads that ended)"] = max(0.0, total - sum(groups.values()))
+    return {k: v for k, v in groups.items() if v > 0}
+
+
 def _never(_: dict[str, Any]) -> bool:
     return False
 
@@ -419,10 +474,23 @@ class CpuWindow:
     def __init__(self, pids: Mapping[str, int]) -> None:
         self.pids = dict(pids)
         self.samples: dict[str, tuple[float, dict[str, float], float]] = {}
+        #: the core's threads' CPU at each mark (named after the window: a dump then
+        #: would stall the generator's loop at the mark)
+        self.core_threads: dict[str, dict[int, float]] = {}
 
     def __call__(self, what: str) -> None:
         cpu = {name: proc_cpu_seconds(pid) for name, pid in self.pids.items()}
+        if "core" in self.pids:
+            self.core_threads[what] = thread_cpu_seconds(self.pids["core"])
         self.samples[what] = (time.perf_counter(), cpu, system_busy_seconds())
+
+    def core_thread_groups(self) -> dict[str, float]:
+        """CPU seconds of the core's threads in the window, by ``thread_groups``."""
+        if "start" not in self.core_threads or "end" not in self.core_threads:
+            return {}
+        total = self.used().get("core", math.nan)
+        names = thread_names(self.pids["core"])
+        return thread_groups(self.core_threads["start"], self.core_threads["end"], names, total)
 
     @property
     def wall_s(self) -> float:
@@ -457,6 +525,8 @@ class Phase:
     window_s: float
     other_cores: float
     generator_cores: float
+    #: CPU seconds of the core's threads in the window, by name (``CpuWindow``)
+    core_threads: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def records(self) -> int:
@@ -500,7 +570,15 @@ class Phase:
             "core_cores": _round(self.cores(["core"])),
             "generator_cores_in_window": _round(self.generator_cores),
             "other_cores": _round(self.other_cores),
+            "core_threads_us_per_record": self.core_threads_us(),
         }
+
+    def core_threads_us(self) -> dict[str, float | None]:
+        """The core's CPU µs per record by thread name, largest first."""
+        if not self.records:
+            return {}
+        ranked = sorted(self.core_threads.items(), key=lambda kv: -kv[1])
+        return {k: _round(v / self.records * 1e6, 2) for k, v in ranked}
 
 
 def _round(value: float, digits: int = 3) -> float | None:
@@ -523,7 +601,9 @@ def measure(
     used = window.used()
     gen = gen_cpu.get("end", math.nan) - gen_cpu.get("start", math.nan)
     other = max(0.0, window.machine_busy_s() - sum(used.values()) - gen)
-    return Phase(name, workers, result, used, wall, other / wall, gen / wall)
+    return Phase(
+        name, workers, result, used, wall, other / wall, gen / wall, window.core_thread_groups()
+    )
 
 
 def system_busy_seconds() -> float:
@@ -563,6 +643,10 @@ def print_table(phases: Sequence[Phase], ref: Reference | None) -> None:
             f"{p.cores():>9.2f} {p.cores(['core']):>5.2f} {p.generator_cores:>5.2f} "
             f"{p.other_cores:>5.2f}  {statuses}"
         )
+    for p in phases:
+        parts = ", ".join(f"{k} {v:.2f}" for k, v in p.core_threads_us().items() if v)
+        if parts:
+            print(f"  core µs/rec by thread, {p.name}: {parts}")
 
 
 @dataclass(frozen=True, slots=True)

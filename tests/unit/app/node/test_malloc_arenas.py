@@ -46,3 +46,30 @@ def test_bounded_3_release_freed_memory_runs_on_this_c_library() -> None:
 
     assert malloc_arenas._MALLOC_TRIM is not None  # glibc, as the image's base
     malloc_arenas.release_freed_memory()
+
+
+def _thp_enabled(status: str) -> str:
+    return next(line.split()[1] for line in status.splitlines() if line.startswith("THP_enabled:"))
+
+
+def test_serve_turns_huge_pages_off_for_itself_and_its_workers() -> None:
+    """Arrow's allocator faulting 2 MiB pages in per batch cost the core a third of its
+    CPU (docs/BENCHMARKS.md); a worker process inherits the setting."""
+    code = (
+        "import os, subprocess, sys\n"
+        "from app.cli import main\n"
+        "os.environ['OURIOS_SERVER_WORKERS'] = 'not-a-number'\n"
+        "rc = main(['serve'])\n"
+        "child = subprocess.run([sys.executable, '-c', "
+        "'print(open(\"/proc/self/status\").read())'], capture_output=True, text=True)\n"
+        "print(open('/proc/self/status').read())\n"
+        "print('--child--')\n"
+        "print(child.stdout)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert "THP_enabled:" in done.stdout, (done.stdout, done.stderr)  # Linux >= 6.x reports it
+    own, child = done.stdout.split("--child--")
+    assert _thp_enabled(own) == "0", done.stderr
+    assert _thp_enabled(child) == "0", done.stderr
