@@ -552,20 +552,6 @@ def records_batch(columns: Mapping[str, Sequence[Any]]) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(arrays, schema=RECORDS_SCHEMA)
 
 
-#: ``RECORDS_SCHEMA`` is the tenant, the first ``_FLAT_HEAD`` decoded columns, the three
-#: turn columns, then the rest of the decoded columns: what ``assemble_records`` lays
-#: out without looking the names up.
-_FLAT_HEAD: Final = RECORDS_SCHEMA.names.index("template_id") - 1
-assert RECORDS_SCHEMA.names == [
-    "tenant",
-    *FLAT_SCHEMA.names[:_FLAT_HEAD],
-    "template_id",
-    "template_params",
-    "wal_lsn",
-    *FLAT_SCHEMA.names[_FLAT_HEAD:],
-], "assemble_records lays out RECORDS_SCHEMA from FLAT_SCHEMA"
-
-
 def assemble_records(
     tenant: str,
     flat: pa.RecordBatch,
