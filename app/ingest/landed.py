@@ -37,9 +37,7 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from sink.buffers import Kind
-from sink.claims import Claim, IntentHook
-from sink.store import ObjectStore, StoreError
+from sink import Claim, IntentHook, Kind, ObjectStore, StoreError
 from wal import IntentEntry, IntentKind, IntentLog, IntentRecord, PublishedMarks
 
 log = logging.getLogger("ourios.landed")

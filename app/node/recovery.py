@@ -89,8 +89,9 @@ from app.ingest.settlement import ReplayGates
 from app.ingest.snapshots import SnapshotLedger, SnapshotState, SnapshotStore
 from app.node.frame_quarantine import keep_frame
 from app.receive.otlp import FlatBatch, decode_flat
-from sink.store import ObjectStore, StoreError
+from sink import ObjectStore, StoreError
 from wal import (
+    HEADER_SIZE,
     Frame,
     FrameKind,
     IntentKind,
@@ -101,7 +102,6 @@ from wal import (
     Replay,
     WalOffset,
 )
-from wal.segment import HEADER_SIZE
 
 log = logging.getLogger("ourios.recovery")
 

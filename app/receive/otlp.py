@@ -96,7 +96,7 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
 
 from app.node.malloc_arenas import release_freed_memory
 from app.receive import native
-from sink.parquet import FLAT_SCHEMA
+from sink import FLAT_SCHEMA
 
 __all__ = [
     "DEFAULT_TENANT",

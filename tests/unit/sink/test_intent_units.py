@@ -20,7 +20,7 @@ from sink.buffers import Buffers, Detached, Kind
 from sink.keys import audit_name_bytes, audit_object_name, retry_name_bytes
 from sink.parquet import records_batch
 from sink.publisher import Publisher
-from sink.store import FailingStore, MemoryStore
+from sink.testing import FailingStore, MemoryStore
 from tests.unit.sink.test_publisher import DAY_NS, WAIT_S
 
 EVENTS = [(7, 2, "op <*> step <*>", "changed", DAY_NS), (7, 3, "op <*> <*> <*>", "changed", DAY_NS)]

@@ -17,7 +17,7 @@ import pytest
 from sink.buffers import Buffers, Detached, Kind
 from sink.parquet import records_batch
 from sink.publisher import Publisher
-from sink.store import FailingStore, MemoryStore
+from sink.testing import FailingStore, MemoryStore
 
 DAY_NS = 20_000 * 86_400 * 1_000_000_000
 WAIT_S = 10.0

@@ -25,7 +25,7 @@ from app.ingest.landed import LandedCheck
 from app.receive.otlp import decode_request, flatten
 from sink.buffers import Detached, Kind
 from sink.spool import Spiller
-from sink.store import FailingStore, MemoryStore
+from sink.testing import FailingStore, MemoryStore
 from tests.support.noderig import NodeRig, request, rids
 from wal import IntentKind, IntentLog, IntentRecord, OsFs
 
