@@ -1,8 +1,9 @@
 """The sink: Arrow buffers, Parquet encoding, object keys, the object stores and the
 publisher (DESIGN.md §2, §3, §5.12, §5.13, §10).
 
-``sink`` imports nothing else of ours; ``app`` builds the buffers and the publisher on
-top of what is exported here (the names other packages use). The modules:
+Of ours, ``sink`` imports only the tenant rule (``wal.tenant``); ``app`` builds the
+buffers and the publisher on top of what is exported here (the names other packages
+use). The modules:
 
 * ``sink.buffers`` — per-partition columnar rows waiting to be published, the detached
   partitions and the in-flight registry.

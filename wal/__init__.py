@@ -1,11 +1,12 @@
 """The durable log: frames, segments, CHECKPOINT, group commit, rotation, replay.
 
-This is what ``app`` imports (``sink`` imports nothing of ours): the names other
-packages use are exported here; tests import the test doubles from ``wal.testing`` and
+This is what ``app`` imports (``sink`` only the tenant rule, ``wal.tenant``): the names
+other packages use are exported here; tests import the test doubles from ``wal.testing`` and
 internals from their modules. The modules, from the bytes up:
 
 * ``fs`` — the filesystem seam every open, write, fsync, rename and unlink goes through.
-* ``errors``, ``types``, ``config`` — the error tree, the shared value types, the knobs.
+* ``errors``, ``types``, ``config`` — the error tree, the shared value types, the knobs;
+  ``tenant`` — the tenant name's grammar and bound, the one home of that rule.
 * ``frame`` — the frame codec; ``segment`` — naming, the header, joining the set.
 * ``slots`` — two-slot files; ``recordfile`` — the lifecycle RECLAIM and PUBLISHED share.
 * ``checkpoint_file``, ``reclaim_file``, ``published_file``, ``highwater_file`` — the
@@ -26,7 +27,7 @@ internals from their modules. The modules, from the bytes up:
 """
 
 from .commit import Pending
-from .config import MAX_TENANT_BYTES, WalConfig
+from .config import WalConfig
 from .errors import (
     AppendError,
     CheckpointError,
@@ -62,6 +63,7 @@ from .segment_ledger import (
     KnownHorizons,
     ReclamationProgress,
 )
+from .tenant import MAX_TENANT_BYTES, TENANT_RULE, bad_tenant_char, is_valid_tenant
 from .types import (
     Frame,
     FrameCursor,
@@ -76,6 +78,9 @@ from .types import (
 )
 
 __all__ = [
+    "TENANT_RULE",
+    "bad_tenant_char",
+    "is_valid_tenant",
     "HEADER_SIZE",
     "SEGMENT_RE",
     "RootReport",

@@ -88,12 +88,12 @@ import crc32c
 
 from .errors import CorruptionError, WalError
 from .fs import Fs, read_file
+from .tenant import MAX_TENANT_BYTES
 
 MAGIC: Final = b"OWPI"
 VERSION: Final = 1
 HEADER_SIZE: Final = 16
 MAX_KEY_BYTES: Final = 1024
-MAX_TENANT_BYTES: Final = 128
 MAX_CLAIMS: Final = 1 << 20
 #: retracted bytes a file may hold before it is compacted, beyond the live ones
 COMPACT_FLOOR: Final = 64 << 10
@@ -168,7 +168,9 @@ def encode_record(rec: IntentRecord) -> bytes:
     tenant = rec.tenant.encode("ascii")
     key = rec.key.encode("utf-8")
     if not 1 <= len(tenant) <= MAX_TENANT_BYTES:
-        raise ValueError(f"tenant {rec.tenant!r} is {len(tenant)} bytes: must be 1..128")
+        raise ValueError(
+            f"tenant {rec.tenant!r} is {len(tenant)} bytes: must be 1..{MAX_TENANT_BYTES}"
+        )
     if not 1 <= len(key) <= MAX_KEY_BYTES:
         raise ValueError(f"key {rec.key!r} is {len(key)} bytes: must be 1..{MAX_KEY_BYTES}")
     if not 0 <= rec.day < 1 << 32:
