@@ -1,9 +1,9 @@
 """The sink: Arrow buffers, Parquet encoding, object keys, the object stores and the
 publisher (DESIGN.md §2, §3, §5.12, §5.13, §10).
 
-Of ours, ``sink`` imports only the tenant rule (``wal.tenant``); ``app`` builds the
-buffers and the publisher on top of what is exported here (the names other packages
-use). The modules:
+Of ours, ``sink`` imports only the tenant rule (``wal.tenant``) and ``wal.ObjectKind``
+(records or audit); ``app`` builds the buffers and the publisher on top of what is
+exported here (the names other packages use). The modules:
 
 * ``sink.buffers`` — per-partition columnar rows waiting to be published, the detached
   partitions and the in-flight registry.
@@ -18,7 +18,7 @@ use). The modules:
   them from there, and nothing in production does.
 """
 
-from sink.buffers import NANOS_PER_DAY, Buffers, Detached, Kind, PublishOutcome
+from sink.buffers import NANOS_PER_DAY, Buffers, Detached, PublishOutcome
 from sink.claims import Claim, IntentHook
 from sink.deadletter import DeadLetter
 from sink.keys import archive_key, decode_tenant, encode_tenant, node_identity
@@ -43,7 +43,6 @@ __all__ = [
     "DeadLetter",
     "Detached",
     "IntentHook",
-    "Kind",
     "LocalStore",
     "ObjectNotFound",
     "ObjectStore",

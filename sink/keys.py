@@ -76,7 +76,6 @@ files), no leading or trailing ``/``.
 from __future__ import annotations
 
 import datetime as dt
-import enum
 import hashlib
 import re
 import string
@@ -88,6 +87,7 @@ from typing import Final
 
 import uuid6
 
+from wal import ObjectKind
 from wal.tenant import MAX_TENANT_BYTES, bad_tenant_char
 
 __all__ = [
@@ -95,7 +95,6 @@ __all__ = [
     "NANOS_PER_DAY",
     "PARQUET_SUFFIX",
     "KeyFormatError",
-    "ObjectKind",
     "ParsedKey",
     "archive_key",
     "audit_key",
@@ -129,13 +128,6 @@ _EPOCH: Final = dt.date(1970, 1, 1)
 
 class KeyFormatError(ValueError):
     """A tenant, name, prefix or key does not have the shape this module requires."""
-
-
-class ObjectKind(enum.Enum):
-    """The top-level directory of a published Parquet object."""
-
-    RECORDS = "records"
-    AUDIT = "audit"
 
 
 @dataclass(frozen=True, slots=True)

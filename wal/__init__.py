@@ -1,8 +1,8 @@
 """The durable log: frames, segments, CHECKPOINT, group commit, rotation, replay.
 
-This is what ``app`` imports (``sink`` only the tenant rule, ``wal.tenant``): the names
-other packages use are exported here; tests import the test doubles from ``wal.testing`` and
-internals from their modules. The modules, from the bytes up:
+This is what ``app`` imports (``sink`` only the tenant rule, ``wal.tenant``, and
+``ObjectKind``): the names other packages use are exported here; tests import the test
+doubles from ``wal.testing`` and internals from their modules. The modules, from the bytes up:
 
 * ``fs`` — the filesystem seam every open, write, fsync, rename and unlink goes through.
 * ``errors``, ``types``, ``config`` — the error tree, the shared value types, the knobs;
@@ -48,7 +48,7 @@ from .inspection import (
     verify_root,
     verify_segment_bytes,
 )
-from .intents import IntentEntry, IntentKind, IntentLog, IntentRecord, IntentWriteError
+from .intents import IntentEntry, IntentLog, IntentRecord, IntentWriteError, ObjectKind
 from .journal import Journal
 from .quarantine import QuarantineError, QuarantineRecord, quarantine_segment
 from .reading import Replay
@@ -109,7 +109,7 @@ __all__ = [
     "FrameTooLarge",
     "Fs",
     "IntentEntry",
-    "IntentKind",
+    "ObjectKind",
     "IntentLog",
     "IntentRecord",
     "IntentWriteError",

@@ -94,9 +94,9 @@ from wal import (
     HEADER_SIZE,
     Frame,
     FrameKind,
-    IntentKind,
     IntentRecord,
     Journal,
+    ObjectKind,
     PublishedMarks,
     PublishedWriteError,
     Replay,
@@ -395,7 +395,7 @@ class Recovery:
             s = restored.get(rec.tenant)
             above = -1 if s is None else s.lsn
             marks = frontiers.get(rec.tenant)
-            if rec.kind is IntentKind.RECORDS:
+            if rec.kind is ObjectKind.RECORDS:
                 return any(lsn > max(above, gates(marks, x, lsn)[0]) for lsn in rec.frames)
             return any(lsn > max(above, gates(marks, x, lsn)[1]) for lsn, _, _ in rec.events)
 

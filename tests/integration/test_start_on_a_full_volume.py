@@ -29,7 +29,7 @@ import pytest
 from tests.support.noderig import request
 from tests.support.serve import ServeProcess
 from tests.support.tmpfs import TmpfsMounts
-from wal.intents import IntentKind, IntentLog, IntentRecord, encode_record, scan
+from wal.intents import IntentLog, IntentRecord, ObjectKind, encode_record, scan
 
 MiB = 1 << 20
 VOLUME = 16 * MiB
@@ -100,7 +100,7 @@ def test_every_state_2_a_restart_on_a_full_volume_starts(
     whole = publishing.stat().st_size
     torn = encode_record(
         IntentRecord(
-            IntentKind.RECORDS, "default", "records/tenant=default/x.parquet", 1, (1, 2, 3)
+            ObjectKind.RECORDS, "default", "records/tenant=default/x.parquet", 1, (1, 2, 3)
         )
     )[:-7]
     if loss == "torn_intent":

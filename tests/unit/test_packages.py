@@ -98,3 +98,37 @@ def test_the_test_doubles_live_beside_what_they_fake(
     real, fakes = importlib.import_module(production), importlib.import_module(testing)
     assert [d for d in doubles if hasattr(real, d)] == []
     assert [d for d in doubles if not hasattr(fakes, d)] == []
+
+
+def _enum_members(cls: ast.ClassDef) -> frozenset[str]:
+    return frozenset(
+        t.id
+        for node in cls.body
+        if isinstance(node, ast.Assign)
+        for t in node.targets
+        if isinstance(t, ast.Name) and t.id.isupper()
+    )
+
+
+def test_records_or_audit_is_one_enum_the_wal_and_the_sink_share() -> None:
+    homes = [
+        f"{path.relative_to(ROOT)}: {node.name}"
+        for top in PRODUCTION
+        for path in sorted((ROOT / top).rglob("*.py"))
+        for node in ast.walk(_tree(path))
+        if isinstance(node, ast.ClassDef) and _enum_members(node) == {"RECORDS", "AUDIT"}
+    ]
+    assert homes == ["wal/intents.py: ObjectKind"]
+    import time
+
+    from sink.buffers import Buffers
+    from sink.claims import claim_of
+    from tests.support.sinkrows import frame_rows
+    from wal.intents import IntentRecord, decode_body, encode_record
+
+    buffers = Buffers(flush_bytes=1 << 30, clock=time.monotonic, epoch=lambda: 1)
+    buffers.add_records("t", 20_000, frame_rows("t", 20_000, 100), wal_lsn=100, nbytes=1)
+    (detached,) = buffers.drain_all("test")
+    claim = claim_of("records/k.parquet", detached.partition)
+    record = IntentRecord(claim.kind, claim.tenant, claim.key, claim.day, claim.frames)
+    assert decode_body(encode_record(record)[8:]).kind is claim.kind

@@ -16,12 +16,13 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from sink.buffers import Buffers, Detached, Kind
+from sink.buffers import Buffers, Detached
 from sink.keys import audit_name_bytes, audit_object_name, retry_name_bytes
 from sink.parquet import records_batch
 from sink.publisher import Publisher
 from sink.testing import FailingStore, MemoryStore
 from tests.unit.sink.test_publisher import DAY_NS, WAIT_S
+from wal import ObjectKind
 
 EVENTS = [(7, 2, "op <*> step <*>", "changed", DAY_NS), (7, 3, "op <*> <*> <*>", "changed", DAY_NS)]
 
@@ -88,8 +89,8 @@ def test_nowedge_6_staged_rows_are_never_size_triggered_and_drain_as_units_audit
     assert buffers.seal_staged("t") == 2
     out = buffers.drain_all("barrier")
     assert [(d.partition.kind, d.partition.deterministic) for d in out] == [
-        (Kind.AUDIT, True),
-        (Kind.RECORDS, True),
+        (ObjectKind.AUDIT, True),
+        (ObjectKind.RECORDS, True),
     ]
     assert out[1].partition.records is not None
     assert out[1].partition.records.lsn_bounds() == (100, 200, 0, 2)

@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 from sink.keys import (
     NANOS_PER_DAY,
     KeyFormatError,
-    ObjectKind,
     ParsedKey,
     archive_key,
     audit_key,
@@ -28,6 +27,7 @@ from sink.keys import (
     partition_date,
     records_key,
 )
+from wal import ObjectKind
 
 # Every valid tenant byte: ASCII graphic (0x21..0x7E) except ':', '#', '/'.
 TENANT_ALPHABET = "".join(chr(b) for b in range(0x21, 0x7F) if chr(b) not in ":#/")
