@@ -151,12 +151,7 @@ def test_every_state_2_a_volume_smaller_than_reserve_and_stop_water_refuses_to_s
         "OURIOS_DISK_RESERVE_BYTES": str(reserve_mib * MiB),
     }
     node = ServeProcess(data, env)
-    try:
-        with pytest.raises(RuntimeError, match="exited with 1"):
-            node.start(timeout=60)
-    finally:
-        node.close()
-    (failed,) = node.event("server.start_failed")
+    failed = node.start_refused()
     message = str(failed["error"])
     assert failed["error_type"] == "volume_too_small", failed
     assert f"{8 * MiB} bytes" in message, message

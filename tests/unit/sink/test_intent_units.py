@@ -18,9 +18,9 @@ import pytest
 
 from sink.buffers import Buffers, Detached
 from sink.keys import audit_name_bytes, audit_object_name, retry_name_bytes
-from sink.parquet import records_batch
 from sink.publisher import Publisher
 from sink.testing import FailingStore, MemoryStore
+from tests.support.sinkrows import frame_rows
 from tests.unit.sink.test_publisher import DAY_NS, WAIT_S
 from wal import ObjectKind
 
@@ -31,26 +31,8 @@ def add_rows(buffers: Buffers, lsn: int, n: int = 3, *, staged: bool) -> Detache
     return buffers.add_records(
         "t",
         20_000,
-        records_batch(
-            {
-                "tenant": ["t"] * n,
-                "time_unix_nano": [DAY_NS] * n,
-                "observed_time_unix_nano": [DAY_NS] * n,
-                "severity_number": [9] * n,
-                "severity_text": ["INFO"] * n,
-                "body": [f"row {lsn} {k}" for k in range(n)],
-                "attributes": [[] for _ in range(n)],
-                "resource_attributes": [[] for _ in range(n)],
-                "scope_name": [""] * n,
-                "trace_id": [None] * n,
-                "span_id": [None] * n,
-                # another attempt's ids may differ: not part of the name
-                "template_id": [lsn] * n,
-                "template_params": [[str(k)] for k in range(n)],
-                "record_index": list(range(n)),
-                "wal_lsn": [lsn] * n,
-            }
-        ),
+        # another attempt's ids may differ: not part of the name
+        frame_rows("t", 20_000, lsn, n, template_id=lsn, params=True),
         wal_lsn=lsn,
         nbytes=1 << 20,  # over the size trigger every time
         staged=staged,
