@@ -12,6 +12,7 @@ from pathlib import Path
 from app.receive.otlp import decode_request
 from tests.support.noderig import request
 from tests.support.parquet_read import read_kind
+from tests.support.scrape import scrape
 from tests.support.serve import ROOT, ServeProcess
 from wal.frame import scan_frames
 from wal.segment import HEADER_SIZE
@@ -90,8 +91,7 @@ def test_quarantine_lets_a_real_node_start_and_names_exactly_what_it_lost(
         events = again.event("wal.segment.quarantined")
         assert len(events) == 1 and events[0]["segment"] == bad.name
         assert events[0]["lost_records_above_checkpoint"] == readable
-        status, body = again.get("/metrics")
-        assert b"ourios_wal_quarantined_segments 1.0" in body
+        assert scrape(again).value("ourios_wal_quarantined_segments") == 1.0
         assert again.terminate() == 0
     published = {
         row["attributes"]["rid"] for row in read_kind(blocker / "objects", "records", "pyarrow")
