@@ -16,7 +16,7 @@ A loop that *returns* has ended as its owner asked (its stop). A loop that *rais
   ``/readyz`` answer 503 naming the thread and Kubernetes restarts the pod.
 
 The ground floor of ``app`` (beside ``app.points``): every floor above may start a
-thread through it; ``sink`` (which imports nothing of ours) takes any object with the
+thread through it; ``sink`` (which imports nothing of ``app``) takes any object with the
 same ``start`` through a protocol of its own. Nothing here is global: the node builds
 one ``Supervisor`` and hands it to each owner's constructor.
 """

@@ -1,102 +1,65 @@
-"""The sink: Parquet encoding, object keys and object stores (DESIGN.md §2, §3, §10).
+"""The sink: Arrow buffers, Parquet encoding, object keys, the object stores and the
+publisher (DESIGN.md §2, §3, §5.12, §5.13, §10).
 
-``sink`` imports nothing else of ours; ``app`` builds the buffers and the publisher on
-top of what is exported here. The modules are ``sink.parquet`` (schemas, columnar
-buffers, encoders), ``sink.keys`` (the key layout), ``sink.store`` (the
-``ObjectStore`` protocol, ``LocalStore``, ``S3Store`` and the test doubles) and
-``sink.spool`` (the spool and the spiller of the memory bound, DESIGN.md §5.12).
+Of ours, ``sink`` imports only the tenant rule (``wal.tenant``) and ``wal.ObjectKind``
+(records or audit); ``app`` builds the buffers and the publisher on top of what is
+exported here (the names other packages use). The modules:
+
+* ``sink.buffers`` — per-partition columnar rows waiting to be published, the detached
+  partitions and the in-flight registry.
+* ``sink.claims`` — what an object holds, stated before its PUT (the publish intent).
+* ``sink.deadletter`` — partitions the store refuses for good, kept on the data volume.
+* ``sink.keys`` — the key layout: where each published object lives in the store.
+* ``sink.parquet`` — the schemas, their columnar buffers and the Parquet encoders.
+* ``sink.publisher`` — the thread that encodes detached partitions and writes them.
+* ``sink.spool`` — the spool and the spiller of the memory bound (DESIGN.md §5.12).
+* ``sink.store`` — the ``ObjectStore`` contract, ``LocalStore``, ``S3Store``, ``from_url``.
+* ``sink.testing`` — the test doubles (``MemoryStore``, ``FailingStore``); tests import
+  them from there, and nothing in production does.
 """
 
-from sink.keys import (
-    KeyFormatError,
-    ObjectKind,
-    ParsedKey,
-    archive_key,
-    audit_key,
-    check_key,
-    check_tenant,
-    decode_tenant,
-    encode_tenant,
-    new_object_name,
-    node_identity,
-    parse_object_key,
-    partition_date,
-    records_key,
-)
+from sink.buffers import NANOS_PER_DAY, Buffers, Detached, PublishOutcome
+from sink.claims import Claim, IntentHook
+from sink.deadletter import DeadLetter
+from sink.keys import archive_key, decode_tenant, encode_tenant, node_identity
 from sink.parquet import (
-    AUDIT_SCHEMA,
-    COMPRESSIONS,
     FLAT_SCHEMA,
     RECORDS_SCHEMA,
-    AttributePairs,
-    AuditColumns,
-    AuditRow,
-    EncodeError,
     RecordColumns,
-    RecordRow,
-    TemplateChange,
     assemble_records,
-    encode_audit,
     encode_records,
-    records_batch,
+    encode_table,
 )
-from sink.store import (
-    FailingStore,
-    InvalidKey,
-    LocalStore,
-    MemoryStore,
-    ObjectNotFound,
-    ObjectStore,
-    Op,
-    RetryPolicy,
-    S3Store,
-    StoreError,
-    StoreFault,
-    StoreFaultKind,
-    from_url,
-)
+from sink.publisher import Publisher, StoreGate
+from sink.spool import Spiller, Spool
+from sink.store import LocalStore, ObjectNotFound, ObjectStore, S3Store, StoreError, from_url
 
 __all__ = [
-    "AUDIT_SCHEMA",
-    "COMPRESSIONS",
     "FLAT_SCHEMA",
+    "NANOS_PER_DAY",
     "RECORDS_SCHEMA",
-    "AttributePairs",
-    "AuditColumns",
-    "AuditRow",
-    "EncodeError",
-    "FailingStore",
-    "InvalidKey",
-    "KeyFormatError",
+    "Buffers",
+    "Claim",
+    "DeadLetter",
+    "Detached",
+    "IntentHook",
     "LocalStore",
-    "MemoryStore",
-    "ObjectKind",
     "ObjectNotFound",
     "ObjectStore",
-    "Op",
-    "ParsedKey",
+    "Publisher",
+    "PublishOutcome",
     "RecordColumns",
-    "RecordRow",
-    "RetryPolicy",
     "S3Store",
+    "Spiller",
+    "Spool",
     "StoreError",
-    "StoreFault",
-    "StoreFaultKind",
-    "TemplateChange",
+    "StoreGate",
     "archive_key",
     "assemble_records",
-    "audit_key",
-    "check_key",
-    "check_tenant",
     "decode_tenant",
-    "encode_audit",
     "encode_records",
+    "encode_table",
     "encode_tenant",
     "from_url",
-    "new_object_name",
     "node_identity",
-    "parse_object_key",
-    "partition_date",
-    "records_batch",
-    "records_key",
 ]

@@ -75,7 +75,6 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Final
 
 import pyarrow as pa
@@ -83,6 +82,7 @@ import pyarrow.compute as pc
 
 from sink.parquet import AuditColumns, RecordColumns
 from sink.spool import SpoolFile
+from wal import ObjectKind
 
 NANOS_PER_DAY: Final = 86_400 * 1_000_000_000
 #: What one buffered template event costs beyond ``AuditColumns.nbytes``: its seven list
@@ -94,14 +94,9 @@ MAX_OBJECT_BYTES: Final = 5 << 30
 ROOM_WAIT_SECS: Final = 30.0
 
 
-class Kind(Enum):
-    RECORDS = "records"
-    AUDIT = "audit"
-
-
 @dataclass
 class Partition:
-    kind: Kind
+    kind: ObjectKind
     tenant: str
     day: int  # UTC day number of the rows' times (records and audit)
     records: RecordColumns | None
@@ -266,7 +261,7 @@ class InFlight:
             return [
                 i
                 for i in self._items.values()
-                if i.detached.partition.kind is Kind.AUDIT
+                if i.detached.partition.kind is ObjectKind.AUDIT
                 and i.detached.partition.tenant == tenant
                 and i.detached.partition.first_seq <= seq
             ]
@@ -303,8 +298,8 @@ class InFlight:
 
 
 def _rows_by_kind(parts: Sequence[Partition]) -> tuple[int, int]:
-    records = sum(p.rows for p in parts if p.kind is Kind.RECORDS)
-    return records, sum(p.rows for p in parts if p.kind is Kind.AUDIT)
+    records = sum(p.rows for p in parts if p.kind is ObjectKind.RECORDS)
+    return records, sum(p.rows for p in parts if p.kind is ObjectKind.AUDIT)
 
 
 def _halves(part: Partition) -> list[Partition] | None:
@@ -371,7 +366,7 @@ class Buffers:
         #: failure, and sealed intent partitions (records and audit)
         self._units: list[Partition] = []
         #: (kind, tenant, day) -> an intent span's partition being filled (unsealed)
-        self._staged: dict[tuple[Kind, str, int], Partition] = {}
+        self._staged: dict[tuple[ObjectKind, str, int], Partition] = {}
         #: tenant -> tree generation (a settlement's swap starts the next one)
         self._gen: dict[str, int] = {}
         #: tenant -> the lowest sequence number among template events a settlement
@@ -402,13 +397,17 @@ class Buffers:
             return None
         with self.lock:
             key = (tenant, day)
-            part = self._staged.get((Kind.RECORDS, *key)) if staged else self._records.get(key)
+            part = (
+                self._staged.get((ObjectKind.RECORDS, *key)) if staged else self._records.get(key)
+            )
             if part is None:
-                part = Partition(Kind.RECORDS, tenant, day, RecordColumns(), None, self._clock())
+                part = Partition(
+                    ObjectKind.RECORDS, tenant, day, RecordColumns(), None, self._clock()
+                )
                 part.gen = self._gen.get(tenant, 0)
                 if staged:
                     part.deterministic = True
-                    self._staged[(Kind.RECORDS, *key)] = part
+                    self._staged[(ObjectKind.RECORDS, *key)] = part
                 else:
                     self._records[key] = part
             cols = part.records
@@ -445,16 +444,18 @@ class Buffers:
             for template_id, version, template, change, ts in events:
                 seq += 1
                 key = (tenant, ts // NANOS_PER_DAY)
-                part = self._staged.get((Kind.AUDIT, *key)) if staged else self._audit.get(key)
+                part = (
+                    self._staged.get((ObjectKind.AUDIT, *key)) if staged else self._audit.get(key)
+                )
                 if part is None:
                     part = Partition(
-                        Kind.AUDIT, tenant, key[1], None, AuditColumns(), self._clock()
+                        ObjectKind.AUDIT, tenant, key[1], None, AuditColumns(), self._clock()
                     )
                     part.first_seq = seq
                     part.gen = self._gen.get(tenant, 0)
                     if staged:
                         part.deterministic = True
-                        self._staged[(Kind.AUDIT, *key)] = part
+                        self._staged[(ObjectKind.AUDIT, *key)] = part
                     else:
                         self._audit[key] = part
                 cols = part.audit
@@ -579,7 +580,9 @@ class Buffers:
         """Whether merging a requeued ``part`` into its buffered partition would pass
         ``max_object_bytes``."""
         key = (part.tenant, part.day)
-        existing = self._records.get(key) if part.kind is Kind.RECORDS else self._audit.get(key)
+        existing = (
+            self._records.get(key) if part.kind is ObjectKind.RECORDS else self._audit.get(key)
+        )
         return existing is not None and existing.mem_bytes + part.mem_bytes > self.max_object_bytes
 
     @property
@@ -606,11 +609,12 @@ class Buffers:
         of its tenant or of a tenant filling an intent span, an intent span's (named by
         its rows) or a spooled one (encoded already) keeps its rows as they are."""
         part = d.partition
-        if part.kind is not Kind.RECORDS or part.deterministic or part.spool is not None:
+        if part.kind is not ObjectKind.RECORDS or part.deterministic or part.spool is not None:
             return
         with self.lock:
             if part.gen < self._gen.get(part.tenant, 0) or any(
-                k[0] is Kind.AUDIT and a.tenant == part.tenant for k, a in self._staged.items()
+                k[0] is ObjectKind.AUDIT and a.tenant == part.tenant
+                for k, a in self._staged.items()
             ):
                 return  # an earlier tree's rows, or events of a span still being filled
             part.rematch = rematch
@@ -658,7 +662,7 @@ class Buffers:
             for unit in self._units:
                 if not take(unit):
                     kept.append(unit)
-            for unit in sorted(taken, key=lambda u: u.kind is not Kind.AUDIT):
+            for unit in sorted(taken, key=lambda u: u.kind is not ObjectKind.AUDIT):
                 out.append(self._detach_locked(unit, reason))
             self._units = kept
             for key, part in list(self._records.items()):
@@ -702,7 +706,7 @@ class Buffers:
             if part.gen < self._gen.get(part.tenant, 0):
                 # superseded by a settlement (module docstring): discarded, never back
                 self.superseded_rows += part.rows
-                if part.kind is Kind.AUDIT:
+                if part.kind is ObjectKind.AUDIT:
                     self._lose_locked(part.tenant, part.first_seq)
                 self._forget_locked(part)
                 outcome = PublishOutcome(d.id, False, epoch, "superseded")
@@ -727,7 +731,7 @@ class Buffers:
                 self._units.append(part)
             elif self._over_object_locked(part):
                 self._units.append(part)  # published as itself: merged, it would pass the bound
-            elif part.kind is Kind.RECORDS:
+            elif part.kind is ObjectKind.RECORDS:
                 key = (part.tenant, part.day)
                 existing = self._records.get(key)
                 if existing is not None:
@@ -784,7 +788,7 @@ class Buffers:
                 taken.append(self._detach_locked(a, "ordered"))
             kept: list[Partition] = []
             for u in self._units:
-                if u.kind is not Kind.AUDIT or u.tenant != part.tenant or u.first_seq > w:
+                if u.kind is not ObjectKind.AUDIT or u.tenant != part.tenant or u.first_seq > w:
                     kept.append(u)
                 elif u.parked:
                     refused = True
@@ -793,7 +797,7 @@ class Buffers:
                     taken.append(self._detach_locked(u, "ordered"))
             self._units = kept
             if any(
-                k[0] is Kind.AUDIT and a.tenant == part.tenant and a.first_seq <= w
+                k[0] is ObjectKind.AUDIT and a.tenant == part.tenant and a.first_seq <= w
                 for k, a in self._staged.items()
             ):
                 refused = True  # an intent span still being filled: not publishable yet
@@ -814,8 +818,8 @@ class Buffers:
                 return True
             waiting = [
                 *self._audit.values(),
-                *(u for u in self._units if u.kind is Kind.AUDIT),
-                *(a for k, a in self._staged.items() if k[0] is Kind.AUDIT),
+                *(u for u in self._units if u.kind is ObjectKind.AUDIT),
+                *(a for k, a in self._staged.items() if k[0] is ObjectKind.AUDIT),
             ]
             if any(a.tenant == tenant and a.first_seq <= seq for a in waiting):
                 return True
@@ -834,8 +838,8 @@ class Buffers:
             self._gen[tenant] = self._gen.get(tenant, 0) + 1
             for a in [
                 *self._audit.values(),
-                *(u for u in self._units if u.kind is Kind.AUDIT),
-                *(p for k, p in self._staged.items() if k[0] is Kind.AUDIT),
+                *(u for u in self._units if u.kind is ObjectKind.AUDIT),
+                *(p for k, p in self._staged.items() if k[0] is ObjectKind.AUDIT),
             ]:
                 if a.tenant == tenant:
                     self._lose_locked(tenant, a.first_seq)

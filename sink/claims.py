@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 import pyarrow.compute as pc
 
-from sink.buffers import Kind, Partition
+from sink.buffers import Partition
+from wal import ObjectKind
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,7 +31,7 @@ class Claim:
     """One object's key and exactly what it holds (module docstring)."""
 
     key: str
-    kind: Kind
+    kind: ObjectKind
     tenant: str
     day: int
     #: records: the frames whose rows of ``day`` it holds, increasing
@@ -45,7 +46,7 @@ IntentHook = Callable[[Claim], None]
 
 def claim_of(key: str, part: Partition) -> Claim:
     """The claim of ``part``'s rows written under ``key``."""
-    if part.kind is Kind.RECORDS:
+    if part.kind is ObjectKind.RECORDS:
         assert part.records is not None
         frames: set[int] = set()
         for batch in part.records.batches:

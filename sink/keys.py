@@ -11,9 +11,10 @@ Layout (DESIGN.md §3; the prefix is the store's own, applied by the store)::
 
 ``<pct-tenant>`` is the tenant id with every byte outside RFC 3986's unreserved set
 (``A-Z a-z 0-9 - . _ ~``) written ``%XX`` (uppercase hex). Tenant ids are 1–128 ASCII
-graphic bytes other than ``:`` ``#`` ``/`` (DESIGN.md §3), so the encoded segment never
-holds ``/`` or ``=`` and decoding is exact: ``decode_tenant`` accepts only the canonical
-form ``encode_tenant`` produces, so one tenant has exactly one spelling in the store.
+graphic bytes other than ``:`` ``#`` ``/`` (DESIGN.md §3; the rule is ``wal/tenant.py``'s),
+so the encoded segment never holds ``/`` or ``=`` and decoding is exact: ``decode_tenant``
+accepts only the canonical form ``encode_tenant`` produces, so one tenant has exactly one
+spelling in the store.
 
 ``<YYYY-MM-DD>`` is the UTC day of the partitioning timestamp (the caller chooses which
 of a record's timestamps partitions it).
@@ -75,7 +76,6 @@ files), no leading or trailing ``/``.
 from __future__ import annotations
 
 import datetime as dt
-import enum
 import hashlib
 import re
 import string
@@ -87,13 +87,14 @@ from typing import Final
 
 import uuid6
 
+from wal import ObjectKind
+from wal.tenant import MAX_TENANT_BYTES, bad_tenant_char
+
 __all__ = [
     "ARCHIVE_ROOT",
     "NANOS_PER_DAY",
     "PARQUET_SUFFIX",
-    "TENANT_MAX_BYTES",
     "KeyFormatError",
-    "ObjectKind",
     "ParsedKey",
     "archive_key",
     "audit_key",
@@ -114,12 +115,10 @@ __all__ = [
 ]
 
 NANOS_PER_DAY: Final = 86_400 * 1_000_000_000
-TENANT_MAX_BYTES: Final = 128
 PARQUET_SUFFIX: Final = ".parquet"
 ARCHIVE_ROOT: Final = "wal-archive"
 
 _UNRESERVED: Final = frozenset(string.ascii_letters + string.digits + "-._~")
-_TENANT_FORBIDDEN: Final = frozenset(":#/")
 _ENCODE: Final = tuple(chr(b) if chr(b) in _UNRESERVED else f"%{b:02X}" for b in range(128))
 _PCT_SEGMENT: Final = re.compile(r"(?:[A-Za-z0-9._~-]|%[0-9A-F]{2})+")
 _NAME: Final = re.compile(r"[A-Za-z0-9_~-][A-Za-z0-9._~-]*")
@@ -129,13 +128,6 @@ _EPOCH: Final = dt.date(1970, 1, 1)
 
 class KeyFormatError(ValueError):
     """A tenant, name, prefix or key does not have the shape this module requires."""
-
-
-class ObjectKind(enum.Enum):
-    """The top-level directory of a published Parquet object."""
-
-    RECORDS = "records"
-    AUDIT = "audit"
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,17 +141,17 @@ class ParsedKey:
 
 
 def check_tenant(tenant: str) -> None:
-    """Raise ``KeyFormatError`` unless ``tenant`` is 1–128 ASCII graphic bytes without ``:#/``."""
-    if not 1 <= len(tenant) <= TENANT_MAX_BYTES:
+    """Raise ``KeyFormatError`` unless ``tenant`` is in the grammar (``wal/tenant.py``)."""
+    if not 1 <= len(tenant) <= MAX_TENANT_BYTES:
         raise KeyFormatError(
-            f"tenant {tenant!r} is {len(tenant)} bytes: must be 1..{TENANT_MAX_BYTES}"
+            f"tenant {tenant!r} is {len(tenant)} bytes: must be 1..{MAX_TENANT_BYTES}"
         )
-    for ch in tenant:
-        if not "!" <= ch <= "~" or ch in _TENANT_FORBIDDEN:
-            raise KeyFormatError(
-                f"tenant {tenant!r} holds {ch!r}: must be ASCII graphic characters"
-                " other than ':', '#', '/'"
-            )
+    bad = bad_tenant_char(tenant)
+    if bad is not None:
+        raise KeyFormatError(
+            f"tenant {tenant!r} holds {tenant[bad]!r}: must be ASCII graphic characters"
+            " other than ':', '#', '/'"
+        )
 
 
 def encode_tenant(tenant: str) -> str:

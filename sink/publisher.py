@@ -107,7 +107,7 @@ from typing import Final, Protocol
 
 import pyarrow as pa
 
-from sink.buffers import MAX_OBJECT_BYTES, Buffers, Detached, Kind, PublishOutcome
+from sink.buffers import MAX_OBJECT_BYTES, Buffers, Detached, PublishOutcome
 from sink.claims import IntentHook, claim_of
 from sink.deadletter import ARROW_SUFFIX, DENIALS, PERMANENT_ERRORS, DeadLetter, arrow_stream
 from sink.keys import (
@@ -120,6 +120,7 @@ from sink.keys import (
 from sink.parquet import AUDIT_SCHEMA, RECORDS_SCHEMA, RecordColumns, encode_audit, encode_records
 from sink.spool import OBJECT_TOO_LARGE, Spool
 from sink.store import ObjectStore, StoreError
+from wal import ObjectKind
 
 log = logging.getLogger("ourios.sink")
 
@@ -437,7 +438,7 @@ class Publisher:
         gate: True, its error, or None when no request was made)."""
         part = d.partition
         refusal = ""
-        if part.kind is Kind.RECORDS and admitted:
+        if part.kind is ObjectKind.RECORDS and admitted:
             try:
                 refusal = self._events_durable(d)
             except Exception as exc:  # noqa: BLE001 - requeued and counted, never lost
@@ -569,7 +570,7 @@ class Publisher:
         day = dt.date(1970, 1, 1) + dt.timedelta(days=part.day)
         name = part.identity if part.identity is not None else new_object_name(self._node)
         try:
-            if part.kind is Kind.RECORDS:
+            if part.kind is ObjectKind.RECORDS:
                 assert part.records is not None
                 key = records_key(part.tenant, day, name)
                 data = arrow_stream(part.records.batches, RECORDS_SCHEMA)
@@ -687,7 +688,7 @@ class Publisher:
     def _deterministic_name(self, d: Detached) -> str:
         """The name every attempt at an intent span's partition derives (module docstring)."""
         part = d.partition
-        if part.kind is Kind.RECORDS:
+        if part.kind is ObjectKind.RECORDS:
             name = self._retry_name(d)
             assert name is not None, "an intent partition is never empty"
             return name
@@ -741,7 +742,7 @@ class Publisher:
         if part.spool is not None:  # encoded when it was spooled, under its name
             name, key = self._spooled_key(d)
             return name, key, part.spool.read()
-        if part.kind is Kind.RECORDS:
+        if part.kind is ObjectKind.RECORDS:
             assert part.records is not None
             records = part.records
             if part.rematch is not None:
@@ -759,7 +760,7 @@ class Publisher:
         part = d.partition
         assert part.identity is not None, "a spooled unit always has its name"
         day = dt.date(1970, 1, 1) + dt.timedelta(days=part.day)
-        key_of = records_key if part.kind is Kind.RECORDS else audit_key
+        key_of = records_key if part.kind is ObjectKind.RECORDS else audit_key
         return part.identity, key_of(part.tenant, day, part.identity)
 
     # -- the thread ----------------------------------------------------------------------

@@ -2,6 +2,8 @@
 
 - `seaweed_s3` (session): a real SeaweedFS S3 server (`tests.support.SeaweedS3`).
 - `s3_bucket` (function): a fresh, uniquely named `tests.support.S3Bucket` in it.
+- `seaweed` (function): a SeaweedFS of the test's own, for a test that kills and
+  restarts it (a store outage).
 - `small_tmpfs` (function): factory `small_tmpfs(size_bytes) -> Path`, a mounted tmpfs.
 - `_no_leaked_threads` (autouse): fails a test that leaves a thread it started running.
   Mark a test `@pytest.mark.thread_leak_ok(reason)` only for a thread it cannot stop.
@@ -91,6 +93,13 @@ def seaweed_s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedS3]:
     """A running SeaweedFS S3 server shared by the session (start-up takes ~3 s)."""
     weed = require_tool("weed")
     with SeaweedS3(weed, tmp_path_factory.mktemp("seaweed")) as server:
+        yield server
+
+
+@pytest.fixture
+def seaweed(tmp_path: Path) -> Iterator[SeaweedS3]:
+    """A SeaweedFS of this test's own: it is killed and restarted, so not the shared one."""
+    with SeaweedS3(require_tool("weed"), tmp_path / "seaweed") as server:
         yield server
 
 

@@ -18,8 +18,6 @@ KiB = 1024
 MiB = 1024 * KiB
 GiB = 1024 * MiB
 
-#: RFC 0048 §3.1: the tenant grammar's bound, on encode and on decode.
-MAX_TENANT_BYTES = 128
 #: u16 slot ids in RECLAIM and PUBLISHED.
 MAX_TENANTS_LIMIT = 65_536
 #: RECLAIM is preallocated; refuse geometries that would make it absurdly large.

@@ -29,8 +29,8 @@ from typing import Final
 
 import crc32c
 
-from .config import MAX_TENANT_BYTES
 from .errors import CorruptionError, FrameTooLarge, InvalidTenant
+from .tenant import MAX_TENANT_BYTES, bad_tenant_char, is_valid_tenant
 from .types import FrameKind
 
 PREFIX: Final = struct.Struct("<II")
@@ -41,24 +41,23 @@ BODY_OVERHEAD: Final = 2
 #: Upper bound on a decoded body: anything larger is damage, not a frame.
 MAX_BODY_BYTES: Final = (1 << 31) - 1
 
-_FORBIDDEN_TENANT = frozenset(b":#/")
-
 
 def validate_tenant(tenant: str) -> bytes:
-    """The tenant grammar: 1..128 ASCII graphic bytes (0x21..0x7e) except ``:#/``."""
+    """The tenant's bytes, or ``InvalidTenant`` naming how it breaks the grammar
+    (``wal/tenant.py``)."""
+    if is_valid_tenant(tenant):
+        return tenant.encode("ascii")
     try:
         raw = tenant.encode("ascii")
     except UnicodeEncodeError:
         raise InvalidTenant("tenant id must be ASCII graphic characters") from None
     if not 1 <= len(raw) <= MAX_TENANT_BYTES:
         raise InvalidTenant(f"tenant id must be 1 to {MAX_TENANT_BYTES} bytes, got {len(raw)}")
-    for b in raw:
-        if b < 0x21 or b > 0x7E or b in _FORBIDDEN_TENANT:
-            raise InvalidTenant(
-                f"tenant id may hold only ASCII graphic characters except ':', '#', '/'; "
-                f"byte 0x{b:02x} is not allowed"
-            )
-    return raw
+    bad = bad_tenant_char(tenant)
+    raise InvalidTenant(
+        f"tenant id may hold only ASCII graphic characters except ':', '#', '/'; "
+        f"byte 0x{raw[bad or 0]:02x} is not allowed"
+    )
 
 
 def frame_size(tenant_len: int, payload_len: int) -> int:

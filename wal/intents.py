@@ -88,12 +88,12 @@ import crc32c
 
 from .errors import CorruptionError, WalError
 from .fs import Fs, read_file
+from .tenant import MAX_TENANT_BYTES
 
 MAGIC: Final = b"OWPI"
 VERSION: Final = 1
 HEADER_SIZE: Final = 16
 MAX_KEY_BYTES: Final = 1024
-MAX_TENANT_BYTES: Final = 128
 MAX_CLAIMS: Final = 1 << 20
 #: retracted bytes a file may hold before it is compacted, beyond the live ones
 COMPACT_FLOOR: Final = 64 << 10
@@ -108,11 +108,18 @@ _FRAME: Final = struct.Struct("<Q")
 _EVENT: Final = struct.Struct("<Qqi")
 
 
-class IntentKind(enum.IntEnum):
-    """What the object holds (starts at 1: zeroed bytes never decode as a kind)."""
+class ObjectKind(enum.Enum):
+    """What a published object holds, records or audit: the one name for it in the publish
+    intents here, the sink's partitions and its object keys (the value is the key's
+    top-level directory, ``sink/keys.py``)."""
 
-    RECORDS = 1
-    AUDIT = 2
+    RECORDS = "records"
+    AUDIT = "audit"
+
+
+#: An intent's kind byte (from 1: zeroed bytes never decode as a kind).
+_KIND_CODES: Final = {ObjectKind.RECORDS: 1, ObjectKind.AUDIT: 2}
+_KINDS_BY_CODE: Final = {code: kind for kind, code in _KIND_CODES.items()}
 
 
 class IntentWriteError(WalError):
@@ -125,7 +132,7 @@ class IntentWriteError(WalError):
 class IntentRecord:
     """One object about to be written and exactly what it holds (module docstring)."""
 
-    kind: IntentKind
+    kind: ObjectKind
     tenant: str
     key: str
     day: int
@@ -137,7 +144,7 @@ class IntentRecord:
     @property
     def highest_lsn(self) -> int:
         """The newest frame any claim names."""
-        if self.kind is IntentKind.RECORDS:
+        if self.kind is ObjectKind.RECORDS:
             return self.frames[-1]
         return max(e[0] for e in self.events)
 
@@ -168,13 +175,15 @@ def encode_record(rec: IntentRecord) -> bytes:
     tenant = rec.tenant.encode("ascii")
     key = rec.key.encode("utf-8")
     if not 1 <= len(tenant) <= MAX_TENANT_BYTES:
-        raise ValueError(f"tenant {rec.tenant!r} is {len(tenant)} bytes: must be 1..128")
+        raise ValueError(
+            f"tenant {rec.tenant!r} is {len(tenant)} bytes: must be 1..{MAX_TENANT_BYTES}"
+        )
     if not 1 <= len(key) <= MAX_KEY_BYTES:
         raise ValueError(f"key {rec.key!r} is {len(key)} bytes: must be 1..{MAX_KEY_BYTES}")
     if not 0 <= rec.day < 1 << 32:
         raise ValueError(f"day {rec.day} is not a u32")
-    parts = [_KIND.pack(rec.kind, 0, len(tenant)), tenant, _LEN.pack(len(key)), key]
-    if rec.kind is IntentKind.RECORDS:
+    parts = [_KIND.pack(_KIND_CODES[rec.kind], 0, len(tenant)), tenant, _LEN.pack(len(key)), key]
+    if rec.kind is ObjectKind.RECORDS:
         frames = rec.frames
         if rec.events or not 1 <= len(frames) <= MAX_CLAIMS:
             raise ValueError(f"a records intent claims 1..{MAX_CLAIMS} frames and no events")
@@ -197,7 +206,9 @@ def decode_body(body: bytes) -> IntentRecord:
     kind_raw, reserved, tenant_len = _KIND.unpack_from(body, 0)
     if reserved:
         raise ValueError("a reserved byte is not zero")
-    kind = IntentKind(kind_raw)  # ValueError for 0 and unknown kinds
+    kind = _KINDS_BY_CODE.get(kind_raw)
+    if kind is None:
+        raise ValueError(f"{kind_raw} is not a valid intent kind")
     at = _KIND.size
     tenant = body[at : at + tenant_len].decode("ascii")
     if not 1 <= tenant_len <= MAX_TENANT_BYTES or len(tenant) != tenant_len:
@@ -213,10 +224,10 @@ def decode_body(body: bytes) -> IntentRecord:
     at += _DAY.size
     if not 1 <= count <= MAX_CLAIMS:
         raise ValueError(f"{count} claims")
-    width = _FRAME.size if kind is IntentKind.RECORDS else _EVENT.size
+    width = _FRAME.size if kind is ObjectKind.RECORDS else _EVENT.size
     if len(body) != at + count * width:
         raise ValueError(f"{len(body)} bytes for {count} claims of {width} bytes at {at}")
-    if kind is IntentKind.RECORDS:
+    if kind is ObjectKind.RECORDS:
         frames = struct.unpack_from(f"<{count}Q", body, at)
         if any(b <= a for a, b in zip(frames, frames[1:], strict=False)):
             raise ValueError("frames do not increase")
@@ -279,7 +290,7 @@ class IntentEntry:
     records name every frame it holds), only what a trim decides by and where its bytes
     are in the file."""
 
-    kind: IntentKind
+    kind: ObjectKind
     tenant: str
     key: str
     #: the newest frame any claim names (``IntentRecord.highest_lsn``)

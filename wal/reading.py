@@ -23,12 +23,12 @@ from dataclasses import dataclass, field
 
 import crc32c
 
-from .config import MAX_TENANT_BYTES
 from .errors import CorruptionError, WalError, WalIoError
 from .frame import BODY_OVERHEAD, PREFIX, PREFIX_SIZE
 from .log import Log, Segment
 from .scan import SegmentFile, chain_problem, scan_segment
 from .segment import HEADER_SIZE
+from .tenant import MAX_TENANT_BYTES
 from .types import Frame, FrameCursor, FrameKind, FrameSpan, WalOffset
 
 

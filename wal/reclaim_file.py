@@ -94,6 +94,7 @@ from .frame import validate_tenant
 from .recordfile import RecordFile, encode_header
 from .recordfile import UnencodableRecord as UnencodableRecord
 from .slots import InvalidSlot, check_trailer, format_defect, seal_slot
+from .tenant import is_valid_tenant
 from .types import WalOffset
 
 NAME: Final = "RECLAIM"
@@ -129,8 +130,6 @@ _Z4: Final = bytes(4)
 _Z6: Final = bytes(6)
 _Z24: Final = bytes(24)
 _Z128: Final = bytes(MAX_KEY_BYTES)
-#: bytes a tenant id may hold: ASCII graphic 0x21..0x7e except ``:`` ``#`` ``/``
-_TENANT_BYTES: Final = bytes(b for b in range(0x21, 0x7F) if b not in b":#/")
 
 
 class ConsumerMode(enum.IntEnum):
@@ -296,7 +295,8 @@ class ReclaimRecord:
 
 
 def _is_tenant_key(raw: bytes) -> bool:
-    return 1 <= len(raw) <= MAX_KEY_BYTES and not raw.translate(None, _TENANT_BYTES)
+    # latin-1 maps each byte to one character, and every byte >= 0x80 breaks the grammar
+    return len(raw) <= MAX_KEY_BYTES and is_valid_tenant(raw.decode("latin-1"))
 
 
 def _ascii_or_empty(tenant: str) -> bytes:

@@ -1,3 +1,7 @@
-"""The background cadences: the barrier, housekeeping, the age sweep and archival
-(DESIGN.md §5, §12).
+"""The background cadences (DESIGN.md §5, §12). The modules:
+
+* ``barrier`` — the publication barrier, the only place the checkpoint advances.
+* ``housekeeping`` — the timer of the capped reclamation passes and the disk samples.
+* ``sweep`` — the age sweep that publishes buffered partitions past their age.
+* ``archive`` — WAL archival: a segment copied to the store before it is unlinked.
 """

@@ -38,8 +38,7 @@ from pathlib import Path
 
 import crc32c
 
-from sink.keys import archive_key
-from sink.store import LocalStore, ObjectStore, StoreError
+from sink import LocalStore, ObjectStore, StoreError, archive_key
 from wal import ArchiveRequest
 
 

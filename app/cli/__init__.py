@@ -19,6 +19,9 @@ WAL holds (``server.stopped`` counts them; the next start publishes them), else 
 ``config.effective`` with ``config: {...}`` (in the json log format; at debug level in the
 console format, whose start-up summary is ``server.listening``), so tests and operators
 can read back what the node runs with.
+
+The modules: ``app.cli`` itself (the parser and ``serve``/``config``), ``wal`` (``ourios
+wal inspect|verify|quarantine``) and ``__main__`` (``python -m app.cli``).
 """
 
 from __future__ import annotations

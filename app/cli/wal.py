@@ -44,16 +44,18 @@ from app.ingest.snapshots import SnapshotError, decode_snapshot
 from app.node.datalock import LOCK_NAME, DataDirLock, DataDirLocked, DataDirLockError, read_holder
 from app.node.diskspace import RESERVE_NAME
 from app.receive.otlp import IngestRejection, count_records, decode_request
-from wal import OsFs, QuarantineError, WalOffset
-from wal.inspection import (
+from wal import (
+    SEGMENT_RE,
+    OsFs,
+    QuarantineError,
     RootReport,
     SegmentVerdict,
+    WalOffset,
     inspect_root,
+    quarantine_segment,
     verify_root,
     verify_segment_bytes,
 )
-from wal.quarantine import quarantine_segment
-from wal.segment import SEGMENT_RE
 
 EXIT_OK = 0
 EXIT_PROBLEM = 1
@@ -250,8 +252,7 @@ def verify_archive(
 ) -> int:
     """Fetch this node's archived segments from the configured store and verify each."""
     from app.node.config import ConfigError, load_settings
-    from sink.keys import archive_key, node_identity
-    from sink.store import ObjectNotFound, StoreError, from_url
+    from sink import ObjectNotFound, StoreError, archive_key, from_url, node_identity
 
     try:
         settings = load_settings(config_file=config_file)

@@ -1,3 +1,13 @@
-"""The core's ingest: the pipeline and its stages, admission, tenant slots, settlement, the
-template miners and their snapshots (DESIGN.md §5).
+"""The core's ingest (DESIGN.md §5). The modules:
+
+* ``pipeline`` — the pipeline: admission, WAL append, the ingest turn, acknowledgement.
+* ``stages`` — the committer and turn stages that take every request without a thread
+  per request.
+* ``admission`` — whether a new batch may be appended at all; ``tenants`` — tenant
+  slots and each tenant's admission state; ``shares`` — each tenant's share of the turn.
+* ``cuts`` — what the barrier publishes and stamps at one mark.
+* ``landed`` — publish intents, and what a restart finds already in the store.
+* ``settlement`` — settlement after a mining failure (RFC 0055 §9.4).
+* ``snapshots`` — the per-tenant miner snapshot files.
+* ``mining`` — per-tenant template mining (a package; its docstring lists its modules).
 """

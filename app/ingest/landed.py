@@ -37,10 +37,8 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from sink.buffers import Kind
-from sink.claims import Claim, IntentHook
-from sink.store import ObjectStore, StoreError
-from wal import IntentEntry, IntentKind, IntentLog, IntentRecord, PublishedMarks
+from sink import Claim, IntentHook, ObjectStore, StoreError
+from wal import IntentEntry, IntentLog, IntentRecord, ObjectKind, PublishedMarks
 
 log = logging.getLogger("ourios.landed")
 
@@ -59,9 +57,8 @@ def intent_hook(intents: IntentLog) -> IntentHook:
     """The publisher's hook: each claim appended and fsynced before its PUT."""
 
     def record(claim: Claim) -> None:
-        kind = IntentKind.RECORDS if claim.kind is Kind.RECORDS else IntentKind.AUDIT
         intents.append(
-            IntentRecord(kind, claim.tenant, claim.key, claim.day, claim.frames, claim.events)
+            IntentRecord(claim.kind, claim.tenant, claim.key, claim.day, claim.frames, claim.events)
         )
 
     return record
@@ -87,7 +84,7 @@ def live_intent(
         m = marks.get(rec.tenant)
         if m is None:
             return rec.highest_lsn > checkpoint
-        side = m.records if rec.kind is IntentKind.RECORDS else m.audit
+        side = m.records if rec.kind is ObjectKind.RECORDS else m.audit
         return side is None or rec.highest_lsn > side.lsn
 
     return keep
@@ -106,7 +103,7 @@ class Landed:
     present: int = 0
 
     def add(self, rec: IntentRecord) -> None:
-        if rec.kind is IntentKind.RECORDS:
+        if rec.kind is ObjectKind.RECORDS:
             for lsn in rec.frames:
                 self.records.setdefault((rec.tenant, lsn), set()).add(rec.day)
         else:

@@ -99,8 +99,7 @@ from app.ingest.snapshots import SnapshotLedger, SnapshotState
 from app.ingest.tenants import TenantTable
 from app.node.config import WalSettings
 from app.receive.otlp import FlatBatch, decode_flat
-from sink.buffers import Buffers, Detached
-from sink.publisher import Publisher
+from sink import Buffers, Detached, Publisher
 from wal import (
     ConsumerMode,
     Frame,

@@ -50,7 +50,7 @@ from typing import Final
 import crc32c
 
 from app.node.diskspace import DiskSpace
-from sink.keys import decode_tenant, encode_tenant
+from sink import decode_tenant, encode_tenant
 from wal import Fs, KnownHorizons, OsFs, WalOffset, is_no_space
 
 MAGIC: Final = b"OSNP"

@@ -46,7 +46,7 @@ from urllib.parse import unquote, urlsplit
 
 import yaml
 
-from wal import MAX_TENANT_BYTES, InvalidConfig, WalConfig
+from wal import MAX_TENANT_BYTES, InvalidConfig, WalConfig, is_valid_tenant
 
 __all__ = [
     "CROSS_RULES",
@@ -69,7 +69,6 @@ __all__ = [
     "available_cpus",
     "default_workers",
     "human_bytes",
-    "is_valid_tenant",
     "load_settings",
     "load_tokens",
 ]
@@ -275,16 +274,6 @@ _NODE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
 _BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 _REGION_RE = re.compile(r"[A-Za-z0-9-]{1,64}")
 _ORDINAL_RE = re.compile(r"-([0-9]+)$")
-_FORBIDDEN_TENANT_BYTES = frozenset(":#/")
-
-
-def is_valid_tenant(tenant: str) -> bool:
-    """DESIGN.md §3's grammar: 1–128 ASCII graphic bytes, none of ``:``, ``#``, ``/``."""
-    return (
-        1 <= len(tenant) <= MAX_TENANT_BYTES
-        and all("!" <= c <= "~" for c in tenant)
-        and not _FORBIDDEN_TENANT_BYTES.intersection(tenant)
-    )
 
 
 def _check_node_id(value: str) -> str | None:

@@ -89,19 +89,19 @@ from app.ingest.settlement import ReplayGates
 from app.ingest.snapshots import SnapshotLedger, SnapshotState, SnapshotStore
 from app.node.frame_quarantine import keep_frame
 from app.receive.otlp import FlatBatch, decode_flat
-from sink.store import ObjectStore, StoreError
+from sink import ObjectStore, StoreError
 from wal import (
+    HEADER_SIZE,
     Frame,
     FrameKind,
-    IntentKind,
     IntentRecord,
     Journal,
+    ObjectKind,
     PublishedMarks,
     PublishedWriteError,
     Replay,
     WalOffset,
 )
-from wal.segment import HEADER_SIZE
 
 log = logging.getLogger("ourios.recovery")
 
@@ -395,7 +395,7 @@ class Recovery:
             s = restored.get(rec.tenant)
             above = -1 if s is None else s.lsn
             marks = frontiers.get(rec.tenant)
-            if rec.kind is IntentKind.RECORDS:
+            if rec.kind is ObjectKind.RECORDS:
                 return any(lsn > max(above, gates(marks, x, lsn)[0]) for lsn in rec.frames)
             return any(lsn > max(above, gates(marks, x, lsn)[1]) for lsn, _, _ in rec.events)
 

@@ -42,7 +42,7 @@ from typing import Final, TypeVar
 from prometheus_client.core import GaugeMetricFamily
 
 from app.threads import Supervised, Supervisor, start_thread
-from sink.store import LocalStore, ObjectStore, StoreError
+from sink import LocalStore, ObjectStore, StoreError
 
 _T = TypeVar("_T")
 

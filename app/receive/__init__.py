@@ -1,4 +1,12 @@
-"""The receivers and the worker side: OTLP/HTTP and OTLP/gRPC, auth, decoding and
-flattening to Arrow, the receivers' port to the pipeline, the worker process and its
-channel to the core (DESIGN.md §2, §5).
+"""The receivers and the worker side (DESIGN.md §2, §5). The modules:
+
+* ``otlp_http``, ``otlp_grpc`` — the OTLP/HTTP and OTLP/gRPC receivers.
+* ``otlp`` — request bodies in, record columns (``FlatBatch``) and wire replies out, the
+  request limits and the ``IngestRejection`` family; ``native`` — the native decoder
+  (its C extension ``_otlpdecode``).
+* ``auth`` — bearer tokens and tenants; ``tls`` — TLS and its certificate reload.
+* ``inflight`` — what one receiving process holds at once.
+* ``api`` — the receivers' port to the pipeline (``IngestPort``).
+* ``worker`` — a worker process; ``channel`` — its framed channel to the core.
+* ``testing`` — the test double of the port (``StubPort``); production never imports it.
 """

@@ -27,7 +27,7 @@ from typing import Final, NamedTuple, Protocol
 import pyarrow as pa
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 
-from sink.parquet import FLAT_SCHEMA
+from sink import FLAT_SCHEMA
 
 __all__ = [
     "DECODERS",

@@ -96,12 +96,12 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
 
 from app.node.malloc_arenas import release_freed_memory
 from app.receive import native
-from sink.parquet import FLAT_SCHEMA
+from sink import FLAT_SCHEMA
+from wal import TENANT_RULE, bad_tenant_char, is_valid_tenant
 
 __all__ = [
     "DEFAULT_TENANT",
     "JSON_CONTENT_TYPE",
-    "MAX_TENANT_BYTES",
     "PROTOBUF_CONTENT_TYPE",
     "BadRequest",
     "FlatBatch",
@@ -130,7 +130,6 @@ __all__ = [
 PROTOBUF_CONTENT_TYPE: Final = "application/x-protobuf"
 JSON_CONTENT_TYPE: Final = "application/json"
 DEFAULT_TENANT: Final = "default"
-MAX_TENANT_BYTES: Final = 128
 
 _PROTOBUF_MEDIA_TYPES: Final = frozenset({PROTOBUF_CONTENT_TYPE, "application/protobuf"})
 _GZIP_CODINGS: Final = frozenset({"gzip", "x-gzip"})
@@ -1149,38 +1148,30 @@ def success_body(rejected: int, message: str, json: bool) -> tuple[bytes, str]:
 
 # ── tenants ─────────────────────────────────────────────────────────────────────────
 
-# ASCII graphic characters (0x21-0x7E) except ':' (0x3A), '#' (0x23) and '/' (0x2F).
-_TENANT_CHARS: Final = r"\x21\x22\x24-\x2e\x30-\x39\x3b-\x7e"
-_TENANT_RE: Final = re.compile(f"[{_TENANT_CHARS}]{{1,{MAX_TENANT_BYTES}}}")
-_TENANT_BAD_CHAR_RE: Final = re.compile(f"[^{_TENANT_CHARS}]")
-_TENANT_RULE: Final = (
-    f"a tenant is 1 to {MAX_TENANT_BYTES} bytes of ASCII graphic characters "
-    "(0x21-0x7E) except ':', '#' and '/'"
-)
-
 
 def parse_tenant(value: str | bytes | None, open_mode: bool) -> str:
     """The tenant named by an `X-Ourios-Tenant` header (or `x-ourios-tenant` gRPC
     metadata). Without the header, open mode writes tenant `default`; with auth
     configured the header is required (`BadRequest`). An invalid name is `BadRequest`
-    naming the rule it breaks and quoting at most a short prefix of the value."""
+    naming the rule it breaks (`wal/tenant.py`'s, the one every part of the node checks)
+    and quoting at most a short prefix of the value."""
     if value is None:
         if open_mode:
             return DEFAULT_TENANT
-        raise BadRequest(f"the X-Ourios-Tenant header is required; {_TENANT_RULE}")
+        raise BadRequest(f"the X-Ourios-Tenant header is required; {TENANT_RULE}")
     # latin-1 maps each byte to one character, so byte positions and counts survive
     # and any byte >= 0x80 fails the character check below.
     text = value.decode("latin-1") if isinstance(value, bytes) else value
-    if _TENANT_RE.fullmatch(text):
+    if is_valid_tenant(text):
         return text
     if not text:
-        raise BadRequest(f"invalid tenant: empty; {_TENANT_RULE}")
-    bad = _TENANT_BAD_CHAR_RE.search(text)
+        raise BadRequest(f"invalid tenant: empty; {TENANT_RULE}")
+    bad = bad_tenant_char(text)
     if bad is not None:
         raise BadRequest(
-            f"invalid tenant {_echo(text)}: character {ascii(bad.group())} at offset "
-            f"{bad.start()} is not allowed; {_TENANT_RULE}"
+            f"invalid tenant {_echo(text)}: character {ascii(text[bad])} at offset "
+            f"{bad} is not allowed; {TENANT_RULE}"
         )
     raise BadRequest(
-        f"invalid tenant {_echo(text)}: {len(text)} bytes is over the limit; {_TENANT_RULE}"
+        f"invalid tenant {_echo(text)}: {len(text)} bytes is over the limit; {TENANT_RULE}"
     )

@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 from app.ingest.landed import LandedCheck  # noqa: E402
 from sink.store import LocalStore, ObjectStore, S3Store  # noqa: E402
 from tests.support.seaweed import S3Bucket, SeaweedS3  # noqa: E402
-from wal import IntentKind, IntentLog, IntentRecord, OsFs  # noqa: E402
+from wal import IntentLog, IntentRecord, ObjectKind, OsFs  # noqa: E402
 
 DAY = 20_425
 
@@ -53,7 +53,7 @@ def fixture(store: ObjectStore, wal: Path, n: int, ballast: int) -> None:
         for i in range(n):
             log.append(
                 IntentRecord(
-                    IntentKind.RECORDS,
+                    ObjectKind.RECORDS,
                     f"t{i % 32}",
                     _key(i),
                     DAY,

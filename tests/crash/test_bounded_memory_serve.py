@@ -22,9 +22,8 @@ printed (``BOUNDED_SEED`` reruns one).
 
 from __future__ import annotations
 
-import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow.compute as pc
@@ -35,9 +34,9 @@ from tests.support.ackload import AckLedger, AckLoad, Outcome
 from tests.support.crashrig import seed_from
 from tests.support.parquet_read import download_prefix
 from tests.support.procmem import MemorySampler
+from tests.support.scrape import try_scrape
 from tests.support.seaweed import S3Bucket, SeaweedS3
-from tests.support.serve import ServeProcess
-from tests.support.tools import require_tool
+from tests.support.serve import ServeProcess, poll_until
 from wal.intents import scan
 
 pytestmark = pytest.mark.slow
@@ -77,45 +76,20 @@ ENV = {
 }
 
 
-@pytest.fixture
-def seaweed(tmp_path: Path) -> Iterator[SeaweedS3]:
-    """A SeaweedFS of this test's own: it is killed and restarted."""
-    with SeaweedS3(require_tool("weed"), tmp_path / "seaweed") as server:
-        yield server
-
-
 def wait_for(condition: Callable[[], bool], what: str, detail: Callable[[], str]) -> None:
     """Poll a real external condition until it holds (bounded by ``DEADLINE_S``)."""
-    deadline = time.monotonic() + DEADLINE_S
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {DEADLINE_S:g} s: {what}\n{detail()}")
-        time.sleep(0.1)  # polling another process's state, not synchronising threads
+    poll_until(what, condition, deadline_s=DEADLINE_S, detail=detail, every_s=0.1)
 
 
 def metric(serve: ServeProcess, name: str) -> float:
     """The sum of one metric's samples (0 when the node does not answer)."""
-    status, text = serve.get("/metrics")
-    if status != 200:
-        return 0.0
-    return sum(
-        float(line.rpartition(" ")[2])
-        for line in text.decode().splitlines()
-        if line.startswith((f"{name} ", f"{name}{{"))
-    )
+    s = try_scrape(serve)
+    return s.total(name) if s is not None else 0.0
 
 
 def barrier_ok(serve: ServeProcess) -> float:
-    status, text = serve.get("/metrics")
-    if status != 200:
-        return 0.0
-    return sum(
-        float(line.rpartition(" ")[2])
-        for line in text.decode().splitlines()
-        if line.startswith("ourios_cadence_runs_total{")
-        and 'cadence="barrier"' in line
-        and 'outcome="ok"' in line
-    )
+    s = try_scrape(serve)
+    return s.total("ourios_cadence_runs_total", cadence="barrier", outcome="ok") if s else 0.0
 
 
 def wal_bytes(data: Path) -> int:

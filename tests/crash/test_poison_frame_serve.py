@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import os
 import re
-import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -35,7 +34,8 @@ from typing import Any
 from tests.support.ackload import AckLedger, AckLoad, Outcome
 from tests.support.noderig import request
 from tests.support.parquet_read import read_kind
-from tests.support.serve import ROOT, ServeProcess
+from tests.support.scrape import try_scrape
+from tests.support.serve import ROOT, ServeProcess, poll_until
 
 TENANTS = ("acme", "globex")
 VICTIM = "victim"
@@ -76,13 +76,7 @@ if os.environ.get("NOWEDGE4_POISON"):
 
 def _wait(what: str, check: Callable[[], Any], serve: ServeProcess) -> Any:
     """Poll a real process's observable state until ``check`` returns something truthy."""
-    deadline = time.monotonic() + DEADLINE_S
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(0.05)  # polling a live process's log, metrics and directory
-    raise AssertionError(f"no {what} within {DEADLINE_S} s:\n{serve.tail(60)}")
+    return poll_until(what, check, deadline_s=DEADLINE_S, detail=lambda: serve.tail(60))
 
 
 def _lsn(offset: object) -> int:
@@ -90,13 +84,9 @@ def _lsn(offset: object) -> int:
 
 
 def _checkpoint(serve: ServeProcess) -> int:
-    status, body = serve.get("/metrics")
-    m = (
-        re.search(rb"^ourios_wal_checkpoint_lsn_bytes (\S+)$", body, re.M)
-        if status == 200
-        else None
-    )
-    return int(float(m.group(1))) if m else -1
+    s = try_scrape(serve)
+    lsn = s.value("ourios_wal_checkpoint_lsn_bytes") if s else None
+    return int(lsn) if lsn is not None else -1
 
 
 def _segment_of(wal: Path, lsn: int) -> Path:

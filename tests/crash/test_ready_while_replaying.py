@@ -21,6 +21,7 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsSer
 
 from tests.support.ackload import AckLedger, AckLoad, Outcome, rid_of_body
 from tests.support.crashrig import seed_from
+from tests.support.scrape import scrape
 from tests.support.serve import ROOT, ServeProcess
 
 TENANTS = ("acme", "globex")
@@ -169,12 +170,7 @@ def test_issue15_a_sigkill_during_the_replay_loses_nothing_acknowledged(
 
 
 def _gauge(serve: ServeProcess, name: str) -> float | None:
-    status, text = serve.get("/metrics")
-    assert status == 200
-    for line in text.decode().splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    return None
+    return scrape(serve).value(name)
 
 
 def _wait_event(serve: ServeProcess, name: str, timeout: float = 120.0) -> None:

@@ -87,6 +87,7 @@ from tests.support.crashrig import (
     write_probe,
 )
 from tests.support.noderig import NodeRig, bodies_request
+from tests.support.scrape import try_scrape
 from tests.support.serve import ServeProcess
 from wal.inspection import inspect_root
 
@@ -330,14 +331,8 @@ def _rid_round(rid: str | None) -> int:
 
 
 def _metric(serve: ServeProcess, name: str) -> float | None:
-    status, text = serve.get("/metrics")
-    if status != 200:
-        return None
-    for line in text.decode().splitlines():
-        key, _, value = line.partition(" ")
-        if key == name:
-            return float(value)
-    return None
+    s = try_scrape(serve)
+    return s.value(name) if s else None
 
 
 # -- the real-process campaign ---------------------------------------------------------------

@@ -36,6 +36,7 @@ from tests.support.ackload import AckLedger, AckLoad, Outcome
 from tests.support.crashrig import seed_from
 from tests.support.noderig import request
 from tests.support.parquet_read import read_kind
+from tests.support.scrape import try_scrape
 from tests.support.serve import ROOT, ServeProcess
 
 TENANTS = ("acme", "globex")
@@ -76,9 +77,8 @@ if _mode and "--channel-fd" in sys.argv:  # a worker, not the core
 
 
 def _metric(serve: ServeProcess, name: str) -> float | None:
-    status, body = serve.get("/metrics")
-    m = re.search(rb"^" + name.encode() + rb" (\S+)$", body, re.M) if status == 200 else None
-    return float(m.group(1)) if m else None
+    s = try_scrape(serve)
+    return s.value(name) if s else None
 
 
 @pytest.mark.parametrize("fault", ["raises", "kills"])

@@ -36,6 +36,7 @@ import pytest
 
 from tests.support.ackload import AckLedger, AckLoad, Outcome, rid_of_body
 from tests.support.crashrig import release, seed_from
+from tests.support.scrape import scrape
 from tests.support.serve import ServeProcess
 
 TENANTS = ("acme", "globex", "initech")
@@ -156,13 +157,9 @@ class Campaign:
 
 
 def _metric(serve: ServeProcess, name: str) -> float:
-    status, text = serve.get("/metrics")
-    assert status == 200, f"/metrics answered {status}"
-    for line in text.decode().splitlines():
-        key, _, value = line.partition(" ")
-        if key == name:
-            return float(value)
-    raise AssertionError(f"/metrics has no {name}")
+    value = scrape(serve).value(name)
+    assert value is not None, f"/metrics has no {name}"
+    return value
 
 
 def _rows_of_round(objects: list[Path], round_number: int) -> int:

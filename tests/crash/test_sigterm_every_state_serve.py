@@ -30,7 +30,6 @@ keep it short); everything else waits on the process's own events. The seed is p
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import time
@@ -45,8 +44,9 @@ import pytest
 from tests.support.ackload import AckLedger, AckLoad, Outcome
 from tests.support.crashrig import seed_from
 from tests.support.parquet_read import download_prefix, read_kind
+from tests.support.scrape import try_scrape
 from tests.support.seaweed import S3Bucket, SeaweedS3
-from tests.support.serve import ROOT, ServeProcess
+from tests.support.serve import ROOT, ServeProcess, poll_until
 from tests.support.tmpfs import TmpfsMounts
 from tests.support.tools import require_tool
 
@@ -118,19 +118,12 @@ class Case:
 
 
 def _wait(what: str, check: Callable[[], Any], serve: ServeProcess) -> Any:
-    deadline = time.monotonic() + DEADLINE_S
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(0.05)  # polling a live process's events and metrics
-    raise AssertionError(f"no {what} within {DEADLINE_S} s:\n{serve.tail(60)}")
+    return poll_until(what, check, deadline_s=DEADLINE_S, detail=lambda: serve.tail(60))
 
 
 def _metric(serve: ServeProcess, name: str) -> float:
-    status, body = serve.get("/metrics")
-    m = re.search(rb"^" + name.encode() + rb" (\S+)$", body, re.M) if status == 200 else None
-    return float(m.group(1)) if m else 0.0
+    s = try_scrape(serve)
+    return (s.value(name) if s else None) or 0.0
 
 
 def _sigterm(serve: ServeProcess, then: Callable[[], None] | None = None) -> tuple[int, float]:

@@ -27,8 +27,7 @@ bucket's listing, acknowledgement counts); nothing sleeps to hope. The seed is p
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -36,9 +35,9 @@ import pytest
 from tests.support.ackload import AckLedger, AckLoad, Outcome
 from tests.support.crashrig import seed_from
 from tests.support.parquet_read import download_prefix, read_kind
+from tests.support.scrape import try_scrape
 from tests.support.seaweed import S3Bucket, SeaweedS3
-from tests.support.serve import ServeProcess
-from tests.support.tools import require_tool
+from tests.support.serve import ServeProcess, poll_until
 
 pytestmark = pytest.mark.slow
 
@@ -63,46 +62,21 @@ ENV = {
 }
 
 
-@pytest.fixture
-def seaweed(tmp_path: Path) -> Iterator[SeaweedS3]:
-    """A SeaweedFS of this test's own: it is killed and restarted, so not the shared one."""
-    with SeaweedS3(require_tool("weed"), tmp_path / "seaweed") as server:
-        yield server
-
-
 def wait_for(condition: Callable[[], bool], what: str, detail: Callable[[], str]) -> None:
     """Poll a real external condition until it holds (bounded by ``DEADLINE_S``)."""
-    deadline = time.monotonic() + DEADLINE_S
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {DEADLINE_S:g} s: {what}\n{detail()}")
-        time.sleep(0.1)  # polling another process's state, not synchronising threads
+    poll_until(what, condition, deadline_s=DEADLINE_S, detail=detail, every_s=0.1)
 
 
 def cadence(serve: ServeProcess, name: str, outcome: str) -> float:
     """``ourios_cadence_runs_total`` for one cadence and outcome, over every error type."""
-    status, text = serve.get("/metrics")
-    if status != 200:
-        return 0.0
-    total = 0.0
-    for line in text.decode().splitlines():
-        if line.startswith("ourios_cadence_runs_total{"):
-            labels, _, value = line.rpartition(" ")
-            if f'cadence="{name}"' in labels and f'outcome="{outcome}"' in labels:
-                total += float(value)
-    return total
+    s = try_scrape(serve)
+    return s.total("ourios_cadence_runs_total", cadence=name, outcome=outcome) if s else 0.0
 
 
 def publish_failures(serve: ServeProcess) -> float:
     """``ourios_sink_publish_failures_total`` over every kind and error type."""
-    status, text = serve.get("/metrics")
-    if status != 200:
-        return 0.0
-    return sum(
-        float(line.rpartition(" ")[2])
-        for line in text.decode().splitlines()
-        if line.startswith("ourios_sink_publish_failures_total{")
-    )
+    s = try_scrape(serve)
+    return s.total("ourios_sink_publish_failures_total") if s else 0.0
 
 
 def records_objects(bucket: S3Bucket) -> int:

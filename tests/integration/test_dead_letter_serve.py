@@ -11,7 +11,6 @@ Everything waits on the node's own events and metrics with a deadline.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,7 +18,8 @@ import pyarrow.parquet as pq
 
 from tests.support.noderig import request
 from tests.support.parquet_read import read_kind
-from tests.support.serve import ServeProcess
+from tests.support.scrape import try_scrape
+from tests.support.serve import ServeProcess, poll_until
 
 ENV = {
     "OURIOS_SERVER_WORKERS": "1",
@@ -33,24 +33,12 @@ DEADLINE_S = 60.0
 
 
 def wait_for(condition: Callable[[], bool], what: str, detail: Callable[[], str]) -> None:
-    deadline = time.monotonic() + DEADLINE_S
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {DEADLINE_S:g} s: {what}\n{detail()}")
-        time.sleep(0.1)  # polling another process's state, not synchronising threads
+    poll_until(what, condition, deadline_s=DEADLINE_S, detail=detail, every_s=0.1)
 
 
 def cuts_ok(serve: ServeProcess) -> float:
-    status, text = serve.get("/metrics")
-    if status != 200:
-        return 0.0
-    return sum(
-        float(line.rpartition(" ")[2])
-        for line in text.decode().splitlines()
-        if line.startswith("ourios_cadence_runs_total{")
-        and 'cadence="barrier"' in line
-        and 'outcome="ok"' in line
-    )
+    s = try_scrape(serve)
+    return s.total("ourios_cadence_runs_total", cadence="barrier", outcome="ok") if s else 0.0
 
 
 def post(serve: ServeProcess, tenant: str, tag: str) -> list[str]:

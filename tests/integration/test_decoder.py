@@ -10,13 +10,13 @@ protobuf request acknowledged and decoded either way.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.logs.v1 import logs_pb2
 
+from tests.support.scrape import scrape
 from tests.support.serve import ROOT, ServeProcess
 
 ENV = {"OURIOS_SERVER_WORKERS": "1", "OURIOS_SERVER_SHUTDOWN_GRACE_SECS": "5"}
@@ -50,24 +50,16 @@ def _request() -> bytes:
 
 
 def _build_info(node: ServeProcess) -> list[tuple[str, str]]:
-    status, text = node.get("/metrics")
-    assert status == 200
-    return re.findall(
-        r'^ourios_build_info\{decoder="(\w+)",version="([^"]+)"\} 1\.0$',
-        text.decode(),
-        re.MULTILINE,
-    )
+    return [
+        (s.labels["decoder"], s.labels["version"])
+        for s in scrape(node).samples("ourios_build_info")
+        if s.value == 1.0
+    ]
 
 
 def _ingested(node: ServeProcess) -> float:
-    status, text = node.get("/metrics")
-    assert status == 200
-    found = re.search(
-        r'^ourios_ingest_records_total\{outcome="ok",transport="http"\} (\S+)$',
-        text.decode(),
-        re.MULTILINE,
-    )
-    return float(found.group(1)) if found else 0.0
+    found = scrape(node).value("ourios_ingest_records_total", outcome="ok", transport="http")
+    return found or 0.0
 
 
 def test_native_2_serve_decodes_natively_by_default(tmp_path: Path) -> None:

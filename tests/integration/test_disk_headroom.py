@@ -34,6 +34,7 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsSer
 
 from app.node.server import EXIT_ROWS_LEFT
 from tests.support import S3Bucket, SeaweedS3
+from tests.support.scrape import scrape
 from tests.support.serve import ServeProcess
 from tests.support.tmpfs import TmpfsMounts
 from tests.support.tools import require_tool
@@ -89,12 +90,7 @@ def _env(bucket: S3Bucket | None, **extra: str) -> dict[str, str]:
 
 
 def _metric(server: ServeProcess, prefix: str) -> float | None:
-    status, body = server.get("/metrics")
-    assert status == 200
-    for line in body.decode().splitlines():
-        if line.startswith(prefix + " "):
-            return float(line.rsplit(" ", 1)[1])
-    return None
+    return scrape(server).series(prefix)
 
 
 def _wait(condition: Callable[[], bool], what: str, server: ServeProcess, timeout: float) -> None:

@@ -33,10 +33,9 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-import pytest
-
 from tests.support.noderig import request
 from tests.support.parquet_read import read_kind
+from tests.support.scrape import scrape
 from tests.support.serve import ROOT, ServeProcess
 from tests.support.tmpfs import TmpfsMounts
 
@@ -74,12 +73,7 @@ def _recovered(server: ServeProcess, count: int) -> object:
 
 
 def _metric(server: ServeProcess, line_prefix: str) -> float | None:
-    status, body = server.get("/metrics")
-    assert status == 200
-    for line in body.decode().splitlines():
-        if line.startswith(line_prefix + " "):
-            return float(line.rsplit(" ", 1)[1])
-    return None
+    return scrape(server).series(line_prefix)
 
 
 def test_a_real_full_disk_refuses_reclaims_and_resumes_without_a_restart(
@@ -106,17 +100,11 @@ def test_a_real_full_disk_refuses_reclaims_and_resumes_without_a_restart(
     ballast = mount / "ballast"
     # 0. no room to allocate the sidecars: the start fails naming the file; nothing serves
     _fill_to(mount, ballast, 0)
-    refused = ServeProcess(data, env)
-    try:
-        with pytest.raises(RuntimeError, match="exited with 1"):
-            refused.start(timeout=60)
-    finally:
-        refused.kill()
-    failed = refused.event("server.start_failed")
+    failed = ServeProcess(data, env).start_refused()
     # the first sidecar a fresh root allocates (PUBLISHED, then RECLAIM) is the one named
-    assert len(failed) == 1 and "PUBLISHED" in str(failed[0]["error"]), failed
-    assert "allocate" in str(failed[0]["error"]), failed
-    assert "No space left on device" in str(failed[0]["error"])
+    assert "PUBLISHED" in str(failed["error"]), failed
+    assert "allocate" in str(failed["error"]), failed
+    assert "No space left on device" in str(failed["error"])
     ballast.unlink()
     _fill_to(mount, ballast, STOP_WATER)  # room to open, not to admit
     acked: list[str] = []

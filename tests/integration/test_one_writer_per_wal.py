@@ -17,9 +17,8 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 from tests.support.noderig import request
+from tests.support.scrape import try_scrape
 from tests.support.serve import ROOT, ServeProcess
 
 ENV = {
@@ -57,8 +56,8 @@ def _turned(node: ServeProcess, timeout: float = 30.0) -> None:
     """Wait until every acknowledged frame has had its turn (the backlog gauge is 0)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        status, text = node.get("/metrics")
-        if status == 200 and "\nourios_ingest_backlog_frames 0.0\n" in text.decode():
+        s = try_scrape(node)
+        if s is not None and s.value("ourios_ingest_backlog_frames") == 0:
             return
         time.sleep(0.05)  # a real process's gauge: an external condition
     raise AssertionError(f"the backlog never emptied:\n{node.tail()}")
@@ -68,13 +67,8 @@ def _refused(data: Path, first: ServeProcess) -> ServeProcess:
     """Start a second node on ``data``; assert it refused, naming the directory and
     the holder's pid, and return it (reaped)."""
     second = ServeProcess(data, ENV)
-    try:
-        with pytest.raises(RuntimeError, match="exited with 1"):
-            second.start(timeout=60)
-    finally:
-        second.kill()
+    failed = second.start_refused()
     assert second.proc is not None and second.proc.returncode == 1
-    (failed,) = second.event("server.start_failed")
     assert failed["error_type"] == "data_dir_locked", failed
     assert first.proc is not None
     assert str(data) in failed["error"] and f"pid {first.proc.pid}" in failed["error"], failed

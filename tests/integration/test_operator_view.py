@@ -17,8 +17,8 @@ import sys
 import time
 from pathlib import Path
 
-from tests.integration.test_wal_telemetry import scrape, scrape_until
 from tests.support.noderig import request
+from tests.support.scrape import scrape, scrape_until
 from tests.support.serve import ROOT, TEST_RESERVE_BYTES, ServeProcess
 
 RFC3339 = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")

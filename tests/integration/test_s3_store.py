@@ -19,17 +19,9 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from sink import (
-    RecordColumns,
-    RecordRow,
-    S3Store,
-    encode_records,
-    from_url,
-    new_object_name,
-    parse_object_key,
-    records_key,
-)
-from sink.store import ObjectNotFound, RetryPolicy, StoreError
+from sink.keys import new_object_name, parse_object_key, records_key
+from sink.parquet import RecordColumns, RecordRow, encode_records
+from sink.store import ObjectNotFound, RetryPolicy, S3Store, StoreError, from_url
 from tests.support import S3Bucket, SeaweedS3
 
 PREFIX = "ourios/test"

@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from tests.support import S3Bucket, SeaweedS3
+from tests.support.scrape import scrape
 from tests.support.serve import ServeProcess
 
 ENV = {
@@ -96,24 +97,14 @@ def _pump(src: socket.socket, dst: socket.socket) -> None:
 
 
 def _metric(server: ServeProcess, name: str) -> float | None:
-    status, body = server.get("/metrics")
-    assert status == 200
-    for line in body.decode().splitlines():
-        if line.startswith(name + " "):
-            return float(line.rsplit(" ", 1)[1])
-    return None
+    return scrape(server).series(name)
 
 
 def _refused(tmp_path: Path, env: dict[str, str]) -> dict[str, object]:
     node = ServeProcess(tmp_path / "data", {**ENV, **env})
-    try:
-        with pytest.raises(RuntimeError, match="exited with 1"):
-            node.start(timeout=120)
-    finally:
-        node.close()
+    failed = node.start_refused(timeout=120)
     assert not node.event("server.listening")
     assert not (tmp_path / "data" / "wal").exists()  # refused before the WAL opened
-    (failed,) = node.event("server.start_failed")
     return failed
 
 

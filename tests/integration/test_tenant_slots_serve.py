@@ -17,6 +17,7 @@ from pathlib import Path
 from google.rpc import status_pb2
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 
+from tests.support.scrape import scrape
 from tests.support.serve import ServeProcess
 
 ENV = {"OURIOS_WAL_MAX_TENANTS": "2", "OURIOS_WAL_BARRIER_SECS": "1"}
@@ -29,17 +30,6 @@ def body(tag: str) -> bytes:
     rec.body.string_value = f"hello {tag}"
     data: bytes = req.SerializeToString()  # protobuf's generated classes are untyped
     return data
-
-
-def metrics(serve: ServeProcess) -> dict[str, float]:
-    status, text = serve.get("/metrics")
-    assert status == 200
-    out: dict[str, float] = {}
-    for line in text.decode().splitlines():
-        if line and not line.startswith("#"):
-            key, _, value = line.rpartition(" ")
-            out[key] = float(value)
-    return out
 
 
 def post(serve: ServeProcess, tenant: str) -> tuple[int, bytes, dict[str, str]]:
@@ -59,7 +49,7 @@ def test_rfc0055_9_5_tenant_capacity_on_the_wire_and_the_table_seeded_before_lis
         assert "'gamma'" in refusal.message and "2 of max_tenants=2" in refusal.message
         assert not refusal.details  # no RetryInfo
         assert post(serve, "alpha")[0] == 200  # held tenants are unaffected
-        m = metrics(serve)
+        m = scrape(serve)
         held = m['ourios_wal_tenants{state="held"}']
         reserved = m['ourios_wal_tenants{state="reserved"}']
         free = m['ourios_wal_tenants{state="free"}']
@@ -77,7 +67,7 @@ def test_rfc0055_9_5_tenant_capacity_on_the_wire_and_the_table_seeded_before_lis
         # the very first requests after the listeners opened
         assert post(again, "gamma")[0] == 503
         assert post(again, "beta")[0] == 200
-        m = metrics(again)
+        m = scrape(again)
         assert m['ourios_wal_tenants{state="held"}'] == 2
         again.wait_turned()  # a stop before the turn leaves frames to the WAL (exit 75)
         assert again.terminate() == 0
@@ -108,7 +98,7 @@ def test_bounded_4_an_open_mode_client_cannot_take_every_tenant_slot(tmp_path: P
         message = status_pb2.Status.FromString(raw).message
         assert "server.open_new_tenants_per_minute=60" in message
         assert post(serve, "default")[0] == 200  # held tenants are unaffected
-        m = metrics(serve)
+        m = scrape(serve)
         assert m['ourios_wal_tenants{state="reserved"}'] == 0
         assert m['ourios_wal_tenants{state="free"}'] >= 1024 - 100
         refused = (

@@ -20,13 +20,12 @@ the thread while /healthz and /readyz stayed 200 and stop-water refusals never l
 from __future__ import annotations
 
 import os
-import re
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 from tests.support.noderig import request
-from tests.support.serve import ROOT, ServeProcess
+from tests.support.scrape import try_scrape
+from tests.support.serve import ROOT, ServeProcess, poll_until
 
 DEADLINE_S = 60.0
 STOP_WATER = 1 << 20
@@ -75,21 +74,12 @@ def _set(control: Path, name: str, value: int) -> None:
 
 
 def _wait(what: str, check: Callable[[], object], serve: ServeProcess) -> object:
-    deadline = time.monotonic() + DEADLINE_S
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(0.05)  # polling a live process's events and endpoints
-    raise AssertionError(f"no {what} within {DEADLINE_S} s:\n{serve.tail(40)}")
+    return poll_until(what, check, deadline_s=DEADLINE_S, detail=lambda: serve.tail(40))
 
 
 def _metric(serve: ServeProcess, series: str) -> float | None:
-    status, body = serve.get("/metrics")
-    if status != 200:
-        return None
-    m = re.search(rf"^{re.escape(series)} (\S+)$", body.decode(), re.M)
-    return float(m.group(1)) if m else None
+    s = try_scrape(serve)
+    return s.series(series) if s else None
 
 
 def _post(serve: ServeProcess, tag: str) -> tuple[int, bytes]:

@@ -25,6 +25,7 @@ import pytest
 from opentelemetry.sdk.resources import Resource
 
 from tests.support.otel import ClientTls, grpc_client, grpc_export, http_client, sample_request
+from tests.support.scrape import Scrape
 from tests.support.serve import ServeProcess
 from tests.support.tlscerts import Authority, Pair, SecretVolume
 
@@ -133,9 +134,10 @@ def test_clone_5_metrics_port_serves_metrics_and_health_in_plaintext(tls_node: T
     _send(tls_node.trust, node)  # counted by /metrics, whichever process served them
     status, body = _plain_get(node.metrics_port, "/metrics")
     assert status == 200
+    scraped = Scrape.parse(body.decode())
     for transport in ("http", "grpc"):
-        line = f'ourios_ingest_records_total{{outcome="ok",transport="{transport}"}}'
-        assert line in body.decode(), body.decode()
+        ok = scraped.value("ourios_ingest_records_total", outcome="ok", transport=transport)
+        assert ok is not None, scraped.text
     assert _plain_get(node.metrics_port, "/healthz") == (200, b"ok\n")
     assert _plain_get(node.metrics_port, "/readyz") == (200, b"ready\n")
     assert _plain_get(node.metrics_port, "/v1/logs", "POST")[0] == 404  # no receiver here

@@ -17,84 +17,24 @@ from __future__ import annotations
 
 import socket
 import subprocess
-import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from prometheus_client import generate_latest
-from prometheus_client.parser import text_string_to_metric_families
-from prometheus_client.samples import Sample
 
 from app.node.config import load_settings
 from app.node.metrics import Metrics
 from app.receive.otlp import IngestRejection, Unavailable
 from tests.chart.test_alerts import ABSENT_WHEN_CLEAR, INTERFACE
 from tests.support.noderig import NodeRig, request
+from tests.support.scrape import Scrape, scrape, scrape_until
 from tests.support.serve import ServeProcess
 from tests.support.tools import require_tool
 from wal import RotationExhausted
 
 FAST_TIMERS = {"OURIOS_WAL_BARRIER_SECS": "1", "OURIOS_WAL_HOUSEKEEPING_SECS": "1"}
 HISTOGRAMS = [name for name, (kind, _) in INTERFACE.items() if kind == "histogram"]
-
-
-@dataclass(frozen=True)
-class Scrape:
-    """One exposition, parsed: families keyed by their interface name."""
-
-    text: str
-    families: dict[str, tuple[str, list[Sample]]]
-
-    @classmethod
-    def parse(cls, text: str) -> Scrape:
-        families: dict[str, tuple[str, list[Sample]]] = {}
-        for family in text_string_to_metric_families(text):
-            # The parser names a counter family without its _total; the interface
-            # (and every query) uses the series name.
-            name = f"{family.name}_total" if family.type == "counter" else family.name
-            families[name] = (family.type, list(family.samples))
-        return cls(text, families)
-
-    def samples(self, name: str) -> list[Sample]:
-        """The samples named ``name`` (a histogram's ``_bucket``/``_count`` included)."""
-        return [s for _, samples in self.families.values() for s in samples if s.name == name]
-
-    def value(self, name: str, **labels: str) -> float | None:
-        """The sample of ``name`` whose labels include ``labels`` (None when absent)."""
-        found = [
-            s.value
-            for s in self.samples(name)
-            if all(s.labels.get(k) == v for k, v in labels.items())
-        ]
-        assert len(found) <= 1, (name, labels, found)
-        return found[0] if found else None
-
-    def total(self, name: str) -> float:
-        """The sum over every series of ``name`` (0 when it has none yet)."""
-        return sum(s.value for s in self.samples(name))
-
-
-def scrape(server: ServeProcess) -> Scrape:
-    status, body = server.get("/metrics")
-    assert status == 200, (status, server.tail())
-    return Scrape.parse(body.decode())
-
-
-def scrape_until(
-    server: ServeProcess, done: Callable[[Scrape], bool], timeout: float = 20.0
-) -> Scrape:
-    """Poll the server's /metrics until ``done`` holds (an external process: polling
-    with a deadline is the only way to observe it)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        s = scrape(server)
-        if done(s):
-            return s
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not reached in {timeout} s; last scrape:\n{s.text}")
-        time.sleep(0.05)
 
 
 def post(server: ServeProcess, tag: str, n: int = 5) -> None:

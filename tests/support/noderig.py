@@ -39,7 +39,7 @@ from sink.buffers import Buffers
 from sink.deadletter import DeadLetter
 from sink.publisher import Publisher, StoreGate
 from sink.spool import Spiller, Spool
-from sink.store import FailingStore, MemoryStore
+from sink.testing import FailingStore, MemoryStore
 from tests.support.minerfaults import FaultPlan, FaultyMiners
 from wal import IntentLog, Journal, OsFs, WalConfig, WalOffset
 from wal.testing import FaultyFs, SimulatedCrash

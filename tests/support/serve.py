@@ -23,13 +23,17 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+from tests.support.scrape import try_scrape
 
 ROOT = Path(__file__).resolve().parents[2]
 #: the disk reserve a test node allocates unless the test sets its own (docstring)
 TEST_RESERVE_BYTES = 1 << 20
+
+_T = TypeVar("_T")
 
 
 class ServeProcess:
@@ -179,13 +183,12 @@ class ServeProcess:
         read as its failure. The deadline bounds a failure, it is not a pace."""
         end = time.monotonic() + deadline_s
         while True:
-            status, text = self.get("/metrics")
+            scraped = try_scrape(self)
             values = {}
-            if status == 200:
-                for line in text.decode().splitlines():
-                    name, _, value = line.partition(" ")
-                    if name in ("ourios_ingest_backlog_frames", "ourios_recovery_backlog_bytes"):
-                        values[name] = float(value)
+            for name in ("ourios_ingest_backlog_frames", "ourios_recovery_backlog_bytes"):
+                value = scraped.value(name) if scraped is not None else None
+                if value is not None:
+                    values[name] = value
             if values.get("ourios_ingest_backlog_frames") == 0 and not values.get(
                 "ourios_recovery_backlog_bytes"
             ):
@@ -249,6 +252,22 @@ class ServeProcess:
                 os.killpg(self.proc.pid, signal.SIGKILL)
         self._join_reader()
 
+    def start_refused(self, timeout: float = 60.0) -> dict[str, Any]:
+        """Start a node that must refuse to: it exits 1 before it listens. Returns its one
+        ``server.start_failed`` event, the node reaped and its session killed."""
+        try:
+            self.start(timeout=timeout)
+        except RuntimeError as exc:
+            if "exited with 1:" not in str(exc):
+                raise
+        else:
+            raise AssertionError(f"the node started:\n{self.tail()}")
+        finally:
+            self.close()
+        failed = self.event("server.start_failed")
+        assert len(failed) == 1, self.tail()
+        return failed[0]
+
     def _join_reader(self) -> None:
         if self._reader is not None:
             self._reader.join(10)
@@ -263,3 +282,26 @@ class ServeProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def poll_until(
+    what: str,
+    check: Callable[[], _T],
+    *,
+    deadline_s: float,
+    detail: Callable[[], str],
+    every_s: float = 0.05,
+) -> _T:
+    """Poll a real process's observable state (its events, metrics, data directory) until
+    ``check`` returns something truthy, and return it; after ``deadline_s`` fail naming
+    ``what`` and ``detail()`` (its log's tail, say), asking every ``every_s``. The
+    deadline bounds a failure, it is not a pace: an external process can only be observed
+    by asking again."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        got = check()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {what} within {deadline_s:g} s:\n{detail()}")
+        time.sleep(every_s)  # polling another process's state, not synchronising threads

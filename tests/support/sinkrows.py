@@ -9,8 +9,11 @@ from sink.buffers import NANOS_PER_DAY
 from sink.parquet import records_batch
 
 
-def frame_rows(tenant: str, day: int, lsn: int, n: int = 2) -> pa.RecordBatch:
-    """``n`` rows of ``tenant`` on ``day``, written by the frame ending at ``lsn``."""
+def frame_rows(
+    tenant: str, day: int, lsn: int, n: int = 2, *, template_id: int = 1, params: bool = False
+) -> pa.RecordBatch:
+    """``n`` rows of ``tenant`` on ``day``, written by the frame ending at ``lsn``, mined
+    to ``template_id`` (with one parameter each, ``str(k)``, when ``params``)."""
     ts = day * NANOS_PER_DAY
     return records_batch(
         {
@@ -25,8 +28,8 @@ def frame_rows(tenant: str, day: int, lsn: int, n: int = 2) -> pa.RecordBatch:
             "scope_name": [""] * n,
             "trace_id": [None] * n,
             "span_id": [None] * n,
-            "template_id": [1] * n,
-            "template_params": [[] for _ in range(n)],
+            "template_id": [template_id] * n,
+            "template_params": [[str(k)] if params else [] for k in range(n)],
             "record_index": list(range(n)),
             "wal_lsn": [lsn] * n,
         }

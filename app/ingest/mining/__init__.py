@@ -8,6 +8,7 @@ Each module is one concern, imported where it lives:
 * ``tenant_miner`` — ``TenantMiner``: one tenant's Drain tree, its search and its events.
 * ``template_ids`` — template ids and their allocators (``FileTemplateIdAllocator``).
 * ``snapshot`` — the bytes of a miner snapshot (``OMNR``), encoded and decoded.
+* ``rematch`` — re-matching records to a later version of their template.
 * ``miner_cluster`` — ``MinerCluster``: every tenant's miner on the node.
 * ``errors`` — the ``MinerError`` family all of the above raise.
 

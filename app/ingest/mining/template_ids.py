@@ -39,7 +39,7 @@ from app.ingest.mining.errors import (
     TemplateIdExhaustedError,
     TemplateIdStateError,
 )
-from wal.fs import Fs, OsFs
+from wal import Fs, OsFs
 
 __all__ = [
     "ALLOCATOR_MAGIC",

@@ -4,8 +4,9 @@ settlement's generation change discards what the old tree produced."""
 
 from __future__ import annotations
 
-from sink.buffers import NANOS_PER_DAY, Buffers, Kind, PublishOutcome
+from sink.buffers import NANOS_PER_DAY, Buffers, PublishOutcome
 from tests.support.sinkrows import frame_rows
+from wal import ObjectKind
 
 DAY = 20_000
 
@@ -52,7 +53,7 @@ def test_drain_all_puts_template_events_ahead_of_records() -> None:
     buffers.add_records("t", DAY, frame_rows("t", DAY, 5), wal_lsn=5, nbytes=1)
     buffers.add_audit("t", [event(1), event(2)], wal_lsn=5)
     out = buffers.drain_all("barrier")
-    assert [d.partition.kind for d in out] == [Kind.AUDIT, Kind.RECORDS]
+    assert [d.partition.kind for d in out] == [ObjectKind.AUDIT, ObjectKind.RECORDS]
     assert {d.reason for d in out} == {"barrier"}
     assert buffers.empty()
     assert buffers.unpublished_rows() == (2, 2)  # in flight, not settled: still unpublished
@@ -141,8 +142,8 @@ def test_staged_rows_never_size_trigger_and_seal_into_units() -> None:
     assert buffers.seal_staged("t") == 2
     out = buffers.drain_all("barrier")
     assert [(d.partition.kind, d.partition.deterministic) for d in out] == [
-        (Kind.AUDIT, True),
-        (Kind.RECORDS, True),
+        (ObjectKind.AUDIT, True),
+        (ObjectKind.RECORDS, True),
     ]
 
 
@@ -175,5 +176,5 @@ def test_a_records_publish_takes_its_buffered_template_events_first() -> None:
     assert records is not None
     taken, refused = buffers.audit_dependencies(records)
     assert not refused
-    assert [(d.partition.kind, d.reason) for d in taken] == [(Kind.AUDIT, "ordered")]
+    assert [(d.partition.kind, d.reason) for d in taken] == [(ObjectKind.AUDIT, "ordered")]
     assert buffers.empty()

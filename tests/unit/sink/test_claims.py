@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import time
 
-from sink.buffers import NANOS_PER_DAY, Buffers, Kind
+from sink.buffers import NANOS_PER_DAY, Buffers
 from sink.claims import Claim, claim_of
 from tests.support.sinkrows import frame_rows
+from wal import ObjectKind
 
 DAY = 20_000
 
@@ -22,7 +23,9 @@ def test_a_records_claim_is_the_set_of_frames_its_rows_came_from() -> None:
         b.add_records("t", DAY, frame_rows("t", DAY, lsn), wal_lsn=lsn, nbytes=1)
     (d,) = b.drain_all("barrier")
     claim = claim_of("t/records/k.parquet", d.partition)
-    assert claim == Claim("t/records/k.parquet", Kind.RECORDS, "t", DAY, frames=(100, 200, 300))
+    assert claim == Claim(
+        "t/records/k.parquet", ObjectKind.RECORDS, "t", DAY, frames=(100, 200, 300)
+    )
     assert claim.events == ()
 
 
@@ -41,6 +44,6 @@ def test_an_audit_claim_lists_each_event_in_row_order() -> None:
     b.add_audit("t", [(7, 3, "a <*> <*>", "changed", ts)], wal_lsn=60)
     (d,) = b.drain_all("barrier")
     claim = claim_of("t/audit/k.parquet", d.partition)
-    assert claim.kind is Kind.AUDIT and claim.tenant == "t" and claim.day == DAY
+    assert claim.kind is ObjectKind.AUDIT and claim.tenant == "t" and claim.day == DAY
     assert claim.events == ((50, 7, 2), (50, 3, 1), (60, 7, 3))
     assert claim.frames == ()

@@ -16,12 +16,13 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from sink.buffers import Buffers, Detached, Kind
+from sink.buffers import Buffers, Detached
 from sink.keys import audit_name_bytes, audit_object_name, retry_name_bytes
-from sink.parquet import records_batch
 from sink.publisher import Publisher
-from sink.store import FailingStore, MemoryStore
+from sink.testing import FailingStore, MemoryStore
+from tests.support.sinkrows import frame_rows
 from tests.unit.sink.test_publisher import DAY_NS, WAIT_S
+from wal import ObjectKind
 
 EVENTS = [(7, 2, "op <*> step <*>", "changed", DAY_NS), (7, 3, "op <*> <*> <*>", "changed", DAY_NS)]
 
@@ -30,26 +31,8 @@ def add_rows(buffers: Buffers, lsn: int, n: int = 3, *, staged: bool) -> Detache
     return buffers.add_records(
         "t",
         20_000,
-        records_batch(
-            {
-                "tenant": ["t"] * n,
-                "time_unix_nano": [DAY_NS] * n,
-                "observed_time_unix_nano": [DAY_NS] * n,
-                "severity_number": [9] * n,
-                "severity_text": ["INFO"] * n,
-                "body": [f"row {lsn} {k}" for k in range(n)],
-                "attributes": [[] for _ in range(n)],
-                "resource_attributes": [[] for _ in range(n)],
-                "scope_name": [""] * n,
-                "trace_id": [None] * n,
-                "span_id": [None] * n,
-                # another attempt's ids may differ: not part of the name
-                "template_id": [lsn] * n,
-                "template_params": [[str(k)] for k in range(n)],
-                "record_index": list(range(n)),
-                "wal_lsn": [lsn] * n,
-            }
-        ),
+        # another attempt's ids may differ: not part of the name
+        frame_rows("t", 20_000, lsn, n, template_id=lsn, params=True),
         wal_lsn=lsn,
         nbytes=1 << 20,  # over the size trigger every time
         staged=staged,
@@ -88,8 +71,8 @@ def test_nowedge_6_staged_rows_are_never_size_triggered_and_drain_as_units_audit
     assert buffers.seal_staged("t") == 2
     out = buffers.drain_all("barrier")
     assert [(d.partition.kind, d.partition.deterministic) for d in out] == [
-        (Kind.AUDIT, True),
-        (Kind.RECORDS, True),
+        (ObjectKind.AUDIT, True),
+        (ObjectKind.RECORDS, True),
     ]
     assert out[1].partition.records is not None
     assert out[1].partition.records.lsn_bounds() == (100, 200, 0, 2)

@@ -14,10 +14,11 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from sink.buffers import Buffers, Detached, Kind
+from sink.buffers import Buffers, Detached
 from sink.parquet import records_batch
 from sink.publisher import Publisher
-from sink.store import FailingStore, MemoryStore
+from sink.testing import FailingStore, MemoryStore
+from wal import ObjectKind
 
 DAY_NS = 20_000 * 86_400 * 1_000_000_000
 WAIT_S = 10.0
@@ -124,7 +125,7 @@ def test_a_refused_audit_write_refuses_its_records_and_both_requeue(
     add_rows(buffers, "t", 3, lsn=1)
     failing.fail(ops=("put",), nth=1)
     audit, records = buffers.drain_all("barrier")  # audit first, as every drain is
-    assert audit.partition.kind is Kind.AUDIT
+    assert audit.partition.kind is ObjectKind.AUDIT
 
     assert not publisher.publish(audit).ok
     outcome = publisher.publish(records)

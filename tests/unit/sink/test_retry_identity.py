@@ -28,7 +28,7 @@ from sink.keys import (
 )
 from sink.parquet import records_batch
 from sink.publisher import Publisher
-from sink.store import FailingStore, MemoryStore
+from sink.testing import FailingStore, MemoryStore
 
 DAY = 20_000
 DAY_NS = DAY * 86_400 * 1_000_000_000

@@ -29,7 +29,8 @@ from app.node.diskspace import DiskSpace
 from sink.buffers import Buffers, Detached
 from sink.publisher import STORE_UNAVAILABLE, Publisher, StoreGate, Ticket
 from sink.spool import OBJECT_TOO_LARGE, Spiller, Spool
-from sink.store import FailingStore, MemoryStore, StoreError
+from sink.store import StoreError
+from sink.testing import FailingStore, MemoryStore
 from tests.support.sinkrows import frame_rows
 from wal import IntentLog, OsFs
 

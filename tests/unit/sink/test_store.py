@@ -14,13 +14,13 @@ import pytest
 from sink.store import (
     InvalidKey,
     LocalStore,
-    MemoryStore,
     ObjectNotFound,
     ObjectStore,
     S3Store,
     StoreError,
     from_url,
 )
+from sink.testing import MemoryStore
 
 KEY = "records/tenant=acme%3Dprod/date=2024-05-01/ourios-0-x.parquet"
 

@@ -10,7 +10,7 @@ import time
 from sink.buffers import Buffers, Detached
 from sink.parquet import records_batch
 from sink.publisher import Publisher
-from sink.store import MemoryStore
+from sink.testing import MemoryStore
 
 DAY = 20_000
 DAY_NS = DAY * 86_400 * 1_000_000_000

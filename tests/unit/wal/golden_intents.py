@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from wal.intents import IntentKind, IntentRecord, encode_header, encode_record
+from wal.intents import IntentRecord, ObjectKind, encode_header, encode_record
 
 DATA = Path(__file__).parent / "data"
 
@@ -19,21 +19,21 @@ DATA = Path(__file__).parent / "data"
 def golden_records() -> list[IntentRecord]:
     return [
         IntentRecord(
-            IntentKind.RECORDS,
+            ObjectKind.RECORDS,
             "acme",
             "records/tenant=acme/date=2025-11-24/ourios-0-0190a3c2-7f1e-7b2a-9c4d-5e6f708192a3.parquet",
             20_416,
             frames=(4_096, 8_192, 1 << 40),
         ),
         IntentRecord(
-            IntentKind.AUDIT,
+            ObjectKind.AUDIT,
             "acme",
             "audit/tenant=acme/date=2025-11-24/ourios-0-0190a3c2-7f1e-7b2a-9c4d-5e6f708192a4.parquet",
             20_416,
             events=((8_192, (1 << 48) | 7, 1), (8_192, 3, 2)),
         ),
         IntentRecord(
-            IntentKind.RECORDS,
+            ObjectKind.RECORDS,
             "a:b",
             "records/tenant=a%3Ab/date=1970-01-01/ourios-0-0190a3c2-7f1e-7b2a-9c4d-5e6f708192a5.parquet",
             0,

@@ -13,10 +13,10 @@ from tests.unit.wal.golden_intents import DATA, golden_intents_file, golden_reco
 from wal import CorruptionError, OsFs
 from wal.intents import (
     HEADER_SIZE,
-    IntentKind,
     IntentLog,
     IntentRecord,
     IntentWriteError,
+    ObjectKind,
     encode_header,
     encode_record,
     scan,
@@ -26,7 +26,7 @@ from wal.testing import FaultyFs, SimulatedCrash
 
 def rec(lsn: int, tenant: str = "acme", key: str = "") -> IntentRecord:
     key = key or f"records/tenant={tenant}/date=2025-11-24/n-{lsn}.parquet"
-    return IntentRecord(IntentKind.RECORDS, tenant, key, 20_416, frames=(lsn, lsn + 100))
+    return IntentRecord(ObjectKind.RECORDS, tenant, key, 20_416, frames=(lsn, lsn + 100))
 
 
 def test_golden_intents_bytes_are_stable() -> None:
@@ -235,16 +235,16 @@ def test_a_trim_temp_left_by_a_crash_is_removed_at_open(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "bad",
     [
-        pytest.param(IntentRecord(IntentKind.RECORDS, "acme", "k", 1, frames=()), id="no_claim"),
+        pytest.param(IntentRecord(ObjectKind.RECORDS, "acme", "k", 1, frames=()), id="no_claim"),
         pytest.param(
-            IntentRecord(IntentKind.RECORDS, "acme", "k", 1, frames=(20, 10)), id="unordered"
+            IntentRecord(ObjectKind.RECORDS, "acme", "k", 1, frames=(20, 10)), id="unordered"
         ),
         pytest.param(
-            IntentRecord(IntentKind.AUDIT, "acme", "k", 1, frames=(1,), events=((1, 2, 3),)),
+            IntentRecord(ObjectKind.AUDIT, "acme", "k", 1, frames=(1,), events=((1, 2, 3),)),
             id="audit_with_frames",
         ),
-        pytest.param(IntentRecord(IntentKind.RECORDS, "", "k", 1, frames=(1,)), id="no_tenant"),
-        pytest.param(IntentRecord(IntentKind.RECORDS, "a", "", 1, frames=(1,)), id="no_key"),
+        pytest.param(IntentRecord(ObjectKind.RECORDS, "", "k", 1, frames=(1,)), id="no_tenant"),
+        pytest.param(IntentRecord(ObjectKind.RECORDS, "a", "", 1, frames=(1,)), id="no_key"),
     ],
 )
 def test_an_intent_that_cannot_be_stated_is_refused_before_anything_is_written(
@@ -279,7 +279,7 @@ def test_bounded_1_retracted_intents_leave_memory_at_once_and_the_file_at_compac
 
 def test_bounded_1_memory_holds_no_claims_and_equal_records_are_one(tmp_path: Path) -> None:
     log = IntentLog.open(OsFs(), tmp_path)
-    wide = IntentRecord(IntentKind.RECORDS, "acme", "k/one", 1, frames=tuple(range(1, 5000)))
+    wide = IntentRecord(ObjectKind.RECORDS, "acme", "k/one", 1, frames=tuple(range(1, 5000)))
     for _ in range(3):  # a spooled unit retried: one record
         log.append(wide)
     (entry,) = log.entries()

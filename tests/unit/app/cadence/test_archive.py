@@ -16,7 +16,8 @@ from app.cadence.archive import (
     check_archive_location,
 )
 from app.cli import wal as walcli
-from sink.store import FailingStore, LocalStore, MemoryStore
+from sink.store import LocalStore
+from sink.testing import FailingStore, MemoryStore
 from tests.support.walkit import SMALL, faulty, payload
 from wal import Journal, KnownHorizons, WalOffset
 from wal.reclamation import ArchiveError

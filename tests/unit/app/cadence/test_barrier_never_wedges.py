@@ -32,10 +32,10 @@ from app.cadence.sweep import AgeSweep
 from app.node.config import load_settings
 from app.node.metrics import Metrics
 from app.receive.otlp import decode_request, flatten
-from sink.buffers import Kind
 from tests.support.noderig import NodeRig, request, rids
 from tests.support.threads import Worker
 from tests.unit.app.cadence.test_barrier import BIG, fill_to_rotation
+from wal import ObjectKind
 
 #: every bounded wait in this file
 WAIT_S = 10.0
@@ -121,7 +121,7 @@ def test_nowedge_0_a_failed_audit_publish_redrained_by_a_pending_cut_releases_ev
         fill = fill_to_rotation(rig, "t", "f")
         pending = rig.barrier.pending
         assert pending is not None and pending.reason == "rotation"
-        redrained = [d for d in pending.batches if d.partition.kind is Kind.AUDIT]
+        redrained = [d for d in pending.batches if d.partition.kind is ObjectKind.AUDIT]
         assert redrained and min(d.partition.first_seq for d in redrained) == 1
         # t's only template events in flight: the running cut holds records alone
         flying = rig.buffers.in_flight.audit_upto("t", sys.maxsize)

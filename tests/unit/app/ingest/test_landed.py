@@ -23,11 +23,11 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsSer
 
 from app.ingest.landed import LandedCheck
 from app.receive.otlp import decode_request, flatten
-from sink.buffers import Detached, Kind
+from sink.buffers import Detached
 from sink.spool import Spiller
-from sink.store import FailingStore, MemoryStore
+from sink.testing import FailingStore, MemoryStore
 from tests.support.noderig import NodeRig, request, rids
-from wal import IntentKind, IntentLog, IntentRecord, OsFs
+from wal import IntentLog, IntentRecord, ObjectKind, OsFs
 
 NANOS_PER_DAY = 86_400 * 1_000_000_000
 
@@ -67,7 +67,7 @@ def drain_records(rig: NodeRig) -> list[Detached]:
     ahead of them) and hand back the records partitions, registered in flight."""
     out: list[Detached] = []
     for d in rig.buffers.drain_all("age"):
-        if d.partition.kind is Kind.AUDIT:
+        if d.partition.kind is ObjectKind.AUDIT:
             assert rig.publisher.publish(d).ok
         else:
             out.append(d)
@@ -317,9 +317,9 @@ def test_issue16_two_intents_for_one_key_suppress_only_what_both_claim() -> None
     store.put(key, b"x")
     absent = "records/tenant=acme/date=2025-11-24/n-2.parquet"
     intents = [
-        IntentRecord(IntentKind.RECORDS, "acme", key, 7, frames=(10, 20, 30)),
-        IntentRecord(IntentKind.RECORDS, "acme", key, 7, frames=(10, 30, 40)),
-        IntentRecord(IntentKind.RECORDS, "acme", absent, 7, frames=(50,)),
+        IntentRecord(ObjectKind.RECORDS, "acme", key, 7, frames=(10, 20, 30)),
+        IntentRecord(ObjectKind.RECORDS, "acme", key, 7, frames=(10, 30, 40)),
+        IntentRecord(ObjectKind.RECORDS, "acme", absent, 7, frames=(50,)),
     ]
     landed = LandedCheck(store, intents).run()
     assert landed is not None and (landed.checked, landed.present) == (2, 1)
@@ -399,7 +399,7 @@ def test_bounded_1_the_restart_check_lists_a_crowded_prefix_and_forgets_the_abse
         memory.put(key, b"x")
     lone = "records/tenant=globex/date=2025-11-24/rig-0-0190a3c2-7f1e-7b2a-9c4d-5e6f708192aa"
     intents = [
-        IntentRecord(IntentKind.RECORDS, key.split("=")[1].split("/")[0], key, 20_416, (10 + i,))
+        IntentRecord(ObjectKind.RECORDS, key.split("=")[1].split("/")[0], key, 20_416, (10 + i,))
         for i, key in enumerate([*keys, lone])
     ]
     absent: list[list[str]] = []

@@ -23,7 +23,7 @@ from app.node.recovery import recover
 from app.receive.otlp import FlatBatch, PayloadTooLarge, Unavailable, decode_request, flatten
 from sink.buffers import Buffers
 from sink.publisher import Publisher
-from sink.store import FailingStore, MemoryStore
+from sink.testing import FailingStore, MemoryStore
 from tests.support.walkit import faulty
 from wal import Journal, WalConfig
 from wal.testing import FaultyFs

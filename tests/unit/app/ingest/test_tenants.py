@@ -27,7 +27,7 @@ from app.ingest.tenants import (
     TurnResult,
 )
 from app.receive.otlp import PayloadTooLarge, Unavailable, decode_request, flatten
-from tests.support.noderig import NodeRig, rids
+from tests.support.noderig import NodeRig, rids, rig_factory
 from wal import AppendError, RotationExhausted, RotationKind, WalConfig
 
 WAIT_S = 10.0
@@ -39,16 +39,7 @@ def cfg(max_tenants: int) -> WalConfig:
 
 @pytest.fixture
 def make_rig(tmp_path: Path) -> Iterator[Callable[..., NodeRig]]:
-    rigs: list[NodeRig] = []
-
-    def make(**kwargs: object) -> NodeRig:
-        rig = NodeRig(tmp_path / f"node{len(rigs)}", **kwargs)  # type: ignore[arg-type]
-        rigs.append(rig)
-        return rig
-
-    yield make
-    for rig in rigs:
-        rig.close()
+    yield from rig_factory(tmp_path)
 
 
 # -- the table ---------------------------------------------------------------------------

@@ -25,7 +25,6 @@ from app.node.config import (
     WalSettings,
     available_cpus,
     default_workers,
-    is_valid_tenant,
     load_settings,
     load_tokens,
 )
@@ -938,27 +937,6 @@ def test_missing_tokens_file_is_refused(tmp_path: Path) -> None:
 def test_load_tokens_directly(tmp_path: Path) -> None:
     path = write_yaml(tmp_path / "t.yaml", {"t": ["a", "a", "b"]})
     assert load_tokens(path) == {"t": frozenset({"a", "b"})}
-
-
-@pytest.mark.parametrize(
-    ("tenant", "ok"),
-    [
-        ("default", True),
-        ("a", True),
-        ("x" * 128, True),
-        ("!~%.-_", True),
-        ("x" * 129, False),
-        ("", False),
-        ("a:b", False),
-        ("a#b", False),
-        ("a/b", False),
-        ("a b", False),
-        ("a\x7f", False),
-        ("é", False),
-    ],
-)
-def test_tenant_grammar(tenant: str, ok: bool) -> None:
-    assert is_valid_tenant(tenant) is ok
 
 
 # --- effective configuration ----------------------------------------------------------

@@ -22,7 +22,8 @@ from app.node.events import EventLog
 from app.node.recovery import recover
 from app.node.server import EXIT_ROWS_LEFT, Node, build_node, shutdown
 from app.receive.otlp import decode_request, flatten
-from sink.store import FailingStore, LocalStore
+from sink.store import LocalStore
+from sink.testing import FailingStore
 from tests.support.noderig import request
 from wal import CheckpointError
 

@@ -19,7 +19,8 @@ from app.node.storeprobe import (
     permanent,
     probe_at_start,
 )
-from sink.store import FailingStore, LocalStore, MemoryStore, StoreError
+from sink.store import LocalStore, StoreError
+from sink.testing import FailingStore, MemoryStore
 
 
 class Events:

@@ -23,7 +23,7 @@ from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.logs.v1 import logs_pb2
 
 from app.ingest.tenants import SettlementInProgress, TenantCapacity, TenantUnrecoverable
-from app.receive.api import IngestOutcome, ListenerBindError, StubPort
+from app.receive.api import IngestOutcome, ListenerBindError
 from app.receive.auth import Authenticator
 from app.receive.inflight import InflightBudget, ReceiverBounds
 from app.receive.otlp import (
@@ -34,6 +34,7 @@ from app.receive.otlp import (
     Unavailable,
 )
 from app.receive.otlp_grpc import EXPORT_METHOD, create_grpc_server
+from app.receive.testing import StubPort
 from tests.support.decode_slots import WatchedBudget, watch
 
 KiB = 1 << 10

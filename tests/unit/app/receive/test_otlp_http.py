@@ -38,7 +38,7 @@ from opentelemetry.proto.logs.v1 import logs_pb2
 
 from app.ingest.tenants import SettlementInProgress, TenantCapacity, TenantUnrecoverable
 from app.receive import otlp_http as http_receiver
-from app.receive.api import IngestOutcome, ListenerBindError, StubPort
+from app.receive.api import IngestOutcome, ListenerBindError
 from app.receive.auth import BEARER_CHALLENGE, Authenticator
 from app.receive.inflight import InflightBudget, ReceiverBounds
 from app.receive.otlp import (
@@ -59,6 +59,7 @@ from app.receive.otlp_http import (
     start_in_thread,
     stop_in_thread,
 )
+from app.receive.testing import StubPort
 from tests.support.decode_slots import WatchedBudget, watch
 
 PB = "application/x-protobuf"

@@ -6,7 +6,8 @@ import threading
 
 import pytest
 
-from sink.store import FailingStore, MemoryStore, ObjectStore, StoreError, StoreFaultKind
+from sink.store import ObjectStore, StoreError
+from sink.testing import FailingStore, MemoryStore, StoreFaultKind
 
 
 @pytest.fixture
