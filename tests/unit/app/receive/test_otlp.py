@@ -941,14 +941,18 @@ _json_scalars = (
         ]
     )  # fmt: skip
 )
-_json_values = st.recursive(
-    _json_scalars,
-    lambda children: (
-        st.lists(children, max_size=4)
-        | st.dictionaries(st.sampled_from(_OTLP_NAMES) | st.text(max_size=6), children, max_size=5)
-    ),
-    max_leaves=25,
-)
+
+
+def _json_containers(children: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    # a named function, not a lambda: hypothesis reads the source of `extend` to check
+    # that it uses its argument, and a multi-line lambda's source is not always found
+    # (a HypothesisDeprecationWarning, an error under filterwarnings, now and then)
+    return st.lists(children, max_size=4) | st.dictionaries(
+        st.sampled_from(_OTLP_NAMES) | st.text(max_size=6), children, max_size=5
+    )
+
+
+_json_values = st.recursive(_json_scalars, _json_containers, max_leaves=25)
 _any_value_docs = st.dictionaries(st.sampled_from(_ANY_VALUE_NAMES), _json_values, max_size=2)
 _kv_docs = st.lists(
     st.fixed_dictionaries({"key": st.text(max_size=4), "value": _any_value_docs}), max_size=3
