@@ -37,6 +37,7 @@ from typing import Final, NamedTuple
 import pyarrow as pa
 
 from app import points
+from app.base.gc_policy import collection_deferred
 from app.ingest.admission import Admission
 from app.ingest.cuts import Cut
 from app.ingest.mining.miner_cluster import MinerCluster
@@ -52,7 +53,6 @@ from app.ingest.settlement import (
 from app.ingest.shares import TurnShares
 from app.ingest.snapshots import SnapshotLedger, SnapshotState
 from app.ingest.tenants import Reservation, TenantTable, TenantUnrecoverable, TurnResult
-from app.node.gc_policy import collection_deferred
 from app.receive.api import IngestOutcome
 from app.receive.otlp import BadRequest, FlatBatch, IngestRejection, PayloadTooLarge, Unavailable
 from app.threads import Supervisor

@@ -42,7 +42,7 @@ import grpc
 from app.receive.otlp import IngestRejection, RequestLimits
 
 if TYPE_CHECKING:
-    from app.node.config import Settings
+    from app.base.config import Settings
 
 __all__ = [
     "RETRY_AFTER_S",

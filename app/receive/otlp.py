@@ -94,7 +94,7 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
     ExportLogsServiceResponse,
 )
 
-from app.node.malloc_arenas import release_freed_memory
+from app.base.malloc_arenas import release_freed_memory
 from app.receive import native
 from sink import FLAT_SCHEMA
 from wal import TENANT_RULE, bad_tenant_char, is_valid_tenant

@@ -36,9 +36,9 @@ from typing import Final
 
 import pyarrow as pa
 
-from app.node.config import ConfigError, load_settings
-from app.node.events import open_logs
-from app.node.gc_policy import freeze_long_lived_heap
+from app.base.config import ConfigError, load_settings
+from app.base.events import open_logs
+from app.base.gc_policy import freeze_long_lived_heap
 from app.receive import channel, native
 from app.receive.api import IngestOutcome
 from app.receive.auth import Authenticator
