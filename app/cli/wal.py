@@ -40,10 +40,11 @@ from pathlib import Path
 from typing import TextIO
 
 from app.base.diskspace import RESERVE_NAME
+from app.base.rejections import IngestRejection
 from app.ingest.snapshots import SUFFIX as SNAP_SUFFIX
 from app.ingest.snapshots import SnapshotError, decode_snapshot
 from app.node.datalock import LOCK_NAME, DataDirLock, DataDirLocked, DataDirLockError, read_holder
-from app.receive.otlp import IngestRejection, count_records, decode_request
+from app.receive.otlp import count_records, decode_request
 from wal import (
     SEGMENT_RE,
     OsFs,

@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.base.diskspace import DiskSpace
-from app.receive.otlp import Unavailable
+from app.base.rejections import Unavailable
 from wal import Journal, NoSpace
 
 

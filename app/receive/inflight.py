@@ -39,7 +39,8 @@ from typing import TYPE_CHECKING, Final
 
 import grpc
 
-from app.receive.otlp import IngestRejection, RequestLimits
+from app.base.rejections import IngestRejection
+from app.receive.otlp import RequestLimits
 
 if TYPE_CHECKING:
     from app.base.config import Settings
