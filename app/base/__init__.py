@@ -1,5 +1,6 @@
 """The ground floor: the vocabulary every floor of ``app`` speaks, importing none of them
-(DESIGN.md §2). The modules:
+(DESIGN.md §2). Named ``base``, not ``core``: "the core" here is the core process, and
+this floor is imported as much by the worker processes' receivers. The modules:
 
 * ``batch`` — ``FlatBatch``, one request's records as Arrow columns.
 * ``rejections`` — the ``IngestRejection`` family: a request refused with a status.

@@ -32,8 +32,6 @@ from app.base.rejections import (
     BadRequest,
     IngestRejection,
     PayloadTooLarge,
-    PermissionDenied,
-    Unauthenticated,
     Unavailable,
     UnsupportedMediaType,
 )
@@ -732,35 +730,6 @@ def test_unsupported_content_encoding(coding: str) -> None:
 # ── replies ─────────────────────────────────────────────────────────────────────────
 
 
-@pytest.mark.parametrize(
-    ("rejection", "http_status", "code", "error_type"),
-    [
-        (BadRequest("bad"), 400, grpc.StatusCode.INVALID_ARGUMENT, "bad_request"),
-        (
-            UnsupportedMediaType("type"),
-            415,
-            grpc.StatusCode.INVALID_ARGUMENT,
-            "unsupported_media_type",
-        ),
-        (PayloadTooLarge(8), 413, grpc.StatusCode.RESOURCE_EXHAUSTED, "payload_too_large"),
-        (Unauthenticated("who"), 401, grpc.StatusCode.UNAUTHENTICATED, "unauthenticated"),
-        (PermissionDenied("no"), 403, grpc.StatusCode.PERMISSION_DENIED, "permission_denied"),
-        (Unavailable("later"), 503, grpc.StatusCode.UNAVAILABLE, "unavailable"),
-    ],
-    ids=lambda v: type(v).__name__ if isinstance(v, IngestRejection) else None,
-)
-def test_rejection_classes_carry_their_codes(
-    rejection: IngestRejection, http_status: int, code: grpc.StatusCode, error_type: str
-) -> None:
-    assert isinstance(rejection, IngestRejection)
-    assert (rejection.http_status, rejection.grpc_code, rejection.error_type) == (
-        http_status,
-        code,
-        error_type,
-    )
-    assert rejection.retry_after is None
-
-
 def _decode_status(body: bytes, content_type: str, as_json: bool) -> Any:
     status = status_pb2.Status()
     if as_json:
@@ -803,11 +772,6 @@ def test_status_json_shape() -> None:
         "message": "busy",
         "details": [{"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "5s"}],
     }
-
-
-def test_negative_retry_after_is_a_programming_error() -> None:
-    with pytest.raises(ValueError):
-        Unavailable("x", retry_after=-1)
 
 
 @pytest.mark.parametrize("as_json", [False, True], ids=["protobuf", "json"])
