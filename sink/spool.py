@@ -18,7 +18,7 @@ take the rows back into memory at once (the crash loop of issue 21).
 
 Disk admission counts the spool like the WAL: each file's bytes are reported as written
 (``on_write``) and, when its object is in the store or its rows were dropped, as freed
-(``on_free``), so ``app.node.diskspace``'s figure sees it between two samples. A
+(``on_free``), so ``app.base.diskspace``'s figure sees it between two samples. A
 failed write leaves the rows in memory (the turn then waits for room, and admission's
 stop water refuses new batches on a full volume).
 

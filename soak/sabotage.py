@@ -894,12 +894,12 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "admission_by_the_last_sample_only",
         "admission refuses at stop water by the free space as of the last append (the "
         "last sample less what the node wrote since), never by the sample alone",
-        "app/node/diskspace.py",
+        "app/base/diskspace.py",
         "        return wal + self._reported - taken.reported",
         "        return 0",
         (
-            "tests/unit/app/node/test_diskspace.py::test_nowedge_1_the_figure_is_the_last_sample_less_what_the_node_wrote_since",
-            "tests/unit/app/node/test_diskspace.py::test_nowedge_1_admission_refuses_at_stop_water_by_the_figure_between_two_ticks",
+            "tests/unit/app/base/test_diskspace.py::test_nowedge_1_the_figure_is_the_last_sample_less_what_the_node_wrote_since",
+            "tests/unit/app/base/test_diskspace.py::test_nowedge_1_admission_refuses_at_stop_water_by_the_figure_between_two_ticks",
             "tests/integration/test_disk_headroom.py::test_nowedge_1_a_store_outage_under_load_never_eats_the_headroom",
         ),
     ),
@@ -911,29 +911,29 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "                floor = stop",
         (
             "tests/unit/app/ingest/test_admission.py::test_stop_water_refuses_new_batches_and_resumes_by_itself",
-            "tests/unit/app/node/test_diskspace.py::test_nowedge_1_admission_refuses_at_stop_water_by_the_figure_between_two_ticks",
+            "tests/unit/app/base/test_diskspace.py::test_nowedge_1_admission_refuses_at_stop_water_by_the_figure_between_two_ticks",
         ),
     ),
     Sabotage(
         "reserve_never_released",
         "a write that finds the volume full releases the emergency reserve and retries",
-        "app/node/diskspace.py",
+        "app/base/diskspace.py",
         "            if self.size == 0 or self._state is not ReserveState.IN_PLACE:\n                return 0",
         "            if True:\n                return 0",
         (
-            "tests/unit/app/node/test_diskspace.py::test_nowedge_2_the_reserve_is_made_at_start_released_on_enospc_and_made_again",
-            "tests/unit/app/node/test_diskspace.py::test_nowedge_2_a_snapshot_install_on_a_full_volume_takes_the_reserve",
+            "tests/unit/app/base/test_diskspace.py::test_nowedge_2_the_reserve_is_made_at_start_released_on_enospc_and_made_again",
+            "tests/unit/app/base/test_diskspace.py::test_nowedge_2_a_snapshot_install_on_a_full_volume_takes_the_reserve",
             "tests/integration/test_disk_headroom.py::test_nowedge_2_a_volume_filled_to_zero_recovers_without_a_restart",
         ),
     ),
     Sabotage(
         "released_reserve_not_owed",
         "a released reserve is owed: the WAL never gets its space before it is made again",
-        "app/node/diskspace.py",
+        "app/base/diskspace.py",
         "        return reserve.owed if reserve is not None and self.reserve_on_volume else 0",
         "        return 0",
         (
-            "tests/unit/app/node/test_diskspace.py::test_nowedge_2_the_reserve_is_made_at_start_released_on_enospc_and_made_again",
+            "tests/unit/app/base/test_diskspace.py::test_nowedge_2_the_reserve_is_made_at_start_released_on_enospc_and_made_again",
         ),
     ),
     Sabotage(
@@ -943,7 +943,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "            if not is_no_space(exc) or space is None:\n                raise",
         "            if True:\n                raise",
         (
-            "tests/unit/app/node/test_diskspace.py::test_nowedge_2_a_snapshot_install_on_a_full_volume_takes_the_reserve",
+            "tests/unit/app/base/test_diskspace.py::test_nowedge_2_a_snapshot_install_on_a_full_volume_takes_the_reserve",
             "tests/integration/test_disk_headroom.py::test_nowedge_2_a_volume_filled_to_zero_recovers_without_a_restart",
         ),
     ),
@@ -954,7 +954,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         '            if _local_error_type(exc) != "local_no_space" or ask is None:\n                raise',
         "            if True:\n                raise",
         (
-            "tests/unit/app/node/test_diskspace.py::test_nowedge_2_the_embedded_store_on_a_full_volume_takes_the_reserve",
+            "tests/unit/app/base/test_diskspace.py::test_nowedge_2_the_embedded_store_on_a_full_volume_takes_the_reserve",
             "tests/integration/test_disk_headroom.py::test_nowedge_2_a_volume_filled_to_zero_recovers_without_a_restart[file]",
         ),
     ),
@@ -1226,22 +1226,22 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "start_up_write_not_from_reserve",
         "a start-up write that finds no space takes the emergency reserve's",
-        "app/node/diskspace.py",
+        "app/base/diskspace.py",
         "    try:\n        return attempt()\n    except Exception as exc:\n        if not (reserve.on_volume",
         "    return attempt()\n    try:\n        return attempt()\n    except Exception as exc:\n        if not (reserve.on_volume",
         (
-            "tests/unit/app/node/test_diskspace.py::test_every_state_2_a_start_up_write_without_space_takes_the_reserve_once",
+            "tests/unit/app/base/test_diskspace.py::test_every_state_2_a_start_up_write_without_space_takes_the_reserve_once",
             "tests/integration/test_start_on_a_full_volume.py::test_every_state_2_a_restart_on_a_full_volume_starts",
         ),
     ),
     Sabotage(
         "small_volume_not_checked",
         "a volume no larger than the reserve and stop water refuses to start",
-        "app/node/diskspace.py",
+        "app/base/diskspace.py",
         "        if need and size <= need:\n",
         "        if need and size < 0:\n",
         (
-            "tests/unit/app/node/test_diskspace.py::test_every_state_2_a_volume_too_small_for_reserve_and_stop_water_is_refused",
+            "tests/unit/app/base/test_diskspace.py::test_every_state_2_a_volume_too_small_for_reserve_and_stop_water_is_refused",
             "tests/integration/test_start_on_a_full_volume.py::test_every_state_2_a_volume_smaller_than_reserve_and_stop_water_refuses_to_start",
         ),
     ),
@@ -1677,11 +1677,11 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "malloc_arenas_unbounded",
         "the core and its workers run with two malloc arenas unless the operator says",
-        "app/node/malloc_arenas.py",
+        "app/base/malloc_arenas.py",
         "DEFAULT_ARENAS = 2\n",
         "DEFAULT_ARENAS = 0\n",
         (
-            "tests/unit/app/node/test_malloc_arenas.py::test_bounded_1_arenas_default_to_two_and_the_workers_inherit_the_limit",
+            "tests/unit/app/base/test_malloc_arenas.py::test_bounded_1_arenas_default_to_two_and_the_workers_inherit_the_limit",
         ),
     ),
     # -- what an operator sees: logs and process metrics (issue 24) ---------------------

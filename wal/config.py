@@ -1,6 +1,6 @@
 """WAL configuration: every knob of DESIGN.md §8's ``wal`` section, with its range.
 
-The ranges live here once. ``app.node.config`` reads them from the field metadata to build
+The ranges live here once. ``app.base.config`` reads them from the field metadata to build
 the ``OURIOS_WAL_*`` settings, the chart's schema mirrors them, and ``Journal.open``
 validates them again (an ``InvalidConfig`` names the knob, the value and the range;
 nothing is ever clamped).

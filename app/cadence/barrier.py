@@ -44,11 +44,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from app import points
+from app.base.gc_policy import collection_deferred
 from app.ingest.cuts import Cut
 from app.ingest.landed import live_intent
 from app.ingest.settlement import SettleOutcome, SettleResult
 from app.ingest.snapshots import SnapshotLedger, SnapshotStore
-from app.node.gc_policy import collection_deferred
 from app.threads import Supervised, Supervisor, start_thread
 from wal import (
     AppendError,
@@ -309,7 +309,7 @@ class Barrier:
         p = self.pipeline
         started = time.perf_counter()
         # A collection the capture would trigger runs after the exclusion is released,
-        # not inside the hold (app/node/gc_policy.py).
+        # not inside the hold (app/base/gc_policy.py).
         with collection_deferred(), p.exclusion.exclusive():
             points.hit("barrier.after_quiesce")
             if rotate_idle:

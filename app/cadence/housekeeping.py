@@ -11,7 +11,7 @@ the single emitter of the floor's transitions (``wal.floor.pinned``/``wal.floor.
 exactly once each, when the categorical state changes).
 
 Each tick first samples free space on the WAL's filesystem (statfs; the only place it is
-sampled, never the append path) through ``app.node.diskspace.DiskSpace`` — which also
+sampled, never the append path) through ``app.base.diskspace.DiskSpace`` — which also
 re-creates a released emergency reserve once the sample shows room for it — and hands
 the figure (the sample less the reserve still owed) to ``Admission.observe`` with the
 WAL's no-space latch read just before; a latch it has not seen yet releases the reserve
@@ -33,9 +33,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from app import points
+from app.base.diskspace import DiskSpace, statvfs_free
 from app.ingest.admission import Admission, TickDecision
 from app.ingest.snapshots import SnapshotLedger
-from app.node.diskspace import DiskSpace, statvfs_free
 from app.threads import Supervised, Supervisor, start_thread
 from wal import FloorPinned, Journal, ReclaimError, ReclamationProgress, WalError, WalOffset
 

@@ -36,8 +36,8 @@ from importlib import metadata
 from pathlib import Path
 from types import ModuleType
 
-from app.node.config import SECTIONS, SETTINGS, ConfigError, Settings, load_settings
-from app.node.malloc_arenas import bound_malloc_arenas, disable_huge_pages
+from app.base.config import SECTIONS, SETTINGS, ConfigError, Settings, load_settings
+from app.base.malloc_arenas import bound_malloc_arenas, disable_huge_pages
 
 __all__ = ["main", "run_serve", "settings_help"]
 

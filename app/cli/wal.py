@@ -39,11 +39,12 @@ import time
 from pathlib import Path
 from typing import TextIO
 
+from app.base.diskspace import RESERVE_NAME
+from app.base.rejections import IngestRejection
 from app.ingest.snapshots import SUFFIX as SNAP_SUFFIX
 from app.ingest.snapshots import SnapshotError, decode_snapshot
 from app.node.datalock import LOCK_NAME, DataDirLock, DataDirLocked, DataDirLockError, read_holder
-from app.node.diskspace import RESERVE_NAME
-from app.receive.otlp import IngestRejection, count_records, decode_request
+from app.receive.otlp import count_records, decode_request
 from wal import (
     SEGMENT_RE,
     OsFs,
@@ -195,7 +196,7 @@ def inspect(directory: Path, out: TextIO) -> int:
 
 
 def _reserve_state(path: Path) -> str:
-    """The emergency reserve beside the WAL (``app.node.diskspace``), as an operator needs it."""
+    """The emergency reserve beside the WAL (``app.base.diskspace``), as an operator needs it."""
     try:
         st = path.stat()
     except FileNotFoundError:
@@ -251,7 +252,7 @@ def verify_archive(
     names: list[str], out: TextIO, *, config_file: Path | None = None, node: str | None = None
 ) -> int:
     """Fetch this node's archived segments from the configured store and verify each."""
-    from app.node.config import ConfigError, load_settings
+    from app.base.config import ConfigError, load_settings
     from sink import ObjectNotFound, StoreError, archive_key, from_url, node_identity
 
     try:

@@ -6,7 +6,7 @@ of the housekeeping cadence) and nothing is written. ``check`` reads state and n
 makes a system call: free space is sampled by the housekeeping tick (``observe``),
 never on the append path (segment-set seed §12.9).
 
-Free space means the figure of ``app.node.diskspace``: the last sample less what the node
+Free space means the figure of ``app.base.diskspace``: the last sample less what the node
 wrote since (WAL frames and segment files, snapshots, the embedded store's objects) and
 less the emergency reserve while it is released — the free space as of the last
 append. ``check`` reads it per request, so a WAL written faster than the cadence still
@@ -51,8 +51,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.node.diskspace import DiskSpace
-from app.receive.otlp import Unavailable
+from app.base.diskspace import DiskSpace
+from app.base.rejections import Unavailable
 from wal import Journal, NoSpace
 
 
@@ -100,7 +100,7 @@ class Admission:
         space: DiskSpace | None = None,
     ) -> None:
         self._journal = journal
-        #: the free space as of the last write (``app.node.diskspace``); None: samples only
+        #: the free space as of the last write (``app.base.diskspace``); None: samples only
         self.space = space
         self.low_water_bytes = low_water_bytes
         self.stop_water_bytes = stop_water_bytes

@@ -37,6 +37,9 @@ from typing import Final, NamedTuple
 import pyarrow as pa
 
 from app import points
+from app.base.batch import FlatBatch
+from app.base.gc_policy import collection_deferred
+from app.base.rejections import BadRequest, IngestRejection, PayloadTooLarge, Unavailable
 from app.ingest.admission import Admission
 from app.ingest.cuts import Cut
 from app.ingest.mining.miner_cluster import MinerCluster
@@ -52,9 +55,7 @@ from app.ingest.settlement import (
 from app.ingest.shares import TurnShares
 from app.ingest.snapshots import SnapshotLedger, SnapshotState
 from app.ingest.tenants import Reservation, TenantTable, TenantUnrecoverable, TurnResult
-from app.node.gc_policy import collection_deferred
 from app.receive.api import IngestOutcome
-from app.receive.otlp import BadRequest, FlatBatch, IngestRejection, PayloadTooLarge, Unavailable
 from app.threads import Supervisor
 from sink.buffers import NANOS_PER_DAY, Buffers, Detached
 from sink.parquet import assemble_records

@@ -93,12 +93,13 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from app import points
+from app.base.batch import FlatBatch
+from app.base.config import WalSettings
 from app.ingest.mining.miner_cluster import MinerCluster
 from app.ingest.mining.tenant_miner import MineResult, TenantMiner
 from app.ingest.snapshots import SnapshotLedger, SnapshotState
 from app.ingest.tenants import TenantTable
-from app.node.config import WalSettings
-from app.receive.otlp import FlatBatch, decode_flat
+from app.receive.otlp import decode_flat
 from sink import Buffers, Detached, Publisher
 from wal import (
     ConsumerMode,

@@ -45,7 +45,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from app.receive.otlp import Unavailable
+from app.base.rejections import Unavailable
 
 __all__ = ["TenantOverShare", "TurnShares"]
 

@@ -20,7 +20,7 @@ every writer (the barrier, the post-recovery write, shutdown), and only when the
 horizon is above the installed one (monotonic per tenant). A writer removes its own temp
 on any failure. Creating the directory fsyncs its parent.
 
-A full volume: a write that fails with ENOSPC asks ``app.node.diskspace`` to release the
+A full volume: a write that fails with ENOSPC asks ``app.base.diskspace`` to release the
 emergency reserve and, when that freed space, writes once more — snapshots are what
 reclamation needs most, and at zero free bytes nothing else would let a horizon advance.
 What a snapshot adds to the volume (less the one it replaced) is reported to the same
@@ -49,7 +49,7 @@ from typing import Final
 
 import crc32c
 
-from app.node.diskspace import DiskSpace
+from app.base.diskspace import DiskSpace
 from sink import decode_tenant, encode_tenant
 from wal import Fs, KnownHorizons, OsFs, WalOffset, is_no_space
 

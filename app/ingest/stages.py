@@ -46,9 +46,10 @@ from collections.abc import Callable, Iterable
 from typing import Final, TypeVar
 
 from app import points
+from app.base.batch import FlatBatch
+from app.base.rejections import IngestRejection, Unavailable
 from app.ingest.pipeline import Pipeline, Ticket
 from app.receive.api import IngestOutcome
-from app.receive.otlp import FlatBatch, IngestRejection, Unavailable
 from app.threads import Supervised, Supervisor, start_thread
 
 __all__ = ["Answer", "IngestBacklogFull", "LocalPort", "Stages", "TenantBacklogFull"]

@@ -52,7 +52,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from app.receive.otlp import Unavailable
+from app.base.rejections import Unavailable
 
 
 class NewTenantRate(Unavailable):

@@ -22,13 +22,13 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
+from app.base.config import Settings
 from app.cadence.archive import Archiver
 from app.cadence.housekeeping import Housekeeper
 from app.ingest.admission import Admission, Bound
 from app.ingest.mining.tenant_miner import state_bytes_bound
 from app.ingest.pipeline import LATCH_CLEAR, Pipeline
 from app.ingest.stages import Stages
-from app.node.config import Settings
 from app.node.recovery import Recovery
 from app.node.workers import Workers
 from app.receive import native

@@ -80,6 +80,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from app.base.batch import FlatBatch
 from app.ingest.landed import Landed, LandedCheck
 from app.ingest.mining.miner_cluster import MinerCluster
 from app.ingest.mining.template_ids import FileTemplateIdAllocator
@@ -88,7 +89,7 @@ from app.ingest.pipeline import Pipeline
 from app.ingest.settlement import ReplayGates
 from app.ingest.snapshots import SnapshotLedger, SnapshotState, SnapshotStore
 from app.node.frame_quarantine import keep_frame
-from app.receive.otlp import FlatBatch, decode_flat
+from app.receive.otlp import decode_flat
 from sink import ObjectStore, StoreError
 from wal import (
     HEADER_SIZE,

@@ -41,6 +41,17 @@ from pathlib import Path
 import uvicorn
 
 from app import points
+from app.base.config import EFFECTIVE_EVENT, Settings
+from app.base.diskspace import (
+    DiskSpace,
+    VolumeTooSmall,
+    check_volume,
+    from_reserve,
+    open_disk_space,
+    start_reserve,
+)
+from app.base.events import EventLog, open_logs
+from app.base.gc_policy import freeze_long_lived_heap
 from app.cadence.archive import ArchiveLocationError, Archiver, check_archive_location
 from app.cadence.barrier import Barrier, CutOutcome
 from app.cadence.housekeeping import Housekeeper
@@ -56,18 +67,7 @@ from app.ingest.shares import TurnShares
 from app.ingest.snapshots import SnapshotLedger, SnapshotStore, SnapshotStoreError
 from app.ingest.stages import LocalPort, Stages
 from app.ingest.tenants import TenantCountExceeded
-from app.node.config import EFFECTIVE_EVENT, Settings
 from app.node.datalock import DataDirLock, DataDirLocked, DataDirLockError
-from app.node.diskspace import (
-    DiskSpace,
-    VolumeTooSmall,
-    check_volume,
-    from_reserve,
-    open_disk_space,
-    start_reserve,
-)
-from app.node.events import EventLog, open_logs
-from app.node.gc_policy import freeze_long_lived_heap
 from app.node.metrics import Metrics
 from app.node.recovery import IsolatedFrame, Recovery
 from app.node.storeprobe import (

@@ -56,12 +56,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, Protocol
 
+from app.base.batch import FlatBatch
+from app.base.rejections import IngestRejection, Unavailable
 from app.ingest.stages import Stages
 from app.node.recovery import DecodeStopped, Undecodable
 from app.receive import channel
 from app.receive.api import IngestOutcome, ListenerBindError
 from app.receive.channel import ChannelClosed, Connection, Kind
-from app.receive.otlp import FlatBatch, IngestRejection, Unavailable
 from app.threads import Supervised, Supervisor, start_thread
 from sink.parquet import RecordColumns, encode_records
 

@@ -5,7 +5,7 @@ A receiver decodes, validates and authorizes a request, then hands the pipeline 
 things: the tenant, the WAL payload (the protobuf `ExportLogsServiceRequest` bytes the
 frame stores) and the flattened rows. `IngestPort.ingest` blocks until the covering fsync
 and the ingest turn are done, so a return value is the acknowledgement DESIGN.md §5.1
-requires ("WAL before ack") and a raised `app.receive.otlp.IngestRejection` is what the client
+requires ("WAL before ack") and a raised `app.base.rejections.IngestRejection` is what the client
 is told. Any other exception is a bug in the pipeline: the receivers answer it with
 500 / INTERNAL, log it, and keep serving.
 
@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from app.receive.otlp import FlatBatch
+from app.base.batch import FlatBatch
 
 __all__ = [
     "NO_OBSERVER",
@@ -86,7 +86,7 @@ class IngestPort(Protocol):
 
         Blocking; the HTTP receiver calls it from a worker thread, the gRPC receiver
         from its handler thread. `transport` is ``"http"`` or ``"grpc"`` (a metrics
-        label). Raises `app.receive.otlp.IngestRejection` subclasses for refusals:
+        label). Raises `app.base.rejections.IngestRejection` subclasses for refusals:
         `PayloadTooLarge` for a frame over `max_frame_bytes`, `Unavailable` for WAL
         failures and backpressure (`retry_after` set where DESIGN.md §7 gives a hint),
         `BadRequest`.

@@ -41,7 +41,8 @@ import hmac
 from collections.abc import Mapping
 from typing import Final
 
-from app.receive.otlp import PermissionDenied, Unauthenticated, parse_tenant
+from app.base.rejections import PermissionDenied, Unauthenticated
+from app.receive.otlp import parse_tenant
 
 __all__ = ["BEARER_CHALLENGE", "Authenticator", "BearerRejected"]
 

@@ -52,7 +52,8 @@ from typing import Final
 import grpc
 import pyarrow as pa
 
-from app.receive.otlp import FlatBatch, IngestRejection
+from app.base.batch import FlatBatch
+from app.base.rejections import IngestRejection
 from sink.parquet import FLAT_SCHEMA, RECORDS_SCHEMA
 
 __all__ = [

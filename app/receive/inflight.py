@@ -39,10 +39,11 @@ from typing import TYPE_CHECKING, Final
 
 import grpc
 
-from app.receive.otlp import IngestRejection, RequestLimits
+from app.base.rejections import IngestRejection
+from app.receive.otlp import RequestLimits
 
 if TYPE_CHECKING:
-    from app.node.config import Settings
+    from app.base.config import Settings
 
 __all__ = [
     "RETRY_AFTER_S",

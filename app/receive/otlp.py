@@ -46,28 +46,9 @@ upper-case hex ids; fields the record columns do not carry (`flags`, `event_name
 `dropped_attributes_count`, `schema_url`, scope version/attributes): kept in the WAL,
 not flattened.
 
-Errors and codes (DESIGN.md §7)::
-
-    IngestRejection              http  grpc                 error_type
-    ├── BadRequest                400  INVALID_ARGUMENT     bad_request
-    ├── RequestLimitExceeded      400  INVALID_ARGUMENT     the limit (max_…)
-    ├── UnsupportedMediaType      415  INVALID_ARGUMENT     unsupported_media_type
-    ├── PayloadTooLarge           413  RESOURCE_EXHAUSTED   payload_too_large
-    ├── Unauthenticated           401  UNAUTHENTICATED      unauthenticated
-    ├── PermissionDenied          403  PERMISSION_DENIED    permission_denied
-    └── Unavailable               503  UNAVAILABLE          unavailable (retry_after: hint)
-
-(`app.receive.inflight` adds `Overloaded`, 503 / RESOURCE_EXHAUSTED with a Retry-After,
-and `BodyTimeout`, 408.) What one request may expand to is `RequestLimits`: every
-decoder enforces that one object (its docstring).
-
-415 maps to INVALID_ARGUMENT: the client chose a content type or coding this server does
-not accept, which is a property of the request, and OTLP clients treat both 415 and
-INVALID_ARGUMENT as permanent. UNIMPLEMENTED would tell a gRPC client the method does
-not exist (HTTP 501 in google.rpc.Code's mapping); on the gRPC transport grpcio itself
-answers an unsupported `grpc-encoding`, so this class is only ever raised for HTTP.
-PayloadTooLarge carries no RetryInfo: without one OTLP clients do not retry
-RESOURCE_EXHAUSTED, and resending the same batch would fail the same way.
+The refusals are the `IngestRejection` family (`app.base.rejections`: its docstring
+maps each to its HTTP status and gRPC code). What one request may expand to is
+`RequestLimits`: every decoder enforces that one object (its docstring).
 """
 
 from __future__ import annotations
@@ -81,9 +62,8 @@ import re
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar, Final
+from typing import Any, Final
 
-import grpc
 import pyarrow as pa
 import pyarrow.compute as pc
 from google.protobuf import json_format  # type: ignore[import-untyped]
@@ -94,7 +74,15 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
     ExportLogsServiceResponse,
 )
 
-from app.node.malloc_arenas import release_freed_memory
+from app.base.batch import FlatBatch
+from app.base.malloc_arenas import release_freed_memory
+from app.base.rejections import (
+    BadRequest,
+    IngestRejection,
+    PayloadTooLarge,
+    RequestLimitExceeded,
+    UnsupportedMediaType,
+)
 from app.receive import native
 from sink import FLAT_SCHEMA
 from wal import TENANT_RULE, bad_tenant_char, is_valid_tenant
@@ -103,16 +91,7 @@ __all__ = [
     "DEFAULT_TENANT",
     "JSON_CONTENT_TYPE",
     "PROTOBUF_CONTENT_TYPE",
-    "BadRequest",
-    "FlatBatch",
-    "IngestRejection",
-    "PayloadTooLarge",
-    "PermissionDenied",
-    "RequestLimitExceeded",
     "RequestLimits",
-    "Unauthenticated",
-    "Unavailable",
-    "UnsupportedMediaType",
     "count_records",
     "decode_batch",
     "decode_flat",
@@ -145,117 +124,7 @@ _EMPTY: Final = pa.RecordBatch.from_arrays(
 _MAX_MESSAGE_CHARS: Final = 512
 
 
-# ── errors ──────────────────────────────────────────────────────────────────────────
-
-
-class IngestRejection(Exception):
-    """A request refused with a status the client is told.
-
-    Subclasses set the class attributes; `message` is what the client reads, and
-    `retry_after` (seconds) becomes a `Retry-After` header and a RetryInfo detail.
-    """
-
-    http_status: ClassVar[int] = 500
-    grpc_code: ClassVar[grpc.StatusCode] = grpc.StatusCode.INTERNAL
-    #: the class of refusal on the counters' ``error_type`` label; a refusal raised for
-    #: a lower layer's error carries that error's own type
-    error_type: str = "internal"
-
-    def __init__(
-        self, message: str, *, retry_after: int | None = None, error_type: str | None = None
-    ) -> None:
-        if retry_after is not None and retry_after < 0:
-            raise ValueError(f"retry_after must be >= 0 seconds, got {retry_after}")
-        super().__init__(message)
-        self.message = message
-        self.retry_after = retry_after
-        #: the records of the refused request when it was decoded (the refused-records
-        #: counter), else 0
-        self.records = 0
-        if error_type is not None:
-            self.error_type = error_type
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.message!r}, retry_after={self.retry_after!r})"
-
-
-class BadRequest(IngestRejection):
-    """The request cannot be decoded or is invalid; resending it fails the same way."""
-
-    http_status = 400
-    grpc_code = grpc.StatusCode.INVALID_ARGUMENT
-    error_type = "bad_request"
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-
-
-class UnsupportedMediaType(IngestRejection):
-    """A content type or content coding this server does not decode."""
-
-    http_status = 415
-    grpc_code = grpc.StatusCode.INVALID_ARGUMENT
-    error_type = "unsupported_media_type"
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-
-
-class PayloadTooLarge(IngestRejection):
-    """The decompressed request exceeds `limit` bytes (a WAL frame's payload bound)."""
-
-    http_status = 413
-    grpc_code = grpc.StatusCode.RESOURCE_EXHAUSTED
-    error_type = "payload_too_large"
-
-    def __init__(self, limit: int) -> None:
-        super().__init__(f"request body exceeds the limit of {limit} bytes (decompressed)")
-        self.limit = limit
-
-
-class Unauthenticated(IngestRejection):
-    """No bearer token, or one that is not configured."""
-
-    http_status = 401
-    grpc_code = grpc.StatusCode.UNAUTHENTICATED
-    error_type = "unauthenticated"
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-
-
-class PermissionDenied(IngestRejection):
-    """The token may not write the requested tenant."""
-
-    http_status = 403
-    grpc_code = grpc.StatusCode.PERMISSION_DENIED
-    error_type = "permission_denied"
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-
-
-class Unavailable(IngestRejection):
-    """A transient refusal; `retry_after` is given only where DESIGN.md §7 has a hint."""
-
-    http_status = 503
-    grpc_code = grpc.StatusCode.UNAVAILABLE
-    error_type = "unavailable"
-
-
-class RequestLimitExceeded(IngestRejection):
-    """The request would expand past one of `RequestLimits` (DESIGN.md §7): refused
-    before the expansion costs memory, naming the setting. Resending it fails the same
-    way. ``error_type`` is the limit's name (``max_attributes_per_request``, …), so the
-    refusal counters say which limit refused."""
-
-    http_status = 400
-    grpc_code = grpc.StatusCode.INVALID_ARGUMENT
-
-    def __init__(self, limit: str, bound: int, value: int, what: str) -> None:
-        super().__init__(f"{what} is {value}, over server.{limit}={bound}", error_type=limit)
-        self.limit = limit
-        self.bound = bound
+# ── request limits ──────────────────────────────────────────────────────────────────
 
 
 @dataclass(frozen=True, slots=True)
@@ -745,47 +614,6 @@ def count_records(req: ExportLogsServiceRequest) -> int:
 
 
 # ── flattening ──────────────────────────────────────────────────────────────────────
-
-
-@dataclass(frozen=True, eq=False, slots=True)
-class FlatBatch:
-    """The records of one request as Arrow columns (``sink.parquet.FLAT_SCHEMA``, the
-    record columns the decoder fills; DESIGN.md §3), in request order.
-
-    `body` and attribute values are strings: a non-string AnyValue is JSON-encoded
-    (ints as numbers, doubles as numbers or "NaN"/"Infinity"/"-Infinity", bytes as
-    base64 strings, arrays as arrays, kvlists as objects, an unset value as null), and
-    an unset top-level body or attribute value is "". An attribute map has unique keys:
-    a duplicated key keeps its first position and its last value, because a map column
-    with duplicate keys is not readable by every engine. `trace_id`/`span_id` are
-    lower-case hex, null when empty. `record_index` is the record's position in the
-    whole request. The tenant is the same for every row, so it is kept once; the turn
-    adds it with the template and WAL columns (``sink.parquet.assemble_records``).
-    """
-
-    tenant: str
-    columns: pa.RecordBatch
-
-    def __len__(self) -> int:
-        return int(self.columns.num_rows)
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, FlatBatch):
-            return NotImplemented
-        return self.tenant == other.tenant and bool(self.columns.equals(other.columns))
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def column(self, name: str) -> list[Any]:
-        """One column's values as Python objects (maps as lists of pairs): the miner's
-        bodies, and tests; the turn itself keeps the Arrow arrays."""
-        values: list[Any] = self.columns.column(name).to_pylist()
-        return values
-
-    @property
-    def bodies(self) -> list[str]:
-        """The bodies as strings, in order: what the tenant's miner takes."""
-        return self.column("body")
 
 
 def empty_batch(tenant: str) -> FlatBatch:

@@ -58,18 +58,11 @@ from typing import Any, Final
 
 import grpc
 
+from app.base.rejections import BadRequest, IngestRejection, PayloadTooLarge
 from app.receive.api import NO_OBSERVER, IngestObserver, IngestPort, ListenerBindError
 from app.receive.auth import Authenticator
 from app.receive.inflight import ReceiverBounds, default_bounds
-from app.receive.otlp import (
-    PROTOBUF_CONTENT_TYPE,
-    BadRequest,
-    IngestRejection,
-    PayloadTooLarge,
-    decode_batch,
-    status_body,
-    success_body,
-)
+from app.receive.otlp import PROTOBUF_CONTENT_TYPE, decode_batch, status_body, success_body
 
 __all__ = ["EXPORT_METHOD", "LOGS_SERVICE", "create_grpc_server"]
 

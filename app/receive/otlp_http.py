@@ -85,6 +85,8 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from app.base.batch import FlatBatch
+from app.base.rejections import BadRequest, IngestRejection, PayloadTooLarge, UnsupportedMediaType
 from app.receive.api import (
     NO_OBSERVER,
     IngestObserver,
@@ -97,11 +99,6 @@ from app.receive.inflight import BodyTimeout, Overloaded, ReceiverBounds, Ticket
 from app.receive.otlp import (
     JSON_CONTENT_TYPE,
     PROTOBUF_CONTENT_TYPE,
-    BadRequest,
-    FlatBatch,
-    IngestRejection,
-    PayloadTooLarge,
-    UnsupportedMediaType,
     _echo,
     decode_batch,
     decompress,

@@ -11,8 +11,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from app.base.batch import FlatBatch
 from app.receive.api import IngestOutcome
-from app.receive.otlp import FlatBatch
 
 __all__ = ["IngestCall", "StubPort"]
 

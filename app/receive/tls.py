@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from app.node.config import Settings
+from app.base.config import Settings
 
 __all__ = ["ServerTls", "TlsError", "TlsFiles", "server_tls"]
 

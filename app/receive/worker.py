@@ -36,15 +36,17 @@ from typing import Final
 
 import pyarrow as pa
 
-from app.node.config import ConfigError, load_settings
-from app.node.events import open_logs
-from app.node.gc_policy import freeze_long_lived_heap
+from app.base.batch import FlatBatch
+from app.base.config import ConfigError, load_settings
+from app.base.events import open_logs
+from app.base.gc_policy import freeze_long_lived_heap
+from app.base.rejections import IngestRejection, Unavailable
 from app.receive import channel, native
 from app.receive.api import IngestOutcome
 from app.receive.auth import Authenticator
 from app.receive.channel import ChannelClosed, Connection, Kind
 from app.receive.inflight import receiver_bounds
-from app.receive.otlp import FlatBatch, IngestRejection, Unavailable, decode_flat
+from app.receive.otlp import decode_flat
 from app.receive.otlp_grpc import create_grpc_server
 from app.receive.otlp_http import create_http_app, http_server
 from app.receive.tls import TlsError, server_tls

@@ -12,7 +12,7 @@ In-process on ``tests/support/noderig.NodeRig`` (a real journal on plain ``OsFs`
 the fault seam's op log would grow a heap production never has; the real pipeline,
 buffers, miners, barrier and snapshot store; an in-memory object store), with the heap
 built by the warm-up frozen out of the cyclic collector as ``ourios serve`` does after
-recovery (``app.node.gc_policy.freeze_long_lived_heap``): a full collection holds the GIL, so
+recovery (``app.base.gc_policy.freeze_long_lived_heap``): a full collection holds the GIL, so
 one landing in a capture lengthens the hold, and its cost is the tracked heap's size.
 Partitions are tenant × UTC day: ``T`` tenants (``--tenants``, at most P) each post
 requests whose records are spread over ``D = P / T`` distinct days, so one request per
@@ -78,9 +78,9 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (  # noqa: E4
     ExportLogsServiceRequest,
 )
 
+from app.base.gc_policy import freeze_long_lived_heap  # noqa: E402
 from app.ingest.cuts import Cut  # noqa: E402
 from app.ingest.pipeline import ReadWriteLock  # noqa: E402
-from app.node.gc_policy import freeze_long_lived_heap  # noqa: E402
 from app.receive.otlp import decode_request, flatten  # noqa: E402
 from sink.buffers import NANOS_PER_DAY, PublishOutcome  # noqa: E402
 from tests.support.noderig import NodeRig  # noqa: E402

@@ -41,14 +41,8 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsSer
 from starlette.requests import Request
 from starlette.responses import Response
 
-from app.receive.otlp import (
-    IngestRejection,
-    decode_request,
-    decompress,
-    flatten,
-    parse_tenant,
-    status_body,
-)
+from app.base.rejections import IngestRejection
+from app.receive.otlp import decode_request, decompress, flatten, parse_tenant, status_body
 
 Work = Literal["null", "decode", "flatten"]
 WORKS: Final[tuple[Work, ...]] = ("null", "decode", "flatten")

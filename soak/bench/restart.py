@@ -75,8 +75,8 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (  # noqa: E4
     ExportLogsServiceRequest,
 )
 
-from app.node.config import load_settings  # noqa: E402
-from app.node.events import EventLog  # noqa: E402
+from app.base.config import load_settings  # noqa: E402
+from app.base.events import EventLog  # noqa: E402
 from app.node.recovery import recover  # noqa: E402
 from app.node.server import Node, build_node  # noqa: E402
 from app.receive.otlp import decode_request, flatten  # noqa: E402

@@ -14,7 +14,7 @@ What is checked:
   valid for the newest Kubernetes kubernetes-validate knows and for the chart's minimum
   (CRD kinds have no schema there: their metadata is validated as ObjectMeta, the
   ServiceMonitor against the Service it selects, the PrometheusRule with promtool);
-- values.schema.json is generated from app/node/config.py and up to date, carries the app's
+- values.schema.json is generated from app/base/config.py and up to date, carries the app's
   ranges, refuses out-of-range values at ``helm template``, and values.yaml holds the
   app's defaults; the rules between settings refuse in the chart exactly when the app
   refuses;
@@ -50,7 +50,7 @@ from kubernetes_validate.utils import (  # type: ignore[import-untyped]
     latest_version,
 )
 
-from app.node.config import SETTINGS, Kind, Setting
+from app.base.config import SETTINGS, Kind, Setting
 from scripts import gen_chart_schema
 from tests.support.otel import sample_request
 from tests.support.seaweed import S3Bucket, SeaweedS3

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from app.node.config import SETTINGS
+from app.base.config import SETTINGS
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"

@@ -35,9 +35,9 @@ from pathlib import Path
 from google.rpc import status_pb2
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 
+from app.base.config import load_settings
 from app.ingest.mining.tenant_miner import snapshot_bytes_bound
 from app.ingest.snapshots import HEADER_SIZE
-from app.node.config import load_settings
 from app.node.server import miner_bounds
 from soak.bench.loadgen import HttpConnection, LoadConfig, build_pool, http_requests
 from tests.support.serve import ServeProcess

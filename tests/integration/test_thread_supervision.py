@@ -41,7 +41,8 @@ def _install(control):
     import functools
     from pathlib import Path
 
-    from app.node import diskspace, server
+    from app.base import diskspace
+    from app.node import server
 
     control = Path(control)
 

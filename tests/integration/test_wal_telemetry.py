@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 from prometheus_client import generate_latest
 
-from app.node.config import load_settings
+from app.base.config import load_settings
+from app.base.rejections import IngestRejection, Unavailable
 from app.node.metrics import Metrics
-from app.receive.otlp import IngestRejection, Unavailable
 from tests.chart.test_alerts import ABSENT_WHEN_CLEAR, INTERFACE
 from tests.support.noderig import NodeRig, request
 from tests.support.scrape import Scrape, scrape, scrape_until

@@ -9,9 +9,10 @@ import socket
 import threading
 from collections.abc import Iterator
 
+from app.base.batch import FlatBatch
 from app.receive import channel
 from app.receive.channel import ChannelClosed, Connection, Kind
-from app.receive.otlp import FlatBatch, decode_request, flatten
+from app.receive.otlp import decode_request, flatten
 from tests.support.noderig import request
 
 

@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 
 from app import points
+from app.base.events import EventLog
 from app.cadence.barrier import Barrier, CutOutcome
 from app.cadence.housekeeping import Housekeeper
 from app.ingest.landed import intent_hook, retract_hook
@@ -31,7 +32,6 @@ from app.ingest.mining.template_ids import FileTemplateIdAllocator, TemplateIdAl
 from app.ingest.pipeline import Pipeline
 from app.ingest.settlement import DEFAULT_MINING_ATTEMPTS
 from app.ingest.snapshots import SnapshotLedger, SnapshotStore
-from app.node.events import EventLog
 from app.node.recovery import Decoder, Recovery, RecoveryReport
 from app.receive.otlp import decode_request, flatten
 from app.threads import Supervisor

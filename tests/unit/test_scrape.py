@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import generate_latest
 
-from app.node.config import load_settings
+from app.base.config import load_settings
 from app.node.metrics import Metrics
 from tests.support.noderig import NodeRig
 from tests.support.scrape import Scrape, scrape, try_scrape

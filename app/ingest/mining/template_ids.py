@@ -161,7 +161,7 @@ class FileTemplateIdAllocator:
         self._reserved = self._load()
         self._next = self._reserved + 1
         #: asked when the file's write fails with ENOSPC; True when it freed space (the
-        #: node's emergency reserve, ``app.node.diskspace``) and the reservation is tried again
+        #: node's emergency reserve, ``app.base.diskspace``) and the reservation is tried again
         self.on_no_space: Callable[[str], bool] | None = None
 
     @property

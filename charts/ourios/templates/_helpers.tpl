@@ -155,7 +155,7 @@ pod's grace and Kubernetes never SIGKILLs a stop in progress.
 {{/*
 The settings of `ourios serve` the chart renders, as JSON {OURIOS_NAME: "text"}: every
 settings value, mapped <section>.<camelCaseName> -> OURIOS_<SECTION>_<NAME> (tests check
-the mapping against app/node/config.py). Integers in decimal (Helm holds numbers as float64,
+the mapping against app/base/config.py). Integers in decimal (Helm holds numbers as float64,
 which would print 6.7108864e+07), booleans as true/false, strings as they are. A removed
 (null) value or an empty optional string is left out, so the app's default applies.
 */}}

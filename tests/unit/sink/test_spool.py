@@ -24,8 +24,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from app.base.diskspace import DiskSpace
 from app.ingest.landed import intent_hook, retract_hook
-from app.node.diskspace import DiskSpace
 from sink.buffers import Buffers, Detached
 from sink.publisher import STORE_UNAVAILABLE, Publisher, StoreGate, Ticket
 from sink.spool import OBJECT_TOO_LARGE, Spiller, Spool

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from app.receive.otlp import BadRequest, parse_tenant
+from app.base.rejections import BadRequest
+from app.receive.otlp import parse_tenant
 from sink.keys import KeyFormatError, check_tenant
 from wal.errors import InvalidTenant
 from wal.frame import validate_tenant

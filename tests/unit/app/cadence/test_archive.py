@@ -240,8 +240,8 @@ def test_wal_verify_checks_archived_segments_from_a_file_or_the_store(
 
 
 def test_a_node_whose_archive_resolves_to_its_wal_refuses_to_start(tmp_path: Path) -> None:
-    from app.node.config import load_settings
-    from app.node.events import EventLog
+    from app.base.config import load_settings
+    from app.base.events import EventLog
     from app.node.server import build_node
 
     data = tmp_path / "data"

@@ -101,12 +101,13 @@ import pytest
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 
 from app import points
+from app.base.rejections import Unavailable
 from app.cadence.barrier import Barrier, CutOutcome
 from app.cadence.sweep import AgeSweep
 from app.ingest.cuts import Cut
 from app.ingest.pipeline import LATCH_CLEAR, ReadWriteLock
 from app.ingest.snapshots import decode_snapshot
-from app.receive.otlp import Unavailable, decode_request, flatten
+from app.receive.otlp import decode_request, flatten
 from sink.buffers import NANOS_PER_DAY, Detached
 from sink.store import StoreError
 from tests.support.noderig import NodeRig, checkpoint, request, rids, rig_factory, step

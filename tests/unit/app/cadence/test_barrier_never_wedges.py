@@ -28,8 +28,8 @@ from pathlib import Path
 import pytest
 
 from app import points
+from app.base.config import load_settings
 from app.cadence.sweep import AgeSweep
-from app.node.config import load_settings
 from app.node.metrics import Metrics
 from app.receive.otlp import decode_request, flatten
 from tests.support.noderig import NodeRig, request, rids

@@ -3,7 +3,7 @@
 ``cadence_panic`` and the next pass re-plans; a latched barrier stops the checkpoint,
 not housekeeping; the tick samples the disk into admission, asks for a cut below low
 water and runs a follow-up pass when that cut ends, and a failed sample changes nothing.
-The disk monitor's figure and reserve are tested in ``tests/unit/app/node/test_diskspace.py``.
+The disk monitor's figure and reserve are tested in ``tests/unit/app/base/test_diskspace.py``.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from app.base.events import _LEVELS
 from app.cadence.housekeeping import Housekeeper
 from app.ingest.admission import DiskLevel
 from app.ingest.pipeline import LATCH_CLEAR
 from app.ingest.snapshots import SnapshotLedger
-from app.node.events import _LEVELS
 from tests.support.admissionkit import CADENCE, LOW, STOP, Events, admission, faulty_journal
 from tests.support.noderig import NodeRig, checkpoint, rig_factory, step
 from wal import AppendError, FloorMin, FloorPinned, Journal, ReclamationProgress, WalConfig

@@ -14,8 +14,8 @@ from typing import TextIO
 
 import pytest
 
+from app.base.config import EFFECTIVE_EVENT, SETTINGS, load_settings
 from app.cli import main, settings_help
-from app.node.config import EFFECTIVE_EVENT, SETTINGS, load_settings
 
 
 @pytest.fixture(autouse=True)

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from app.base.rejections import Unavailable
 from app.ingest.admission import Admission, Bound, DiskLevel
-from app.receive.otlp import Unavailable
 from tests.support.admissionkit import CADENCE, LOW, STOP, Events, admission, faulty_journal
 from tests.support.walkit import SMALL, faulty, payload
 from wal import Journal, KnownHorizons

@@ -15,12 +15,14 @@ import pyarrow.parquet as pq
 import pytest
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 
+from app.base.batch import FlatBatch
+from app.base.rejections import PayloadTooLarge, Unavailable
 from app.ingest.mining.miner_cluster import MinerCluster
 from app.ingest.mining.template_ids import CountingAllocator
 from app.ingest.mining.tenant_miner import MineResult
 from app.ingest.pipeline import Pipeline, ReadWriteLock, TurnGate
 from app.node.recovery import recover
-from app.receive.otlp import FlatBatch, PayloadTooLarge, Unavailable, decode_request, flatten
+from app.receive.otlp import decode_request, flatten
 from sink.buffers import Buffers
 from sink.publisher import Publisher
 from sink.testing import FailingStore, MemoryStore

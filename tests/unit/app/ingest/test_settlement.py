@@ -17,11 +17,12 @@ from typing import Literal, TypeVar
 import pytest
 
 from app import points
+from app.base.rejections import PayloadTooLarge
 from app.cadence.barrier import CutOutcome
 from app.ingest.settlement import EntryState, SettleResult
 from app.ingest.snapshots import decode_snapshot
 from app.ingest.tenants import SettlementInProgress, TenantCapacity, TenantUnrecoverable
-from app.receive.otlp import PayloadTooLarge, decode_request, flatten
+from app.receive.otlp import decode_request, flatten
 from tests.support.minerfaults import FaultPlan
 from tests.support.noderig import FaultyRigs, NodeRig, bodies_request, record_rows, rids
 from tests.support.threads import Worker

@@ -13,9 +13,11 @@ from pathlib import Path
 import pytest
 
 from app import points
+from app.base.batch import FlatBatch
+from app.base.rejections import IngestRejection
 from app.ingest.stages import IngestBacklogFull, Stages, TenantBacklogFull
 from app.receive.api import IngestOutcome
-from app.receive.otlp import FlatBatch, IngestRejection, decode_request, flatten
+from app.receive.otlp import decode_request, flatten
 from app.threads import Supervisor
 from tests.support.noderig import NodeRig, request
 from wal import WalOffset

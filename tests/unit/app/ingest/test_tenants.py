@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from app import points
+from app.base.rejections import PayloadTooLarge, Unavailable
 from app.ingest.pipeline import LATCH_CLEAR
 from app.ingest.tenants import (
     NewTenantRate,
@@ -26,7 +27,7 @@ from app.ingest.tenants import (
     TenantUnrecoverable,
     TurnResult,
 )
-from app.receive.otlp import PayloadTooLarge, Unavailable, decode_request, flatten
+from app.receive.otlp import decode_request, flatten
 from tests.support.noderig import NodeRig, rids, rig_factory
 from wal import AppendError, RotationExhausted, RotationKind, WalConfig
 

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from app.base.config import load_settings
+from app.base.events import EventLog
 from app.cli import wal as walcli
-from app.node.config import load_settings
 from app.node.datalock import LOCK_NAME, DataDirLock, DataDirLocked, Holder, read_holder
-from app.node.events import EventLog
 from app.node.server import build_node
 from tests.support.noderig import request
 from tests.support.serve import ROOT

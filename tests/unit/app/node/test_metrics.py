@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.node.config import load_settings
+from app.base.config import load_settings
 from app.node.metrics import CONTENT_TYPE, Metrics
 from tests.support.noderig import NodeRig
 

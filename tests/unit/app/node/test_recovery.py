@@ -12,9 +12,11 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from app.base.batch import FlatBatch
+from app.base.rejections import IngestRejection
 from app.ingest.tenants import SettlementInProgress
 from app.node.recovery import Decoder, Undecodable, decode_here
-from app.receive.otlp import FlatBatch, IngestRejection, decode_request, flatten
+from app.receive.otlp import decode_request, flatten
 from tests.support.minerfaults import FaultPlan, FaultyMiners
 from tests.support.noderig import NodeRig, request
 from wal import WalConfig

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from app import points
-from app.node.config import load_settings
-from app.node.events import EventLog
+from app.base.config import load_settings
+from app.base.events import EventLog
 from app.node.recovery import recover
 from app.node.server import EXIT_ROWS_LEFT, Node, build_node, shutdown
 from app.receive.otlp import decode_request, flatten

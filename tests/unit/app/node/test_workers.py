@@ -16,12 +16,14 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from app.base.batch import FlatBatch
+from app.base.rejections import IngestRejection
 from app.ingest.stages import Stages
 from app.node.recovery import DecodeStopped, Undecodable
 from app.node.workers import NodeState, Workers
 from app.receive import channel
 from app.receive.channel import ChannelClosed, Connection, Kind
-from app.receive.otlp import FlatBatch, IngestRejection, decode_request, flatten
+from app.receive.otlp import decode_request, flatten
 from sink.parquet import FLAT_SCHEMA, RecordColumns, assemble_records, encode_records
 from tests.support.noderig import NodeRig, request
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from app.base.batch import FlatBatch
 from app.receive.api import NO_OBSERVER, IngestOutcome, ListenerBindError
-from app.receive.otlp import FlatBatch, flatten
+from app.receive.otlp import flatten
 from tests.support.noderig import request
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from app.base.rejections import BadRequest, PermissionDenied
 from app.receive.auth import BEARER_CHALLENGE, Authenticator, BearerRejected
-from app.receive.otlp import BadRequest, PermissionDenied
 
 TOKENS = {
     "tok-single": frozenset({"acme"}),

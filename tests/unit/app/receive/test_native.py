@@ -34,8 +34,10 @@ from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.logs.v1 import logs_pb2
 from opentelemetry.proto.resource.v1 import resource_pb2
 
+from app.base import rejections
+from app.base.batch import FlatBatch
+from app.base.rejections import IngestRejection
 from app.receive import native, otlp
-from app.receive.otlp import FlatBatch, IngestRejection
 from tests.support.otlpwire import Wire, encode, many_attributes, requests
 
 PB = otlp.PROTOBUF_CONTENT_TYPE
@@ -270,7 +272,7 @@ def test_native_1_a_bad_id_gets_the_reference_refusal(field: str, size: int) -> 
     setattr(record, field, b"\x01" * size)
     data = _request(record).SerializeToString()
     assert native.decode_counted(data).status == "id"
-    with pytest.raises(otlp.BadRequest, match=f"{field} is {size} bytes"):
+    with pytest.raises(rejections.BadRequest, match=f"{field} is {size} bytes"):
         otlp.decode_flat(data, "t")
     check(data)
 
@@ -447,7 +449,7 @@ def check_limits(data: bytes, limits: otlp.RequestLimits, tightened: str | None)
     refusal, status and message naming the setting, on either decoder."""
     try:
         reference: object = otlp.flatten(otlp.decode_request(data, PB, limits), "t", limits)
-    except otlp.RequestLimitExceeded as exc:
+    except rejections.RequestLimitExceeded as exc:
         reference = exc
     got = native.decode_counted(data, limits)
     CASES["checked"] += 1
@@ -457,7 +459,9 @@ def check_limits(data: bytes, limits: otlp.RequestLimits, tightened: str | None)
         assert FlatBatch("t", got.columns) == reference
     else:
         assert got.status == "limit", got.status  # the fast path falls back for nothing else
-        assert isinstance(reference, otlp.RequestLimitExceeded), "native refused what upb accepts"
+        assert isinstance(reference, rejections.RequestLimitExceeded), (
+            "native refused what upb accepts"
+        )
         if tightened is not None:
             assert reference.limit == otlp._SETTING_OF[tightened]
     answer = _limited(data, limits)
@@ -466,8 +470,8 @@ def check_limits(data: bytes, limits: otlp.RequestLimits, tightened: str | None)
         assert _limited(data, limits) == answer  # the same status, message and error_type
     finally:
         native.select("native")
-    if isinstance(reference, otlp.RequestLimitExceeded):
-        assert answer == (otlp.RequestLimitExceeded, reference.message, reference.limit)
+    if isinstance(reference, rejections.RequestLimitExceeded):
+        assert answer == (rejections.RequestLimitExceeded, reference.message, reference.limit)
         assert reference.http_status == 400 and reference.limit in reference.message
     return got.status
 
@@ -519,7 +523,7 @@ def test_native_1_a_limit_refusal_names_the_setting_on_either_decoder() -> None:
             continue
         assert check_limits(data, limits, name) == "limit"
         answer = _limited(data, limits)
-        assert isinstance(answer, tuple) and answer[0] is otlp.RequestLimitExceeded
+        assert isinstance(answer, tuple) and answer[0] is rejections.RequestLimitExceeded
         assert what in answer[1], answer
 
 
@@ -583,7 +587,7 @@ def test_bounded_3_the_upb_path_counts_the_bytes_the_rows_hold_on_every_shape(
     # bytes the reference's rows hold there too, exactly.
     try:
         otlp.validate_request(req)
-    except otlp.BadRequest:
+    except rejections.BadRequest:
         return  # an id of a refused length: refused before any limit
     held = expanded_bytes(otlp.flatten(req, "t"))
     encodings = [(req.SerializeToString(), PB)]
@@ -606,7 +610,7 @@ def test_bounded_3_the_upb_path_counts_the_bytes_the_rows_hold_on_every_shape(
         under = replace(at, expanded_bytes=held - 1) if held > 1 else None
         if under is None:
             continue
-        with pytest.raises(otlp.RequestLimitExceeded) as info:
+        with pytest.raises(rejections.RequestLimitExceeded) as info:
             otlp.decode_batch(data, content_type, "t", under)
         assert info.value.error_type == "max_expanded_bytes"
         assert f"over server.max_expanded_bytes={held - 1}" in info.value.message
@@ -631,7 +635,7 @@ def test_bounded_3_a_small_body_expanding_to_gigabytes_is_refused_before_its_row
     answers = []
     for decoder in ("native", "upb"):
         native.select(decoder)
-        with pytest.raises(otlp.RequestLimitExceeded) as info:
+        with pytest.raises(rejections.RequestLimitExceeded) as info:
             otlp.decode_batch(data, PB, "t", limits)
         answers.append((info.value.message, info.value.error_type, info.value.http_status))
     assert answers[0] == answers[1]

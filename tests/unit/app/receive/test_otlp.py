@@ -27,16 +27,15 @@ from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.logs.v1 import logs_pb2
 from opentelemetry.proto.resource.v1 import resource_pb2
 
-from app.receive import otlp
-from app.receive.otlp import (
+from app.base import rejections
+from app.base.rejections import (
     BadRequest,
     IngestRejection,
     PayloadTooLarge,
-    PermissionDenied,
-    Unauthenticated,
     Unavailable,
     UnsupportedMediaType,
 )
+from app.receive import otlp
 from sink.parquet import FLAT_SCHEMA
 
 PB = "application/x-protobuf"
@@ -731,35 +730,6 @@ def test_unsupported_content_encoding(coding: str) -> None:
 # ── replies ─────────────────────────────────────────────────────────────────────────
 
 
-@pytest.mark.parametrize(
-    ("rejection", "http_status", "code", "error_type"),
-    [
-        (BadRequest("bad"), 400, grpc.StatusCode.INVALID_ARGUMENT, "bad_request"),
-        (
-            UnsupportedMediaType("type"),
-            415,
-            grpc.StatusCode.INVALID_ARGUMENT,
-            "unsupported_media_type",
-        ),
-        (PayloadTooLarge(8), 413, grpc.StatusCode.RESOURCE_EXHAUSTED, "payload_too_large"),
-        (Unauthenticated("who"), 401, grpc.StatusCode.UNAUTHENTICATED, "unauthenticated"),
-        (PermissionDenied("no"), 403, grpc.StatusCode.PERMISSION_DENIED, "permission_denied"),
-        (Unavailable("later"), 503, grpc.StatusCode.UNAVAILABLE, "unavailable"),
-    ],
-    ids=lambda v: type(v).__name__ if isinstance(v, IngestRejection) else None,
-)
-def test_rejection_classes_carry_their_codes(
-    rejection: IngestRejection, http_status: int, code: grpc.StatusCode, error_type: str
-) -> None:
-    assert isinstance(rejection, IngestRejection)
-    assert (rejection.http_status, rejection.grpc_code, rejection.error_type) == (
-        http_status,
-        code,
-        error_type,
-    )
-    assert rejection.retry_after is None
-
-
 def _decode_status(body: bytes, content_type: str, as_json: bool) -> Any:
     status = status_pb2.Status()
     if as_json:
@@ -802,11 +772,6 @@ def test_status_json_shape() -> None:
         "message": "busy",
         "details": [{"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "5s"}],
     }
-
-
-def test_negative_retry_after_is_a_programming_error() -> None:
-    with pytest.raises(ValueError):
-        Unavailable("x", retry_after=-1)
 
 
 @pytest.mark.parametrize("as_json", [False, True], ids=["protobuf", "json"])
@@ -1165,7 +1130,7 @@ def test_bounded_3_expansion_limits_refuse_naming_the_setting(case: str, encodin
         data, content_type = req.SerializeToString(), PB
     else:
         data, content_type = json_format.MessageToJson(req).encode(), JSON
-    with pytest.raises(otlp.RequestLimitExceeded) as info:
+    with pytest.raises(rejections.RequestLimitExceeded) as info:
         otlp.flatten(otlp.decode_request(data, content_type, SMALL), "t", SMALL)
     refusal = info.value
     assert (refusal.http_status, refusal.grpc_code) == (400, grpc.StatusCode.INVALID_ARGUMENT)
@@ -1193,7 +1158,7 @@ def test_bounded_3_counts_are_refused_before_anything_is_flattened(
         return ""
 
     monkeypatch.setattr(otlp, "_value_text", value_text)
-    with pytest.raises(otlp.RequestLimitExceeded) as info:
+    with pytest.raises(rejections.RequestLimitExceeded) as info:
         otlp.decode_request(data, PB, otlp.RequestLimits())
     assert "is 50000, over server.max_attributes_per_record=4096" in info.value.message
     assert visited == []
@@ -1212,11 +1177,11 @@ def test_bounded_3_a_large_request_refused_over_a_limit_gives_its_parse_back(
     record.attributes.extend(common_pb2.KeyValue() for _ in range(600_000))
     large = req.SerializeToString()
     assert len(large) >= MiB
-    with pytest.raises(otlp.RequestLimitExceeded):
+    with pytest.raises(rejections.RequestLimitExceeded):
         otlp.decode_batch(large, PB, "t", otlp.RequestLimits())
     assert len(trims) == 1
     small = _limited_request(attributes=5).SerializeToString()
-    with pytest.raises(otlp.RequestLimitExceeded):
+    with pytest.raises(rejections.RequestLimitExceeded):
         otlp.decode_batch(small, PB, "t", SMALL)
     assert len(trims) == 1
 
@@ -1250,9 +1215,9 @@ def test_bounded_3_inflation_stops_when_the_caller_refuses_a_step() -> None:
     def grow(size: int) -> None:
         grown.append(size)
         if sum(grown) > 2 * MiB:
-            raise otlp.Unavailable("budget")
+            raise rejections.Unavailable("budget")
 
-    with pytest.raises(otlp.Unavailable):
+    with pytest.raises(rejections.Unavailable):
         otlp.decompress(body, "gzip", 16 * MiB, grow)
     assert sum(grown) <= 2 * MiB + otlp.INFLATE_STEP
     assert otlp.decompress(body, "gzip", 16 * MiB, lambda n: None) == b"\0" * (8 * MiB)

@@ -22,17 +22,12 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
 from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.logs.v1 import logs_pb2
 
+from app.base.rejections import BadRequest, IngestRejection, PayloadTooLarge, Unavailable
 from app.ingest.tenants import SettlementInProgress, TenantCapacity, TenantUnrecoverable
 from app.receive.api import IngestOutcome, ListenerBindError
 from app.receive.auth import Authenticator
 from app.receive.inflight import InflightBudget, ReceiverBounds
-from app.receive.otlp import (
-    BadRequest,
-    IngestRejection,
-    PayloadTooLarge,
-    RequestLimits,
-    Unavailable,
-)
+from app.receive.otlp import RequestLimits
 from app.receive.otlp_grpc import EXPORT_METHOD, create_grpc_server
 from app.receive.testing import StubPort
 from tests.support.decode_slots import WatchedBudget, watch

@@ -36,21 +36,14 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
 from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.logs.v1 import logs_pb2
 
+from app.base.batch import FlatBatch
+from app.base.rejections import BadRequest, IngestRejection, PayloadTooLarge, Unavailable
 from app.ingest.tenants import SettlementInProgress, TenantCapacity, TenantUnrecoverable
 from app.receive import otlp_http as http_receiver
 from app.receive.api import IngestOutcome, ListenerBindError
 from app.receive.auth import BEARER_CHALLENGE, Authenticator
 from app.receive.inflight import InflightBudget, ReceiverBounds
-from app.receive.otlp import (
-    BadRequest,
-    FlatBatch,
-    IngestRejection,
-    PayloadTooLarge,
-    RequestLimits,
-    Unavailable,
-    decode_request,
-    to_wal_payload,
-)
+from app.receive.otlp import RequestLimits, decode_request, to_wal_payload
 from app.receive.otlp_http import (
     DISCARD_BYTES,
     create_http_app,

@@ -6,8 +6,10 @@ import threading
 
 import pytest
 
+from app.base.batch import FlatBatch
+from app.base.rejections import Unavailable
 from app.receive.api import IngestOutcome
-from app.receive.otlp import FlatBatch, Unavailable, flatten
+from app.receive.otlp import flatten
 from app.receive.testing import IngestCall, StubPort
 from tests.support.noderig import request
 

@@ -14,10 +14,11 @@ import grpc
 import pyarrow as pa
 import pytest
 
+from app.base.batch import FlatBatch
+from app.base.rejections import BadRequest, Unavailable
 from app.receive import channel
 from app.receive.api import IngestOutcome
 from app.receive.channel import Connection, Kind
-from app.receive.otlp import BadRequest, FlatBatch, Unavailable
 from app.receive.worker import RemotePort, _Jobs
 from tests.support.fakecore import FakeCore, batch_of, channel_pair
 

@@ -1,4 +1,4 @@
-"""The collector policy (``app.node.gc_policy``): captures run with automatic collection off and
+"""The collector policy (``app.base.gc_policy``): captures run with automatic collection off and
 restore it whatever happens; start-up's heap is frozen out of the generations."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from app.base.gc_policy import collection_deferred, freeze_long_lived_heap
 from app.ingest.cuts import Cut
-from app.node.gc_policy import collection_deferred, freeze_long_lived_heap
 from tests.support.noderig import NodeRig
 
 

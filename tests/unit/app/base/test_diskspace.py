@@ -1,4 +1,4 @@
-"""``app.node.diskspace``: free space as of the last write, and the emergency reserve (issue 18
+"""``app.base.diskspace``: free space as of the last write, and the emergency reserve (issue 18
 items 1 and 2; DESIGN.md §7, §12).
 
 - The figure is the last sample less what the node wrote since — the WAL's frames and a
@@ -23,12 +23,12 @@ from typing import cast
 
 import pytest
 
+from app.base.diskspace import DiskSpace, Reserve, ReserveState
+from app.base.rejections import Unavailable
 from app.cadence.housekeeping import Housekeeper
 from app.ingest.admission import Admission, Bound, DiskLevel
 from app.ingest.mining.template_ids import FileTemplateIdAllocator
 from app.ingest.snapshots import SnapshotLedger, SnapshotState, SnapshotStore
-from app.node.diskspace import DiskSpace, Reserve, ReserveState
-from app.receive.otlp import Unavailable
 from tests.support.admissionkit import Events
 from tests.support.tmpfs import TmpfsMounts
 from tests.support.walkit import SMALL, faulty, payload
@@ -400,7 +400,7 @@ def test_nowedge_1_only_writers_on_the_watched_volume_count(
 def test_every_state_2_a_volume_too_small_for_reserve_and_stop_water_is_refused(
     tmp_path: Path,
 ) -> None:
-    from app.node.diskspace import VolumeTooSmall, check_volume
+    from app.base.diskspace import VolumeTooSmall, check_volume
 
     wal = tmp_path / "wal"  # not made yet: its parent's volume is the one measured
     with pytest.raises(VolumeTooSmall) as info:
@@ -428,7 +428,7 @@ def test_every_state_2_a_volume_too_small_for_reserve_and_stop_water_is_refused(
 def test_every_state_2_a_start_up_write_without_space_takes_the_reserve_once(
     tmp_path: Path,
 ) -> None:
-    from app.node.diskspace import from_reserve, start_reserve
+    from app.base.diskspace import from_reserve, start_reserve
 
     events = Events()
     reserve = start_reserve(tmp_path / "wal", tmp_path, RESERVE, events)

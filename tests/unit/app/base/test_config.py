@@ -1,4 +1,4 @@
-"""Tests for app.node.config: the settings table, its three sources and start-up validation."""
+"""Tests for app.base.config: the settings table, its three sources and start-up validation."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from app.node.config import (
+from app.base.config import (
     CROSS_RULES,
     DERIVED_FIELDS,
     SECTIONS,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from app.node.malloc_arenas import DEFAULT_ARENAS, ENV, bound_malloc_arenas
+from app.base.malloc_arenas import DEFAULT_ARENAS, ENV, bound_malloc_arenas
 
 
 def test_bounded_1_arenas_default_to_two_and_the_workers_inherit_the_limit() -> None:
@@ -42,7 +42,7 @@ def test_bounded_1_serve_bounds_the_arenas_before_it_loads_the_settings() -> Non
 
 
 def test_bounded_3_release_freed_memory_runs_on_this_c_library() -> None:
-    from app.node import malloc_arenas
+    from app.base import malloc_arenas
 
     assert malloc_arenas._MALLOC_TRIM is not None  # glibc, as the image's base
     malloc_arenas.release_freed_memory()

@@ -1,4 +1,4 @@
-"""``app.node.events``: every event and every log record is one JSON object per line."""
+"""``app.base.events``: every event and every log record is one JSON object per line."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from app.node.events import (
+from app.base.events import (
     ConsoleFormatter,
     EventLog,
     JsonFormatter,
