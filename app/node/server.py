@@ -180,11 +180,50 @@ def _build_node(
     lock: DataDirLock,
     given_store: ObjectStore | None,
 ) -> Node:
+    """Wire the node's parts in the order each needs the one before: the store, the
+    WAL and its disk space, the pipeline, then the cadences that drive it."""
     server = settings.server
     clock, monotonic = clocks
     threads = Supervisor(events=events, restarts=server.thread_restarts)
     metrics = Metrics(settings)
     metrics.threads = threads
+    store, node, health, watched, archiver = _open_store(settings, events, metrics, given_store)
+    journal, intents, space = _open_wal(settings, events, clocks, metrics, archiver)
+    pipeline, ledger, admission, spool, spiller = _build_pipeline(
+        settings, events, monotonic, (store, watched, node), journal, intents, space, threads
+    )
+    snapshots, barrier, housekeeper, sweep = _build_cadences(
+        settings, events, monotonic, pipeline, ledger, admission, intents, space, metrics, threads
+    )
+    return Node(
+        settings,
+        events,
+        journal,
+        watched,
+        pipeline,
+        metrics,
+        sweep,
+        snapshots,
+        ledger,
+        barrier,
+        housekeeper,
+        admission,
+        archiver,
+        lock,
+        intents,
+        spool,
+        spiller,
+        threads,
+        StoreProbe(health, settings.store.probe_secs, threads),
+    )
+
+
+def _open_store(
+    settings: Settings, events: EventLog, metrics: Metrics, given_store: ObjectStore | None
+) -> tuple[ObjectStore, str, StoreHealth, WatchedStore, Archiver | None]:
+    """The object store, probed before anything opens so a wrong one refuses the start,
+    wrapped so every call tells the store-health gauge; and the WAL archiver on it."""
+    server = settings.server
     store = given_store if given_store is not None else _store(settings)
     node = node_identity(server.node_id)
     if settings.wal.archive:
@@ -201,6 +240,22 @@ def _build_node(
     archiver: Archiver | None = None
     if settings.wal.archive:
         archiver = Archiver(store, node, events=events)  # it needs the LocalStore itself
+    metrics.archiver = archiver
+    return store, node, health, watched, archiver
+
+
+def _open_wal(
+    settings: Settings,
+    events: EventLog,
+    clocks: tuple[Callable[[], float], Callable[[], float]],
+    metrics: Metrics,
+    archiver: Archiver | None,
+) -> tuple[Journal, IntentLog, DiskSpace]:
+    """The volume checked, the emergency reserve taken, then the WAL and the publish
+    intents opened (on the reserve's block if the volume is full) and the disk-space
+    figure that counts their writes."""
+    server = settings.server
+    clock, monotonic = clocks
     disk = settings.disk
     check_volume(
         server.wal_dir,
@@ -246,6 +301,23 @@ def _build_node(
     space = open_disk_space(
         server.wal_dir, journal, reserve=reserve, stop_water_bytes=disk.stop_water_bytes
     )
+    return journal, intents, space
+
+
+def _build_pipeline(
+    settings: Settings,
+    events: EventLog,
+    monotonic: Callable[[], float],
+    stores: tuple[ObjectStore, WatchedStore, str],
+    journal: Journal,
+    intents: IntentLog,
+    space: DiskSpace,
+    threads: Supervisor,
+) -> tuple[Pipeline, SnapshotLedger, Admission, Spool, Spiller]:
+    """The pipeline and what it turns batches through: the miners and their template
+    ids, the sink's buffers and publisher with its spool, and admission."""
+    server = settings.server
+    store, watched, node = stores
     spool = _open_spool(server.data_dir, space, events, settings.sink.ceiling_bytes)
     allocator = FileTemplateIdAllocator(server.data_dir / "template-ids", server.node_ordinal)
     allocator.on_no_space = space.no_space
@@ -254,29 +326,8 @@ def _build_node(
         store.on_no_space = space.no_space
     miners = MinerCluster(allocator, miner_bounds(settings))
     holder: dict[str, Pipeline] = {}
-    buffers = Buffers(
-        flush_bytes=settings.sink.flush_bytes,
-        clock=monotonic,
-        epoch=lambda: holder["p"].epoch if "p" in holder else 1,
-        ceiling_bytes=settings.sink.ceiling_bytes,
-        max_object_bytes=settings.sink.max_object_bytes,
-    )
-    publisher = Publisher(
-        watched,
-        buffers,
-        node=node,
-        compression=settings.sink.parquet_compression,
-        queue_depth=settings.sink.publisher_queue_depth,
-        intents=intent_hook(intents),
-        retract=retract_hook(intents),
-        step=lambda name: points.hit(name),
-        spool=spool,
-        gate=StoreGate(events=events),
-        max_object_bytes=settings.sink.max_object_bytes,
-        threads=threads,
-        dead_letter=_dead_letter(server.data_dir, space),
-        dead_letter_attempts=settings.sink.dead_letter_attempts,
-        events=events,
+    buffers, publisher = _build_publisher(
+        settings, events, monotonic, (watched, node), intents, space, spool, threads, holder
     )
     spiller = Spiller(buffers, publisher.spill, threads=threads)
     ledger = SnapshotLedger()
@@ -316,6 +367,66 @@ def _build_node(
             settings.server.open_new_tenants_per_minute,
             events=lambda name, fields: events.emit(name, fields, "warning"),
         )
+    return pipeline, ledger, admission, spool, spiller
+
+
+def _build_publisher(
+    settings: Settings,
+    events: EventLog,
+    monotonic: Callable[[], float],
+    store: tuple[WatchedStore, str],
+    intents: IntentLog,
+    space: DiskSpace,
+    spool: Spool,
+    threads: Supervisor,
+    holder: dict[str, Pipeline],
+) -> tuple[Buffers, Publisher]:
+    """The sink's buffers (stamped with the pipeline's epoch once ``holder`` has it)
+    and the publisher that writes them to the store under their intents."""
+    server = settings.server
+    watched, node = store
+    buffers = Buffers(
+        flush_bytes=settings.sink.flush_bytes,
+        clock=monotonic,
+        epoch=lambda: holder["p"].epoch if "p" in holder else 1,
+        ceiling_bytes=settings.sink.ceiling_bytes,
+        max_object_bytes=settings.sink.max_object_bytes,
+    )
+    publisher = Publisher(
+        watched,
+        buffers,
+        node=node,
+        compression=settings.sink.parquet_compression,
+        queue_depth=settings.sink.publisher_queue_depth,
+        intents=intent_hook(intents),
+        retract=retract_hook(intents),
+        step=lambda name: points.hit(name),
+        spool=spool,
+        gate=StoreGate(events=events),
+        max_object_bytes=settings.sink.max_object_bytes,
+        threads=threads,
+        dead_letter=_dead_letter(server.data_dir, space),
+        dead_letter_attempts=settings.sink.dead_letter_attempts,
+        events=events,
+    )
+    return buffers, publisher
+
+
+def _build_cadences(
+    settings: Settings,
+    events: EventLog,
+    monotonic: Callable[[], float],
+    pipeline: Pipeline,
+    ledger: SnapshotLedger,
+    admission: Admission,
+    intents: IntentLog,
+    space: DiskSpace,
+    metrics: Metrics,
+    threads: Supervisor,
+) -> tuple[SnapshotStore, Barrier, Housekeeper, AgeSweep]:
+    """The cadences that drive the pipeline: the barrier's cuts into snapshots, the
+    housekeeper that reclaims after them, and the age sweep; each told to the metrics."""
+    server = settings.server
     snapshots = SnapshotStore(server.snapshots_dir, space=space, events=events)
     wal = settings.wal
     barrier = Barrier(
@@ -333,7 +444,7 @@ def _build_node(
         threads=threads,
     )
     housekeeper = Housekeeper(
-        journal,
+        pipeline.journal,
         ledger,
         every=wal.housekeeping_secs,
         cap=wal.max_unlinks_per_pass,
@@ -347,7 +458,6 @@ def _build_node(
     housekeeper.observe_disk()  # a node starting on a full disk refuses from its first request
     metrics.housekeeper = housekeeper
     metrics.admission = admission
-    metrics.archiver = archiver
     housekeeper.on_run = metrics.cadence_observer("housekeeping")
     metrics.bind(pipeline)
     tick = max(0.1, min(5.0, settings.sink.flush_age_secs / 4))
@@ -358,27 +468,7 @@ def _build_node(
         metrics.cadence_observer("age_sweep"),
         threads=threads,
     )
-    return Node(
-        settings,
-        events,
-        journal,
-        watched,
-        pipeline,
-        metrics,
-        sweep,
-        snapshots,
-        ledger,
-        barrier,
-        housekeeper,
-        admission,
-        archiver,
-        lock,
-        intents,
-        spool,
-        spiller,
-        threads,
-        StoreProbe(health, settings.store.probe_secs, threads),
-    )
+    return snapshots, barrier, housekeeper, sweep
 
 
 def _dead_letter(data_dir: Path, space: DiskSpace) -> DeadLetter:
