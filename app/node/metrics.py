@@ -39,10 +39,10 @@ from wal import (
     FloorPinned,
     FloorUnknown,
     QuarantineRecord,
+    ReclaimState,
     RotationExhausted,
     RotationFailing,
 )
-from wal.reclamation import ReclaimState
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
