@@ -53,7 +53,7 @@ from .journal import Journal
 from .quarantine import QuarantineError, QuarantineRecord, quarantine_segment
 from .reading import Replay
 from .reclaim_file import ConsumerMode
-from .reclamation import ArchiveRequest, ReclaimError
+from .reclamation import ArchiveRequest, ReclaimError, ReclaimState
 from .segment import HEADER_SIZE, SEGMENT_RE, uuid7_time
 from .segment_ledger import (
     FloorMin,
@@ -124,6 +124,7 @@ __all__ = [
     "QuarantineError",
     "QuarantineRecord",
     "ReclaimError",
+    "ReclaimState",
     "ReclamationProgress",
     "Replay",
     "RotationExhausted",

@@ -142,25 +142,47 @@ def inspect(directory: Path, out: TextIO) -> int:
             print(f"  horizon of {tenant}: {horizon}", file=out)
         for snap, error in sorted(bad_snapshots.items()):
             print(f"  UNDECODABLE {snap}: {error} (its tenant is pinned)", file=out)
-    if report.published is not None:
-        pub = report.published
-        print(
-            f"PUBLISHED: {len(pub.frontiers)} tenant frontiers (max_tenants={pub.max_tenants})",
-            file=out,
-        )
-        for tenant, (records, audit, flags) in sorted(pub.frontiers.items()):
-            extra = f" [{flags}]" if flags else ""
-            if tenant in pub.intents:
-                extra += (
-                    f" — a settlement's publish through {pub.intents[tenant]} is not confirmed;"
-                    f" the next start republishes that span under its deterministic names"
-                )
-            print(
-                f"  published through for {tenant}: records {records}, audit {audit}{extra}",
-                file=out,
-            )
+    _print_published(report, out)
     if report.floor:
         print(f"retain floor: {report.floor}", file=out)
+    _print_segments(report, out)
+    for q in report.quarantined:
+        print(f"quarantined {q.segment} at {_when(q.quarantined_unix)}: {q.summary()}", file=out)
+    for name in report.quarantine_pending:
+        print(f"quarantine of {name} incomplete: run `ourios wal quarantine` again", file=out)
+    if report.partials:
+        print(f"stale partials (swept by housekeeping): {', '.join(report.partials)}", file=out)
+    if report.other_files:
+        print(f"other files: {', '.join(report.other_files)}", file=out)
+    _print_problems(report, out)
+    return EXIT_OK
+
+
+def _print_published(report: RootReport, out: TextIO) -> None:
+    """PUBLISHED's frontiers per tenant, and a settlement's unconfirmed intent: what the
+    next start republishes."""
+    if report.published is None:
+        return
+    pub = report.published
+    print(
+        f"PUBLISHED: {len(pub.frontiers)} tenant frontiers (max_tenants={pub.max_tenants})",
+        file=out,
+    )
+    for tenant, (records, audit, flags) in sorted(pub.frontiers.items()):
+        extra = f" [{flags}]" if flags else ""
+        if tenant in pub.intents:
+            extra += (
+                f" — a settlement's publish through {pub.intents[tenant]} is not confirmed;"
+                f" the next start republishes that span under its deterministic names"
+            )
+        print(
+            f"  published through for {tenant}: records {records}, audit {audit}{extra}",
+            file=out,
+        )
+
+
+def _print_segments(report: RootReport, out: TextIO) -> None:
+    """Each segment's geometry, tenants, high-water, damage and why it is retained."""
     print(f"segments: {len(report.segments)}", file=out)
     for s in report.segments:
         sealed = " predecessor-sealed" if s.predecessor_sealed else ""
@@ -183,16 +205,6 @@ def inspect(directory: Path, out: TextIO) -> int:
         why = report.eligibility.get(s.name)
         if why is not None:
             print(f"      retained: {why}" if why else "      eligible for reclamation", file=out)
-    for q in report.quarantined:
-        print(f"quarantined {q.segment} at {_when(q.quarantined_unix)}: {q.summary()}", file=out)
-    for name in report.quarantine_pending:
-        print(f"quarantine of {name} incomplete: run `ourios wal quarantine` again", file=out)
-    if report.partials:
-        print(f"stale partials (swept by housekeeping): {', '.join(report.partials)}", file=out)
-    if report.other_files:
-        print(f"other files: {', '.join(report.other_files)}", file=out)
-    _print_problems(report, out)
-    return EXIT_OK
 
 
 def _reserve_state(path: Path) -> str:

@@ -579,8 +579,61 @@ class Settler:
         done: threading.Event,
         force_publish: bool,
     ) -> SettleOutcome:
+        """Settle one tenant in RFC 0055 §9.4's order: restore its snapshot, refuse if the
+        WAL no longer holds what it needs, replay its frames into a new tree, record the
+        intent, swap the tree in, then publish and report."""
         p = self.pipeline
         to = max((e.span for e in entries), key=lambda s: s.end)
+        tree, horizon = self._restore(tenant, state)
+        refused = self._refuse_if_reclaimed(tenant, entries, done, claim_x, horizon)
+        if refused is not None:
+            return refused
+        if tree is None:
+            tree = p.miners.build(tenant, None)
+        marks = p.journal.published_marks().get(tenant, PublishedMarks())
+        from_records, from_audit = self._frontiers(entries, claim_x, marks)
+        w_records, w_audit = _lsn(from_records), _lsn(from_audit)
+        #: the ids the tree had before this rebuild: their events are the same in every
+        #: attempt at the span, the others are this attempt's own
+        known = {t.template_id for t in tree.templates()}
+        isolated = self._isolated(tenant, horizon)
+        replayed = self._replay(tenant, tree, horizon, to, isolated, (w_records, w_audit))
+        points.hit("settlement.before_swap")
+        span = marks.intent  # an earlier settlement's span not confirmed yet: kept as it is
+        if span is None and force_publish:
+            span = self._intend(tenant, from_records, from_audit, horizon, to.offset)
+            force_publish = span is not None
+        detached, records, events_out, dropped = self._swap(
+            tenant, tree, entries, replayed, span, known, to.offset
+        )
+        self.rebuilds += 1
+        done.set()
+        p.tenants.set_settling(tenant, False)
+        p.tenants.settled(tenant, installed=True)
+        for r in replayed:
+            if r.isolated:
+                self._announce(tenant, r, isolated[r.frame.offset.lsn])
+        if not force_publish:
+            for d in detached:
+                if not p.publisher.offer(d):
+                    p.publisher.park(d)
+        self._report_settled(
+            tenant,
+            (horizon, to.offset, span),
+            (w_records, w_audit),
+            (len(replayed), records, events_out, dropped),
+        )
+        written = self._force_frontier(tenant, to.offset, detached) if force_publish else False
+        return SettleOutcome(
+            tenant, SettleResult.SETTLED, len(replayed), records, events_out, dropped, written
+        )
+
+    def _restore(
+        self, tenant: str, state: SnapshotState | None
+    ) -> tuple[TenantMiner | None, WalOffset | None]:
+        """The tree and horizon of the tenant's installed snapshot, or (None, None) when
+        there is none or it does not restore (then the rebuild replays from empty)."""
+        p = self.pipeline
         horizon: WalOffset | None = None
         tree: TenantMiner | None = None
         if state is not None:
@@ -595,6 +648,19 @@ class Settler:
                     state.horizon,
                     exc,
                 )
+        return tree, horizon
+
+    def _refuse_if_reclaimed(
+        self,
+        tenant: str,
+        entries: list[UnminedEntry],
+        done: threading.Event,
+        claim_x: WalOffset | None,
+        horizon: WalOffset | None,
+    ) -> SettleOutcome | None:
+        """The refusal when RECLAIM took frames above the horizon the rebuild starts from
+        (its template state cannot be rebuilt from the WAL); None when it can."""
+        p = self.pipeline
         reclaimed = p.journal.reclaimed_through(tenant)
         if (
             reclaimed is not None
@@ -616,21 +682,35 @@ class Settler:
                     "reclaimed_through": str(reclaimed[1]),
                 },
             )
-        if tree is None:
-            tree = p.miners.build(tenant, None)
-        marks = p.journal.published_marks().get(tenant, PublishedMarks())
-        # the frontiers the replay re-emits above (None: nothing of that side is durable)
+        return None
+
+    @staticmethod
+    def _frontiers(
+        entries: list[UnminedEntry], claim_x: WalOffset | None, marks: PublishedMarks
+    ) -> tuple[WalOffset | None, WalOffset | None]:
+        """The frontiers the replay re-emits above, records and audit (None: nothing of
+        that side is durable), never above a replayed entry's gates."""
         from_records = _higher(claim_x, marks.records)
         from_audit = _higher(claim_x, marks.audit)
         for e in entries:
             if e.gates is not None:  # a start-up replay's entry: never above its gates
                 from_records = _lower(from_records, e.gates.records)
                 from_audit = _lower(from_audit, e.gates.audit)
-        w_records, w_audit = _lsn(from_records), _lsn(from_audit)
-        #: the ids the tree had before this rebuild: their events are the same in every
-        #: attempt at the span, the others are this attempt's own
-        known = {t.template_id for t in tree.templates()}
-        isolated = self._isolated(tenant, horizon)
+        return from_records, from_audit
+
+    def _replay(
+        self,
+        tenant: str,
+        tree: TenantMiner,
+        horizon: WalOffset | None,
+        to: FrameSpan,
+        isolated: dict[int, FrameAttempts],
+        frontiers: tuple[int, int],
+    ) -> list[_Replayed]:
+        """The tenant's frames from the horizon through ``to`` mined into the new tree,
+        outside every lock; the isolated ones go without templates."""
+        p = self.pipeline
+        w_records, w_audit = frontiers
         cursor = (
             FrameCursor.after(horizon) if horizon is not None else p.journal.oldest_frame(tenant)
         )
@@ -662,11 +742,22 @@ class Settler:
                         lsn > w_records,
                     )
                 )
-        points.hit("settlement.before_swap")
-        span = marks.intent  # an earlier settlement's span not confirmed yet: kept as it is
-        if span is None and force_publish:
-            span = self._intend(tenant, from_records, from_audit, horizon, to.offset)
-            force_publish = span is not None
+        return replayed
+
+    def _swap(
+        self,
+        tenant: str,
+        tree: TenantMiner,
+        entries: list[UnminedEntry],
+        replayed: list[_Replayed],
+        span: WalOffset | None,
+        known: set[int],
+        through: WalOffset,
+    ) -> tuple[list[Detached], int, int, int]:
+        """The new tree in and the old tree's rows out in one exclusive section, the
+        replay buffered (staged up to ``span``): the detached partitions, the records,
+        template events and dropped rows."""
+        p = self.pipeline
         detached: list[Detached] = []
         records = events_out = 0
         with p.exclusion.exclusive():
@@ -702,30 +793,33 @@ class Settler:
                     if r.publish_records:
                         records += len(r.batch)
                 p.buffers.seal_staged(tenant)  # the span is complete: its units are final
-                p.folded[tenant] = to.offset
+                p.folded[tenant] = through
                 p.unmined.remove(entries)
                 p.recompute_durable()
-        self.rebuilds += 1
-        done.set()
-        p.tenants.set_settling(tenant, False)
-        p.tenants.settled(tenant, installed=True)
-        for r in replayed:
-            if r.isolated:
-                self._announce(tenant, r, isolated[r.frame.offset.lsn])
-        if not force_publish:
-            for d in detached:
-                if not p.publisher.offer(d):
-                    p.publisher.park(d)
+        return detached, records, events_out, dropped
+
+    def _report_settled(
+        self,
+        tenant: str,
+        where: tuple[WalOffset | None, WalOffset, WalOffset | None],
+        frontiers: tuple[int, int],
+        counts: tuple[int, int, int, int],
+    ) -> None:
+        """``tenant.settled`` and its log line: from where through where, the frontiers,
+        the intent, and how many frames, records, events and dropped rows."""
+        horizon, through, span = where
+        w_records, w_audit = frontiers
+        frames, records, events_out, dropped = counts
         self._events(
             "tenant.settled",
             {
                 "tenant": tenant,
                 "from": None if horizon is None else str(horizon),
-                "through": str(to.offset),
+                "through": str(through),
                 "records_frontier": w_records,
                 "audit_frontier": w_audit,
                 "intent": None if span is None else str(span),
-                "frames": len(replayed),
+                "frames": frames,
                 "records": records,
                 "events": events_out,
                 "dropped": dropped,
@@ -735,17 +829,13 @@ class Settler:
             "tenant %r settled: %d frames replayed from %s through %s, %d records and %d "
             "template events re-emitted (frontier %d), %d discarded rows dropped",
             tenant,
-            len(replayed),
+            frames,
             horizon if horizon is not None else "its oldest surviving frame",
-            to.offset,
+            through,
             records,
             events_out,
             w_records,
             dropped,
-        )
-        written = self._force_frontier(tenant, to.offset, detached) if force_publish else False
-        return SettleOutcome(
-            tenant, SettleResult.SETTLED, len(replayed), records, events_out, dropped, written
         )
 
     def _announce(self, tenant: str, r: _Replayed, attempts: FrameAttempts) -> None:

@@ -39,6 +39,7 @@ from wal import (
     FloorPinned,
     FloorUnknown,
     QuarantineRecord,
+    ReclaimState,
     RotationExhausted,
     RotationFailing,
 )
@@ -51,9 +52,20 @@ def _miner_metrics(
 ) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
     """The miners' bounds at work (DESIGN.md §5.14): node-wide sums and the largest
     tenant's figures — no tenant label, since there may be ``wal.max_tenants`` of them."""
+    for name, doc, value, counter in _miner_state_rows(p) + _turn_share_rows(p, settings):
+        family: GaugeMetricFamily | CounterMetricFamily = (
+            CounterMetricFamily(name, doc) if counter else GaugeMetricFamily(name, doc)
+        )
+        family.add_metric([], value)
+        yield family
+
+
+def _miner_state_rows(p: Pipeline) -> list[tuple[str, str, float, bool]]:
+    """The miners' templates, state bytes and what they evicted or cut short, as
+    (name, doc, value, is_counter) rows."""
     stats = p.miners.stats()
     bound = state_bytes_bound(p.miners.default_config)
-    rows: list[tuple[str, str, float, bool]] = [
+    return [
         (
             "ourios_miner_templates",
             "Templates held by every tenant's miner.",
@@ -99,6 +111,13 @@ def _miner_metrics(
             stats.truncated_bodies,
             True,
         ),
+    ]
+
+
+def _turn_share_rows(p: Pipeline, settings: Settings) -> list[tuple[str, str, float, bool]]:
+    """The tenants' turn shares (miner.tenant_turn_percent) as measured and as allowed, as
+    (name, doc, value, is_counter) rows."""
+    return [
         (
             "ourios_miner_work_units",
             "Mining work charged to the tenants' turn shares (miner.tenant_turn_percent).",
@@ -134,12 +153,6 @@ def _miner_metrics(
             False,
         ),
     ]
-    for name, doc, value, counter in rows:
-        family: GaugeMetricFamily | CounterMetricFamily = (
-            CounterMetricFamily(name, doc) if counter else GaugeMetricFamily(name, doc)
-        )
-        family.add_metric([], value)
-        yield family
 
 
 class _BuildInfo(Collector):
@@ -163,44 +176,64 @@ class _BuildInfo(Collector):
         yield info
 
 
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    """One unlabelled gauge: most state families are a single figure."""
+    g = GaugeMetricFamily(name, doc)
+    g.add_metric([], value)
+    return g
+
+
 class _StateCollector(Collector):
     def __init__(self, metrics: Metrics) -> None:
         self._m = metrics
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        """Every state family, group by group, in the order they have always been exposed."""
         p = self._m.pipeline
         assert p is not None
         st = p.journal.reclaim_state()
+        yield from self._wal_space(st)
+        yield from self._wal_floor_and_rotation(st)
+        yield from self._barrier_and_sink_memory(p)
+        yield from self._tenants_and_high_water(p)
+        yield from self._disk(p)
+        yield from self._backlog_and_workers(p)
+        yield from self._sink_publishes(p)
+        yield from self._recovery()
+        for extra in self._m.extra:
+            yield from extra()
 
-        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
-            g = GaugeMetricFamily(name, doc)
-            g.add_metric([], value)
-            return g
-
-        yield gauge(
+    def _wal_space(self, st: ReclaimState) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        """The WAL's bytes, segments and checkpoint mark, from one read of its reclaim state."""
+        yield _gauge(
             "ourios_wal_unflushed_bytes", "WAL bytes written, not yet fsynced.", st.unflushed_bytes
         )
-        yield gauge(
+        yield _gauge(
             "ourios_wal_disk_bytes", "WAL bytes on disk (segments and RECLAIM).", st.disk_bytes
         )
-        yield gauge(
+        yield _gauge(
             "ourios_wal_unreclaimed_bytes",
             "Frame bytes in every surviving segment, the current one and the post-checkpoint "
             "tail included.",
             st.unreclaimed_bytes,
         )
-        yield gauge("ourios_wal_segments", "Surviving WAL segments.", st.segments)
+        yield _gauge("ourios_wal_segments", "Surviving WAL segments.", st.segments)
         if st.oldest_unreclaimed_age is not None:
-            yield gauge(
+            yield _gauge(
                 "ourios_wal_oldest_unreclaimed_age_seconds",
                 "Age of the oldest surviving segment holding frames (absent when none).",
                 st.oldest_unreclaimed_age,
             )
-        yield gauge(
+        yield _gauge(
             "ourios_wal_checkpoint_lsn_bytes",
             "The CHECKPOINT mark, a byte offset in the WAL's log (0 before the first checkpoint).",
             st.checkpoint.lsn if st.checkpoint is not None else 0,
         )
+
+    def _wal_floor_and_rotation(
+        self, st: ReclaimState
+    ) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        """The retain floor, rotation and housekeeping state: what holds WAL bytes back."""
         floor = GaugeMetricFamily(
             "ourios_wal_retain_floor",
             "The retain floor's state (1 for the current one).",
@@ -215,17 +248,17 @@ class _StateCollector(Collector):
         ):
             floor.add_metric([name], 1.0 if isinstance(current, cls) else 0.0)
         yield floor
-        yield gauge(
+        yield _gauge(
             "ourios_wal_retain_floor_lag_bytes",
             "Frame bytes some tenant still holds back.",
             st.lag_bytes,
         )
-        yield gauge(
+        yield _gauge(
             "ourios_wal_retain_floor_lag_segments",
             "Closed segments some tenant still holds back.",
             st.lag_segments,
         )
-        yield gauge(
+        yield _gauge(
             "ourios_wal_retain_floor_pinned_tenants",
             "Tenants with frames and no valid snapshot.",
             st.pinned_tenants,
@@ -241,53 +274,58 @@ class _StateCollector(Collector):
             if isinstance(st.rotation, RotationFailing | RotationExhausted)
             else 0
         )
-        yield gauge(
+        yield _gauge(
             "ourios_wal_rotation_failed_attempts", "Consecutive failed rotation attempts.", attempts
         )
-        yield gauge(
+        yield _gauge(
             "ourios_wal_housekeeping_horizon_remaining_segments",
             "Horizon applications still owed, in (tenant, segment) units.",
             st.horizon_remaining,
         )
-        yield gauge(
+        yield _gauge(
             "ourios_wal_housekeeping_unlink_remaining_segments",
             "Segments eligible or reclaiming and not yet unlinked.",
             st.unlink_remaining,
         )
-        yield gauge("ourios_barrier_epoch", "The number of the next barrier cut.", p.epoch)
+
+    def _barrier_and_sink_memory(
+        self, p: Pipeline
+    ) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        """The barrier's epochs and the sink's memory, spool and parked partitions."""
+        yield _gauge("ourios_barrier_epoch", "The number of the next barrier cut.", p.epoch)
         if p.failed_epoch != LATCH_CLEAR:
-            yield gauge(
+            yield _gauge(
                 "ourios_barrier_failed_epoch",
                 "The lowest cut epoch a failure invalidated.",
                 p.failed_epoch,
             )
-        yield gauge(
+        yield _gauge(
             "ourios_sink_publisher_queue_depth",
             "Partitions queued for the publisher.",
             p.publisher.queue_depth,
         )
-        yield gauge(
+        yield _gauge(
             "ourios_sink_buffered_bytes", "Bytes buffered in the sinks.", p.buffers.buffered_bytes
         )
         buffers = p.buffers
-        yield gauge(
+        yield _gauge(
             "ourios_sink_memory_bytes",
             "Rows the sink holds in memory (buffered, and in publishes under way); kept "
             "under sink.ceiling_bytes by spilling to the spool (DESIGN.md §5.12).",
             buffers.held_bytes,
         )
-        yield gauge(
+        yield _gauge(
             "ourios_sink_ceiling_bytes",
             "The configured sink.ceiling_bytes (alerts compare the memory with it).",
             self._m.settings.sink.ceiling_bytes,
         )
         spooled_units, spooled_bytes = buffers.spooled
-        yield gauge(
+        yield _gauge(
             "ourios_sink_spool_objects",
             "Objects in the spool (on the data volume) waiting for the store.",
             spooled_units,
         )
-        yield gauge(
+        yield _gauge(
             "ourios_sink_spool_bytes",
             "Bytes of the objects in the spool waiting for the store.",
             spooled_bytes,
@@ -298,11 +336,16 @@ class _StateCollector(Collector):
         )
         waits.add_metric([], buffers.room_wait_seconds)
         yield waits
-        yield gauge(
+        yield _gauge(
             "ourios_sink_parked_partitions",
             "Buffered partitions a failed or refused publish put back.",
             p.buffers.parked_partitions,
         )
+
+    def _tenants_and_high_water(
+        self, p: Pipeline
+    ) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        """Tenant slots and refusals, the high-water mark and the frames torn or isolated."""
         usage = p.tenants.usage()  # one read of the table: the states sum to the limit
         tenants = GaugeMetricFamily(
             "ourios_wal_tenants",
@@ -313,20 +356,20 @@ class _StateCollector(Collector):
         tenants.add_metric(["reserved"], usage.reserved)
         tenants.add_metric(["free"], usage.free)
         yield tenants
-        yield gauge("ourios_wal_tenants_limit", "The configured max_tenants.", usage.limit)
-        yield gauge(
+        yield _gauge("ourios_wal_tenants_limit", "The configured max_tenants.", usage.limit)
+        yield _gauge(
             "ourios_wal_tenant_unrecoverable",
             "Tenants whose snapshot is below what was reclaimed (their appends are refused).",
             len(p.refused),
         )
-        yield gauge(
+        yield _gauge(
             "ourios_wal_settling_tenants",
             "Tenants with an unmined entry awaiting or undergoing settlement (refused with a "
             "hint meanwhile).",
             len(p.unmined.tenants()),
         )
         hw = p.journal.high_water
-        yield gauge(
+        yield _gauge(
             "ourios_wal_high_water_lsn_bytes",
             "The current segment's synced high-water HIGHWATER records (damage below it is "
             "corruption, above it a torn tail).",
@@ -358,9 +401,12 @@ class _StateCollector(Collector):
         )
         isolated.add_metric([], p.settler.isolated_frames)
         yield isolated
+
+    def _disk(self, p: Pipeline) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        """Free disk space against its water marks, and the quarantine and archive."""
         free = None if self._m.housekeeper is None else self._m.housekeeper.space.free_bytes
         if free is not None:
-            yield gauge(
+            yield _gauge(
                 "ourios_disk_free_bytes",
                 "Free bytes on the WAL's filesystem as of the last write: the last sample "
                 "less what the node wrote since, less the emergency reserve while released "
@@ -368,38 +414,43 @@ class _StateCollector(Collector):
                 free,
             )
         disk = self._m.settings.disk
-        yield gauge(
+        yield _gauge(
             "ourios_disk_low_water_bytes",
             "The configured disk.low_water_bytes (alerts compare free bytes with it).",
             disk.low_water_bytes,
         )
-        yield gauge(
+        yield _gauge(
             "ourios_disk_stop_water_bytes",
             "The configured disk.stop_water_bytes (alerts compare free bytes with it).",
             disk.stop_water_bytes,
         )
         yield from self._m.disk_and_archive(p.journal.quarantined)
+
+    def _backlog_and_workers(
+        self, p: Pipeline
+    ) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        """The turn's backlog, the miners, the recovery backlog, workers and threads."""
         stages = self._m.stages
         backlog_bytes, backlog_frames = (0, 0) if stages is None else stages.backlog
-        yield gauge(
+        yield _gauge(
             "ourios_ingest_backlog_bytes",
             "Frames acknowledged (durable) and not yet turned (mined and buffered), in "
             "bytes; at wal.turn_backlog_bytes new batches are refused (ingest_backlog).",
             backlog_bytes,
         )
-        yield gauge(
+        yield _gauge(
             "ourios_ingest_backlog_frames",
             "Frames acknowledged (durable) and not yet turned.",
             backlog_frames,
         )
-        yield gauge(
+        yield _gauge(
             "ourios_ingest_backlog_limit_bytes",
             "The configured wal.turn_backlog_bytes (the alert on the backlog follows it).",
             self._m.settings.wal.turn_backlog_bytes,
         )
         yield from _miner_metrics(p, self._m.settings)
         recovery = self._m.recovery
-        yield gauge(
+        yield _gauge(
             "ourios_recovery_backlog_bytes",
             "WAL bytes the start-up's replay has still to turn (0 once recovery.done).",
             0 if recovery is None else recovery.backlog_bytes,
@@ -413,6 +464,9 @@ class _StateCollector(Collector):
         restarts.add_metric([], 0 if workers is None else workers.restarts)
         yield restarts
         yield from self._m.thread_families()
+
+    def _sink_publishes(self, p: Pipeline) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        """What the publisher wrote, failed, spooled and dead-lettered, and the store gate."""
         stats = p.publisher.stats
         objects = CounterMetricFamily(
             "ourios_sink_objects", "Objects written to the store.", labels=["kind"]
@@ -457,12 +511,15 @@ class _StateCollector(Collector):
             dead.add_metric([kind, error_type], count)
         yield dead
         gate = p.publisher.gate
-        yield gauge(
+        yield _gauge(
             "ourios_sink_store_down",
             "1 while the store is not taking writes (one publish a second probes it).",
             1 if gate is not None and gate.down else 0,
         )
-        yield gauge(
+
+    def _recovery(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        """The start-up replay's duration and what it suppressed or isolated."""
+        yield _gauge(
             "ourios_recovery_duration_seconds",
             "How long the start-up replay took.",
             self._m.recovery_seconds,
@@ -488,8 +545,6 @@ class _StateCollector(Collector):
         recovery = self._m.recovery
         replay_isolated.add_metric([], 0 if recovery is None else len(recovery.report.isolated))
         yield replay_isolated
-        for extra in self._m.extra:
-            yield from extra()
 
 
 class _ProcessesCollector(Collector):

@@ -38,6 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
 import uvicorn
 
 from app import points
@@ -180,11 +181,50 @@ def _build_node(
     lock: DataDirLock,
     given_store: ObjectStore | None,
 ) -> Node:
+    """Wire the node's parts in the order each needs the one before: the store, the
+    WAL and its disk space, the pipeline, then the cadences that drive it."""
     server = settings.server
     clock, monotonic = clocks
     threads = Supervisor(events=events, restarts=server.thread_restarts)
     metrics = Metrics(settings)
     metrics.threads = threads
+    store, node, health, watched, archiver = _open_store(settings, events, metrics, given_store)
+    journal, intents, space = _open_wal(settings, events, clocks, metrics, archiver)
+    pipeline, ledger, admission, spool, spiller = _build_pipeline(
+        settings, events, monotonic, (store, watched, node), journal, intents, space, threads
+    )
+    snapshots, barrier, housekeeper, sweep = _build_cadences(
+        settings, events, clocks, pipeline, ledger, admission, intents, space, metrics, threads
+    )
+    return Node(
+        settings,
+        events,
+        journal,
+        watched,
+        pipeline,
+        metrics,
+        sweep,
+        snapshots,
+        ledger,
+        barrier,
+        housekeeper,
+        admission,
+        archiver,
+        lock,
+        intents,
+        spool,
+        spiller,
+        threads,
+        StoreProbe(health, settings.store.probe_secs, threads),
+    )
+
+
+def _open_store(
+    settings: Settings, events: EventLog, metrics: Metrics, given_store: ObjectStore | None
+) -> tuple[ObjectStore, str, StoreHealth, WatchedStore, Archiver | None]:
+    """The object store, probed before anything opens so a wrong one refuses the start,
+    wrapped so every call tells the store-health gauge; and the WAL archiver on it."""
+    server = settings.server
     store = given_store if given_store is not None else _store(settings)
     node = node_identity(server.node_id)
     if settings.wal.archive:
@@ -201,6 +241,22 @@ def _build_node(
     archiver: Archiver | None = None
     if settings.wal.archive:
         archiver = Archiver(store, node, events=events)  # it needs the LocalStore itself
+    metrics.archiver = archiver
+    return store, node, health, watched, archiver
+
+
+def _open_wal(
+    settings: Settings,
+    events: EventLog,
+    clocks: tuple[Callable[[], float], Callable[[], float]],
+    metrics: Metrics,
+    archiver: Archiver | None,
+) -> tuple[Journal, IntentLog, DiskSpace]:
+    """The volume checked, the emergency reserve taken, then the WAL and the publish
+    intents opened (on the reserve's block if the volume is full) and the disk-space
+    figure that counts their writes."""
+    server = settings.server
+    clock, monotonic = clocks
     disk = settings.disk
     check_volume(
         server.wal_dir,
@@ -246,6 +302,23 @@ def _build_node(
     space = open_disk_space(
         server.wal_dir, journal, reserve=reserve, stop_water_bytes=disk.stop_water_bytes
     )
+    return journal, intents, space
+
+
+def _build_pipeline(
+    settings: Settings,
+    events: EventLog,
+    monotonic: Callable[[], float],
+    stores: tuple[ObjectStore, WatchedStore, str],
+    journal: Journal,
+    intents: IntentLog,
+    space: DiskSpace,
+    threads: Supervisor,
+) -> tuple[Pipeline, SnapshotLedger, Admission, Spool, Spiller]:
+    """The pipeline and what it turns batches through: the miners and their template
+    ids, the sink's buffers and publisher with its spool, and admission."""
+    server = settings.server
+    store, watched, node = stores
     spool = _open_spool(server.data_dir, space, events, settings.sink.ceiling_bytes)
     allocator = FileTemplateIdAllocator(server.data_dir / "template-ids", server.node_ordinal)
     allocator.on_no_space = space.no_space
@@ -254,29 +327,8 @@ def _build_node(
         store.on_no_space = space.no_space
     miners = MinerCluster(allocator, miner_bounds(settings))
     holder: dict[str, Pipeline] = {}
-    buffers = Buffers(
-        flush_bytes=settings.sink.flush_bytes,
-        clock=monotonic,
-        epoch=lambda: holder["p"].epoch if "p" in holder else 1,
-        ceiling_bytes=settings.sink.ceiling_bytes,
-        max_object_bytes=settings.sink.max_object_bytes,
-    )
-    publisher = Publisher(
-        watched,
-        buffers,
-        node=node,
-        compression=settings.sink.parquet_compression,
-        queue_depth=settings.sink.publisher_queue_depth,
-        intents=intent_hook(intents),
-        retract=retract_hook(intents),
-        step=lambda name: points.hit(name),
-        spool=spool,
-        gate=StoreGate(events=events),
-        max_object_bytes=settings.sink.max_object_bytes,
-        threads=threads,
-        dead_letter=_dead_letter(server.data_dir, space),
-        dead_letter_attempts=settings.sink.dead_letter_attempts,
-        events=events,
+    buffers, publisher = _build_publisher(
+        settings, events, monotonic, (watched, node), intents, space, spool, threads, holder
     )
     spiller = Spiller(buffers, publisher.spill, threads=threads)
     ledger = SnapshotLedger()
@@ -316,6 +368,68 @@ def _build_node(
             settings.server.open_new_tenants_per_minute,
             events=lambda name, fields: events.emit(name, fields, "warning"),
         )
+    return pipeline, ledger, admission, spool, spiller
+
+
+def _build_publisher(
+    settings: Settings,
+    events: EventLog,
+    monotonic: Callable[[], float],
+    store: tuple[WatchedStore, str],
+    intents: IntentLog,
+    space: DiskSpace,
+    spool: Spool,
+    threads: Supervisor,
+    holder: dict[str, Pipeline],
+) -> tuple[Buffers, Publisher]:
+    """The sink's buffers (stamped with the pipeline's epoch once ``holder`` has it)
+    and the publisher that writes them to the store under their intents."""
+    server = settings.server
+    watched, node = store
+    buffers = Buffers(
+        flush_bytes=settings.sink.flush_bytes,
+        clock=monotonic,
+        epoch=lambda: holder["p"].epoch if "p" in holder else 1,
+        ceiling_bytes=settings.sink.ceiling_bytes,
+        max_object_bytes=settings.sink.max_object_bytes,
+    )
+    publisher = Publisher(
+        watched,
+        buffers,
+        node=node,
+        compression=settings.sink.parquet_compression,
+        queue_depth=settings.sink.publisher_queue_depth,
+        intents=intent_hook(intents),
+        retract=retract_hook(intents),
+        step=lambda name: points.hit(name),
+        spool=spool,
+        gate=StoreGate(events=events),
+        max_object_bytes=settings.sink.max_object_bytes,
+        threads=threads,
+        dead_letter=_dead_letter(server.data_dir, space),
+        dead_letter_attempts=settings.sink.dead_letter_attempts,
+        events=events,
+    )
+    return buffers, publisher
+
+
+def _build_cadences(
+    settings: Settings,
+    events: EventLog,
+    clocks: tuple[Callable[[], float], Callable[[], float]],
+    pipeline: Pipeline,
+    ledger: SnapshotLedger,
+    admission: Admission,
+    intents: IntentLog,
+    space: DiskSpace,
+    metrics: Metrics,
+    threads: Supervisor,
+) -> tuple[SnapshotStore, Barrier, Housekeeper, AgeSweep]:
+    """The cadences that drive the pipeline: the barrier's cuts into snapshots, the
+    housekeeper that reclaims after them, and the age sweep; each told to the metrics.
+    They run on the monotonic clock (``clock``, the wall clock, is the WAL's alone)."""
+    server = settings.server
+    clock, monotonic = clocks
     snapshots = SnapshotStore(server.snapshots_dir, space=space, events=events)
     wal = settings.wal
     barrier = Barrier(
@@ -333,7 +447,7 @@ def _build_node(
         threads=threads,
     )
     housekeeper = Housekeeper(
-        journal,
+        pipeline.journal,
         ledger,
         every=wal.housekeeping_secs,
         cap=wal.max_unlinks_per_pass,
@@ -347,7 +461,6 @@ def _build_node(
     housekeeper.observe_disk()  # a node starting on a full disk refuses from its first request
     metrics.housekeeper = housekeeper
     metrics.admission = admission
-    metrics.archiver = archiver
     housekeeper.on_run = metrics.cadence_observer("housekeeping")
     metrics.bind(pipeline)
     tick = max(0.1, min(5.0, settings.sink.flush_age_secs / 4))
@@ -358,27 +471,7 @@ def _build_node(
         metrics.cadence_observer("age_sweep"),
         threads=threads,
     )
-    return Node(
-        settings,
-        events,
-        journal,
-        watched,
-        pipeline,
-        metrics,
-        sweep,
-        snapshots,
-        ledger,
-        barrier,
-        housekeeper,
-        admission,
-        archiver,
-        lock,
-        intents,
-        spool,
-        spiller,
-        threads,
-        StoreProbe(health, settings.store.probe_secs, threads),
-    )
+    return snapshots, barrier, housekeeper, sweep
 
 
 def _dead_letter(data_dir: Path, space: DiskSpace) -> DeadLetter:
@@ -651,6 +744,32 @@ class _Recovering:
             self._fatal()
 
 
+@dataclass
+class _Serving:
+    """What ``_serve``'s start-up got to, shared by its phases (start-up, serve, stop)
+    so the stop takes down exactly that, in the order DESIGN.md §6 gives."""
+
+    stop: threading.Event
+    #: the HTTP receiver's drain: half of ``server.shutdown_grace_secs``, at least 1 s
+    grace: int
+    # server.metrics_port's listener, in this process with or without workers; its
+    # /metrics counts every worker's requests as theirs does (Workers.scrape).
+    ops: OpsListener | None = None
+    listeners: Listeners | None = None
+    workers: Workers | None = None
+    grpc_server: grpc.Server | None = None
+    http: uvicorn.Server | None = None
+    sock: socket.socket | None = None
+    #: when the stop came (monotonic), the listeners' drain already taken off
+    stopped_at: float | None = None
+
+    def fatal(self) -> None:
+        """A failed recovery stops the node as SIGTERM does."""
+        self.stop.set()
+        if self.http is not None:
+            self.http.should_exit = True
+
+
 def _serve(
     node: Node,
     stop: threading.Event,
@@ -661,36 +780,76 @@ def _serve(
     """Recovery's preparation, then serve — in worker processes (``server.workers`` >
     0) or on this process's receivers — while the replay runs on the turn thread ahead
     of every new frame (``_Recovering``); until SIGTERM/SIGINT or a failed recovery."""
-    settings = node.settings
-    pipeline = node.pipeline
     # The turn thread mines in Python while the core's other threads acknowledge: each
     # time one of them takes the GIL back after I/O it may wait the switch interval, a
     # few times a request, so a short interval bounds what another tenant's long turn
     # adds to an acknowledgement (DESIGN.md §5.14).
     sys.setswitchinterval(CORE_SWITCH_INTERVAL_S)
-    grace = max(1, settings.server.shutdown_grace_secs // 2)
-    listeners: Listeners | None = None
-    workers: Workers | None = None
-    # server.metrics_port's listener, in this process with or without workers; its
-    # /metrics counts every worker's requests as theirs does (Workers.scrape).
-    ops: OpsListener | None = None
+    run = _Serving(stop, max(1, node.settings.server.shutdown_grace_secs // 2))
+    refused = _open_listeners(node, run)
+    if refused is not None:
+        return refused
+    started = _start_core(node, run, config_file)
+    if isinstance(started, int):
+        return started
+    stages, recovery = started
+    node.metrics.recovery = recovery
+    recovering = _Recovering(node, recovery, run.fatal)
+    stages.start(replay=recovery.items(), turn_replayed=recovery.turn, replayed=recovering.replayed)
+    recovering.start()
+    http_port, grpc_port = _start_receivers(node, run, stages, tls)
+    node.pipeline.set_ready(True)
+    _listening(
+        node,
+        http_port,
+        grpc_port,
+        workers=run.workers.pids() if run.workers else [],
+        metrics_port=run.ops.port if run.ops is not None else 0,
+        tls=tls is not None,
+    )
+    try:
+        _until_stopped(node, run, received, recovering)
+    finally:
+        code = _stop(node, run, stages, recovery, recovering)
+    if recovering.failed is not None:
+        return 1
+    return code
+
+
+def _open_listeners(node: Node, run: _Serving) -> int | None:
+    """The ports bound first (the metrics listener, the workers' listeners): a port
+    taken refuses the start before anything else starts; its exit status, or None."""
+    settings = node.settings
     try:
         if settings.server.metrics_port:
-            ops = OpsListener(
+            run.ops = OpsListener(
                 settings,
-                pipeline,
-                lambda: workers.scrape() if workers is not None else node.metrics.exposition(),
+                node.pipeline,
+                lambda: (
+                    run.workers.scrape() if run.workers is not None else node.metrics.exposition()
+                ),
             )
         if settings.server.workers > 0:
-            listeners = Listeners(
+            run.listeners = Listeners(
                 settings.server.host, settings.server.http_port, settings.server.grpc_port
             )
     except OSError as exc:
-        if ops is not None:
-            ops.close()
+        if run.ops is not None:
+            run.ops.close()
         node.journal.close()
         _release(node)
         return _start_failed(node.events, exc)
+    return None
+
+
+def _start_core(
+    node: Node, run: _Serving, config_file: Path | None
+) -> tuple[Stages, Recovery] | int:
+    """The stages, the workers, the publisher and its helpers started, then recovery
+    prepared while the workers launch; a failure takes them down again (``_abandon``)
+    and is the exit status."""
+    settings = node.settings
+    pipeline = node.pipeline
     stages = Stages(
         pipeline,
         backlog_bytes=settings.wal.turn_backlog_bytes,
@@ -698,8 +857,8 @@ def _serve(
         threads=node.threads,
     )
     node.metrics.stages = stages
-    if listeners is not None:
-        workers = Workers(
+    if run.listeners is not None:
+        run.workers = Workers(
             settings.server.workers,
             stages,
             NodeState(
@@ -708,40 +867,57 @@ def _serve(
             observe=node.metrics.observe,
             exposition=node.metrics.exposition,
             events=node.events,
-            launch=worker_launcher(listeners, config_file),
+            launch=worker_launcher(run.listeners, config_file),
             threads=node.threads,
         )
-        node.metrics.workers = workers
+        node.metrics.workers = run.workers
     pipeline.publisher.start()
     if node.store_probe is not None:
         node.store_probe.start()
     if node.spiller is not None:
         node.spiller.start()  # before the replay, which buffers under the same bound
-
-    def abandon(exc: BaseException) -> int:
-        if node.store_probe is not None:
-            node.store_probe.close()
-        if workers is not None:
-            workers.stop(settings.server.shutdown_grace_secs)
-        if listeners is not None:
-            listeners.close()
-        if node.spiller is not None:
-            node.spiller.close()
-        if ops is not None:
-            ops.close()
-        pipeline.publisher.close()
-        node.journal.close()
-        _release(node)
-        return _start_failed(node.events, exc)
-
+    workers = run.workers
     if workers is not None:
         # The workers encode the publisher's records partitions (the core's CPU is the
         # node's bound); one that cannot leaves the core to encode them itself.
         pipeline.publisher.records_encoder = workers.encode_records
         workers.launch()  # starting while recovery prepares: the replay decodes on them
-    recovery = Recovery(
+    recovery = _recovery(node, workers)
+    try:
+        recovery.prepare()
+        if workers is not None:
+            workers.wait_started()
+    except (WalError, SnapshotStoreError, TenantCountExceeded, RuntimeError) as exc:
+        return _abandon(node, run, exc)
+    return stages, recovery
+
+
+def _abandon(node: Node, run: _Serving, exc: BaseException) -> int:
+    """A start-up that failed once the core started: stop what it started, close the
+    WAL, and report what refused it."""
+    if node.store_probe is not None:
+        node.store_probe.close()
+    if run.workers is not None:
+        run.workers.stop(node.settings.server.shutdown_grace_secs)
+    if run.listeners is not None:
+        run.listeners.close()
+    if node.spiller is not None:
+        node.spiller.close()
+    if run.ops is not None:
+        run.ops.close()
+    node.pipeline.publisher.close()
+    node.journal.close()
+    _release(node)
+    return _start_failed(node.events, exc)
+
+
+def _recovery(node: Node, workers: Workers | None) -> Recovery:
+    """The start-up's recovery over this node's WAL, snapshots, intents and store,
+    decoding on the workers when there are any."""
+    settings = node.settings
+    return Recovery(
         node.journal,
-        pipeline,
+        node.pipeline,
         node.snapshots,
         node.ledger,
         workers.decode_in_order if workers is not None else None,
@@ -763,131 +939,128 @@ def _serve(
             "warning",
         ),
     )
-    try:
-        recovery.prepare()
-        if workers is not None:
-            workers.wait_started()
-    except (WalError, SnapshotStoreError, TenantCountExceeded, RuntimeError) as exc:
-        return abandon(exc)
-    node.metrics.recovery = recovery
-    http: uvicorn.Server | None = None
 
-    def fatal() -> None:
-        stop.set()
-        if http is not None:
-            http.should_exit = True
 
-    recovering = _Recovering(node, recovery, fatal)
-    stages.start(replay=recovery.items(), turn_replayed=recovery.turn, replayed=recovering.replayed)
-    recovering.start()
-    grpc_server = None
-    if workers is not None:
-        assert listeners is not None
-        workers.accepting = True
-        http_port, grpc_port = listeners.http_port, listeners.grpc_port
-    else:
-        port = LocalPort(stages, pipeline)
-        auth = Authenticator(settings.auth.tokens or None)
-        bounds = receiver_bounds(
-            settings, lambda name, fields: node.events.emit(name, fields, "warning")
-        )
-        grpc_server, grpc_port = create_grpc_server(
-            port,
-            max_frame_bytes=settings.wal.max_frame_bytes,
-            authenticator=auth,
-            host=settings.server.host,
-            port=settings.server.grpc_port,
-            observer=node.metrics,
-            bounds=bounds,
-            credentials=tls.grpc_credentials() if tls is not None else None,
-        )
-        grpc_server.start()
-        app = create_http_app(
-            port,
-            max_frame_bytes=settings.wal.max_frame_bytes,
-            authenticator=auth,
-            metrics_text=node.metrics.exposition,
-            observer=node.metrics,
-            bounds=bounds,
-        )
-        sock = _listen(settings.server.host, settings.server.http_port)
-        http_port = sock.getsockname()[1]
-        http = http_server(app, grace=grace, tls=tls.http_context() if tls is not None else None)
-        if stop.is_set():
-            http.should_exit = True  # asked to stop while starting: start nothing new
-    pipeline.set_ready(True)
-    _listening(
-        node,
-        http_port,
-        grpc_port,
-        workers=workers.pids() if workers else [],
-        metrics_port=ops.port if ops is not None else 0,
-        tls=tls is not None,
+def _start_receivers(
+    node: Node, run: _Serving, stages: Stages, tls: ServerTls | None
+) -> tuple[int, int]:
+    """The workers told to accept, or this process's gRPC and HTTP receivers started;
+    the HTTP and gRPC ports they serve on."""
+    settings = node.settings
+    if run.workers is not None:
+        assert run.listeners is not None
+        run.workers.accepting = True
+        return run.listeners.http_port, run.listeners.grpc_port
+    port = LocalPort(stages, node.pipeline)
+    auth = Authenticator(settings.auth.tokens or None)
+    bounds = receiver_bounds(
+        settings, lambda name, fields: node.events.emit(name, fields, "warning")
     )
-    stopped_at: float | None = None
-    try:
-        if http is not None:
-            http.run(sockets=[sock])  # returns on SIGTERM/SIGINT once requests finish
-            # the HTTP drain (at most its half of the grace) was spent before this line
-            stopped_at = time.monotonic() - grace - STOP_POLL_SECS
-        else:
-            wait_for_stop(stop)
-            stopped_at = time.monotonic() - STOP_POLL_SECS
-        node.events.emit(
-            "server.stopping",
-            {
-                "signals": [signal.Signals(n).name for n in received],
-                "recovery_failed": recovering.failed is not None,
-            },
-        )
-    finally:
-        budget = StopBudget.since(settings, time.monotonic() if stopped_at is None else stopped_at)
-        pipeline.set_ready(False)
-        # A replay still running is cut short first, before its workers go: it ends at
-        # its next frame, its decoding ahead is abandoned, and nothing new is turned on
-        # top of it. What it did not turn stays in the WAL for the next start; frames
-        # acknowledged behind it are durable there too.
-        replaying = not recovering.done.is_set()
-        if replaying:
-            stages.halt()
-            recovery.cancel()
-        workers_clean = True
-        if workers is not None:
-            workers_clean = workers.stop(budget.drain_left())
-        if grpc_server is not None:
-            grpc_server.stop(grace=min(grace, budget.drain_left())).wait(budget.drain_left())
-        stages_joined = stages.close(
-            budget.turns(), drain=not replaying, halt_secs=min(5.0, budget.left() / 4)
-        )
-        recovering.stop(min(30.0, budget.left() / 4))
-        if listeners is not None:
-            listeners.close()
-        # never turned: those the halt skipped, and those a turn thread that did not end
-        # never reached (acknowledged, in the WAL above the mark)
-        frames_left, bytes_left = stages.left
-        pending_bytes, pending_frames = stages.backlog
-        frames_left, bytes_left = frames_left + pending_frames, bytes_left + pending_bytes
-        if ops is not None:
-            ops.close()
-        node.events.emit(
-            "stages.stopped",
-            {
-                "workers_clean": workers_clean,
-                "stages_joined": stages_joined,
-                "replay_unfinished_bytes": recovery.backlog_bytes,
-                "frames_left_unturned": frames_left,
-                "bytes_left_unturned": bytes_left,
-            },
-        )
-        code = shutdown(
-            node,
-            final_cut=recovering.done.is_set(),
-            until=budget.end,
-            unturned=frames_left,
-        )
-    if recovering.failed is not None:
-        return 1
-    return code
+    grpc_server, grpc_port = create_grpc_server(
+        port,
+        max_frame_bytes=settings.wal.max_frame_bytes,
+        authenticator=auth,
+        host=settings.server.host,
+        port=settings.server.grpc_port,
+        observer=node.metrics,
+        bounds=bounds,
+        credentials=tls.grpc_credentials() if tls is not None else None,
+    )
+    run.grpc_server = grpc_server
+    grpc_server.start()
+    app = create_http_app(
+        port,
+        max_frame_bytes=settings.wal.max_frame_bytes,
+        authenticator=auth,
+        metrics_text=node.metrics.exposition,
+        observer=node.metrics,
+        bounds=bounds,
+    )
+    sock = _listen(settings.server.host, settings.server.http_port)
+    run.sock = sock
+    http_port: int = sock.getsockname()[1]
+    run.http = http_server(
+        app, grace=run.grace, tls=tls.http_context() if tls is not None else None
+    )
+    if run.stop.is_set():
+        run.http.should_exit = True  # asked to stop while starting: start nothing new
+    return http_port, grpc_port
+
+
+def _until_stopped(node: Node, run: _Serving, received: list[int], recovering: _Recovering) -> None:
+    """Serve until SIGTERM/SIGINT (or a failed recovery), noting when the stop came:
+    the stop's budget counts from there."""
+    if run.http is not None:
+        assert run.sock is not None
+        run.http.run(sockets=[run.sock])  # returns on SIGTERM/SIGINT once requests finish
+        # the HTTP drain (at most its half of the grace) was spent before this line
+        run.stopped_at = time.monotonic() - run.grace - STOP_POLL_SECS
+    else:
+        wait_for_stop(run.stop)
+        run.stopped_at = time.monotonic() - STOP_POLL_SECS
+    node.events.emit(
+        "server.stopping",
+        {
+            "signals": [signal.Signals(n).name for n in received],
+            "recovery_failed": recovering.failed is not None,
+        },
+    )
+
+
+def _stop(
+    node: Node, run: _Serving, stages: Stages, recovery: Recovery, recovering: _Recovering
+) -> int:
+    """The stop (DESIGN.md §6) within its budget: the replay cut short, the workers and
+    receivers drained, the turns joined, then ``shutdown``'s final phase; its exit status."""
+    settings = node.settings
+    pipeline = node.pipeline
+    workers = run.workers
+    grace = run.grace
+    stopped_at = run.stopped_at
+    budget = StopBudget.since(settings, time.monotonic() if stopped_at is None else stopped_at)
+    pipeline.set_ready(False)
+    # A replay still running is cut short first, before its workers go: it ends at
+    # its next frame, its decoding ahead is abandoned, and nothing new is turned on
+    # top of it. What it did not turn stays in the WAL for the next start; frames
+    # acknowledged behind it are durable there too.
+    replaying = not recovering.done.is_set()
+    if replaying:
+        stages.halt()
+        recovery.cancel()
+    workers_clean = True
+    if workers is not None:
+        workers_clean = workers.stop(budget.drain_left())
+    if run.grpc_server is not None:
+        run.grpc_server.stop(grace=min(grace, budget.drain_left())).wait(budget.drain_left())
+    stages_joined = stages.close(
+        budget.turns(), drain=not replaying, halt_secs=min(5.0, budget.left() / 4)
+    )
+    recovering.stop(min(30.0, budget.left() / 4))
+    if run.listeners is not None:
+        run.listeners.close()
+    # never turned: those the halt skipped, and those a turn thread that did not end
+    # never reached (acknowledged, in the WAL above the mark)
+    frames_left, bytes_left = stages.left
+    pending_bytes, pending_frames = stages.backlog
+    frames_left, bytes_left = frames_left + pending_frames, bytes_left + pending_bytes
+    if run.ops is not None:
+        run.ops.close()
+    node.events.emit(
+        "stages.stopped",
+        {
+            "workers_clean": workers_clean,
+            "stages_joined": stages_joined,
+            "replay_unfinished_bytes": recovery.backlog_bytes,
+            "frames_left_unturned": frames_left,
+            "bytes_left_unturned": bytes_left,
+        },
+    )
+    return shutdown(
+        node,
+        final_cut=recovering.done.is_set(),
+        until=budget.end,
+        unturned=frames_left,
+    )
 
 
 def _isolated(node: Node, isolated: IsolatedFrame) -> None:
@@ -1057,7 +1230,6 @@ def shutdown(
     join may hold them) — which ``server.stopped`` counts in ``rows_left_in_wal``; an
     unfinished replay, and ``unturned`` acknowledged frames the turn thread never
     reached, count as rows left too."""
-    events = node.events
     phase = _FinalPhase()
     if until is None:
         _final_phase(node, phase, join_timeout, final_cut, until)
@@ -1070,6 +1242,13 @@ def shutdown(
         )
         runner.start()
         runner.join(max(0.0, until - time.monotonic()))
+    return _stopped(node, phase, final_cut, unturned)
+
+
+def _stopped(node: Node, phase: _FinalPhase, final_cut: bool, unturned: int) -> int:
+    """After the final phase ended or was abandoned: count what it left, end the
+    supervised threads, and report it all in ``server.stopped``; the exit status."""
+    events = node.events
     # Counted after the publisher stopped: what is neither buffered nor in an unsettled
     # publish reached the store. Not the buffers alone — a publish whose thread never
     # returned holds its rows outside them.

@@ -279,12 +279,44 @@ def create_http_app(
         raise ValueError(f"max_frame_bytes must be >= 1, got {max_frame_bytes}")
     if ingest_concurrency < 1:
         raise ValueError(f"ingest_concurrency must be >= 1, got {ingest_concurrency}")
-    bounds = bounds or default_bounds(max_frame_bytes)
-    limits, budget, read_timeout = bounds.limits, bounds.budget, bounds.body_read_timeout
-    limiter = anyio.CapacityLimiter(ingest_concurrency)
-    empty_ok = {as_json: success_body(0, "", as_json) for as_json in (False, True)}
-    internal = IngestRejection("internal error; the server log has the details")
+    post_logs = _post_logs_handler(
+        pipeline,
+        max_frame_bytes,
+        authenticator,
+        anyio.CapacityLimiter(ingest_concurrency),
+        logger,
+        observer,
+        bounds or default_bounds(max_frame_bytes),
+    )
+    app = _ReceiverApp(
+        post_logs,
+        openapi_url=None,
+        docs_url=None,
+        redoc_url=None,
+        telemetry={"tracing": False, "metrics": False, "logs": False},
+    )
+    # Starlette routes, not FastAPI path operations: no dependency solving, no models.
+    app.add_route(LOGS_PATH, post_logs, methods=["POST"], include_in_schema=False)
+    _add_ops_routes(app, pipeline, metrics_text)
+    return app
 
+
+#: A request's ingest once its body is read: (tenant, body, headers, protobuf, ticket);
+#: None means the request held no records.
+_IngestCall = Callable[[str, bytes, _Headers, bool, Ticket], IngestOutcome | None]
+_AsyncIngestCall = Callable[[str, bytes, _Headers, bool, Ticket], Awaitable[IngestOutcome | None]]
+
+
+def _ingest_calls(
+    pipeline: IngestPort,
+    max_frame_bytes: int,
+    bounds: ReceiverBounds,
+    limiter: anyio.CapacityLimiter,
+) -> tuple[_IngestCall, _AsyncIngestCall | None]:
+    """How a read body is decoded and ingested: in a worker thread, and — for a pipeline
+    that answers on the event loop (a worker process's) — awaited on the loop (None
+    otherwise)."""
+    limits, budget = bounds.limits, bounds.budget
     ingest_async = cast(AsyncIngest | None, getattr(pipeline, "ingest_async", None))
 
     def decode(
@@ -329,6 +361,53 @@ def create_http_app(
             return None
         return await ingest_async(tenant, *prepared, "http")
 
+    return ingest, ingest_on_loop if ingest_async is not None else None
+
+
+def _admit(
+    headers: _Headers,
+    authenticator: Authenticator,
+    media_type: str,
+    protobuf: bool,
+    max_frame_bytes: int,
+) -> tuple[str, int, int | None, bool]:
+    """What a request's headers decide before any byte of its body is read: its tenant,
+    the body cap, the declared length and whether the client waits for 100 Continue;
+    raises the rejection a header earns."""
+    tenant = authenticator.authorize(headers.authorization, headers.tenant)
+    if not protobuf and media_type != JSON_CONTENT_TYPE:
+        raise _unsupported_type(headers.content_type)
+    cap = raw_body_cap(max_frame_bytes, headers.content_encoding)
+    declared: int | None = None
+    waiting = (headers.expect or "").strip().lower() == "100-continue"
+    if headers.content_length is not None:
+        try:
+            declared = int(headers.content_length)
+        except ValueError:
+            raise BadRequest("Content-Length is not a number") from None
+        if declared > cap and (waiting or declared > cap + DISCARD_BYTES):
+            # A client waiting for 100 Continue sends no body: answer now. One
+            # beyond the discard bound is not worth reading: answer and close.
+            raise PayloadTooLarge(max_frame_bytes)
+    return tenant, cap, declared, waiting
+
+
+def _post_logs_handler(
+    pipeline: IngestPort,
+    max_frame_bytes: int,
+    authenticator: Authenticator,
+    limiter: anyio.CapacityLimiter,
+    logger: logging.Logger,
+    observer: IngestObserver,
+    bounds: ReceiverBounds,
+) -> Callable[[Request], Awaitable[Response]]:
+    """POST /v1/logs: the headers admitted, the body read under the in-flight budget,
+    then ingested; every outcome observed and answered."""
+    budget, read_timeout = bounds.budget, bounds.body_read_timeout
+    empty_ok = {as_json: success_body(0, "", as_json) for as_json in (False, True)}
+    internal = IngestRejection("internal error; the server log has the details")
+    ingest, ingest_on_loop = _ingest_calls(pipeline, max_frame_bytes, bounds, limiter)
+
     async def post_logs(request: Request) -> Response:
         started = time.perf_counter()
         headers = _Headers(request.scope["headers"])
@@ -337,21 +416,9 @@ def create_http_app(
         as_json = not protobuf
         ticket: Ticket | None = None
         try:
-            tenant = authenticator.authorize(headers.authorization, headers.tenant)
-            if not protobuf and media_type != JSON_CONTENT_TYPE:
-                raise _unsupported_type(headers.content_type)
-            cap = raw_body_cap(max_frame_bytes, headers.content_encoding)
-            declared: int | None = None
-            waiting = (headers.expect or "").strip().lower() == "100-continue"
-            if headers.content_length is not None:
-                try:
-                    declared = int(headers.content_length)
-                except ValueError:
-                    raise BadRequest("Content-Length is not a number") from None
-                if declared > cap and (waiting or declared > cap + DISCARD_BYTES):
-                    # A client waiting for 100 Continue sends no body: answer now. One
-                    # beyond the discard bound is not worth reading: answer and close.
-                    raise PayloadTooLarge(max_frame_bytes)
+            tenant, cap, declared, waiting = _admit(
+                headers, authenticator, media_type, protobuf, max_frame_bytes
+            )
             try:
                 # Before any byte of the body is read: a body is never held past cap.
                 ticket = budget.take(cap if declared is None else min(declared, cap))
@@ -367,7 +434,7 @@ def create_http_app(
             except TimeoutError:
                 raise BodyTimeout(read_timeout) from None
             ticket.resize(len(body))
-            if ingest_async is not None:
+            if ingest_on_loop is not None:
                 outcome = await ingest_on_loop(tenant, body, headers, protobuf, ticket)
             else:
                 outcome = await anyio.to_thread.run_sync(
@@ -399,17 +466,7 @@ def create_http_app(
             content, content_type = success_body(outcome.rejected, outcome.message, as_json)
         return Response(content, 200, None, content_type)
 
-    app = _ReceiverApp(
-        post_logs,
-        openapi_url=None,
-        docs_url=None,
-        redoc_url=None,
-        telemetry={"tracing": False, "metrics": False, "logs": False},
-    )
-    # Starlette routes, not FastAPI path operations: no dependency solving, no models.
-    app.add_route(LOGS_PATH, post_logs, methods=["POST"], include_in_schema=False)
-    _add_ops_routes(app, pipeline, metrics_text)
-    return app
+    return post_logs
 
 
 class Health(Protocol):

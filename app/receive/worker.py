@@ -32,7 +32,7 @@ import socket
 import sys
 import threading
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import pyarrow as pa
 
@@ -51,6 +51,13 @@ from app.receive.otlp_grpc import create_grpc_server
 from app.receive.otlp_http import create_http_app, http_server
 from app.receive.tls import TlsError, server_tls
 from sink.parquet import encode_table
+
+if TYPE_CHECKING:
+    import grpc
+    import uvicorn
+
+    from app.node.config import Settings
+    from app.node.events import EventLog
 
 __all__ = ["RemotePort", "main"]
 
@@ -256,42 +263,11 @@ def main(argv: list[str] | None = None) -> int:
     conn = Connection(socket.socket(fileno=args.channel_fd))
     remote = RemotePort(conn)
     observer = ReportingObserver(conn)
-    auth = Authenticator(settings.auth.tokens or None)
     grace = max(1, settings.server.shutdown_grace_secs // 2)
-    # One budget for both transports: the bound is per process (DESIGN.md §7).
-    bounds = receiver_bounds(
-        settings,
-        lambda name, fields: events.emit(name, {"worker": args.index, **fields}, "warning"),
-    )
-    try:
-        tls = server_tls(
-            settings,
-            lambda name, fields, level: events.emit(name, {"worker": args.index, **fields}, level),
-        )
-    except TlsError as exc:
-        print(f"worker {args.index}: {exc}", file=sys.stderr)
-        return 2
-    grpc_server, _ = create_grpc_server(
-        remote,
-        max_frame_bytes=settings.wal.max_frame_bytes,
-        authenticator=auth,
-        host=settings.server.host,
-        port=args.grpc_port,
-        observer=observer,
-        reuse_port=True,
-        bounds=bounds,
-        credentials=tls.grpc_credentials() if tls is not None else None,
-    )
-    grpc_server.start()
-    app = create_http_app(
-        remote,
-        max_frame_bytes=settings.wal.max_frame_bytes,
-        authenticator=auth,
-        metrics_text=remote.metrics_text,
-        observer=observer,
-        bounds=bounds,
-    )
-    http = http_server(app, grace=grace, tls=tls.http_context() if tls is not None else None)
+    started = _start_receivers(settings, events, args, remote, observer, grace)
+    if isinstance(started, int):
+        return started
+    grpc_server, http = started
     # Start-up's objects (modules, the ASGI and gRPC stacks) live as long as the process:
     # out of the collector's generations, a full collection no longer stops the event
     # loop for a walk over all of them (58 ms measured under the half-load benchmark,
@@ -339,6 +315,54 @@ def main(argv: list[str] | None = None) -> int:
     events.emit("worker.stopped", {"index": args.index, "pid": os.getpid()})
     conn.close("the worker stopped")
     return 0
+
+
+def _start_receivers(
+    settings: Settings,
+    events: EventLog,
+    args: argparse.Namespace,
+    remote: RemotePort,
+    observer: ReportingObserver,
+    grace: int,
+) -> tuple[grpc.Server, uvicorn.Server] | int:
+    """This worker's gRPC receiver started and its HTTP server made (``main`` runs it on
+    the core's listening socket), both over the core; 2 when TLS cannot be set up."""
+    auth = Authenticator(settings.auth.tokens or None)
+    # One budget for both transports: the bound is per process (DESIGN.md §7).
+    bounds = receiver_bounds(
+        settings,
+        lambda name, fields: events.emit(name, {"worker": args.index, **fields}, "warning"),
+    )
+    try:
+        tls = server_tls(
+            settings,
+            lambda name, fields, level: events.emit(name, {"worker": args.index, **fields}, level),
+        )
+    except TlsError as exc:
+        print(f"worker {args.index}: {exc}", file=sys.stderr)
+        return 2
+    grpc_server, _ = create_grpc_server(
+        remote,
+        max_frame_bytes=settings.wal.max_frame_bytes,
+        authenticator=auth,
+        host=settings.server.host,
+        port=args.grpc_port,
+        observer=observer,
+        reuse_port=True,
+        bounds=bounds,
+        credentials=tls.grpc_credentials() if tls is not None else None,
+    )
+    grpc_server.start()
+    app = create_http_app(
+        remote,
+        max_frame_bytes=settings.wal.max_frame_bytes,
+        authenticator=auth,
+        metrics_text=remote.metrics_text,
+        observer=observer,
+        bounds=bounds,
+    )
+    http = http_server(app, grace=grace, tls=tls.http_context() if tls is not None else None)
+    return grpc_server, http
 
 
 def _deliver_forever(conn: Connection) -> None:
