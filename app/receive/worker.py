@@ -56,8 +56,8 @@ if TYPE_CHECKING:
     import grpc
     import uvicorn
 
-    from app.node.config import Settings
-    from app.node.events import EventLog
+    from app.base.config import Settings
+    from app.base.events import EventLog
 
 __all__ = ["RemotePort", "main"]
 
