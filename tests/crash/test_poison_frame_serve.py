@@ -60,17 +60,32 @@ ourios serve that test starts): mining fails at every record holding the marker.
 import os
 
 
-def _install(marker):
+def _install(marker, held):
+    import threading
+
     from app.node import server
     from tests.support.minerfaults import FaultPlan, FaultyMiners
 
+    seen = []
+    never = threading.Event()
+
+    def poison(body):
+        # The frame marked ``held`` fails its first attempt (the turn's: the tenant is
+        # settling) and its settlement's attempt then never returns, so the test's
+        # SIGKILL always lands before the frame can be isolated in this process.
+        if held and held in body:
+            seen.append(body)
+            if len(seen) > 1:
+                never.wait()
+        return marker in body
+
     plan = FaultPlan()  # armed from the start: the replay fails on it too
-    plan.fail_at(marker, "before", times=10**9)
+    plan.fail_at(poison, "before", times=10**9)
     server.MinerCluster = lambda allocator, config: FaultyMiners(allocator, plan, config)
 
 
 if os.environ.get("NOWEDGE4_POISON"):
-    _install(os.environ["NOWEDGE4_POISON"])
+    _install(os.environ["NOWEDGE4_POISON"], os.environ.get("NOWEDGE4_HOLD", ""))
 '''
 
 
@@ -141,7 +156,8 @@ def test_nowedge_4_a_poison_frame_is_isolated_and_the_others_publish_and_reclaim
     ledger = AckLedger()
 
     # -- the first node: a poison batch under load --------------------------------------
-    first = ServeProcess(data, env).start()
+    # the first node never finishes settling the second poison frame (NOWEDGE4_HOLD)
+    first = ServeProcess(data, {**env, "NOWEDGE4_HOLD": f"{MARKER}2"}).start()
     try:
         with AckLoad(ledger, first.http_port, senders=3, tenants=TENANTS, seed=18) as load:
             load.wait_acked(30, timeout=60)
@@ -154,7 +170,7 @@ def test_nowedge_4_a_poison_frame_is_isolated_and_the_others_publish_and_reclaim
 
             _post(first, f"{MARKER}2")
             p2 = _wait("the second poison frame", lambda: _settling(first, {p1}), first)
-            first.kill()  # before its settlement can isolate it: the replay meets it
+            first.kill()  # its settlement is held: the replay meets the frame
             load.join()
     finally:
         first.kill()
