@@ -29,7 +29,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from app.base.config import SETTINGS, Kind, Setting  # noqa: E402 - needs the repository root
+from app.base.config import SETTINGS, Setting, ValueKind  # noqa: E402 - needs the repository root
 
 SCHEMA_PATH = ROOT / "charts" / "ourios" / "values.schema.json"
 
@@ -67,7 +67,7 @@ NARROWED: dict[str, Schema] = {
     **{
         row.yaml_key: {"maximum": FLOAT64_EXACT}
         for row in SETTINGS
-        if row.kind is Kind.INT and row.maximum is not None and row.maximum > FLOAT64_EXACT
+        if row.kind is ValueKind.INT and row.maximum is not None and row.maximum > FLOAT64_EXACT
     },
 }
 #: String settings: the app checks them with code; these patterns are the same grammar
@@ -107,15 +107,15 @@ def value_rows() -> tuple[Setting, ...]:
 def setting_schema(row: Setting) -> Schema:
     """One setting's schema: its type, range or choices, its default and its variable."""
     schema: Schema
-    if row.kind is Kind.INT:
+    if row.kind is ValueKind.INT:
         schema = {"type": "integer"}
         if row.minimum is not None:
             schema["minimum"] = row.minimum
         if row.maximum is not None:
             schema["maximum"] = row.maximum
-    elif row.kind is Kind.BOOL:
+    elif row.kind is ValueKind.BOOL:
         schema = {"type": "boolean"}
-    elif row.kind is Kind.CHOICE:
+    elif row.kind is ValueKind.CHOICE:
         schema = {"type": "string", "enum": list(row.choices)}
     else:
         schema = {"type": "string"}
@@ -125,7 +125,7 @@ def setting_schema(row: Setting) -> Schema:
     schema.update(NARROWED.get(row.yaml_key, {}))
     if row.default is not None:
         schema["default"] = row.default
-    elif row.optional and row.kind is Kind.INT:
+    elif row.optional and row.kind is ValueKind.INT:
         # An optional number the app derives when unset (server.workers): null.
         schema["type"] = ["integer", "null"]
     elif row.optional:

@@ -452,10 +452,10 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "a two-slot record file whose newer slot breaks the format (its checksum holds) "
         "refuses the open naming file, slot and byte; an older broken slot is the previous "
         "record",
-        "wal/recordfile.py",
+        "wal/two_slot_file.py",
         "            and rejected.generation > self._live_generation",
         "            and rejected.generation < self._live_generation",
-        ("tests/unit/wal/test_recordfile.py",),
+        ("tests/unit/wal/test_two_slot_file.py",),
     ),
     # -- the ingest path's buffers (issues 4 and 14) --------------------------------------
     Sabotage(
@@ -493,19 +493,19 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "worker_acks_before_the_core",
         "a worker answers its client with the core's answer, never before it",
-        "app/receive/worker.py",
+        "app/receive/worker_process.py",
         """            answer = self._conn.call(
-                Kind.INGEST,
+                MessageKind.INGEST,
                 channel.encode_ingest(transport, tenant, payload, batch),
                 ANSWER_TIMEOUT_S,
             )""",
         """            self._conn.start(
-                Kind.INGEST, channel.encode_ingest(transport, tenant, payload, batch)
+                MessageKind.INGEST, channel.encode_ingest(transport, tenant, payload, batch)
             )
             return IngestOutcome(len(batch))""",
         (
-            "tests/unit/app/receive/test_worker.py::test_the_worker_answers_only_once_the_core_has",
-            "tests/unit/app/receive/test_worker.py::test_the_worker_relays_the_cores_refusal_as_is",
+            "tests/unit/app/receive/test_worker_process.py::test_the_worker_answers_only_once_the_core_has",
+            "tests/unit/app/receive/test_worker_process.py::test_the_worker_relays_the_cores_refusal_as_is",
         ),
     ),
     Sabotage(
@@ -523,7 +523,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "worker_outlives_the_core",
         "no worker outlives the core (the kernel kills it, and it exits when its channel closes)",
-        "app/receive/worker.py",
+        "app/receive/worker_process.py",
         "    _arm_parent_death(args.parent)\n",
         "",
         (
@@ -541,33 +541,33 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "worker_acks_before_the_core_on_the_loop",
         "a worker answers its client with the core's answer, never before it (event loop)",
-        "app/receive/worker.py",
+        "app/receive/worker_process.py",
         "            await asyncio.wait_for(answered, ANSWER_TIMEOUT_S)\n"
         "            answer = call.wait(0)",
         "            return IngestOutcome(len(batch))",
         (
-            "tests/unit/app/receive/test_worker.py::test_an_ingest_awaited_on_an_event_loop_gets_the_cores_answer",
+            "tests/unit/app/receive/test_worker_process.py::test_an_ingest_awaited_on_an_event_loop_gets_the_cores_answer",
         ),
     ),
     Sabotage(
         "worker_launched_while_stopping_left_running",
         "a worker launched while the core stops is stopped with the others, never left running",
-        "app/node/workers.py",
+        "app/node/worker_pool.py",
         "            if not stopping:\n                self._links[index] = link",
         "            self._links[index] = link\n            stopping = False",
         (
-            "tests/unit/app/node/test_workers.py::test_a_worker_launched_while_stopping_is_ended_not_left_running",
+            "tests/unit/app/node/test_worker_pool.py::test_a_worker_launched_while_stopping_is_ended_not_left_running",
         ),
     ),
     Sabotage(
         "encode_only_on_a_worker",
         "a records partition no worker encodes is encoded by the core (a dying worker loses no publish)",
-        "app/node/workers.py",
+        "app/node/worker_pool.py",
         "        return encode_records(cols, compression)\n",
         '        raise ChannelClosed("no worker encoded the partition")\n',
         (
-            "tests/unit/app/node/test_workers.py::test_the_core_encodes_a_partition_itself_when_no_worker_answers",
-            "tests/unit/app/node/test_workers.py::test_a_partition_over_the_channels_frame_bound_is_encoded_by_the_core",
+            "tests/unit/app/node/test_worker_pool.py::test_the_core_encodes_a_partition_itself_when_no_worker_answers",
+            "tests/unit/app/node/test_worker_pool.py::test_a_partition_over_the_channels_frame_bound_is_encoded_by_the_core",
         ),
     ),
     Sabotage(
@@ -604,11 +604,11 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "scrape_without_flush",
         "a scrape counts every request a client has had its answer to, whichever worker serves it",
-        "app/node/workers.py",
-        "                link.conn.call(Kind.FLUSH, [], 5.0)",
+        "app/node/worker_pool.py",
+        "                link.conn.call(MessageKind.FLUSH, [], 5.0)",
         "                pass",
         (
-            "tests/unit/app/node/test_workers.py::test_a_scrape_counts_every_report_sent_before_it_through_any_worker",
+            "tests/unit/app/node/test_worker_pool.py::test_a_scrape_counts_every_report_sent_before_it_through_any_worker",
         ),
     ),
     # -- no wedge on a failed audit publish; truthful cadences and shutdown (issue 18) --
@@ -710,13 +710,13 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "replay_decode_ignores_the_stop",
         "SIGTERM is honoured in every state: a replay's decoding ends at the stop",
-        "app/node/workers.py",
+        "app/node/worker_pool.py",
         "        if stop.is_set() or self._stopping.is_set():\n"
         '            raise DecodeStopped("the replay was stopped")',
         "        return",
         (
-            "tests/unit/app/node/test_workers.py::test_every_state_1_a_stop_abandons_the_decode_window",
-            "tests/unit/app/node/test_workers.py::test_every_state_1_stopping_workers_end_a_decode_that_waits_for_them",
+            "tests/unit/app/node/test_worker_pool.py::test_every_state_1_a_stop_abandons_the_decode_window",
+            "tests/unit/app/node/test_worker_pool.py::test_every_state_1_stopping_workers_end_a_decode_that_waits_for_them",
         ),
     ),
     Sabotage(
@@ -775,11 +775,11 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "decode_retried_without_bound",
         "a replayed frame's decode is retried at most wal.frame_decode_attempts times",
-        "app/node/workers.py",
+        "app/node/worker_pool.py",
         "            if failures >= attempts:\n                return Undecodable(error, failures)",
         "            if False:\n                return Undecodable(error, failures)",
         (
-            "tests/unit/app/node/test_workers.py::test_every_state_4_a_payload_failing_on_every_worker_is_undecodable_at_the_bound",
+            "tests/unit/app/node/test_worker_pool.py::test_every_state_4_a_payload_failing_on_every_worker_is_undecodable_at_the_bound",
         ),
     ),
     Sabotage(
@@ -939,7 +939,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "snapshot_ignores_the_reserve",
         "a snapshot install on a full volume takes the reserve (a horizon can still advance)",
-        "app/ingest/snapshots.py",
+        "app/ingest/snapshot_store.py",
         "            if not is_no_space(exc) or space is None:\n                raise",
         "            if True:\n                raise",
         (

@@ -8,7 +8,7 @@ doubles from ``wal.testing`` and internals from their modules. The modules, from
 * ``errors``, ``types``, ``config`` — the error tree, the shared value types, the knobs;
   ``tenant`` — the tenant name's grammar and bound, the one home of that rule.
 * ``frame`` — the frame codec; ``segment`` — naming, the header, joining the set.
-* ``slots`` — two-slot files; ``recordfile`` — the lifecycle RECLAIM and PUBLISHED share.
+* ``slots`` — two-slot files; ``two_slot_file`` — the lifecycle RECLAIM and PUBLISHED share.
 * ``checkpoint_file``, ``reclaim_file``, ``published_file``, ``highwater_file`` — the
   sidecars' formats (CHECKPOINT, RECLAIM, PUBLISHED, HIGHWATER).
 * ``intents`` — the publish intents (PUBLISHING); ``quarantine`` — moving an unreadable

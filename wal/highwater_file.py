@@ -4,7 +4,7 @@ Every acknowledged frame of a segment lies below an LSN an fsync had covered. On
 segment rotates, its successor's header records that LSN (``wal/segment.py``); while it
 is the newest, this file does (issue 22 item 5), so damage inside acknowledged frames of
 the newest segment is corruption named by file and offset rather than a torn tail to
-seal. It is RECLAIM's and PUBLISHED's two-slot record file (``wal/recordfile.py`` over
+seal. It is RECLAIM's and PUBLISHED's two-slot record file (``wal/two_slot_file.py`` over
 ``wal/slots.py``): preallocated when the root is created, rewritten in place, so a write
 needs no block on a full volume. All integers little-endian, the UUID in RFC 4122 byte
 order::
@@ -53,8 +53,8 @@ from pathlib import Path
 from typing import Final
 
 from .errors import CorruptionError
-from .recordfile import RecordFile, UnencodableRecord, encode_header
 from .slots import FILE_HEADER_SIZE, check_trailer, format_defect, seal_slot
+from .two_slot_file import RecordFile, UnencodableRecord, encode_header
 
 NAME: Final = "HIGHWATER"
 MAGIC: Final = b"OWHW"

@@ -1,7 +1,7 @@
 """PUBLISHED: each tenant's publication frontiers — what recovery may suppress.
 
 RFC 0055 (§9.4; SEED-DIGEST A.7) gives PUBLISHED RECLAIM's shape, not its bytes: the
-two-slot record file of ``wal/recordfile.py`` (over ``wal/slots.py``), a per-slot
+two-slot record file of ``wal/two_slot_file.py`` (over ``wal/slots.py``), a per-slot
 dictionary laid out exactly as RECLAIM's (its code is ``wal/reclaim_file.py``'s, and so is
 the id space: the journal keeps one in-memory table seeded from the union of both
 dictionaries), then one fixed entry per id. No planned area, so ``slot_len`` derives
@@ -55,7 +55,7 @@ reaches, so one offset carries it. ``PublishedEntry.marks`` reads it as
 ``PublishedMarks(frontier, frontier, intent=end)``; a publishing entry without
 audit_valid makes the slot invalid.
 
-Writing is RECLAIM's (``wal/recordfile.py``): the inactive slot in place at generation
+Writing is RECLAIM's (``wal/two_slot_file.py``): the inactive slot in place at generation
 live + 1, fsynced, so a frontier write allocates nothing. The file is preallocated at
 open and rebuilt through ``PUBLISHED.new`` only when ``max_tenants`` grows, together
 with RECLAIM.
@@ -77,8 +77,8 @@ from .reclaim_file import (
     decode_dictionary,
     pack_dictionary,
 )
-from .recordfile import RecordFile, UnencodableRecord, encode_header
 from .slots import FILE_HEADER_SIZE, check_trailer, format_defect, seal_slot
+from .two_slot_file import RecordFile, UnencodableRecord, encode_header
 from .types import PublishedMarks, WalOffset
 
 NAME: Final = "PUBLISHED"
@@ -267,7 +267,7 @@ def decode_slot(data: bytes, max_tenants: int, path: Path, index: int) -> Publis
 
 
 class _Codec:
-    """PUBLISHED's half of its two-slot record file (``wal/recordfile.py``); its geometry
+    """PUBLISHED's half of its two-slot record file (``wal/two_slot_file.py``); its geometry
     is max_tenants alone."""
 
     name = NAME

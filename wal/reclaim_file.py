@@ -1,7 +1,7 @@
 """RECLAIM: what housekeeping reclaimed, per tenant — the proof of loss recovery reads.
 
 The file is pinned byte for byte by RFC 0052 §3.2 (SEED-DIGEST A.6); ``wal/slots.py``
-owns the two-slot mechanics and ``wal/recordfile.py`` the file's lifecycle, so this
+owns the two-slot mechanics and ``wal/two_slot_file.py`` the file's lifecycle, so this
 module is the format: the record, its codec, and the tenant dictionary PUBLISHED's
 slots carry too. All integers little-endian, UUIDs as their 16 bytes in RFC 4122
 order, every WalOffset 24 bytes (UUID, then u64 LSN). T = max_tenants,
@@ -67,7 +67,7 @@ Planned positions carry no identity (nothing refers to a planned record by posit
 so a zeroed position between occupied ones reads as absent and the list keeps array
 order. This writer always packs the list from position 0.
 
-Writing (``wal/recordfile.py``). ``ReclaimFile.write`` rewrites the inactive slot in
+Writing (``wal/two_slot_file.py``). ``ReclaimFile.write`` rewrites the inactive slot in
 place with generation live + 1 and fsyncs it: no rename, no temp, no allocation, so a
 pass can still commit on a full disk. A crash or a failed write leaves the previous slot
 live. The file is preallocated at creation, and rebuilt through ``RECLAIM.new`` only
@@ -91,10 +91,10 @@ from typing import Final
 
 from .errors import CorruptionError, ErrorClass, WalError
 from .frame import validate_tenant
-from .recordfile import RecordFile, encode_header
-from .recordfile import UnencodableRecord as UnencodableRecord
 from .slots import InvalidSlot, check_trailer, format_defect, seal_slot
 from .tenant import is_valid_tenant
+from .two_slot_file import RecordFile, encode_header
+from .two_slot_file import UnencodableRecord as UnencodableRecord
 from .types import WalOffset
 
 NAME: Final = "RECLAIM"
@@ -551,7 +551,7 @@ def decode_slot(data: bytes, geometry: Geometry, path: Path, index: int) -> Recl
 
 
 class _Codec:
-    """RECLAIM's half of its two-slot record file (``wal/recordfile.py``)."""
+    """RECLAIM's half of its two-slot record file (``wal/two_slot_file.py``)."""
 
     name = NAME
     magic = MAGIC

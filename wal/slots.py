@@ -1,6 +1,6 @@
 """Two-slot files: a fixed geometry, preallocated once, rewritten in place.
 
-RECLAIM (``OWRC``) and PUBLISHED (``OWPB``) use it through ``wal/recordfile.py``, which
+RECLAIM (``OWRC``) and PUBLISHED (``OWPB``) use it through ``wal/two_slot_file.py``, which
 owns their shared lifecycle; each owns its slot format, and this module owns the bytes
 around the slots (RFC 0052 §3.2, DESIGN.md §4)::
 

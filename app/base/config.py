@@ -58,7 +58,7 @@ __all__ = [
     "ConfigError",
     "CrossRule",
     "DiskSettings",
-    "Kind",
+    "ValueKind",
     "MinerSettings",
     "ServerSettings",
     "Setting",
@@ -111,7 +111,7 @@ class ConfigError(Exception):
         self.keys = keys
 
 
-class Kind(enum.Enum):
+class ValueKind(enum.Enum):
     """How a setting's text is parsed and checked."""
 
     INT = 1
@@ -133,7 +133,7 @@ class Setting:
 
     section: str
     name: str
-    kind: Kind
+    kind: ValueKind
     #: the default value; ``None`` for an optional setting whose default is derived
     default: object
     doc: str
@@ -166,16 +166,16 @@ class Setting:
     @property
     def allowed(self) -> str:
         """What the value must be, completing "must be ..."."""
-        if self.kind is Kind.INT:
+        if self.kind is ValueKind.INT:
             text = f"an integer {_range_text(self.minimum, self.maximum, self.unit)}"
             return f"{text} {self.unit}" if self.unit else text
-        if self.kind is Kind.BOOL:
+        if self.kind is ValueKind.BOOL:
             return "true or false"
-        if self.kind is Kind.CHOICE:
+        if self.kind is ValueKind.CHOICE:
             return "one of " + ", ".join(self.choices)
         if self.allowed_text:
             return self.allowed_text
-        return "a path" if self.kind is Kind.PATH else "a non-empty string"
+        return "a path" if self.kind is ValueKind.PATH else "a non-empty string"
 
     @property
     def default_display(self) -> str:
@@ -204,20 +204,20 @@ class Setting:
         """Raise ``ConfigError`` unless ``value`` (already typed) is allowed."""
         if value is None and self.optional:
             return
-        if self.kind is Kind.INT:
+        if self.kind is ValueKind.INT:
             if not isinstance(value, int) or isinstance(value, bool):
                 raise self.error(value, self.allowed, source)
             if (self.minimum is not None and value < self.minimum) or (
                 self.maximum is not None and value > self.maximum
             ):
                 raise self.error(value, self.allowed, source)
-        elif self.kind is Kind.BOOL:
+        elif self.kind is ValueKind.BOOL:
             if not isinstance(value, bool):
                 raise self.error(value, self.allowed, source)
-        elif self.kind is Kind.CHOICE:
+        elif self.kind is ValueKind.CHOICE:
             if value not in self.choices:
                 raise self.error(value, self.allowed, source)
-        elif self.kind is Kind.PATH:
+        elif self.kind is ValueKind.PATH:
             if not isinstance(value, Path) or str(value) == "":
                 raise self.error(value, self.allowed, source)
         else:
@@ -235,9 +235,9 @@ class Setting:
         )
 
     def _convert(self, raw: object, source: str) -> object:
-        if self.kind is Kind.INT:
+        if self.kind is ValueKind.INT:
             return self._convert_int(raw, source)
-        if self.kind is Kind.BOOL:
+        if self.kind is ValueKind.BOOL:
             if isinstance(raw, bool):
                 return raw
             if isinstance(raw, int) and raw in (0, 1):
@@ -248,9 +248,9 @@ class Setting:
         if not isinstance(raw, str):
             # YAML turned it into a number or a list; refuse rather than guess.
             raise self.error(raw, f"{self.allowed} (quote it in YAML)", source)
-        if self.kind is Kind.PATH:
+        if self.kind is ValueKind.PATH:
             return Path(raw)
-        if self.kind is Kind.CHOICE:
+        if self.kind is ValueKind.CHOICE:
             return raw.lower()
         return raw
 
@@ -386,7 +386,7 @@ def _wal_rows() -> tuple[Setting, ...]:
             Setting(
                 section="wal",
                 name=f.name,
-                kind=Kind.BOOL if isinstance(f.default, bool) else Kind.INT,
+                kind=ValueKind.BOOL if isinstance(f.default, bool) else ValueKind.INT,
                 default=f.default,
                 doc=f.metadata["doc"],
                 unit=f.metadata["unit"],
@@ -401,7 +401,7 @@ _SERVER_ROWS = (
     Setting(
         "server",
         "data_dir",
-        Kind.PATH,
+        ValueKind.PATH,
         Path("./data"),
         "Directory holding the WAL (wal/), the miner snapshots (snapshots/) and the "
         "embedded object store (objects/); must not be a file. Relative paths are taken "
@@ -411,7 +411,7 @@ _SERVER_ROWS = (
     Setting(
         "server",
         "host",
-        Kind.STR,
+        ValueKind.STR,
         "0.0.0.0",
         "Address both listeners bind to.",
         allowed_text="a host name or IP address",
@@ -420,7 +420,7 @@ _SERVER_ROWS = (
     Setting(
         "server",
         "http_port",
-        Kind.INT,
+        ValueKind.INT,
         4318,
         "OTLP/HTTP port (POST /v1/logs, /metrics, /healthz, /readyz); 0 picks a free port.",
         minimum=0,
@@ -429,7 +429,7 @@ _SERVER_ROWS = (
     Setting(
         "server",
         "grpc_port",
-        Kind.INT,
+        ValueKind.INT,
         4317,
         "OTLP/gRPC port (LogsService/Export); 0 picks a free port.",
         minimum=0,
@@ -438,7 +438,7 @@ _SERVER_ROWS = (
     Setting(
         "server",
         "metrics_port",
-        Kind.INT,
+        ValueKind.INT,
         0,
         "Plaintext port serving GET /metrics, /healthz and /readyz only (never the "
         "receivers), so Prometheus and the kubelet need no TLS client certificate; 0: "
@@ -449,7 +449,7 @@ _SERVER_ROWS = (
     Setting(
         "server",
         "tls_cert_file",
-        Kind.PATH,
+        ValueKind.PATH,
         None,
         "PEM certificate chain both receivers serve over TLS (with server.tls_key_file); "
         "reloaded for new connections when the file changes (a renewed Secret). Unset: "
@@ -461,7 +461,7 @@ _SERVER_ROWS = (
     Setting(
         "server",
         "tls_key_file",
-        Kind.PATH,
+        ValueKind.PATH,
         None,
         "PEM private key (unencrypted) of server.tls_cert_file; reloaded with it.",
         optional=True,
@@ -471,7 +471,7 @@ _SERVER_ROWS = (
     Setting(
         "server",
         "tls_client_ca_file",
-        Kind.PATH,
+        ValueKind.PATH,
         None,
         "PEM CA bundle: with TLS on, both receivers require a client certificate it "
         "signed (mutual TLS); read at start-up.",
@@ -482,7 +482,7 @@ _SERVER_ROWS = (
     Setting(
         "server",
         "node_id",
-        Kind.STR,
+        ValueKind.STR,
         None,
         "This node's identity in object keys and template ids; in a StatefulSet the pod "
         "name (ourios-2). Replicas sharing a store must differ.",
@@ -494,7 +494,7 @@ _SERVER_ROWS = (
     Setting(
         "server",
         "node_ordinal",
-        Kind.INT,
+        ValueKind.INT,
         None,
         "This node's number, folded into template ids so replicas never collide; unset, "
         "it is the trailing -<n> of server.node_id (ourios-2 gives 2), else 0.",
@@ -506,7 +506,7 @@ _SERVER_ROWS = (
     Setting(
         "server",
         "log_level",
-        Kind.CHOICE,
+        ValueKind.CHOICE,
         "info",
         "Least severe structured log event written to stderr.",
         choices=("debug", "info", "warning", "error"),
@@ -514,7 +514,7 @@ _SERVER_ROWS = (
     Setting(
         "server",
         "log_format",
-        Kind.CHOICE,
+        ValueKind.CHOICE,
         "auto",
         "Format of the events on stderr (core and workers): json, one object per line "
         "with an RFC 3339 ts, for machines; console, one readable line per event and a "
@@ -524,7 +524,7 @@ _SERVER_ROWS = (
     Setting(
         "server",
         "shutdown_grace_secs",
-        Kind.INT,
+        ValueKind.INT,
         25,
         "Time SIGTERM gives in-flight requests to finish (half to HTTP, then half to "
         "gRPC) before the listeners close; the final cut runs after it, bounded by the "
@@ -537,7 +537,7 @@ _SERVER_ROWS = (
     Setting(
         "server",
         "final_cut_secs",
-        Kind.INT,
+        ValueKind.INT,
         30,
         "Time SIGTERM gives the final cut after the drain (server.shutdown_grace_secs): "
         "join the timers, flush to the store, snapshots, checkpoint, stop the publisher. "
@@ -552,7 +552,7 @@ _SERVER_ROWS = (
     Setting(
         "server",
         "workers",
-        Kind.INT,
+        ValueKind.INT,
         None,
         "Worker processes doing the per-request work (the HTTP and gRPC receivers, auth, "
         "decompression, decoding, flattening to Arrow) beside the core process, which "
@@ -566,7 +566,7 @@ _SERVER_ROWS = (
     Setting(
         "server",
         "decoder",
-        Kind.CHOICE,
+        ValueKind.CHOICE,
         "native",
         "The OTLP/protobuf decoder of the receivers and the replay: native (the C "
         "extension; requests outside its fast path, and every refusal, take the upb path) "
@@ -577,7 +577,7 @@ _SERVER_ROWS = (
     Setting(
         "server",
         "thread_restarts",
-        Kind.INT,
+        ValueKind.INT,
         5,
         "Restarts a background thread (barrier, housekeeping, publisher, age sweep, "
         "worker supervision) gets within 10 minutes after an unexpected exception, each "
@@ -591,7 +591,7 @@ _SERVER_ROWS = (
     Setting(
         "server",
         "max_request_records",
-        Kind.INT,
+        ValueKind.INT,
         131_072,
         "Log records in one request (resource and scope groups are bounded by it too); "
         "more is refused 400 naming this setting before the request is flattened.",
@@ -601,7 +601,7 @@ _SERVER_ROWS = (
     Setting(
         "server",
         "max_attributes_per_record",
-        Kind.INT,
+        ValueKind.INT,
         4096,
         "Attributes of one log record, and of one resource; more is refused 400 naming "
         "this setting before the request is flattened.",
@@ -611,7 +611,7 @@ _SERVER_ROWS = (
     Setting(
         "server",
         "max_attributes_per_request",
-        Kind.INT,
+        ValueKind.INT,
         1_048_576,
         "Attribute entries one request expands to (each record's own plus its "
         "resource's, which every row repeats), and separately the values nested in "
@@ -623,7 +623,7 @@ _SERVER_ROWS = (
     Setting(
         "server",
         "max_attribute_key_bytes",
-        Kind.INT,
+        ValueKind.INT,
         4 * KiB,
         "Length of one attribute key in UTF-8 bytes; longer is refused 400 naming this setting.",
         minimum=1,
@@ -633,7 +633,7 @@ _SERVER_ROWS = (
     Setting(
         "server",
         "max_attribute_value_bytes",
-        Kind.INT,
+        ValueKind.INT,
         1 * MiB,
         "Length of one attribute value in UTF-8 bytes (a non-string value as the JSON "
         "text it is stored as); longer is refused 400 naming this setting.",
@@ -644,7 +644,7 @@ _SERVER_ROWS = (
     Setting(
         "server",
         "max_expanded_bytes",
-        Kind.INT,
+        ValueKind.INT,
         64 * MiB,
         "String bytes one request's rows may hold: each record's severity text, body and "
         "attributes plus its resource's attributes and scope name, which every record "
@@ -659,7 +659,7 @@ _SERVER_ROWS = (
     Setting(
         "server",
         "max_inflight_requests",
-        Kind.INT,
+        ValueKind.INT,
         256,
         "Requests one receiving process (each worker, or the node with workers 0) holds "
         "at once, taken after authentication and before the body is read; beyond it a "
@@ -670,7 +670,7 @@ _SERVER_ROWS = (
     Setting(
         "server",
         "max_inflight_bytes",
-        Kind.INT,
+        ValueKind.INT,
         64 * MiB,
         "Request body bytes one receiving process holds at once (raw and inflated; a "
         "gRPC message reserves wal.max_frame_bytes + 64 KiB until received), taken before "
@@ -683,7 +683,7 @@ _SERVER_ROWS = (
     Setting(
         "server",
         "max_concurrent_decodes",
-        Kind.INT,
+        ValueKind.INT,
         2,
         "Requests one receiving process parses and flattens at once (the step whose memory "
         "is a multiple of the body); others wait, holding their in-flight share.",
@@ -693,7 +693,7 @@ _SERVER_ROWS = (
     Setting(
         "server",
         "body_read_timeout_secs",
-        Kind.INT,
+        ValueKind.INT,
         30,
         "Time a request's body (HTTP) or message (gRPC) may take to arrive once the "
         "request is admitted; then HTTP answers 408 and a gRPC call is cancelled.",
@@ -704,7 +704,7 @@ _SERVER_ROWS = (
     Setting(
         "server",
         "open_new_tenants_per_minute",
-        Kind.INT,
+        ValueKind.INT,
         60,
         "In open mode only (no auth.tokens_file): tenants the node takes a slot for per "
         "minute (a burst of that many, refilled evenly); a new tenant beyond it is refused "
@@ -716,7 +716,7 @@ _SERVER_ROWS = (
     Setting(
         "server",
         "grpc_max_concurrent_rpcs",
-        Kind.INT,
+        ValueKind.INT,
         256,
         "gRPC calls one receiving process accepts at once (grpcio's "
         "maximum_concurrent_rpcs; 64 run, the rest wait for a thread without their "
@@ -730,7 +730,7 @@ _SINK_ROWS = (
     Setting(
         "sink",
         "flush_bytes",
-        Kind.INT,
+        ValueKind.INT,
         16 * MiB,
         "Size trigger: a buffered partition is detached and published once it holds this.",
         minimum=1 * KiB,
@@ -740,7 +740,7 @@ _SINK_ROWS = (
     Setting(
         "sink",
         "flush_age_secs",
-        Kind.INT,
+        ValueKind.INT,
         300,
         "Age trigger: buffered rows older than this are published by the age sweep.",
         minimum=1,
@@ -750,7 +750,7 @@ _SINK_ROWS = (
     Setting(
         "sink",
         "ceiling_bytes",
-        Kind.INT,
+        ValueKind.INT,
         256 * MiB,
         "Bound on the rows the sink holds in memory (buffered, and in publishes under "
         "way): from three quarters of it the largest partitions are published early, and "
@@ -764,7 +764,7 @@ _SINK_ROWS = (
     Setting(
         "sink",
         "max_object_bytes",
-        Kind.INT,
+        ValueKind.INT,
         512 * MiB,
         "Largest object the sink writes: a partition is detached before its rows reach "
         "it, a failed publish is never merged past it, and an encoded object above it is "
@@ -777,7 +777,7 @@ _SINK_ROWS = (
     Setting(
         "sink",
         "dead_letter_attempts",
-        Kind.INT,
+        ValueKind.INT,
         5,
         "Failed publishes of one partition (tenant, kind, day) with a permanent error "
         "(s3_access_denied or local_denied while the store takes other objects, "
@@ -793,7 +793,7 @@ _SINK_ROWS = (
     Setting(
         "sink",
         "publisher_queue_depth",
-        Kind.INT,
+        ValueKind.INT,
         64,
         "Detached partitions queued for the publisher thread.",
         minimum=1,
@@ -802,7 +802,7 @@ _SINK_ROWS = (
     Setting(
         "sink",
         "parquet_compression",
-        Kind.CHOICE,
+        ValueKind.CHOICE,
         "zstd",
         "Compression codec of the Parquet objects.",
         choices=("zstd", "snappy", "gzip", "none"),
@@ -813,7 +813,7 @@ _STORE_ROWS = (
     Setting(
         "store",
         "url",
-        Kind.STR,
+        ValueKind.STR,
         None,
         "Object store: file:///absolute/path (the embedded store) or s3://bucket/prefix.",
         optional=True,
@@ -824,7 +824,7 @@ _STORE_ROWS = (
     Setting(
         "store",
         "endpoint_url",
-        Kind.STR,
+        ValueKind.STR,
         None,
         "Endpoint of an S3-compatible server (SeaweedFS, MinIO); unset uses AWS. Keys "
         "come from the standard AWS credential chain, never from here.",
@@ -836,7 +836,7 @@ _STORE_ROWS = (
     Setting(
         "store",
         "region",
-        Kind.STR,
+        ValueKind.STR,
         None,
         "S3 region; unset uses the AWS chain (AWS_REGION, the profile).",
         optional=True,
@@ -847,7 +847,7 @@ _STORE_ROWS = (
     Setting(
         "store",
         "probe_secs",
-        Kind.INT,
+        ValueKind.INT,
         10,
         "While the store does not answer (found at the start-up probe, or by a failed "
         "call since), it is probed again this often with a LIST, PUT and DELETE of "
@@ -864,7 +864,7 @@ _AUTH_ROWS = (
     Setting(
         "auth",
         "tokens_file",
-        Kind.PATH,
+        ValueKind.PATH,
         None,
         "YAML file mapping each bearer token to the list of tenants it may write. Unset, "
         "the node runs in open mode (a warning at start-up; no header means tenant "
@@ -879,7 +879,7 @@ _DISK_ROWS = (
     Setting(
         "disk",
         "low_water_bytes",
-        Kind.INT,
+        ValueKind.INT,
         1 * GiB,
         "Free space on the data volume below which the node warns and runs housekeeping at once.",
         minimum=1,
@@ -889,7 +889,7 @@ _DISK_ROWS = (
     Setting(
         "disk",
         "stop_water_bytes",
-        Kind.INT,
+        ValueKind.INT,
         256 * MiB,
         "Free space below which new batches are refused (503 with a retry hint) while "
         "housekeeping keeps reclaiming; 0 never refuses.",
@@ -900,7 +900,7 @@ _DISK_ROWS = (
     Setting(
         "disk",
         "reserve_bytes",
-        Kind.INT,
+        ValueKind.INT,
         64 * MiB,
         "Size of the emergency reserve file <data_dir>/disk-reserve, allocated at start-up "
         "and released when a write fails for lack of space, so a full volume can still be "
@@ -918,7 +918,7 @@ _MINER_ROWS = (
     Setting(
         "miner",
         "max_templates",
-        Kind.INT,
+        ValueKind.INT,
         4096,
         "Templates one tenant's miner keeps; at the bound the least recently used is "
         "evicted (its id is never reused: a body like it gets a new template, id and "
@@ -930,7 +930,7 @@ _MINER_ROWS = (
     Setting(
         "miner",
         "max_leaf_templates",
-        Kind.INT,
+        ValueKind.INT,
         128,
         "Templates one leaf of a tenant's Drain tree keeps (the leaf's least recently "
         "used is evicted): the most templates one record is compared with.",
@@ -940,7 +940,7 @@ _MINER_ROWS = (
     Setting(
         "miner",
         "mined_body_chars",
-        Kind.INT,
+        ValueKind.INT,
         1024,
         "Characters of a body that are mined (its head); the record keeps its whole body.",
         minimum=16,
@@ -949,7 +949,7 @@ _MINER_ROWS = (
     Setting(
         "miner",
         "mined_body_tokens",
-        Kind.INT,
+        ValueKind.INT,
         64,
         "Tokens of a body's head that are mined; the rest is stored, not mined.",
         minimum=1,
@@ -958,7 +958,7 @@ _MINER_ROWS = (
     Setting(
         "miner",
         "tenant_turn_percent",
-        Kind.INT,
+        ValueKind.INT,
         2,
         "A tenant's share of the ingest turn, in percent of the turn thread's time: its "
         "mining work (a unit per record and per template compared, 32 per template "
@@ -974,7 +974,7 @@ _MINER_ROWS = (
     Setting(
         "miner",
         "tenant_turn_burst_secs",
-        Kind.INT,
+        ValueKind.INT,
         1,
         "Seconds of miner.tenant_turn_percent a tenant may spend at once before it is "
         "refused (its bucket); also the longest Retry-After of a tenant_turn_share "
@@ -986,7 +986,7 @@ _MINER_ROWS = (
     Setting(
         "miner",
         "tenant_backlog_bytes",
-        Kind.INT,
+        ValueKind.INT,
         16 * MiB,
         "One tenant's share of wal.turn_backlog_bytes (frames acknowledged, not yet "
         "turned): above it that tenant's batches are refused, 503 tenant_backlog with "

@@ -48,7 +48,7 @@ from app.base.gc_policy import collection_deferred
 from app.ingest.cuts import Cut
 from app.ingest.landed import live_intent
 from app.ingest.settlement import SettleOutcome, SettleResult
-from app.ingest.snapshots import SnapshotLedger, SnapshotStore
+from app.ingest.snapshot_store import SnapshotLedger, SnapshotStore
 from app.threads import Supervised, Supervisor, start_thread
 from wal import (
     AppendError,

@@ -35,7 +35,7 @@ from pathlib import Path
 from app import points
 from app.base.diskspace import DiskSpace, statvfs_free
 from app.ingest.admission import Admission, TickDecision
-from app.ingest.snapshots import SnapshotLedger
+from app.ingest.snapshot_store import SnapshotLedger
 from app.threads import Supervised, Supervisor, start_thread
 from wal import FloorPinned, Journal, ReclaimError, ReclamationProgress, WalError, WalOffset
 

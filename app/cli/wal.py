@@ -41,8 +41,8 @@ from typing import TextIO
 
 from app.base.diskspace import RESERVE_NAME
 from app.base.rejections import IngestRejection
-from app.ingest.snapshots import SUFFIX as SNAP_SUFFIX
-from app.ingest.snapshots import SnapshotError, decode_snapshot
+from app.ingest.snapshot_store import SUFFIX as SNAP_SUFFIX
+from app.ingest.snapshot_store import SnapshotError, decode_snapshot
 from app.node.datalock import LOCK_NAME, DataDirLock, DataDirLocked, DataDirLockError, read_holder
 from app.receive.otlp import count_records, decode_request
 from wal import (

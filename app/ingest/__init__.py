@@ -8,6 +8,6 @@
 * ``cuts`` — what the barrier publishes and stamps at one mark.
 * ``landed`` — publish intents, and what a restart finds already in the store.
 * ``settlement`` — settlement after a mining failure (RFC 0055 §9.4).
-* ``snapshots`` — the per-tenant miner snapshot files.
+* ``snapshot_store`` — the per-tenant miner snapshot files (with their horizons).
 * ``mining`` — per-tenant template mining (a package; its docstring lists its modules).
 """

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from app.ingest.snapshots import SnapshotState
+from app.ingest.snapshot_store import SnapshotState
 from sink.buffers import Detached
 from wal import WalOffset
 

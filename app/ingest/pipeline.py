@@ -53,7 +53,7 @@ from app.ingest.settlement import (
     UnminedSet,
 )
 from app.ingest.shares import TurnShares
-from app.ingest.snapshots import SnapshotLedger, SnapshotState
+from app.ingest.snapshot_store import SnapshotLedger, SnapshotState
 from app.ingest.tenants import Reservation, TenantTable, TenantUnrecoverable, TurnResult
 from app.receive.api import IngestOutcome
 from app.threads import Supervisor

@@ -97,7 +97,7 @@ from app.base.batch import FlatBatch
 from app.base.config import WalSettings
 from app.ingest.mining.miner_cluster import MinerCluster
 from app.ingest.mining.tenant_miner import MineResult, TenantMiner
-from app.ingest.snapshots import SnapshotLedger, SnapshotState
+from app.ingest.snapshot_store import SnapshotLedger, SnapshotState
 from app.ingest.tenants import TenantTable
 from app.receive.otlp import decode_flat
 from sink import Buffers, Detached, Publisher

@@ -4,7 +4,7 @@ modules:
 * ``server`` — ``ourios serve``: assembly, start-up order and shutdown.
 * ``recovery`` — recovery's start-up order, before any listener starts.
 * ``metrics`` — the Prometheus exposition.
-* ``workers`` — the core's side of the worker processes: listeners and supervision.
+* ``worker_pool`` — the core's side of the worker processes: listeners and supervision.
 * ``datalock`` — one writer per WAL (the data directory's lock).
 * ``frame_quarantine`` — frames a replay isolated because they did not decode.
 * ``storeprobe`` — the store's start-up probe and its health since.

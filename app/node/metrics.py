@@ -30,7 +30,7 @@ from app.ingest.mining.tenant_miner import state_bytes_bound
 from app.ingest.pipeline import LATCH_CLEAR, Pipeline
 from app.ingest.stages import Stages
 from app.node.recovery import Recovery
-from app.node.workers import Workers
+from app.node.worker_pool import Workers
 from app.receive import native
 from app.threads import Supervisor
 from wal import (

@@ -87,7 +87,7 @@ from app.ingest.mining.template_ids import FileTemplateIdAllocator
 from app.ingest.mining.tenant_miner import TenantMiner
 from app.ingest.pipeline import Pipeline
 from app.ingest.settlement import ReplayGates
-from app.ingest.snapshots import SnapshotLedger, SnapshotState, SnapshotStore
+from app.ingest.snapshot_store import SnapshotLedger, SnapshotState, SnapshotStore
 from app.node.frame_quarantine import keep_frame
 from app.receive.otlp import decode_flat
 from sink import ObjectStore, StoreError
@@ -633,7 +633,7 @@ def decode_here(
 ) -> Iterator[FlatBatch | Undecodable]:
     """Decode replayed payloads on this thread, in order (``server.workers`` 0), each up to
     ``attempts`` times (any exception is one: a refusal, a ``MemoryError``); with
-    workers, ``app.node.workers.Workers.decode_in_order`` decodes them there instead."""
+    workers, ``app.node.worker_pool.Workers.decode_in_order`` decodes them there instead."""
     for tenant, payload in frames:
         if stop is not None and stop.is_set():
             raise DecodeStopped("the replay was stopped")

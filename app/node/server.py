@@ -65,7 +65,7 @@ from app.ingest.mining.template_ids import FileTemplateIdAllocator
 from app.ingest.mining.tenant_miner import CREATE_WORK
 from app.ingest.pipeline import Pipeline
 from app.ingest.shares import TurnShares
-from app.ingest.snapshots import SnapshotLedger, SnapshotStore, SnapshotStoreError
+from app.ingest.snapshot_store import SnapshotLedger, SnapshotStore, SnapshotStoreError
 from app.ingest.stages import LocalPort, Stages
 from app.ingest.tenants import TenantCountExceeded
 from app.node.datalock import DataDirLock, DataDirLocked, DataDirLockError
@@ -78,7 +78,7 @@ from app.node.storeprobe import (
     WatchedStore,
     probe_at_start,
 )
-from app.node.workers import Listeners, NodeState, Workers, worker_launcher
+from app.node.worker_pool import Listeners, NodeState, Workers, worker_launcher
 from app.receive import native
 from app.receive.auth import Authenticator
 from app.receive.inflight import receiver_bounds

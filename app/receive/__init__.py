@@ -7,6 +7,6 @@
 * ``auth`` — bearer tokens and tenants; ``tls`` — TLS and its certificate reload.
 * ``inflight`` — what one receiving process holds at once.
 * ``api`` — the receivers' port to the pipeline (``IngestPort``).
-* ``worker`` — a worker process; ``channel`` — its framed channel to the core.
+* ``worker_process`` — a worker process; ``channel`` — its framed channel to the core.
 * ``testing`` — the test double of the port (``StubPort``); production never imports it.
 """

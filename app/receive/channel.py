@@ -62,7 +62,7 @@ __all__ = [
     "Call",
     "ChannelClosed",
     "Connection",
-    "Kind",
+    "MessageKind",
     "RemoteRejection",
     "Transport",
     "decode_ack",
@@ -101,7 +101,7 @@ _DIRECT_BYTES: Final = 1 << 14
 _CLOSE_WAIT_S: Final = 5.0
 
 
-class Kind(enum.IntEnum):
+class MessageKind(enum.IntEnum):
     INGEST = 1
     ACK = 2
     REFUSAL = 3
@@ -135,7 +135,7 @@ class ChannelClosed(ConnectionError):
 
 @dataclass(frozen=True, slots=True)
 class Answer:
-    kind: Kind
+    kind: MessageKind
     body: memoryview
 
 
@@ -165,7 +165,9 @@ class Connection:
 
     # -- sending ----------------------------------------------------------------------
 
-    def send(self, kind: Kind, ident: int, parts: Sequence[bytes | memoryview | pa.Buffer]) -> None:
+    def send(
+        self, kind: MessageKind, ident: int, parts: Sequence[bytes | memoryview | pa.Buffer]
+    ) -> None:
         """One frame from ``parts`` (written in order, not concatenated)."""
         views = [memoryview(p).cast("B") for p in parts]
         length = _HEAD.size - 4 + sum(len(v) for v in views)
@@ -180,7 +182,7 @@ class Connection:
 
     def start(
         self,
-        kind: Kind,
+        kind: MessageKind,
         parts: Sequence[bytes | memoryview | pa.Buffer],
         on_done: Callable[[], None] | None = None,
     ) -> Call:
@@ -204,7 +206,7 @@ class Connection:
 
     def call(
         self,
-        kind: Kind,
+        kind: MessageKind,
         parts: Sequence[bytes | memoryview | pa.Buffer],
         timeout: float | None = None,
     ) -> Answer:
@@ -218,7 +220,7 @@ class Connection:
 
     # -- receiving (the reader thread) ------------------------------------------------
 
-    def receive(self) -> tuple[Kind, int, memoryview]:
+    def receive(self) -> tuple[MessageKind, int, memoryview]:
         """The next frame; ``ChannelClosed`` at the end of the stream or on a broken
         frame — which also fails every call still waiting for an answer."""
         try:
@@ -230,7 +232,7 @@ class Connection:
             self._fail_calls(f"the channel closed: {exc}")
             raise ChannelClosed(f"the channel closed: {exc}") from exc
 
-    def _receive(self) -> tuple[Kind, int, memoryview]:
+    def _receive(self) -> tuple[MessageKind, int, memoryview]:
         with self._receiving:
             head = self._take(_HEAD.size, "the peer closed the channel")
             length, kind, ident = _HEAD.unpack(head)
@@ -240,7 +242,7 @@ class Connection:
                 length - (_HEAD.size - 4), "the peer closed the channel inside a frame"
             )
         try:
-            return Kind(kind), ident, body
+            return MessageKind(kind), ident, body
         except ValueError:
             raise ChannelClosed(f"unknown frame kind {kind}") from None
 
@@ -285,7 +287,7 @@ class Connection:
         self._start = n
         return memoryview(buf[:n])
 
-    def deliver(self, kind: Kind, ident: int, body: memoryview) -> bool:
+    def deliver(self, kind: MessageKind, ident: int, body: memoryview) -> bool:
         """Hand an answer to the ``call`` waiting for it; False when none waits (it
         timed out, or the id is not one of ours)."""
         with self._calls_lock:
@@ -332,7 +334,7 @@ class Call:
 
     __slots__ = ("_conn", "_kind", "_ident", "_slot")
 
-    def __init__(self, conn: Connection, kind: Kind, ident: int, slot: _Slot) -> None:
+    def __init__(self, conn: Connection, kind: MessageKind, ident: int, slot: _Slot) -> None:
         self._conn = conn
         self._kind = kind
         self._ident = ident

@@ -140,7 +140,7 @@ _NOT_READY: Final = (
 
 
 class AsyncIngest(Protocol):
-    """``IngestPort.ingest`` awaited on the event loop (``app.receive.worker.RemotePort``
+    """``IngestPort.ingest`` awaited on the event loop (``app.receive.worker_process.RemotePort``
     has it): the receiver then needs no thread per request."""
 
     def __call__(

@@ -50,7 +50,7 @@ from kubernetes_validate.utils import (  # type: ignore[import-untyped]
     latest_version,
 )
 
-from app.base.config import SETTINGS, Kind, Setting
+from app.base.config import SETTINGS, Setting, ValueKind
 from scripts import gen_chart_schema
 from tests.support.otel import sample_request
 from tests.support.seaweed import S3Bucket, SeaweedS3
@@ -444,7 +444,7 @@ def test_values_yaml_holds_the_app_defaults() -> None:
         assert key in section, f"values.yaml has no {row.section}.{key} ({row.env_var})"
         expected = row.default
         if expected is None:  # unset: null for a derived number, "" for a string
-            expected = None if row.kind is Kind.INT else ""
+            expected = None if row.kind is ValueKind.INT else ""
         assert section[key] == expected, f"{row.section}.{key}: values.yaml differs from the app"
         assert type(section[key]) is type(expected), f"{row.section}.{key}"
 
@@ -454,13 +454,13 @@ def test_the_schema_carries_the_app_ranges_and_choices() -> None:
     for row in gen_chart_schema.value_rows():
         prop = schema["properties"][row.section]["properties"][gen_chart_schema.camel(row.name)]
         narrowed = gen_chart_schema.NARROWED.get(row.yaml_key, {})
-        if row.kind is Kind.INT:
+        if row.kind is ValueKind.INT:
             assert prop["type"] == ("integer" if row.default is not None else ["integer", "null"])
             assert prop.get("minimum") == narrowed.get("minimum", row.minimum), row.yaml_key
             assert prop.get("maximum") == narrowed.get("maximum", row.maximum), row.yaml_key
-        elif row.kind is Kind.CHOICE:
+        elif row.kind is ValueKind.CHOICE:
             assert prop["enum"] == list(row.choices)
-        elif row.kind is Kind.BOOL:
+        elif row.kind is ValueKind.BOOL:
             assert prop["type"] == "boolean"
         assert row.env_var in prop["description"]
 
@@ -478,7 +478,8 @@ def test_helm_template_refuses_values_outside_the_schema_range(side: str) -> Non
     rows = [
         row
         for row in gen_chart_schema.value_rows()
-        if row.kind is Kind.INT and (row.minimum if side == "below" else row.maximum) is not None
+        if row.kind is ValueKind.INT
+        and (row.minimum if side == "below" else row.maximum) is not None
     ]
     values = nest({gen_chart_schema.value_key(r): _out_of_range(r, side) for r in rows})
     error = render_error(values)
@@ -1009,7 +1010,7 @@ def test_every_wal_sink_and_disk_value_reaches_the_running_node(tmp_path: Path) 
 def test_the_app_accepts_the_schema_minima_and_maxima(tmp_path: Path) -> None:
     """The schema's bounds are the app's: at each bound the app starts (the refusal one
     step beyond is test_helm_template_refuses_values_outside_the_schema_range)."""
-    ints = [r for r in gen_chart_schema.value_rows() if r.kind is Kind.INT]
+    ints = [r for r in gen_chart_schema.value_rows() if r.kind is ValueKind.INT]
     lows = {gen_chart_schema.value_key(r): _bound(r, "minimum") for r in ints}
     lows["server.grpcPort"] = lows["server.httpPort"] + 1  # the ports must differ
     highs = {gen_chart_schema.value_key(r): _bound(r, "maximum") for r in ints}

@@ -72,7 +72,7 @@ import pytest
 
 from app.ingest.mining.template_ids import CountingAllocator
 from app.ingest.mining.tenant_miner import TenantMiner
-from app.ingest.snapshots import decode_snapshot
+from app.ingest.snapshot_store import decode_snapshot
 from app.receive.otlp import decode_request, flatten
 from tests.support.ackload import AckLedger, AckLoad, Outcome
 from tests.support.crashrig import (

@@ -37,7 +37,7 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsSer
 
 from app.base.config import load_settings
 from app.ingest.mining.tenant_miner import snapshot_bytes_bound
-from app.ingest.snapshots import HEADER_SIZE
+from app.ingest.snapshot_store import HEADER_SIZE
 from app.node.server import miner_bounds
 from soak.bench.loadgen import HttpConnection, LoadConfig, build_pool, http_requests
 from tests.support.serve import ServeProcess

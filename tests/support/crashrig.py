@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from app.ingest.snapshots import decode_snapshot
+from app.ingest.snapshot_store import decode_snapshot
 from tests.support.serve import ROOT, ServeProcess
 
 #: The shortest cadences the configuration accepts (1 s), so cuts, rotations and

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 from app.base.batch import FlatBatch
 from app.receive import channel
-from app.receive.channel import ChannelClosed, Connection, Kind
+from app.receive.channel import ChannelClosed, Connection, MessageKind
 from app.receive.otlp import decode_request, flatten
 from tests.support.noderig import request
 
@@ -39,11 +39,11 @@ class FakeCore:
         try:
             while True:
                 kind, ident, body = self.conn.receive()
-                if kind is Kind.INGEST:
+                if kind is MessageKind.INGEST:
                     self.ingests.append((ident, *channel.decode_ingest(body)))
                     self.received.set()
-                elif kind is Kind.STATE:
-                    self.conn.send(Kind.STATE_IS, ident, [bytes([self.flags]), self.detail])
+                elif kind is MessageKind.STATE:
+                    self.conn.send(MessageKind.STATE_IS, ident, [bytes([self.flags]), self.detail])
         except ChannelClosed:
             return
 

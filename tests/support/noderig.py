@@ -31,7 +31,7 @@ from app.ingest.mining.miner_cluster import MinerCluster
 from app.ingest.mining.template_ids import FileTemplateIdAllocator, TemplateIdAllocator
 from app.ingest.pipeline import Pipeline
 from app.ingest.settlement import DEFAULT_MINING_ATTEMPTS
-from app.ingest.snapshots import SnapshotLedger, SnapshotStore
+from app.ingest.snapshot_store import SnapshotLedger, SnapshotStore
 from app.node.recovery import Decoder, Recovery, RecoveryReport
 from app.receive.otlp import decode_request, flatten
 from app.threads import Supervisor

@@ -7,7 +7,7 @@ Each module is one concern, imported where it lives:
 * ``miner_config`` — ``MinerConfig``, Drain's knobs for one tenant.
 * ``tenant_miner`` — ``TenantMiner``: one tenant's Drain tree, its search and its events.
 * ``template_ids`` — template ids and their allocators (``FileTemplateIdAllocator``).
-* ``snapshot`` — the bytes of a miner snapshot (``OMNR``), encoded and decoded.
+* ``miner_snapshot`` — the bytes of a miner snapshot (``OMNR``), encoded and decoded.
 * ``rematch`` — re-matching records to a later version of their template.
 * ``miner_cluster`` — ``MinerCluster``: every tenant's miner on the node.
 * ``errors`` — the ``MinerError`` family all of the above raise.

@@ -36,14 +36,14 @@ from drain3.drain import Drain, LogCluster, Node
 
 from app.ingest.mining.errors import MinerError, MinerFailedError
 from app.ingest.mining.miner_config import MinerConfig
-from app.ingest.mining.rematch import rematch_batch
-from app.ingest.mining.snapshot import (
+from app.ingest.mining.miner_snapshot import (
     ClusterRow,
     MinerSnapshot,
     NodeRow,
     decode_miner_snapshot,
     encode_miner_snapshot,
 )
+from app.ingest.mining.rematch import rematch_batch
 from app.ingest.mining.template_ids import TemplateIdAllocator
 from app.ingest.mining.tokens import PARAM, mined_tokens, tokenize
 

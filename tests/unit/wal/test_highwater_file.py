@@ -25,8 +25,8 @@ from wal.highwater_file import (
     decode_slot,
     encode_slot,
 )
-from wal.recordfile import UnencodableRecord
 from wal.slots import FILE_HEADER_SIZE, InvalidSlot, SlotDefect, seal_slot
+from wal.two_slot_file import UnencodableRecord
 
 SEG = uuid.UUID("01890f3e-5000-7111-9222-333344445555")
 

@@ -1,7 +1,7 @@
 """``wal.slots``: the bytes around a two-slot file's slots — the header, the trailer, the
 choice of the live slot, and the diff a write makes. The files built on it (RECLAIM,
 PUBLISHED) are tested in ``test_reclaim_file.py``, ``test_published_file.py`` and
-``test_recordfile.py``."""
+``test_two_slot_file.py``."""
 
 from __future__ import annotations
 

@@ -19,9 +19,9 @@ from app.base.config import (
     SECTIONS,
     SETTINGS,
     ConfigError,
-    Kind,
     Setting,
     Settings,
+    ValueKind,
     WalSettings,
     available_cpus,
     default_workers,
@@ -33,7 +33,7 @@ from wal.config import WalConfig
 ROOT = Path(__file__).resolve().parents[4]
 KiB, MiB, GiB = 1024, 1024**2, 1024**3
 ROWS = {row.yaml_key: row for row in SETTINGS}
-INT_ROWS = [row for row in SETTINGS if row.kind is Kind.INT]
+INT_ROWS = [row for row in SETTINGS if row.kind is ValueKind.INT]
 
 
 def row_id(row: Setting) -> str:

@@ -28,7 +28,7 @@ from app.base.rejections import Unavailable
 from app.cadence.housekeeping import Housekeeper
 from app.ingest.admission import Admission, Bound, DiskLevel
 from app.ingest.mining.template_ids import FileTemplateIdAllocator
-from app.ingest.snapshots import SnapshotLedger, SnapshotState, SnapshotStore
+from app.ingest.snapshot_store import SnapshotLedger, SnapshotState, SnapshotStore
 from tests.support.admissionkit import Events
 from tests.support.tmpfs import TmpfsMounts
 from tests.support.walkit import SMALL, faulty, payload

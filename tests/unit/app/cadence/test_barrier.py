@@ -106,7 +106,7 @@ from app.cadence.barrier import Barrier, CutOutcome
 from app.cadence.sweep import AgeSweep
 from app.ingest.cuts import Cut
 from app.ingest.pipeline import LATCH_CLEAR, ReadWriteLock
-from app.ingest.snapshots import decode_snapshot
+from app.ingest.snapshot_store import decode_snapshot
 from app.receive.otlp import decode_request, flatten
 from sink.buffers import NANOS_PER_DAY, Detached
 from sink.store import StoreError

@@ -19,7 +19,7 @@ from app.base.events import _LEVELS
 from app.cadence.housekeeping import Housekeeper
 from app.ingest.admission import DiskLevel
 from app.ingest.pipeline import LATCH_CLEAR
-from app.ingest.snapshots import SnapshotLedger
+from app.ingest.snapshot_store import SnapshotLedger
 from tests.support.admissionkit import CADENCE, LOW, STOP, Events, admission, faulty_journal
 from tests.support.noderig import NodeRig, checkpoint, rig_factory, step
 from wal import AppendError, FloorMin, FloorPinned, Journal, ReclamationProgress, WalConfig

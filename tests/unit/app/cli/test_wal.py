@@ -139,7 +139,7 @@ def test_verify_finds_damage_below_the_checkpoint_in_the_newest_segment(wal_root
 
 
 def test_inspect_reads_horizons_from_the_snapshots_beside_the_wal(wal_root: Path) -> None:
-    from app.ingest.snapshots import SnapshotState, SnapshotStore
+    from app.ingest.snapshot_store import SnapshotState, SnapshotStore
     from wal.inspection import verify_root
 
     report = verify_root(wal_root)

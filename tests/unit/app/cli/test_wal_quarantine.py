@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from app.cli import wal as walcli
-from app.ingest.snapshots import SnapshotState, SnapshotStore
+from app.ingest.snapshot_store import SnapshotState, SnapshotStore
 from tests.support.noderig import request
 from tests.support.walkit import SMALL, faulty, payload
 from wal import CorruptionError, Journal, KnownHorizons, WalOffset

@@ -20,7 +20,7 @@ from app import points
 from app.base.rejections import PayloadTooLarge
 from app.cadence.barrier import CutOutcome
 from app.ingest.settlement import EntryState, SettleResult
-from app.ingest.snapshots import decode_snapshot
+from app.ingest.snapshot_store import decode_snapshot
 from app.ingest.tenants import SettlementInProgress, TenantCapacity, TenantUnrecoverable
 from app.receive.otlp import decode_request, flatten
 from tests.support.minerfaults import FaultPlan

@@ -1,5 +1,5 @@
 """app.receive.channel: framing and the bodies, an ingest crossing it intact. The worker's
-side of it (``app.receive.worker.RemotePort``: answering only once the core has) is tested
+side of it (``app.receive.worker_process.RemotePort``: answering only once the core has) is tested
 in ``test_worker.py``."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import pytest
 
 from app.receive import channel
 from app.receive.api import IngestOutcome
-from app.receive.channel import ChannelClosed, Connection, Kind
-from app.receive.worker import RemotePort
+from app.receive.channel import ChannelClosed, Connection, MessageKind
+from app.receive.worker_process import RemotePort
 from tests.support.fakecore import FakeCore, batch_of, channel_pair
 
 
@@ -36,7 +36,7 @@ def test_an_ingest_crosses_the_channel_intact(pair: tuple[FakeCore, Connection])
     ((ident, transport, tenant, payload, got),) = core.ingests
     assert (transport, tenant, payload) == ("grpc", "acme", data)
     assert got == batch  # the Arrow columns, value for value
-    core.conn.send(Kind.ACK, ident, channel.encode_ack(5, 0, ""))
+    core.conn.send(MessageKind.ACK, ident, channel.encode_ack(5, 0, ""))
     t.join(10)
     assert done == [IngestOutcome(5)]
 
@@ -72,7 +72,7 @@ def test_frames_of_every_size_arrive_whole_and_in_order_however_the_bytes_are_cu
     sizes = [0, 1, 12, 13, 200, 4_000, 16_384, 16_385, 40_000, 65_536, 70_000, 200_000]
     frames = [(i, rng.randbytes(rng.choice(sizes))) for i in range(1, 120)]
     raw = b"".join(
-        struct.pack("<IBQ", len(body) + 9, Kind.TEXT, ident) + body for ident, body in frames
+        struct.pack("<IBQ", len(body) + 9, MessageKind.TEXT, ident) + body for ident, body in frames
     )
     a, b = socket.socketpair()
     a.settimeout(10)  # a reader that lost the framing fails instead of waiting for good
@@ -94,7 +94,7 @@ def test_frames_of_every_size_arrive_whole_and_in_order_however_the_bytes_are_cu
     writer.start()
     try:
         for ident, body in frames:
-            assert conn.receive() == (Kind.TEXT, ident, memoryview(body))
+            assert conn.receive() == (MessageKind.TEXT, ident, memoryview(body))
         with pytest.raises(ChannelClosed):
             conn.receive()
     finally:

@@ -7,7 +7,7 @@ connection), and the gRPC port is reserved by a bound, non-listening socket with
 ``SO_REUSEPORT``, beside which each worker binds its own gRPC listener (grpcio cannot
 adopt a descriptor). Nothing else can take either port while the core lives.
 
-``Workers`` starts ``server.workers`` processes (``python -m app.receive.worker``) from its
+``Workers`` starts ``server.workers`` processes (``python -m app.receive.worker_process``) from its
 supervising thread and restarts one that exits, with a short back-off when one keeps
 dying at start; the kernel kills every worker when that thread ends
 (``PR_SET_PDEATHSIG``, armed by the worker), so no worker outlives the core. Each
@@ -62,7 +62,7 @@ from app.ingest.stages import Stages
 from app.node.recovery import DecodeStopped, Undecodable
 from app.receive import channel
 from app.receive.api import IngestOutcome, ListenerBindError
-from app.receive.channel import ChannelClosed, Connection, Kind
+from app.receive.channel import ChannelClosed, Connection, MessageKind
 from app.threads import Supervised, Supervisor, start_thread
 from sink.parquet import RecordColumns, encode_records
 
@@ -166,14 +166,14 @@ Launcher = Callable[[int, socket.socket], Process]
 
 
 def worker_launcher(listeners: Listeners, config_file: Path | None) -> Launcher:
-    """``python -m app.receive.worker`` with the channel and the HTTP socket inherited."""
+    """``python -m app.receive.worker_process`` with the channel and the HTTP socket inherited."""
 
     def launch(index: int, worker_end: socket.socket) -> Process:
         http_fd = listeners.http.fileno()
         cmd = [
             sys.executable,
             "-m",
-            "app.receive.worker",
+            "app.receive.worker_process",
             "--index",
             str(index),
             "--parent",
@@ -407,28 +407,28 @@ class Workers:
         try:
             while True:
                 kind, ident, body = conn.receive()
-                if kind is Kind.INGEST:
+                if kind is MessageKind.INGEST:
                     self._ingest(conn, ident, body)
-                elif kind is Kind.OBSERVED:
+                elif kind is MessageKind.OBSERVED:
                     self._observe(*channel.decode_observed(body))
-                elif kind is Kind.STATE:
+                elif kind is MessageKind.STATE:
                     alive = self._state.alive()
                     flags = (1 if self._state.ready() else 0) | (2 if alive else 0)
                     detail = b"" if alive else self._state.detail().encode()
-                    conn.send(Kind.STATE_IS, ident, [bytes([flags]), detail])
-                elif kind is Kind.METRICS:
+                    conn.send(MessageKind.STATE_IS, ident, [bytes([flags]), detail])
+                elif kind is MessageKind.METRICS:
                     threading.Thread(
                         target=self._metrics, args=(conn, ident), name="ourios-scrape", daemon=True
                     ).start()
-                elif kind is Kind.HELLO:
+                elif kind is MessageKind.HELLO:
                     link.hello.set()
                     self._events("worker.ready", {"index": link.index, "pid": link.proc.pid})
                 elif kind in (
-                    Kind.FLUSHED,
-                    Kind.DECODED,
-                    Kind.ENCODED,
-                    Kind.REFUSAL,
-                    Kind.STOPPING,
+                    MessageKind.FLUSHED,
+                    MessageKind.DECODED,
+                    MessageKind.ENCODED,
+                    MessageKind.REFUSAL,
+                    MessageKind.STOPPING,
                 ):
                     conn.deliver(kind, ident, body)
                 else:
@@ -453,13 +453,13 @@ class Workers:
         def answer(outcome: IngestOutcome | None, refusal: IngestRejection | None) -> None:
             if outcome is not None:
                 conn.send(
-                    Kind.ACK,
+                    MessageKind.ACK,
                     ident,
                     channel.encode_ack(outcome.records, outcome.rejected, outcome.message),
                 )
             else:
                 assert refusal is not None
-                conn.send(Kind.REFUSAL, ident, channel.encode_refusal(refusal))
+                conn.send(MessageKind.REFUSAL, ident, channel.encode_refusal(refusal))
 
         try:
             if not self.accepting:
@@ -479,7 +479,7 @@ class Workers:
             links = list(self._links.values())
         for link in links:
             try:
-                link.conn.call(Kind.FLUSH, [], 5.0)
+                link.conn.call(MessageKind.FLUSH, [], 5.0)
             except (ChannelClosed, TimeoutError):
                 pass  # a dying worker's last reports may be missing; its counts stay
         return self._exposition()
@@ -487,7 +487,7 @@ class Workers:
     def _metrics(self, conn: Connection, ident: int) -> None:
         text, content_type = self.scrape()
         try:
-            conn.send(Kind.TEXT, ident, channel.encode_text(content_type, text))
+            conn.send(MessageKind.TEXT, ident, channel.encode_text(content_type, text))
         except ChannelClosed:
             pass
 
@@ -502,14 +502,14 @@ class Workers:
             link = links[next(self._encodes) % len(links)]
             try:
                 answer = link.conn.call(
-                    Kind.ENCODE,
+                    MessageKind.ENCODE,
                     channel.encode_encode_request(compression, cols.table()),
                     ENCODE_TIMEOUT_S,
                 )
             except (ChannelClosed, TimeoutError, ValueError):
                 pass  # ValueError: a partition over the channel's frame bound
             else:
-                if answer.kind is Kind.ENCODED:
+                if answer.kind is MessageKind.ENCODED:
                     return bytes(answer.body)
         return encode_records(cols, compression)
 
@@ -598,7 +598,9 @@ class Workers:
         call = None
         if link is not None:
             try:
-                call = link.conn.start(Kind.DECODE, channel.encode_decode_request(tenant, payload))
+                call = link.conn.start(
+                    MessageKind.DECODE, channel.encode_decode_request(tenant, payload)
+                )
             except ChannelClosed:
                 call = None
         return _Decode(tenant, call)
@@ -642,7 +644,7 @@ class _Decode:
                 self.reason = str(exc)
                 return _DIED
             break
-        if answer.kind is Kind.DECODED:
+        if answer.kind is MessageKind.DECODED:
             return FlatBatch(self.tenant, channel.decode_batch(answer.body))
         return channel.decode_refusal(answer.body)
 
@@ -653,6 +655,6 @@ class _Decode:
 
 def _stop_link(link: _Link, timeout: float) -> None:
     try:
-        link.conn.call(Kind.STOP, [], timeout)
+        link.conn.call(MessageKind.STOP, [], timeout)
     except (ChannelClosed, TimeoutError):
         pass

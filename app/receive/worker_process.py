@@ -1,10 +1,10 @@
 """A worker process: the per-request work of ``ourios serve`` (DESIGN.md §5).
 
-The core starts ``python -m app.receive.worker`` with, as inherited descriptors, its end of the
-channel (``app.receive.channel``) and the HTTP listening socket (bound and listening in the
-core, so every worker accepts from one queue and a worker that dies loses no queued
-connection); the gRPC port is bound here with ``SO_REUSEPORT`` beside the core's
-reservation of it. A worker serves the same receivers as the in-process node
+The core starts ``python -m app.receive.worker_process`` with, as inherited descriptors,
+its end of the channel (``app.receive.channel``) and the HTTP listening socket (bound
+and listening in the core, so every worker accepts from one queue and a worker that dies
+loses no queued connection); the gRPC port is bound here with ``SO_REUSEPORT`` beside
+the core's reservation of it. A worker serves the same receivers as the in-process node
 (``app.receive.otlp_http``, ``app.receive.otlp_grpc``) over a ``RemotePort``: auth,
 decompression, decoding and flattening to Arrow run here, and ``ingest`` hands the core
 (tenant, WAL payload, batch) and blocks until the core's answer, which it relays as is.
@@ -44,7 +44,7 @@ from app.base.rejections import IngestRejection, Unavailable
 from app.receive import channel, native
 from app.receive.api import IngestOutcome
 from app.receive.auth import Authenticator
-from app.receive.channel import ChannelClosed, Connection, Kind
+from app.receive.channel import ChannelClosed, Connection, MessageKind
 from app.receive.inflight import receiver_bounds
 from app.receive.otlp import decode_flat
 from app.receive.otlp_grpc import create_grpc_server
@@ -80,7 +80,7 @@ class RemotePort:
     ) -> IngestOutcome:
         try:
             answer = self._conn.call(
-                Kind.INGEST,
+                MessageKind.INGEST,
                 channel.encode_ingest(transport, tenant, payload, batch),
                 ANSWER_TIMEOUT_S,
             )
@@ -107,7 +107,7 @@ class RemotePort:
 
         try:
             call = self._conn.start(
-                Kind.INGEST, channel.encode_ingest(transport, tenant, payload, batch), wake
+                MessageKind.INGEST, channel.encode_ingest(transport, tenant, payload, batch), wake
             )
         except ChannelClosed as exc:
             raise _no_answer(exc, len(batch)) from exc
@@ -121,10 +121,10 @@ class RemotePort:
 
     def _state(self) -> tuple[int, str]:
         try:
-            answer = self._conn.call(Kind.STATE, [], 10.0)
+            answer = self._conn.call(MessageKind.STATE, [], 10.0)
         except (ChannelClosed, TimeoutError) as exc:
             return 0, f"the core did not answer: {exc}"
-        if answer.kind is not Kind.STATE_IS or not len(answer.body):
+        if answer.kind is not MessageKind.STATE_IS or not len(answer.body):
             return 0, "the core did not answer"
         return answer.body[0], bytes(answer.body[1:]).decode("utf-8", "replace")
 
@@ -142,7 +142,7 @@ class RemotePort:
         return "" if flags & 2 else detail
 
     def metrics_text(self) -> tuple[bytes, str]:
-        answer = self._conn.call(Kind.METRICS, [], 30.0)
+        answer = self._conn.call(MessageKind.METRICS, [], 30.0)
         content_type, text = channel.decode_text(answer.body)
         return text, content_type
 
@@ -160,10 +160,10 @@ def _no_answer(exc: BaseException, records: int) -> Unavailable:
 
 def _outcome(answer: channel.Answer) -> IngestOutcome:
     """The core's answer to an INGEST: the outcome, or its refusal raised."""
-    if answer.kind is Kind.ACK:
+    if answer.kind is MessageKind.ACK:
         records, rejected, message = channel.decode_ack(answer.body)
         return IngestOutcome(records, rejected, message)
-    if answer.kind is Kind.REFUSAL:
+    if answer.kind is MessageKind.REFUSAL:
         raise channel.decode_refusal(answer.body)
     raise ChannelClosed(f"the core answered INGEST with {answer.kind.name}")
 
@@ -180,7 +180,7 @@ class ReportingObserver:
     ) -> None:
         try:
             self._conn.send(
-                Kind.OBSERVED,
+                MessageKind.OBSERVED,
                 0,
                 channel.encode_observed(transport, outcome, error_type, records, seconds),
             )
@@ -204,11 +204,13 @@ class _Jobs:
 
     def __init__(self, conn: Connection) -> None:
         self._conn = conn
-        self._jobs: queue.SimpleQueue[tuple[Kind, int, memoryview] | None] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[tuple[MessageKind, int, memoryview] | None] = (
+            queue.SimpleQueue()
+        )
         self._thread = threading.Thread(target=self._run, name="ourios-jobs", daemon=True)
         self._thread.start()
 
-    def put(self, kind: Kind, ident: int, body: memoryview) -> None:
+    def put(self, kind: MessageKind, ident: int, body: memoryview) -> None:
         self._jobs.put((kind, ident, body))
 
     def close(self) -> None:
@@ -222,19 +224,19 @@ class _Jobs:
             kind, ident, body = job
             parts: list[bytes | pa.Buffer]
             try:
-                if kind is Kind.DECODE:
+                if kind is MessageKind.DECODE:
                     tenant, payload = channel.decode_decode_request(body)
                     batch = decode_flat(payload, tenant)
-                    parts, answer = [batch.columns.serialize()], Kind.DECODED
+                    parts, answer = [batch.columns.serialize()], MessageKind.DECODED
                 else:
                     compression, table = channel.decode_encode_request(body)
-                    parts, answer = [encode_table(table, compression)], Kind.ENCODED
+                    parts, answer = [encode_table(table, compression)], MessageKind.ENCODED
             except IngestRejection as exc:
-                parts, answer = list(channel.encode_refusal(exc)), Kind.REFUSAL
+                parts, answer = list(channel.encode_refusal(exc)), MessageKind.REFUSAL
             except Exception as exc:  # noqa: BLE001 - reported to the core, which retries
                 # named by its type too: a MemoryError's message is empty
                 failed = IngestRejection(f"{kind.name.lower()} failed: {type(exc).__name__}: {exc}")
-                parts, answer = list(channel.encode_refusal(failed)), Kind.REFUSAL
+                parts, answer = list(channel.encode_refusal(failed)), MessageKind.REFUSAL
             try:
                 self._conn.send(answer, ident, parts)
             except ChannelClosed:
@@ -242,7 +244,7 @@ class _Jobs:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m app.receive.worker")
+    parser = argparse.ArgumentParser(prog="python -m app.receive.worker_process")
     parser.add_argument("--index", type=int, required=True)
     parser.add_argument("--parent", type=int, required=True)
     parser.add_argument("--channel-fd", type=int, required=True)
@@ -279,18 +281,23 @@ def main(argv: list[str] | None = None) -> int:
     )
     http_thread.start()
     jobs = _Jobs(conn)
-    conn.send(Kind.HELLO, 0, [os.getpid().to_bytes(4, "little")])
+    conn.send(MessageKind.HELLO, 0, [os.getpid().to_bytes(4, "little")])
     stop_ident: int | None = None
     try:
         while True:
             kind, ident, body = conn.receive()
-            if kind in (Kind.ACK, Kind.REFUSAL, Kind.STATE_IS, Kind.TEXT):
+            if kind in (
+                MessageKind.ACK,
+                MessageKind.REFUSAL,
+                MessageKind.STATE_IS,
+                MessageKind.TEXT,
+            ):
                 conn.deliver(kind, ident, body)
-            elif kind is Kind.FLUSH:
-                conn.send(Kind.FLUSHED, ident, [])
-            elif kind in (Kind.DECODE, Kind.ENCODE):
+            elif kind is MessageKind.FLUSH:
+                conn.send(MessageKind.FLUSHED, ident, [])
+            elif kind in (MessageKind.DECODE, MessageKind.ENCODE):
                 jobs.put(kind, ident, body)
-            elif kind is Kind.STOP:
+            elif kind is MessageKind.STOP:
                 stop_ident = ident
                 break
             else:
@@ -309,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     stopped.wait(grace + 5)
     jobs.close()
     try:
-        conn.send(Kind.STOPPING, stop_ident, [])
+        conn.send(MessageKind.STOPPING, stop_ident, [])
     except ChannelClosed:
         pass
     events.emit("worker.stopped", {"index": args.index, "pid": os.getpid()})

@@ -1,4 +1,4 @@
-"""app.node.workers: the core's side of the worker processes, driven by in-process fake
+"""app.node.worker_pool: the core's side of the worker processes, driven by in-process fake
 workers (a thread on the worker's end of the channel, through the ``launch`` seam), so
 each interleaving is placed with events, not timing. The real processes are
 tests/integration/test_workers.py's."""
@@ -20,9 +20,9 @@ from app.base.batch import FlatBatch
 from app.base.rejections import IngestRejection
 from app.ingest.stages import Stages
 from app.node.recovery import DecodeStopped, Undecodable
-from app.node.workers import NodeState, Workers
+from app.node.worker_pool import NodeState, Workers
 from app.receive import channel
-from app.receive.channel import ChannelClosed, Connection, Kind
+from app.receive.channel import ChannelClosed, Connection, MessageKind
 from app.receive.otlp import decode_request, flatten
 from sink.parquet import FLAT_SCHEMA, RecordColumns, assemble_records, encode_records
 from tests.support.noderig import NodeRig, request
@@ -48,29 +48,31 @@ class FakeWorker:
 
     def _run(self) -> None:
         try:
-            self.conn.send(Kind.HELLO, 0, [self.pid.to_bytes(4, "little")])
+            self.conn.send(MessageKind.HELLO, 0, [self.pid.to_bytes(4, "little")])
             while True:
                 kind, ident, body = self.conn.receive()
-                if kind is Kind.FLUSH:
-                    self.conn.send(Kind.FLUSHED, ident, [])
-                elif kind is Kind.ENCODE:
+                if kind is MessageKind.FLUSH:
+                    self.conn.send(MessageKind.FLUSHED, ident, [])
+                elif kind is MessageKind.ENCODE:
                     compression, table = channel.decode_encode_request(body)
                     self.encoded.append((compression, table))
-                    self.conn.send(Kind.ENCODED, ident, [f"encoded by {self.pid}".encode()])
-                elif kind is Kind.DECODE and self._decode is not None:
+                    self.conn.send(MessageKind.ENCODED, ident, [f"encoded by {self.pid}".encode()])
+                elif kind is MessageKind.DECODE and self._decode is not None:
                     tenant, payload = channel.decode_decode_request(body)
                     what = self._decode(bytes(payload))
                     if what == "ok":
                         batch = flatten(decode_request(bytes(payload), PROTOBUF), tenant)
-                        self.conn.send(Kind.DECODED, ident, [batch.columns.serialize()])
+                        self.conn.send(MessageKind.DECODED, ident, [batch.columns.serialize()])
                     elif what == "raise":  # what the worker answers for any exception
                         failed = IngestRejection("decode failed: MemoryError: ")
-                        self.conn.send(Kind.REFUSAL, ident, list(channel.encode_refusal(failed)))
+                        self.conn.send(
+                            MessageKind.REFUSAL, ident, list(channel.encode_refusal(failed))
+                        )
                     elif what == "die":
                         self.exit()
                     # "hold": never answered
-                elif kind is Kind.STOP:
-                    self.conn.send(Kind.STOPPING, ident, [])
+                elif kind is MessageKind.STOP:
+                    self.conn.send(MessageKind.STOPPING, ident, [])
                     self.returncode = 0
                     break
                 else:
@@ -177,10 +179,10 @@ def test_a_scrape_counts_every_report_sent_before_it_through_any_worker(rig: Nod
         reporter, scraper = fleet.launched
         observed.block.clear()  # the core reads worker 0's reports late
         report = channel.encode_observed("http", "ok", "", 2, 0.01)
-        reporter.conn.send(Kind.OBSERVED, 0, report)
+        reporter.conn.send(MessageKind.OBSERVED, 0, report)
         assert observed.entered.wait(10)
-        reporter.conn.send(Kind.OBSERVED, 0, report)
-        scrape = scraper.conn.start(Kind.METRICS, [])
+        reporter.conn.send(MessageKind.OBSERVED, 0, report)
+        scrape = scraper.conn.start(MessageKind.METRICS, [])
         # The scrape is answered only after worker 0's reports were counted.
         with pytest.raises(TimeoutError):
             scrape.wait(0.3)

@@ -1,4 +1,4 @@
-"""The worker's side of the channel (``app.receive.worker.RemotePort``): a worker answers
+"""The worker's side of the channel (``app.receive.worker_process.RemotePort``): a worker answers
 a client with exactly what the core answered — never before it — relays a refusal as is,
 turns a core gone mid-request into a retryable refusal, and reads the core's state. The
 channel's framing is tested in ``test_channel.py``."""
@@ -18,8 +18,8 @@ from app.base.batch import FlatBatch
 from app.base.rejections import BadRequest, Unavailable
 from app.receive import channel
 from app.receive.api import IngestOutcome
-from app.receive.channel import Connection, Kind
-from app.receive.worker import RemotePort, _Jobs
+from app.receive.channel import Connection, MessageKind
+from app.receive.worker_process import RemotePort, _Jobs
 from tests.support.fakecore import FakeCore, batch_of, channel_pair
 
 
@@ -45,7 +45,7 @@ def test_the_worker_answers_only_once_the_core_has(pair: tuple[FakeCore, Connect
     t.join(0.2)
     assert t.is_alive() and not returned.is_set()
     (ident, *_) = core.ingests[0]
-    core.conn.send(Kind.ACK, ident, channel.encode_ack(3, 0, ""))
+    core.conn.send(MessageKind.ACK, ident, channel.encode_ack(3, 0, ""))
     assert returned.wait(10)
     t.join(10)
 
@@ -78,7 +78,7 @@ def test_the_worker_relays_the_cores_refusal_as_is(
     t.start()
     assert core.received.wait(10)
     (ident, *_) = core.ingests[0]
-    core.conn.send(Kind.REFUSAL, ident, channel.encode_refusal(refusal))
+    core.conn.send(MessageKind.REFUSAL, ident, channel.encode_refusal(refusal))
     t.join(10)
     (exc,) = raised
     assert isinstance(exc, channel.RemoteRejection)
@@ -154,7 +154,7 @@ def test_an_ingest_awaited_on_an_event_loop_gets_the_cores_answer(
             await asyncio.sleep(0.001)
         ((ident, *_),) = core.ingests
         seen = ticks
-        core.conn.send(Kind.ACK, ident, channel.encode_ack(4, 1, "one refused"))
+        core.conn.send(MessageKind.ACK, ident, channel.encode_ack(4, 1, "one refused"))
         outcome = await asyncio.wait_for(ingest, 10)
         beat.cancel()
         return outcome, seen
@@ -212,12 +212,12 @@ def test_native_4_a_replayed_payload_is_decoded_natively_on_the_worker(
     jobs = _Jobs(worker)
     try:
         body = b"".join(channel.encode_decode_request("acme", data))
-        jobs.put(Kind.DECODE, 7, memoryview(body))
+        jobs.put(MessageKind.DECODE, 7, memoryview(body))
         kind, ident, answer = core.receive()
     finally:
         jobs.close()
         core.close()
         worker.close()
-    assert (kind, ident) == (Kind.DECODED, 7)
+    assert (kind, ident) == (MessageKind.DECODED, 7)
     assert FlatBatch("acme", channel.decode_batch(answer)) == expected
     assert answered == [3]

@@ -1,5 +1,5 @@
-"""``app.ingest.snapshots``: the OSNP v2 codec, the SnapshotStore (start-up listing trusted only
-after the directory fsyncs, stale temps, monotonic installs) and the SnapshotLedger as
+"""``app.ingest.snapshot_store``: the OSNP v2 codec, the SnapshotStore (start-up listing
+trusted only after the directory fsyncs, stale temps, monotonic installs) and the SnapshotLedger as
 the only source of horizons — and RFC0052.13's start-up legs on the in-process node rig
 (a tenant without a valid snapshot pins, never reads as NoConsumer).
 """
@@ -19,7 +19,7 @@ from app.cadence.barrier import CutOutcome
 from app.ingest.mining.miner_cluster import MinerCluster
 from app.ingest.mining.template_ids import CountingAllocator
 from app.ingest.mining.tenant_miner import TenantMiner
-from app.ingest.snapshots import (
+from app.ingest.snapshot_store import (
     HEADER_SIZE,
     MAGIC,
     VERSION,

@@ -3,7 +3,7 @@
 ``TenantMiner.to_snapshot`` gathers its state into a ``MinerSnapshot`` and
 ``encode_miner_snapshot`` writes it; ``decode_miner_snapshot`` refuses anything that is
 not exactly this format, so a restore never builds a tree from damaged bytes. The
-snapshot store (``app/ingest/snapshots.py``) keeps these bytes with the tenant's horizon.
+snapshot store (``app/ingest/snapshot_store.py``) keeps these bytes with the tenant's horizon.
 
 Format, integers little-endian::
 

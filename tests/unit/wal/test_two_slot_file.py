@@ -1,5 +1,5 @@
 """The two-slot record file RECLAIM and PUBLISHED are each a codec over
-(``wal/recordfile.py``): what its lifecycle does alike for both formats, through both.
+(``wal/two_slot_file.py``): what its lifecycle does alike for both formats, through both.
 
 Each format's bytes, refusals and crash points are tested beside it (test_reclaim_file.py,
 test_published_file.py). Here: a newer slot that this build cannot read refuses the open,

@@ -1,4 +1,4 @@
-"""Tests for app.ingest.mining.snapshot: the OMNR bytes, and every damaged snapshot refused."""
+"""app.ingest.mining.miner_snapshot: the OMNR bytes, and every damaged snapshot refused."""
 
 from __future__ import annotations
 
