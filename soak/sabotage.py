@@ -107,16 +107,16 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "mark_before_quiesce",
         "the cut's mark is read after the quiesce, under the exclusive exclusion",
-        "app/cadence/barrier.py",
-        '        with collection_deferred(), p.exclusion.exclusive():\n            points.hit("barrier.after_quiesce")',
-        '        early = p.last_durable()\n        with collection_deferred(), p.exclusion.exclusive():\n            points.hit("barrier.after_quiesce")',
+        "app/cadence/cut_runner.py",
+        '        with collection_deferred(), cuts.exclusion.exclusive():\n            points.hit("barrier.after_quiesce")',
+        '        early = cuts._mark()\n        with collection_deferred(), cuts.exclusion.exclusive():\n            points.hit("barrier.after_quiesce")',
         (
             "tests/unit/app/cadence/test_barrier.py::test_rfc0052_14_mark_is_read_after_the_quiesce_under_the_exclusion",
         ),
         more=(
             (
-                '            cut = p.capture_cut_locked("timer")\n',
-                '            cut = p.capture_cut_locked("timer")\n            cut.mark = early\n',
+                '            cut = cuts.capture_cut_locked("timer")\n',
+                '            cut = cuts.capture_cut_locked("timer")\n            cut.mark = early\n',
             ),
         ),
     ),
@@ -133,7 +133,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "skip_the_recheck",
         "the latch is rechecked after the flush and the waits, before the stamp",
-        "app/cadence/barrier.py",
+        "app/cadence/cut_runner.py",
         "        latched = p.failed_epoch <= cut.epoch  # the recheck, after the waits",
         "        latched = False",
         (
@@ -144,7 +144,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "pending_cut_outlives_a_failed_cut",
         "a pending cut never installs or stamps after the running cut failed",
-        "app/cadence/barrier.py",
+        "app/cadence/cut_runner.py",
         "        if not outcome.ok:\n            self._invalidate_pending(outcome)",
         "        if not outcome.ok:\n            pass",
         (
@@ -166,7 +166,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "barrier_spins_on_failure",
         "a failing cut is retried after a backoff, never in a tight loop",
         "app/cadence/barrier.py",
-        "                    and not (self.recapture and self._clock() >= self._retry_not_before)",
+        "                    and not (self.recapture and self._clock() >= runner.retry_not_before)",
         "                    and not self.recapture",
         (
             "tests/unit/app/cadence/test_barrier.py::test_failed_cuts_back_off_instead_of_recapturing_at_once",
@@ -349,7 +349,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "stamp_past_clamp",
         "no barrier stamps past an unsettled entry's clamp",
-        "app/ingest/pipeline.py",
+        "app/ingest/mark.py",
         "        if not clamped:\n            self._last_durable = latest",
         "        if True:\n            self._last_durable = latest",
         (
@@ -584,7 +584,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "cut_flushes_one_partition_at_a_time",
         "sustained ingest does not grow the WAL without bound: a cut publishes its partitions"
         " side by side, so one slow PUT does not hold the checkpoint",
-        "app/cadence/barrier.py",
+        "app/cadence/cut_runner.py",
         "FLUSH_CONCURRENCY = 8\n",
         "FLUSH_CONCURRENCY = 1\n",
         (
@@ -659,7 +659,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "cut_waits_for_queued_publishes",
         "a cut settles the publishes registered before it, writing those nobody is writing",
-        "app/ingest/pipeline.py",
+        "app/ingest/cuts.py",
         "            self.publisher.publish(item.detached)\n            unsettled = unsettled or item.outcome is None",
         "            item.wait(self.publisher._wait_secs)\n            unsettled = unsettled or item.outcome is None",
         (
@@ -669,9 +669,9 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "failed_stamp_counted_ok",
         "a cut whose checkpoint or frontier write failed is never counted with outcome ok",
-        "app/cadence/barrier.py",
-        '        if outcome.complete:\n            self._count("ok", "")',
-        '        if outcome.ok:\n            self._count("ok", "")',
+        "app/cadence/cut_runner.py",
+        '        if outcome.complete:\n            self.count("ok", "")',
+        '        if outcome.ok:\n            self.count("ok", "")',
         (
             "tests/unit/app/cadence/test_barrier_never_wedges.py::test_nowedge_2_a_cut_whose_stamp_failed_is_counted_as_an_error_never_ok",
         ),
@@ -882,9 +882,9 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "cut_raises_a_replayed_tenants_frontier",
         "a cut leaves the frontier of a tenant whose replay failed where the replay found it",
-        "app/ingest/pipeline.py",
-        "        skip = self.refused | self.unmined.replayed()\n",
-        "        skip = self.refused\n",
+        "app/ingest/cuts.py",
+        "        skip = self._refused() | self._unmined.replayed()\n",
+        "        skip = self._refused()\n",
         (
             "tests/unit/app/ingest/test_poison_batches.py::test_nowedge_4_a_replayed_entry_re_emits_above_the_gates_its_replay_applied",
         ),
@@ -1041,10 +1041,10 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "replayed_frame_is_a_mark",
         "nothing replayed is ever a mark: only a new frame's turn sets it",
-        "app/ingest/pipeline.py",
+        "app/ingest/replay.py",
         "            result = self.miners.mine(tenant, batch.bodies)\n            self.folded[tenant] = offset\n",
         "            result = self.miners.mine(tenant, batch.bodies)\n            self.folded[tenant] = offset\n"
-        "            self._last_durable = self._latest = offset\n",
+        "            self.mark._last_durable = self.mark._latest = offset\n",
         ("tests/unit/app/node/test_recovery.py::test_issue15_nothing_replayed_is_a_mark",),
     ),
     # -- issue 18 item 6: settlement's intent is durable (RFC 0055 §9.4) ---------------
@@ -1493,8 +1493,8 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "barrier_timer_on_the_wall_clock",
         "the barrier's timer and retries run on the monotonic clock",
         "app/node/server.py",
-        "        ceiling_bytes=settings.sink.ceiling_bytes,\n        clock=monotonic,",
-        "        ceiling_bytes=settings.sink.ceiling_bytes,\n        clock=clock,",
+        "        segment_age_secs=wal.segment_age_secs,\n        clock=monotonic,",
+        "        segment_age_secs=wal.segment_age_secs,\n        clock=clock,",
         (
             "tests/unit/app/node/test_server.py::test_every_state_7_a_wall_clock_stepped_back_an_hour_stalls_no_cadence",
         ),
@@ -1657,7 +1657,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "versions_pinned_to_a_failed_tree",
         "no row is pinned to a version a mining failure's lost event announced",
-        "app/ingest/pipeline.py",
+        "app/ingest/cuts.py",
         "            if miner is not None and not miner.failed and tenant not in unsettled:\n",
         "            if miner is not None:\n",
         (

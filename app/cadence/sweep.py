@@ -59,7 +59,7 @@ class AgeSweep:
             # under the miner lock, where a turn mines and buffers: the template versions
             # pinned are those of the rows and events buffered (DESIGN.md §3)
             detached = p.buffers.drain_aged(self._max_age)
-            p.pin_versions_locked(detached)
+            p.cuts.pin_versions_locked(detached)
         failed = done = 0
         try:
             for d in detached:

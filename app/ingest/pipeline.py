@@ -24,61 +24,49 @@ clamped below it, and the tenant is rebuilt by settlement.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Final, NamedTuple
-
-import pyarrow as pa
 
 from app import points
 from app.base.batch import FlatBatch
-from app.base.gc_policy import collection_deferred
 from app.base.rejections import BadRequest, IngestRejection, PayloadTooLarge, Unavailable
 from app.ingest.admission import Admission
-from app.ingest.cuts import Cut
+from app.ingest.cuts import LATCH_CLEAR as LATCH_CLEAR
+from app.ingest.cuts import CutOwner
+from app.ingest.emit import buffer_audit, buffer_records
+from app.ingest.mark import DurableMark
 from app.ingest.mining.miner_cluster import MinerCluster
-from app.ingest.mining.rematch import VersionMap
-from app.ingest.mining.tenant_miner import MineResult, TemplateEvent, TenantMiner
+from app.ingest.mining.tenant_miner import MineResult, TenantMiner
+from app.ingest.replay import Replay
 from app.ingest.settlement import (
     DEFAULT_MINING_ATTEMPTS,
-    ReplayGates,
     Settler,
-    UnminedEntry,
     UnminedSet,
 )
 from app.ingest.shares import TurnShares
-from app.ingest.snapshot_store import SnapshotLedger, SnapshotState
+from app.ingest.snapshot_store import SnapshotLedger
 from app.ingest.tenants import Reservation, TenantTable, TenantUnrecoverable, TurnResult
 from app.receive.api import IngestOutcome
 from app.threads import Supervisor
-from sink.buffers import NANOS_PER_DAY, Buffers, Detached
-from sink.parquet import assemble_records
+from sink.buffers import Buffers, Detached
 from sink.publisher import Publisher
 from wal import (
     AppendError,
     ErrorClass,
-    Frame,
     FrameRejected,
     FrameSpan,
     FrameTooLarge,
     Journal,
     Pending,
-    PublishedMarks,
     RotationExhausted,
     WalOffset,
 )
-from wal.segment import uuid7_time
 
 log = logging.getLogger("ourios.pipeline")
-
-#: The latch's clear value: no cut has failed (RFC 0052 §3.1's sentinel).
-LATCH_CLEAR: Final = 2**63
 
 
 class ReadWriteLock:
@@ -201,6 +189,8 @@ class Pipeline:
         mining_attempts: int = DEFAULT_MINING_ATTEMPTS,
         shares: TurnShares | None = None,
         threads: Supervisor | None = None,
+        ceiling_bytes: int | None = None,
+        on_cut_stall: Callable[[float], None] | None = None,
     ) -> None:
         self.journal = journal
         self.admission = admission or Admission()
@@ -215,41 +205,50 @@ class Pipeline:
         self.gate = TurnGate()
         self.exclusion = ReadWriteLock()
         self.miner_lock = threading.Lock()
-        self._durable_lock = threading.Lock()
-        #: the mark: the latest acknowledged offset, clamped below every unmined entry
-        self._last_durable: WalOffset | None = None
-        #: the latest acknowledged turn's own frame end, unclamped
-        self._latest: WalOffset | None = None
         #: tenant slots and admission states; its lock is the admission mutex
         self.tenants = TenantTable(journal.config.max_tenants)
         #: frames whose mining raised, until settlement rebuilds their tenants
         self.unmined = UnminedSet()
+        #: the mark a cut captures, clamped below every unmined entry
+        self.mark = DurableMark(self.unmined)
         #: tenants refused as unrecoverable, and why; replaced whole by the settler (turns
         #: read them under the miner lock, where the admission mutex may not be taken)
         self.refused: frozenset[str] = frozenset()
         self.refused_details: Mapping[str, str] = {}
         self.folded: dict[str, WalOffset] = {}
-        #: tenants whose intent span recovery's replay is buffering staged (unsealed)
-        self._staging: set[str] = set()
-        #: barrier epoch: the number of the next cut (incremented at each capture)
-        self.epoch = 1
-        #: the lowest epoch a failure invalidated (LATCH_CLEAR when none)
-        self.failed_epoch = LATCH_CLEAR
-        self._ready = False
-        self.records_mined = 0
-        #: durable snapshot installs: a tenant whose folded horizon moved past its
-        #: installed one is frozen at the next capture
+        self._ready, self.records_mined = False, 0
+        #: durable snapshot installs (``CutOwner.ledger``)
         self.ledger = ledger if ledger is not None else SnapshotLedger()
-        #: the barrier's hand-off of a cut a turn captured at a rotation (None: no
-        #: barrier, the rotation is left to the next timer cut)
-        self.on_rotation: Callable[[Cut], None] | None = None
-        #: tenant -> (the cut waiting for its state, the horizon it was frozen at)
-        self._frozen: dict[str, tuple[Cut, WalOffset]] = {}
-        #: how long each capture held the exclusion (seconds): the latest ones, and an
-        #: observer the metrics install
-        self.cut_stall_seconds: deque[float] = deque(maxlen=4096)
-        self.on_cut_stall: Callable[[float], None] | None = None
+        #: the cut's state and its capture; the barrier runs what it yields. A turn that
+        #: observes a rotation offers its cut to the barrier's pending slot, coalesced
+        #: under ``ceiling_bytes`` (None: no barrier takes cuts)
+        self.cuts = CutOwner(
+            buffers,
+            miners,
+            publisher,
+            self.ledger,
+            exclusion=self.exclusion,
+            miner_lock=self.miner_lock,
+            folded=self.folded,
+            unmined=self.unmined,
+            mark=lambda: self.mark.current,
+            refused=lambda: self.refused,
+            clock=clock,
+            ceiling_bytes=ceiling_bytes,
+            on_cut_stall=on_cut_stall,
+        )
         self.settler = Settler(self, events=self._events, max_attempts=mining_attempts)
+        #: recovery's entry: replayed frames into the miners and buffers
+        self.replay = Replay(
+            buffers,
+            miners,
+            publisher,
+            cuts=self.cuts,
+            mark=self.mark,
+            settler=self.settler,
+            folded=self.folded,
+            events=self._events,
+        )
         #: each tenant's share of the turn (None: unbounded); ``_turn`` leaves the work
         #: of the batch it mined and the seconds its mining took in ``_work`` and
         #: ``_mined_secs`` for ``turn_and_finish`` to charge
@@ -402,17 +401,9 @@ class Pipeline:
         self.buffers.wait_for_room()
         detached: list[Detached] = []
         with self.exclusion.shared():
-            prev = self._last_durable
-            on_rotation = self.on_rotation
-            if prev is not None and prev.segment != offset.segment and on_rotation is not None:
-                # This turn observed the rotation: capture a cut at the closed segment's
-                # mark (the previous turn's own frame end) and hand it to the barrier
-                # thread. Capture only: the store I/O runs there.
-                started = time.perf_counter()
-                with collection_deferred():
-                    cut = self.capture_cut_locked("rotation")
-                self.record_cut_stall(time.perf_counter() - started)
-                on_rotation(cut)
+            prev = self.mark.current
+            if prev is not None and prev.segment != offset.segment and self.cuts.hands_off:
+                self.cuts.capture_rotation()  # this turn observed the rotation
             points.hit("turn.before_mine")
             with self.miner_lock:
                 # Re-tested under the miner lock (a settler refuses a tenant inside the
@@ -425,8 +416,7 @@ class Pipeline:
                         tenant, span, offset, "an earlier frame is unmined", failed=False
                     )
                     return TurnResult.UNMINED
-                if tenant in self._frozen:
-                    self._serialize_locked(tenant)
+                self.cuts.serialize_if_frozen_locked(tenant)
                 started = time.thread_time()
                 try:
                     result = self.miners.mine(tenant, batch.bodies)
@@ -446,10 +436,9 @@ class Pipeline:
                     # the same unknown state as a failure inside mining (RFC 0055 §9.4).
                     self._record_unmined(tenant, span, offset, f"{type(exc).__name__}: {exc}")
                     return TurnResult.UNMINED
-                self.pin_versions_locked(detached)
-            with self._durable_lock:
-                self._latest = offset
-                self._recompute_durable_locked()
+                self.cuts.pin_versions_locked(detached)
+            with self.mark.lock:
+                self.mark.advance_locked(offset)
                 self.folded[tenant] = offset
             self.records_mined += len(batch)
         for d in detached:
@@ -466,10 +455,7 @@ class Pipeline:
         failure was this frame's own (its first attempt), not an earlier frame's."""
         if failed:
             self.settler.note_failure(tenant, offset, why)
-        with self._durable_lock:
-            entry = UnminedEntry(span, tenant, self._latest)
-            self.unmined.add(entry)
-            self._recompute_durable_locked()
+        entry = self.mark.add_unmined(span, tenant)
         self._events(
             "tenant.settling",
             {
@@ -489,24 +475,12 @@ class Pipeline:
         )
 
     def recompute_durable(self) -> None:
-        with self._durable_lock:
-            self._recompute_durable_locked()
-
-    def _recompute_durable_locked(self) -> None:
-        """``last_durable = min(latest, clamp)`` while any entry clamps (None stays None)."""
-        clamped, clamp = self.unmined.clamp()
-        latest = self._latest
-        if not clamped:
-            self._last_durable = latest
-        elif clamp is None or latest is None:
-            self._last_durable = None
-        else:
-            self._last_durable = latest if latest.lsn <= clamp.lsn else clamp
+        self.mark.recompute()
 
     def replace_tenant(self, tenant: str, miner: TenantMiner) -> None:
         """Settlement's swap (miner lock held): install the rebuilt tree."""
         self.miners.replace_tenant(tenant, miner)
-        self._frozen.pop(tenant, None)
+        self.cuts.forget_tenant(tenant)
 
     def _buffer(
         self, tenant: str, batch: FlatBatch, result: MineResult, offset: WalOffset, nbytes: int
@@ -523,32 +497,8 @@ class Pipeline:
         offset: WalOffset,
         staged: Callable[[int], bool] | None = None,
     ) -> list[Detached]:
-        """Buffer the template events of a mined batch. ``staged``: the frame lies in a
-        settlement's intent span (``sink.buffers``) and says which template ids the tree
-        had before the rebuild — their events are staged (every attempt at the span
-        derives them alike); the others name ids this attempt allocated (no other
-        attempt's event binds them) and are buffered as usual."""
-        if not result.events:
-            return []
-        times = batch.column("time_unix_nano")
-        observed = batch.column("observed_time_unix_nano")
-        fallback = int(uuid7_time(offset.segment) * 1e9)  # as records: deterministic
-        events = [
-            (
-                e.template_id,
-                e.version,
-                e.template,
-                e.change,
-                times[e.index] or observed[e.index] or fallback,
-            )
-            for e in result.events
-        ]
-        if staged is None:
-            return self.buffers.add_audit(tenant, events, offset.lsn)
-        known = [e for e in events if staged(e[0])]
-        out = self.buffers.add_audit(tenant, [e for e in events if not staged(e[0])], offset.lsn)
-        self.buffers.add_audit(tenant, known, offset.lsn, staged=True)
-        return out
+        """``app.ingest.emit.buffer_audit`` into this pipeline's buffers."""
+        return buffer_audit(self.buffers, tenant, batch, result, offset, staged)
 
     def buffer_records(
         self,
@@ -560,390 +510,30 @@ class Pipeline:
         staged: bool = False,
         skip_days: frozenset[int] = frozenset(),
     ) -> list[Detached]:
-        """The frame's rows with the template columns added, one Arrow batch per UTC day
-        (the usual frame is one day and is buffered as it is); the rows of ``skip_days``
-        are not buffered (already in the store: ``replay_frame``)."""
-        out: list[Detached] = []
-        lsn = offset.lsn
-        records = assemble_records(
-            tenant,
-            batch.columns,
-            result.template_ids,
-            result.template_params,
-            lsn,
-            result.template_versions,
+        """``app.ingest.emit.buffer_records`` into this pipeline's buffers."""
+        return buffer_records(
+            self.buffers, tenant, batch, result, offset, nbytes, staged, skip_days
         )
-        rows = len(batch) or 1
-        for day, index in _days(batch, offset):
-            if day in skip_days:
-                continue
-            if index is None:
-                part, share = records, nbytes
-            else:
-                part, share = records.take(pa.array(index, pa.int32())), nbytes * len(index) // rows
-            d = self.buffers.add_records(
-                tenant, day, part, wal_lsn=lsn, nbytes=share, staged=staged
-            )
-            if d is not None:
-                out.append(d)
-        return out
-
-    # -- the barrier's side --------------------------------------------------------------
-
-    def pin_versions_locked(self, detached: list[Detached]) -> None:
-        """Pin each records partition of ``detached`` to its tenant's template versions
-        now (``VersionMap``: O(1) per partition), so its rows are encoded re-matched to
-        them (DESIGN.md §3 "Template versions of a record"). The caller holds the miner
-        lock at a point where the buffers hold every event the miners emitted: a cut's
-        capture (the versions at its mark), a turn or a replayed frame after its
-        buffering, the age sweep, the recovery's publish. Never to a tree a failure left
-        (an unmined entry, a refused tenant, a failed miner): it may hold versions whose
-        events were never buffered."""
-        records = [d for d in detached if d.partition.records is not None]
-        if not records:
-            return
-        unsettled = self.unmined.tenants() | self.refused
-        for d in records:
-            tenant = d.partition.tenant
-            miner = self.miners.get(tenant)
-            if miner is not None and not miner.failed and tenant not in unsettled:
-                self.buffers.pin(d, VersionMap(miner.versions(), miner.mined_tokens))
-
-    def record_cut_stall(self, seconds: float) -> None:
-        self.cut_stall_seconds.append(seconds)
-        if self.on_cut_stall is not None:
-            self.on_cut_stall(seconds)
-
-    def capture_cut_locked(self, reason: str) -> Cut:
-        """Capture a cut. The caller holds the exclusion exclusively, or is the ingest
-        turn (the gate keeps every other turn out): no turn is mining or buffering."""
-
-        epoch = self.epoch
-        batches = self.buffers.drain_all("barrier")  # registered in flight at ``epoch``
-        mark = self._last_durable
-        cut = Cut(epoch, mark, batches, self.buffers.last_id, reason, captured_at=self.clock())
-        self.epoch = epoch + 1  # a publish registered from now on belongs to later cuts
-        installed = self.ledger.horizons()
-        # No snapshot of a tenant with an unmined entry (its live tree is unknown) or of
-        # an unrecoverable one (RFC 0055 §9.4).
-        unsettled = self.unmined.tenants() | self.refused
-        with self.miner_lock:
-            self.pin_versions_locked(batches)
-            for tenant, horizon in self.folded.items():
-                done = installed.get(tenant)
-                if done is not None and done.lsn >= horizon.lsn:
-                    continue
-                if tenant in unsettled:
-                    continue
-                if tenant in self._frozen:
-                    self._serialize_locked(tenant)  # into the earlier, still pending cut
-                self._frozen[tenant] = (cut, horizon)
-                cut.frozen.add(tenant)
-        return cut
-
-    def _serialize_locked(self, tenant: str) -> None:
-        """Serialise a frozen tenant's miner into the cut waiting for it (miner lock)."""
-        cut, horizon = self._frozen.pop(tenant)
-        cut.frozen.discard(tenant)
-        miner = self.miners.get(tenant)
-        if miner is None:
-            return
-        try:
-            state = miner.to_snapshot()
-        except Exception as exc:  # noqa: BLE001 - a failed miner has no snapshot
-            log.warning("no snapshot for tenant %r: %s", tenant, exc)
-            return
-        cut.snaps[tenant] = SnapshotState(tenant, horizon, state)
-
-    def serialize_frozen(self, cut: Cut) -> None:
-        """The barrier thread serialises what no turn has yet, one tenant at a time."""
-        for tenant in list(cut.frozen):
-            with self.miner_lock:
-                entry = self._frozen.get(tenant)
-                if entry is not None and entry[0] is cut:
-                    self._serialize_locked(tenant)
-
-    def move_frozen(self, src: Cut, dst: Cut) -> None:
-        """Coalescing: tenants frozen for ``src`` now serialise into ``dst``."""
-        with self.miner_lock:
-            for tenant in list(src.frozen):
-                entry = self._frozen.get(tenant)
-                if entry is not None and entry[0] is src:
-                    self._frozen[tenant] = (dst, entry[1])
-                    dst.frozen.add(tenant)
-                    dst.snaps.pop(tenant, None)  # latest wins
-            src.frozen.clear()
-
-    def abandon_cut(self, cut: Cut, why: str) -> None:
-        """A cut that will not run: its batches go back into the buffers (epoch-dated
-        requeues) and its snapshots are discarded."""
-        for d in cut.batches:
-            self.buffers.requeue(d, why)
-        with self.miner_lock:
-            for tenant in list(cut.frozen):
-                entry = self._frozen.get(tenant)
-                if entry is not None and entry[0] is cut:
-                    del self._frozen[tenant]
-            cut.frozen.clear()
-        cut.snaps.clear()
-        cut.batches = []
-
-    def prior_publishes_ok(self, cut: Cut) -> bool:
-        """Settle every publish registered before the capture (not the cut's own) and
-        refuse the cut when one requeued at an epoch above the cut's: its rows were not in
-        the cut's drain. A failure requeued before the capture is in the cut.
-
-        ``Publisher.publish`` writes one that no thread is writing yet (queued for the
-        publisher thread, detached by a turn and not yet offered) on this thread, and
-        waits, bounded, for one another thread is writing; one still unsettled after
-        that refuses the cut (the next cut settles it)."""
-        own = cut.own_ids
-        unsettled = False
-        for item in self.buffers.in_flight.pending_upto(cut.prior_upto):
-            if item.detached.id in own:
-                continue
-            self.publisher.publish(item.detached)
-            unsettled = unsettled or item.outcome is None
-        if unsettled:
-            return False
-        for failure in self.buffers.in_flight.failures_upto(cut.prior_upto):
-            if failure.id in own:
-                continue
-            if failure.requeue_epoch is not None and failure.requeue_epoch > cut.epoch:
-                return False
-        return True
-
-    def publish_all_now(self, reason: str) -> bool:
-        """Publish everything: drain the buffers and publish on this thread, then wait for
-        every publish already registered (the size trigger's, queued for the publisher
-        thread). True only when all of it reached the store and nothing was requeued —
-        recovery installs snapshots above X on that alone."""
-        with self.exclusion.exclusive():
-            detached = self.buffers.drain_all(reason)  # seals every intent span staged
-            upto = self.buffers.last_id
-            self._staging.clear()
-            with self.miner_lock:
-                self.pin_versions_locked(detached)
-        ok = True
-        for d in detached:
-            ok = self.publisher.publish(d).ok and ok
-        for item in self.buffers.in_flight.pending_upto(upto):
-            ok = self.publisher.publish(item.detached).ok and ok  # written here, or awaited
-        return ok and self.buffers.empty()
-
-    def forget_failures_before(self, epoch: int) -> None:
-        self.buffers.in_flight.forget_failures(epoch)
-
-    # -- recovery's entry ------------------------------------------------------------------
-
-    def replay_frame(
-        self,
-        tenant: str,
-        batch: FlatBatch,
-        offset: WalOffset,
-        *,
-        publish_records: bool,
-        publish_audit: bool,
-        nbytes: int = 0,
-        is_fresh: Callable[[int], bool] | None = None,
-        intent: bool = False,
-        landed_days: frozenset[int] = frozenset(),
-        landed_event: Callable[[int, int], bool] | None = None,
-    ) -> ReplayCounts:
-        """Feed a replayed frame (above the tenant's snapshot horizon) to its miner;
-        forward its rows only when ``publish_records`` and the template events it
-        regenerates only when ``publish_audit`` — except an event of a template this
-        replay minted afresh (``is_fresh`` of its id: above the allocator's high-water at
-        start): no published event binds that id, so it is forwarded once whatever the
-        gate (RFC0052.10's 2026-10-06 amendment). Returns (records, events) suppressed.
-
-        ``intent``: the frame lies in the span of the tenant's unconfirmed settlement
-        intent (RFC 0055 §9.4): what it forwards is staged as the settlement staged it —
-        its records, and the events of ids not minted by this replay — so the span is
-        republished under the names the settlement's attempt used (``sink.buffers``).
-        The tenant's first frame past the span seals it.
-
-        ``landed_days`` and ``landed_event`` (``app.ingest.landed``): what an object
-        published before the restart already holds of this frame — its rows of those
-        UTC days, those template events (by id and version; never an id this replay
-        minted) — and is therefore not forwarded again, whatever the gates say."""
-        if intent:
-            self._staging.add(tenant)
-        elif tenant in self._staging:
-            self._staging.discard(tenant)
-            self.buffers.seal_staged(tenant)
-        self.buffers.wait_for_room()  # a replay re-derives the spool under the same bound
-        # Mined and buffered under the miner lock, as a turn is (``pin_versions_locked``).
-        with self.miner_lock:
-            result = self.miners.mine(tenant, batch.bodies)
-            self.folded[tenant] = offset
-            detached: list[Detached] = []
-            counts = ReplayCounts(0 if publish_records else len(batch), 0, 0, 0)
-            if result.events:
-                forwarded: list[TemplateEvent] = []
-                gated = landed = 0
-                for e in result.events:
-                    if is_fresh is not None and is_fresh(e.template_id):
-                        forwarded.append(e)  # minted by this replay: no stored event binds it
-                    elif landed_event is not None and landed_event(e.template_id, e.version):
-                        landed += 1
-                    elif publish_audit:
-                        forwarded.append(e)
-                    else:
-                        gated += 1
-                if gated or landed:
-                    result = dataclasses.replace(result, events=forwarded)
-                counts = counts._replace(events=gated + landed, events_landed=landed)
-                known = (
-                    (lambda tid: not is_fresh(tid)) if is_fresh is not None else (lambda tid: True)
-                )
-                detached.extend(
-                    self.buffer_audit(tenant, batch, result, offset, known if intent else None)
-                )
-            if publish_records:
-                if landed_days:
-                    skipped = _rows_in_days(batch, offset, landed_days)
-                    counts = counts._replace(records=skipped, records_landed=skipped)
-                detached.extend(
-                    self.buffer_records(
-                        tenant, batch, result, offset, nbytes, staged=intent, skip_days=landed_days
-                    )
-                )
-            self.pin_versions_locked(detached)
-        for d in detached:
-            if not self.publisher.offer(d):
-                self.publisher.park(d)
-        return counts
-
-    def cut_frontiers(self, mark: WalOffset) -> dict[str, PublishedMarks]:
-        """The frontiers a cut stamping ``mark`` writes to PUBLISHED: the mark for every
-        tenant but an unrecoverable one, and but one whose start-up replay failed and
-        which is not settled yet — its rows above the replay's gates were dropped with
-        its tree and are re-emitted only by its settlement, so its frontier stays where
-        the replay found it (the mark may be above: the clamp is the checkpoint)."""
-        skip = self.refused | self.unmined.replayed()
-        return {t: PublishedMarks(mark, mark) for t in self.miners.tenants() if t not in skip}
-
-    def replay_failed(
-        self,
-        frame: Frame,
-        exc: BaseException,
-        gates: ReplayGates,
-        clamp: WalOffset | None,
-    ) -> None:
-        """Recovery's guard: mining (or emitting) a replayed frame raised. As in a turn,
-        the frame becomes an unmined entry (clamped at ``clamp``, the checkpoint) and the
-        tenant is settled after the start, its attempts bounded, so a frame that fails
-        every time is isolated instead of failing every start. The tenant's tree is
-        unknown now: its buffered rows are dropped (the settlement re-emits them above
-        ``gates``, which is what this replay publishes above) and nothing more of it is
-        mined here (``replay_deferred``)."""
-        tenant = frame.tenant
-        why = f"{type(exc).__name__}: {exc}"
-        self.settler.note_failure(tenant, frame.offset, why)
-        with self.exclusion.exclusive():
-            with self.miner_lock:
-                self.buffers.drop_tenant(tenant)  # what it staged too: its settlement re-stages
-        self._staging.discard(tenant)
-        self._add_replayed_entry(frame, gates, clamp)
-        self._events(
-            "tenant.settling",
-            {
-                "tenant": tenant,
-                "frame": str(frame.offset),
-                "clamp": None if clamp is None else str(clamp),
-                "error": why,
-                "during": "recovery",
-            },
-        )
-        log.error(
-            "replay: mining failed for tenant %r at %s (%s): the tenant is settled after the "
-            "start (its later frames with it) and the mark is held at %s meanwhile",
-            tenant,
-            frame.offset,
-            why,
-            clamp,
-            exc_info=exc,
-        )
-
-    def replay_isolated(self, frame: Frame, error: str) -> None:
-        """Recovery isolated ``frame``: its payload did not decode. The tenant's tree goes
-        on without it (folded past it), and a settlement of the tenant never decodes it
-        in this process (it may be what killed a worker)."""
-        self.settler.isolate_undecodable(frame.tenant, frame.offset, error)
-        with self.miner_lock:
-            folded = self.folded.get(frame.tenant)
-            if folded is None or folded.lsn < frame.offset.lsn:
-                self.folded[frame.tenant] = frame.offset
-
-    def replay_deferred(self, frame: Frame, gates: ReplayGates, clamp: WalOffset | None) -> None:
-        """A replayed frame of a tenant whose replay failed earlier: not mined into the
-        unknown tree, but left to the settlement as an entry of its own."""
-        self._add_replayed_entry(frame, gates, clamp)
-
-    def _add_replayed_entry(
-        self, frame: Frame, gates: ReplayGates, clamp: WalOffset | None
-    ) -> None:
-        entry = UnminedEntry(FrameSpan.of(frame), frame.tenant, clamp, gates=gates)
-        with self._durable_lock:
-            self.unmined.add(entry)
-            self._recompute_durable_locked()
 
     @property
     def last_durable(self) -> WalOffset | None:
-        """The mark a cut captures: the latest acknowledged offset, clamped."""
-        with self._durable_lock:
-            return self._last_durable
+        """The mark a cut captures (``app.ingest.mark``)."""
+        return self.mark.last_durable
 
     @property
     def latest(self) -> WalOffset | None:
-        """The latest acknowledged (and mined) turn's own frame end, never clamped."""
-        with self._durable_lock:
-            return self._latest
+        """The latest acknowledged turn's own frame end, never clamped."""
+        return self.mark.latest
 
+    @property
+    def epoch(self) -> int:
+        """The number of the next cut (``CutOwner.epoch``)."""
+        return self.cuts.epoch
 
-def _days(batch: FlatBatch, offset: WalOffset) -> list[tuple[int, list[int] | None]]:
-    """Partition a batch by UTC day of each record's time (its observed time when unset,
-    the segment's creation time when both are — deterministic on replay). The usual
-    batch is one day: returned as ``[(day, None)]`` without building index lists."""
-    if not len(batch):
-        return []
-    # numpy over the column's buffer (zero-copy: the column has no nulls) costs half of
-    # ``pc.min_max`` and its scalars
-    times_np = batch.columns.column("time_unix_nano").to_numpy()
-    lo, hi = int(times_np.min()), int(times_np.max())
-    if lo and lo // NANOS_PER_DAY == hi // NANOS_PER_DAY:
-        return [(lo // NANOS_PER_DAY, None)]  # the usual batch: one day, every time set
-    times = batch.column("time_unix_nano")
-    fallback = int(uuid7_time(offset.segment) * 1e9)
-    observed = batch.column("observed_time_unix_nano")
-    days: dict[int, list[int]] = {}
-    for i, t in enumerate(times):
-        ns = t or observed[i] or fallback
-        days.setdefault(ns // NANOS_PER_DAY, []).append(i)
-    if len(days) == 1:
-        return [(next(iter(days)), None)]
-    return sorted(days.items())
-
-
-class ReplayCounts(NamedTuple):
-    """What ``replay_frame`` did not forward: records and template events suppressed
-    in all (by the gates or because the store holds them), and of those the ones an
-    object published before the restart holds (``app.ingest.landed``)."""
-
-    records: int
-    events: int
-    records_landed: int
-    events_landed: int
-
-
-def _rows_in_days(batch: FlatBatch, offset: WalOffset, days: frozenset[int]) -> int:
-    """How many of ``batch``'s rows fall on ``days`` (``_days``'s split)."""
-    rows = 0
-    for day, index in _days(batch, offset):
-        if day in days:
-            rows += len(batch) if index is None else len(index)
-    return rows
+    @property
+    def failed_epoch(self) -> int:
+        """The lowest epoch a failure invalidated (``CutOwner.failed_epoch``)."""
+        return self.cuts.failed_epoch
 
 
 def _unavailable(exc: AppendError, records: int) -> Unavailable:

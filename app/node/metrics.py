@@ -742,7 +742,6 @@ class Metrics:
 
     def bind(self, pipeline: Pipeline) -> None:
         self.pipeline = pipeline
-        pipeline.on_cut_stall = self.cut_stall_seconds.observe
         self.registry.register(_StateCollector(self))
 
     def cadence_observer(self, cadence: str) -> Callable[[str, str], None]:

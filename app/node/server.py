@@ -191,7 +191,15 @@ def _build_node(
     store, node, health, watched, archiver = _open_store(settings, events, metrics, given_store)
     journal, intents, space = _open_wal(settings, events, clocks, metrics, archiver)
     pipeline, ledger, admission, spool, spiller = _build_pipeline(
-        settings, events, monotonic, (store, watched, node), journal, intents, space, threads
+        settings,
+        events,
+        monotonic,
+        (store, watched, node),
+        journal,
+        intents,
+        space,
+        threads,
+        on_cut_stall=metrics.cut_stall_seconds.observe,
     )
     snapshots, barrier, housekeeper, sweep = _build_cadences(
         settings, events, clocks, pipeline, ledger, admission, intents, space, metrics, threads
@@ -314,6 +322,8 @@ def _build_pipeline(
     intents: IntentLog,
     space: DiskSpace,
     threads: Supervisor,
+    *,
+    on_cut_stall: Callable[[float], None],
 ) -> tuple[Pipeline, SnapshotLedger, Admission, Spool, Spiller]:
     """The pipeline and what it turns batches through: the miners and their template
     ids, the sink's buffers and publisher with its spool, and admission."""
@@ -360,6 +370,8 @@ def _build_pipeline(
             first_per_record=1 + settings.miner.max_leaf_templates + CREATE_WORK,
         ),
         threads=threads,
+        ceiling_bytes=settings.sink.ceiling_bytes,  # the barrier's pending slot
+        on_cut_stall=on_cut_stall,
     )
     holder["p"] = pipeline
     if settings.auth.open_mode:
@@ -433,12 +445,13 @@ def _build_cadences(
     snapshots = SnapshotStore(server.snapshots_dir, space=space, events=events)
     wal = settings.wal
     barrier = Barrier(
-        pipeline,
+        pipeline.cuts,
         snapshots,
         ledger,
+        journal=pipeline.journal,
+        settler=pipeline.settler,
         barrier_secs=wal.barrier_secs,
         segment_age_secs=wal.segment_age_secs,
-        ceiling_bytes=settings.sink.ceiling_bytes,
         clock=monotonic,
         events=events,
         on_cut=lambda outcome: housekeeper.after_cut(),

@@ -33,7 +33,7 @@ tenant recreates all P partitions. For each P:
 The exclusion is replaced by a timing subclass of the pipeline's own ``ReadWriteLock``
 before any traffic, which records, for every turn, the time from asking for the shared
 side to getting it, and for every capture, the time to get the exclusive side and the
-time it was held. ``Pipeline.cut_stall_seconds`` (what the metrics export: getting plus
+time it was held. ``CutOwner.cut_stall_seconds`` (what the metrics export: getting plus
 holding) is reported beside them.
 
 Printed per P: capture hold, capture acquire, the pipeline's cut stall, the wait of
@@ -326,7 +326,8 @@ def measure(base: Path, partitions: int, args: argparse.Namespace) -> Result:
         faulty=False,
     )
     lock = TimedExclusion()
-    rig.pipeline.exclusion = lock  # before any traffic: nothing holds the old one
+    # before any traffic: nothing holds the old one
+    rig.pipeline.exclusion = rig.pipeline.cuts.exclusion = lock
     try:
         warm = Load(rig, requests, 1)
         warm.sweep()
@@ -348,7 +349,7 @@ def measure(base: Path, partitions: int, args: argparse.Namespace) -> Result:
         run_cut(rig, rig.barrier.capture(rotate_idle=False), args.publish)
         lock.shared_log.clear()
         lock.exclusive_log.clear()
-        rig.pipeline.cut_stall_seconds.clear()
+        rig.pipeline.cuts.cut_stall_seconds.clear()
         load = Load(rig, requests, args.threads)
         with GcLog() as gc_log:
             load.start()
@@ -365,7 +366,7 @@ def measure(base: Path, partitions: int, args: argparse.Namespace) -> Result:
         result.hold_gc = Dist.of([seconds for seconds, _ in in_gc])
         result.gen2_holds = sum(1 for _, oldest in in_gc if oldest == 2)
         result.acquire = Dist.of([got - asked for asked, got, _ in excl])
-        result.cut_stall = Dist.of(list(rig.pipeline.cut_stall_seconds))
+        result.cut_stall = Dist.of(list(rig.pipeline.cuts.cut_stall_seconds))
         result.met_cut = Dist.of(met_a_cut(shared, excl))
 
         if args.profile:
@@ -447,7 +448,7 @@ def report(results: Sequence[Result], args: argparse.Namespace) -> None:
             ("capture: exclusion held", r.hold),
             (f"  of which cyclic GC ({r.gen2_holds} with a full collection)", r.hold_gc),
             ("capture: waiting for it (turns inside)", r.acquire),
-            ("pipeline.cut_stall_seconds (wait + hold)", r.cut_stall),
+            ("cuts.cut_stall_seconds (wait + hold)", r.cut_stall),
             ("turns that met a capture: wait", r.met_cut),
             ("every turn, cut window: wait", r.turns_cut),
             ("every turn, reference window: wait", r.turns_ref),

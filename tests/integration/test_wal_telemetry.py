@@ -334,7 +334,7 @@ def latch_set(rig: NodeRig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     def capture(reason: str) -> object:
         raise RuntimeError("injected tick failure")
 
-    monkeypatch.setattr(rig.pipeline, "capture_cut_locked", capture)
+    monkeypatch.setattr(rig.pipeline.cuts, "capture_cut_locked", capture)
     for i in range(3):
         rig.ingest("good", f"g{i}")
         try:

@@ -216,16 +216,18 @@ class NodeRig:
             ledger=self.ledger,
             mining_attempts=self.mining_attempts,
             threads=self.threads,
+            ceiling_bytes=self.ceiling_bytes,
         )
         holder["p"] = self.pipeline
         self.snapshots = SnapshotStore(data / "snapshots", fs=self.fs)
         self.barrier = Barrier(
-            self.pipeline,
+            self.pipeline.cuts,
             self.snapshots,
             self.ledger,
+            journal=self.journal,
+            settler=self.pipeline.settler,
             barrier_secs=self.barrier_secs,
             segment_age_secs=self.config.segment_age_secs,
-            ceiling_bytes=self.ceiling_bytes,
             clock=self.clock,
             events=self.record_event,
             intents=self.intent_log,

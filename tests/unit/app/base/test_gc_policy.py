@@ -50,13 +50,13 @@ def test_freeze_moves_the_live_heap_out_of_the_generations() -> None:
 def test_both_capture_paths_run_with_collection_off(tmp_path: Path) -> None:
     rig = NodeRig(tmp_path / "node")
     seen: list[bool] = []
-    real: Callable[[str], Cut] = rig.pipeline.capture_cut_locked
+    real: Callable[[str], Cut] = rig.pipeline.cuts.capture_cut_locked
 
     def capture(reason: str) -> Cut:
         seen.append(gc.isenabled())
         return real(reason)
 
-    rig.pipeline.capture_cut_locked = capture  # type: ignore[method-assign]
+    rig.pipeline.cuts.capture_cut_locked = capture  # type: ignore[method-assign]
     try:
         rig.ingest("t", "a")
         rig.barrier.step()  # the timer's capture

@@ -516,7 +516,7 @@ def test_rfc0052_1_turn_failing_concurrently_with_a_barrier_stamps_no_mark_past_
 ) -> None:
     rig = make_rig()
     exclusion = WatchedLock()
-    rig.pipeline.exclusion = exclusion
+    rig.pipeline.exclusion = rig.pipeline.cuts.exclusion = exclusion
     a = rig.ingest("good", "a")
     assert step(rig).checkpointed
     real = rig.miners.mine
@@ -618,12 +618,12 @@ def test_rfc0052_1_raising_barrier_tick_latches_and_the_next_tick_runs(
 ) -> None:
     rig = make_rig()
     runs: list[tuple[str, str]] = []
-    rig.barrier.on_run = lambda outcome, error_type: runs.append((outcome, error_type))
+    rig.barrier.runner.on_run = lambda outcome, error_type: runs.append((outcome, error_type))
     target: object
     if where == "capture":
-        target, name = rig.pipeline, "capture_cut_locked"  # before anything is drained
+        target, name = rig.pipeline.cuts, "capture_cut_locked"  # before anything is drained
     elif where == "serialize":
-        target, name = rig.pipeline, "serialize_frozen"  # drained, before the flush
+        target, name = rig.pipeline.cuts, "serialize_frozen"  # drained, before the flush
     else:
         target, name = rig.snapshots, "install_all"  # flushed, before the stamp
     raising = RaiseOnce(getattr(target, name))
@@ -694,11 +694,11 @@ def test_rfc0052_1_barrier_thread_logs_counts_a_raising_tick_and_takes_the_next(
         if outcome == "refused":
             refused.set()
 
-    rig.barrier.on_run = on_run
+    rig.barrier.runner.on_run = on_run
     rig.ingest("t", "a")
-    raising = RaiseOnce(rig.pipeline.capture_cut_locked)
+    raising = RaiseOnce(rig.pipeline.cuts.capture_cut_locked)
     raising.go.set()
-    monkeypatch.setattr(rig.pipeline, "capture_cut_locked", raising)
+    monkeypatch.setattr(rig.pipeline.cuts, "capture_cut_locked", raising)
 
     with caplog.at_level(logging.ERROR, logger="ourios.barrier"):
         rig.barrier.start()
@@ -730,7 +730,7 @@ def test_failed_cuts_back_off_instead_of_recapturing_at_once(
         assert out is not None and not out.ok
         delays.append(rig.barrier.retry_not_before - rig.clock())
     assert delays == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0]  # barrier_secs is 300 here
-    rig.barrier.barrier_secs = 3
+    rig.barrier.runner.barrier_secs = 3
     assert rig.barrier.step(timer=True) is not None
     assert rig.barrier.retry_not_before - rig.clock() == 3  # capped at the period
     rig.store.clear()
@@ -749,12 +749,13 @@ def test_failed_cuts_back_off_instead_of_recapturing_at_once(
         first.set()
 
     barrier = Barrier(
-        rig.pipeline,
+        rig.pipeline.cuts,
         rig.snapshots,
         rig.ledger,
+        journal=rig.journal,
+        settler=rig.pipeline.settler,
         barrier_secs=1,
         segment_age_secs=SEGMENT_AGE,
-        ceiling_bytes=rig.ceiling_bytes,
         on_cut=on_cut,
     )
     barrier.start()
@@ -963,7 +964,7 @@ def test_rfc0052_14_mark_is_read_after_the_quiesce_under_the_exclusion(
 ) -> None:
     rig = make_rig()
     exclusion = WatchedLock()
-    rig.pipeline.exclusion = exclusion
+    rig.pipeline.exclusion = rig.pipeline.cuts.exclusion = exclusion
     a = rig.ingest("t", "a")
 
     with (

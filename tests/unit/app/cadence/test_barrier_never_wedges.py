@@ -65,7 +65,7 @@ def unstick(rig: NodeRig) -> None:
     rig.store.clear()
     pending = rig.barrier.pending
     if pending is not None:
-        rig.pipeline.abandon_cut(pending, "test_unstick")
+        rig.pipeline.cuts.abandon_cut(pending, "test_unstick")
     for item in rig.buffers.in_flight.pending_upto(sys.maxsize):
         rig.buffers.requeue(item.detached, "test_unstick")
 
@@ -242,7 +242,7 @@ def test_nowedge_2_a_cut_whose_stamp_failed_is_counted_as_an_error_never_ok(
     make_rig: Callable[..., NodeRig], metrics: Metrics, op: str, name: str, error_type: str
 ) -> None:
     rig = make_rig()
-    rig.barrier.on_run = metrics.cadence_observer("barrier")
+    rig.barrier.runner.on_run = metrics.cadence_observer("barrier")
     rig.ingest("t", "a")
     first = rig.barrier.step()
     assert first is not None and first.checkpointed
@@ -270,7 +270,7 @@ def test_nowedge_2_no_cadence_counts_a_failed_run_ok(
     """The barrier's refused flush, the age sweep's failed publish and a housekeeping
     pass whose RECLAIM write failed each count as what they were; none as ok."""
     rig = make_rig()
-    rig.barrier.on_run = metrics.cadence_observer("barrier")
+    rig.barrier.runner.on_run = metrics.cadence_observer("barrier")
     rig.housekeeper.on_run = metrics.cadence_observer("housekeeping")
     sweep = AgeSweep(rig.pipeline, 0.0, 1.0, metrics.cadence_observer("age_sweep"))
 
