@@ -1041,7 +1041,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "replayed_frame_is_a_mark",
         "nothing replayed is ever a mark: only a new frame's turn sets it",
-        "app/ingest/replay.py",
+        "app/ingest/replay_feed.py",
         "            result = self.miners.mine(tenant, batch.bodies)\n            self.folded[tenant] = offset\n",
         "            result = self.miners.mine(tenant, batch.bodies)\n            self.folded[tenant] = offset\n"
         "            self.mark._last_durable = self.mark._latest = offset\n",

@@ -7,7 +7,7 @@
   slots and each tenant's admission state; ``shares`` — each tenant's share of the turn.
 * ``cuts`` — what the barrier publishes and stamps at one mark, and its owner (capture,
   pending slot, frontiers); ``mark`` — the mark a cut captures, clamped by unmined
-  entries; ``emit`` — a mined batch into the sink's buffers; ``replay`` — recovery's
+  entries; ``emit`` — a mined batch into the sink's buffers; ``replay_feed`` — recovery's
   replayed frames into the miners.
 * ``landed`` — publish intents, and what a restart finds already in the store.
 * ``settlement`` — settlement after a mining failure (RFC 0055 §9.4).

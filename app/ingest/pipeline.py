@@ -41,7 +41,7 @@ from app.ingest.emit import buffer_audit, buffer_records
 from app.ingest.mark import DurableMark
 from app.ingest.mining.miner_cluster import MinerCluster
 from app.ingest.mining.tenant_miner import MineResult, TenantMiner
-from app.ingest.replay import Replay
+from app.ingest.replay_feed import ReplayFeed
 from app.ingest.settlement import (
     DEFAULT_MINING_ATTEMPTS,
     Settler,
@@ -239,7 +239,7 @@ class Pipeline:
         )
         self.settler = Settler(self, events=self._events, max_attempts=mining_attempts)
         #: recovery's entry: replayed frames into the miners and buffers
-        self.replay = Replay(
+        self.replay_feed = ReplayFeed(
             buffers,
             miners,
             publisher,

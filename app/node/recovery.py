@@ -498,7 +498,7 @@ class Recovery:
         unmined = self._unmined
         if tenant in unmined:
             # An earlier frame of it failed: the tree is unknown; its settlement mines it.
-            pipeline.replay.replay_deferred(frame, unmined[tenant], self._mark)
+            pipeline.replay_feed.replay_deferred(frame, unmined[tenant], self._mark)
             report.frames_unmined += 1
             return
         records_gate, audit_gate = gates(self._frontiers.get(tenant), self._x, lsn)
@@ -506,7 +506,7 @@ class Recovery:
         span = intent_end(self._frontiers.get(tenant))
         landed = self._landed
         try:
-            counts = pipeline.replay.replay_frame(
+            counts = pipeline.replay_feed.replay_frame(
                 tenant,
                 batch,
                 frame.offset,
@@ -524,7 +524,7 @@ class Recovery:
             )
         except Exception as exc:  # noqa: BLE001 - the guard: settled after the start
             unmined[tenant] = gate_offsets(self._frontiers.get(tenant), self._mark, s, lsn)
-            pipeline.replay.replay_failed(frame, exc, unmined[tenant], self._mark)
+            pipeline.replay_feed.replay_failed(frame, exc, unmined[tenant], self._mark)
             report.frames_unmined += 1
             report.unmined[tenant] = str(frame.offset)
             # refused at admission until its settlement (the barrier's tick) has run
@@ -565,7 +565,7 @@ class Recovery:
                 )
             except OSError as exc:
                 save_error = f"{type(exc).__name__}: {exc}"
-        self.pipeline.replay.replay_isolated(frame, failed.error)
+        self.pipeline.replay_feed.replay_isolated(frame, failed.error)
         isolated = IsolatedFrame(
             tenant,
             str(frame.offset),
@@ -616,7 +616,7 @@ class Recovery:
             # A snapshot above X may only be installed once the rows of (X, S] it would
             # suppress on the next replay are in the store: publish what replay buffered
             # first, and write no snapshot when any of it failed (the barrier retries).
-            if pipeline.replay.publish_all_now("recovery"):
+            if pipeline.replay_feed.publish_all_now("recovery"):
                 _confirm_intents(self.journal, self._frontiers, set(self._unmined), report)
                 _install(self.store, self.ledger, self._states, report)
             else:

@@ -27,7 +27,7 @@ from sink.buffers import Buffers, Detached
 from sink.publisher import Publisher
 from wal import Frame, FrameSpan, WalOffset
 
-__all__ = ["Replay", "ReplayCounts"]
+__all__ = ["ReplayCounts", "ReplayFeed"]
 
 log = logging.getLogger("ourios.pipeline")
 
@@ -43,7 +43,7 @@ class ReplayCounts(NamedTuple):
     events_landed: int
 
 
-class Replay:
+class ReplayFeed:
     """Feeds recovery's replayed frames to the pipeline's miners and buffers (module
     docstring); the pipeline builds it, recovery calls it."""
 
