@@ -88,12 +88,13 @@ def test_house_2_a_turn_offers_its_rotation_cut_to_the_cut_owner_no_hook_assigne
     )
     try:
         _ingest(pipeline, "t", "a")
-        assert pipeline.cuts.pending is None and stalls == []
+        assert pipeline.cuts.take_pending() is None and stalls == []
         journal.rotate()
         _ingest(pipeline, "t", "b")  # this turn observes the rotation
-        cut = pipeline.cuts.pending
+        cut = pipeline.cuts.take_pending()
         assert cut is not None and cut.reason == "rotation" and cut.epoch == 1
-        assert cut.mark == pipeline.cuts.take_pending().mark  # type: ignore[union-attr]
+        now = pipeline.mark.current  # the rotation cut's mark is the closed segment's
+        assert cut.mark is not None and now is not None and cut.mark.segment != now.segment
         assert len(stalls) == 1 and pipeline.cuts.epoch == 2  # the observer, passed in
     finally:
         publisher.close()
@@ -155,5 +156,5 @@ def test_house_2_no_cut_hook_is_assigned_on_another_modules_object() -> None:
                     and t.attr in HOOKS
                     and not (isinstance(t.value, ast.Name) and t.value.id == "self")
                 ):
-                    found.append(f"{path.relative_to(ROOT)}:{node.lineno} .{t.attr}")
+                    found.append(f"{path.relative_to(ROOT)}:{t.lineno} .{t.attr}")
     assert found == []
