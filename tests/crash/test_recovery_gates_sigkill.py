@@ -110,7 +110,7 @@ import threading
 
 def _install(address):
     from app import points
-    from app.cadence import barrier
+    from app.cadence import cut_runner
     from sink import store
     from wal import fs as walfs
     from wal import reclamation
@@ -151,7 +151,7 @@ def _install(address):
 
     points.hit = probe_hit
 
-    run_cut = barrier.Barrier.run_cut
+    run_cut = cut_runner.CutRunner.run_cut
 
     def probe_run_cut(self, cut):
         if state.get("armed") and threading.current_thread().name == "ourios-barrier":
@@ -166,7 +166,7 @@ def _install(address):
             state["armed"] = True
         return outcome
 
-    barrier.Barrier.run_cut = probe_run_cut
+    cut_runner.CutRunner.run_cut = probe_run_cut
 
     put = store.LocalStore.put
 
