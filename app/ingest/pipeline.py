@@ -20,6 +20,11 @@ unrecoverable tenant is refused, and a tenant not yet held takes a slot (refused
 recorded. A mining failure inside a turn records an unmined entry (``app.ingest.settlement``)
 instead of latching the barrier: the frame is durable and acknowledged, the mark is
 clamped below it, and the tenant is rebuilt by settlement.
+
+The pipeline keeps the turn; what the turn works with are rooms of their own it builds
+and hands out: the cut's state and capture (``app.ingest.cuts``, which the barrier is
+handed), the mark (``app.ingest.mark``), the emit step (``app.ingest.emit``) and
+recovery's replayed frames (``app.ingest.replay_feed``).
 """
 
 from __future__ import annotations
