@@ -170,7 +170,6 @@ class Barrier:
         # turn hands it the cut of a rotation it observed, and a refused tenant's hint
         # reads when the next tick settles it.
         pipeline.on_rotation = self.offer_cut
-        pipeline.settler.schedule = self.schedule
 
     # -- the rotation hook (inside an ingest turn: no I/O, never blocks) ---------------
 

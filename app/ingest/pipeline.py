@@ -45,6 +45,7 @@ from app.ingest.cuts import Cut
 from app.ingest.mining.miner_cluster import MinerCluster
 from app.ingest.mining.rematch import VersionMap
 from app.ingest.mining.tenant_miner import MineResult, TemplateEvent, TenantMiner
+from app.ingest.settle_parts import SettleParts, SettleSchedule
 from app.ingest.settlement import (
     DEFAULT_MINING_ATTEMPTS,
     ReplayGates,
@@ -201,6 +202,7 @@ class Pipeline:
         mining_attempts: int = DEFAULT_MINING_ATTEMPTS,
         shares: TurnShares | None = None,
         threads: Supervisor | None = None,
+        schedule: SettleSchedule | None = None,
     ) -> None:
         self.journal = journal
         self.admission = admission or Admission()
@@ -249,13 +251,33 @@ class Pipeline:
         #: observer the metrics install
         self.cut_stall_seconds: deque[float] = deque(maxlen=4096)
         self.on_cut_stall: Callable[[float], None] | None = None
-        self.settler = Settler(self, events=self._events, max_attempts=mining_attempts)
+        self.settler = Settler(self._settle_parts(schedule), max_attempts=mining_attempts)
         #: each tenant's share of the turn (None: unbounded); ``_turn`` leaves the work
         #: of the batch it mined and the seconds its mining took in ``_work`` and
         #: ``_mined_secs`` for ``turn_and_finish`` to charge
         self.shares = shares
         self._work = 0
         self._mined_secs = 0.0
+
+    def _settle_parts(self, schedule: SettleSchedule | None) -> SettleParts:
+        """What the settler works with, handed to it here (``app.ingest.settle_parts``)."""
+        return SettleParts(
+            journal=self.journal,
+            miners=self.miners,
+            buffers=self.buffers,
+            in_flight=self.buffers.in_flight,
+            publisher=self.publisher,
+            ledger=self.ledger,
+            tenants=self.tenants,
+            unmined=self.unmined,
+            exclusion=self.exclusion,
+            miner_lock=self.miner_lock,
+            folded=self.folded,
+            pipeline=self,
+            clock=self.clock,
+            schedule=schedule or SettleSchedule(),
+            events=self._events,
+        )
 
     # -- the receivers' interface --------------------------------------------------------
 
@@ -502,6 +524,12 @@ class Pipeline:
             self._last_durable = None
         else:
             self._last_durable = latest if latest.lsn <= clamp.lsn else clamp
+
+    def refuse_tenant(self, tenant: str, detail: str) -> None:
+        """The settler refuses ``tenant`` as unrecoverable (it holds the exclusion and the
+        miner lock); both are replaced whole, since turns read them without a lock."""
+        self.refused_details = {**self.refused_details, tenant: detail}
+        self.refused = self.refused | {tenant}
 
     def replace_tenant(self, tenant: str, miner: TenantMiner) -> None:
         """Settlement's swap (miner lock held): install the rebuilt tree."""

@@ -64,6 +64,7 @@ from app.ingest.mining.miner_config import MinerConfig
 from app.ingest.mining.template_ids import FileTemplateIdAllocator
 from app.ingest.mining.tenant_miner import CREATE_WORK
 from app.ingest.pipeline import Pipeline
+from app.ingest.settle_parts import SettleSchedule
 from app.ingest.shares import TurnShares
 from app.ingest.snapshot_store import SnapshotLedger, SnapshotStore, SnapshotStoreError
 from app.ingest.stages import LocalPort, Stages
@@ -190,12 +191,23 @@ def _build_node(
     metrics.threads = threads
     store, node, health, watched, archiver = _open_store(settings, events, metrics, given_store)
     journal, intents, space = _open_wal(settings, events, clocks, metrics, archiver)
+    # The settling hint reads the barrier's timer, and the barrier is built on the
+    # pipeline: the schedule is built before both and follows the barrier once it exists.
+    schedule = SettleSchedule()
     pipeline, ledger, admission, spool, spiller = _build_pipeline(
-        settings, events, monotonic, (store, watched, node), journal, intents, space, threads
+        settings,
+        events,
+        monotonic,
+        (store, watched, node),
+        journal,
+        intents,
+        space,
+        (threads, schedule),
     )
     snapshots, barrier, housekeeper, sweep = _build_cadences(
         settings, events, clocks, pipeline, ledger, admission, intents, space, metrics, threads
     )
+    schedule.follow(barrier.schedule)
     return Node(
         settings,
         events,
@@ -313,11 +325,13 @@ def _build_pipeline(
     journal: Journal,
     intents: IntentLog,
     space: DiskSpace,
-    threads: Supervisor,
+    runs: tuple[Supervisor, SettleSchedule],
 ) -> tuple[Pipeline, SnapshotLedger, Admission, Spool, Spiller]:
     """The pipeline and what it turns batches through: the miners and their template
-    ids, the sink's buffers and publisher with its spool, and admission."""
+    ids, the sink's buffers and publisher with its spool, and admission; ``runs``: the
+    node's thread supervisor and the barrier's schedule the settler's hint reads."""
     server = settings.server
+    threads, schedule = runs
     store, watched, node = stores
     spool = _open_spool(server.data_dir, space, events, settings.sink.ceiling_bytes)
     allocator = FileTemplateIdAllocator(server.data_dir / "template-ids", server.node_ordinal)
@@ -360,6 +374,7 @@ def _build_pipeline(
             first_per_record=1 + settings.miner.max_leaf_templates + CREATE_WORK,
         ),
         threads=threads,
+        schedule=schedule,
     )
     holder["p"] = pipeline
     if settings.auth.open_mode:
