@@ -35,7 +35,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
@@ -55,7 +55,7 @@ from app.base.events import EventLog, open_logs
 from app.base.gc_policy import freeze_long_lived_heap
 from app.cadence.archive import ArchiveLocationError, Archiver, check_archive_location
 from app.cadence.barrier import Barrier, CutOutcome
-from app.cadence.housekeeping import Housekeeper
+from app.cadence.housekeeping import Housekeeper, hurry_words
 from app.cadence.sweep import AgeSweep
 from app.ingest.admission import Admission
 from app.ingest.landed import intent_hook, retract_hook
@@ -136,6 +136,17 @@ class Node:
     store_probe: StoreProbe | None = None
 
 
+@dataclass(frozen=True)
+class _Ahead:
+    """Built before the parts that need each other and handed to both: the barrier's
+    schedule the settler's hint reads (the barrier is built on the pipeline, which builds
+    the settler), and the wake admission rings when it starts refusing between ticks
+    (the housekeeper that waits on it is built on admission)."""
+
+    schedule: SettleSchedule = field(default_factory=SettleSchedule)
+    wake: threading.Event = field(default_factory=threading.Event)
+
+
 def build_node(
     settings: Settings,
     events: EventLog,
@@ -191,9 +202,7 @@ def _build_node(
     metrics.threads = threads
     store, node, health, watched, archiver = _open_store(settings, events, metrics, given_store)
     journal, intents, space = _open_wal(settings, events, clocks, metrics, archiver)
-    # The settling hint reads the barrier's timer, and the barrier is built on the
-    # pipeline: the schedule is built before both and follows the barrier once it exists.
-    schedule = SettleSchedule()
+    ahead = _Ahead()
     pipeline, ledger, admission, spool, spiller = _build_pipeline(
         settings,
         events,
@@ -202,12 +211,21 @@ def _build_node(
         journal,
         intents,
         space,
-        (threads, schedule),
+        (threads, ahead),
     )
     snapshots, barrier, housekeeper, sweep = _build_cadences(
-        settings, events, clocks, pipeline, ledger, admission, intents, space, metrics, threads
+        settings,
+        events,
+        clocks,
+        pipeline,
+        ledger,
+        admission,
+        intents,
+        space,
+        metrics,
+        (threads, ahead),
     )
-    schedule.follow(barrier.schedule)
+    ahead.schedule.follow(barrier.schedule)
     return Node(
         settings,
         events,
@@ -325,13 +343,13 @@ def _build_pipeline(
     journal: Journal,
     intents: IntentLog,
     space: DiskSpace,
-    runs: tuple[Supervisor, SettleSchedule],
+    runs: tuple[Supervisor, _Ahead],
 ) -> tuple[Pipeline, SnapshotLedger, Admission, Spool, Spiller]:
     """The pipeline and what it turns batches through: the miners and their template
     ids, the sink's buffers and publisher with its spool, and admission; ``runs``: the
-    node's thread supervisor and the barrier's schedule the settler's hint reads."""
+    node's thread supervisor and what is built ahead (``_Ahead``)."""
     server = settings.server
-    threads, schedule = runs
+    threads, ahead = runs
     store, watched, node = stores
     spool = _open_spool(server.data_dir, space, events, settings.sink.ceiling_bytes)
     allocator = FileTemplateIdAllocator(server.data_dir / "template-ids", server.node_ordinal)
@@ -354,6 +372,8 @@ def _build_pipeline(
         retry_after_secs=settings.wal.housekeeping_secs,
         events=events,
         space=space,
+        on_urgent=ahead.wake.set,
+        hurry=hurry_words(settings.wal.housekeeping_secs, cuts=True),
     )
     pipeline = Pipeline(
         journal,
@@ -374,7 +394,7 @@ def _build_pipeline(
             first_per_record=1 + settings.miner.max_leaf_templates + CREATE_WORK,
         ),
         threads=threads,
-        schedule=schedule,
+        schedule=ahead.schedule,
     )
     holder["p"] = pipeline
     if settings.auth.open_mode:
@@ -438,13 +458,14 @@ def _build_cadences(
     intents: IntentLog,
     space: DiskSpace,
     metrics: Metrics,
-    threads: Supervisor,
+    runs: tuple[Supervisor, _Ahead],
 ) -> tuple[SnapshotStore, Barrier, Housekeeper, AgeSweep]:
     """The cadences that drive the pipeline: the barrier's cuts into snapshots, the
     housekeeper that reclaims after them, and the age sweep; each told to the metrics.
     They run on the monotonic clock (``clock``, the wall clock, is the WAL's alone)."""
     server = settings.server
     clock, monotonic = clocks
+    threads, ahead = runs
     snapshots = SnapshotStore(server.snapshots_dir, space=space, events=events)
     wal = settings.wal
     barrier = Barrier(
@@ -471,12 +492,13 @@ def _build_cadences(
         admission=admission,
         request_cut=barrier.request_cut,
         threads=threads,
+        wake=ahead.wake,
+        on_pass=metrics.pass_seconds.observe,
+        on_run=metrics.cadence_observer("housekeeping"),
     )
-    housekeeper.on_pass = metrics.pass_seconds.observe
     housekeeper.observe_disk()  # a node starting on a full disk refuses from its first request
     metrics.housekeeper = housekeeper
     metrics.admission = admission
-    housekeeper.on_run = metrics.cadence_observer("housekeeping")
     metrics.bind(pipeline)
     tick = max(0.1, min(5.0, settings.sink.flush_age_secs / 4))
     sweep = AgeSweep(
