@@ -295,6 +295,7 @@ class Publisher:
         dead_letter: DeadLetter | None = None,
         dead_letter_attempts: int = 5,
         events: Callable[[str, Mapping[str, object]], None] | None = None,
+        records_encoder: Callable[[RecordColumns, str], bytes] = encode_records,
     ) -> None:
         self._store = store
         #: where a partition the store refuses for good goes (None: retried for ever)
@@ -331,7 +332,7 @@ class Publisher:
         #: turns a records partition into its Parquet object: ``encode_records`` here,
         #: or (with worker processes) a worker's encode with the same result, so the
         #: encode's CPU is not the node's serial process's
-        self.records_encoder: Callable[[RecordColumns, str], bytes] = encode_records
+        self.records_encoder = records_encoder
 
     # -- lifecycle ---------------------------------------------------------------------
 

@@ -202,12 +202,18 @@ class LocalStore:
     reserve), and the temp is written once more.
     """
 
-    def __init__(self, root: Path) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        on_write: Callable[[int], None] | None = None,
+        on_no_space: Callable[[str], bool] | None = None,
+    ) -> None:
         if not root.is_absolute():
             raise ValueError(f"LocalStore root {str(root)!r} must be an absolute path")
         self._root = root
-        self.on_write: Callable[[int], None] | None = None
-        self.on_no_space: Callable[[str], bool] | None = None
+        self.on_write = on_write
+        self.on_no_space = on_no_space
 
     @property
     def root(self) -> Path:
@@ -659,9 +665,17 @@ class S3Store:
 _ACCEPTED: Final = "file:///absolute/path or s3://bucket[/prefix]"
 
 
-def from_url(url: str, endpoint_url: str | None = None, region: str | None = None) -> ObjectStore:
+def from_url(
+    url: str,
+    endpoint_url: str | None = None,
+    region: str | None = None,
+    *,
+    on_write: Callable[[int], None] | None = None,
+    on_no_space: Callable[[str], bool] | None = None,
+) -> ObjectStore:
     """The store ``OURIOS_STORE_URL`` names; ``endpoint_url`` and ``region`` apply to
-    ``s3://`` only (``region`` None: the AWS chain decides).
+    ``s3://`` only (``region`` None: the AWS chain decides); ``on_write`` and
+    ``on_no_space`` to ``file://`` only (``LocalStore``).
 
     Raises ValueError naming the URL and the accepted schemes for anything else.
     """
@@ -678,7 +692,7 @@ def from_url(url: str, endpoint_url: str | None = None, region: str | None = Non
         path = unquote(parts.path)
         if parts.netloc not in ("", "localhost") or not path.startswith("/"):
             raise ValueError(f"store URL {url!r} must be an absolute path: {_ACCEPTED}")
-        return LocalStore(Path(path))
+        return LocalStore(Path(path), on_write=on_write, on_no_space=on_no_space)
     if parts.scheme == "s3":
         if not parts.netloc:
             raise ValueError(f"store URL {url!r} has no bucket: {_ACCEPTED}")

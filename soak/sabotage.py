@@ -361,8 +361,8 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "rebuild_from_directory",
         "settlement rebuilds from the SnapshotLedger's retained state, never the directory",
         "app/ingest/settlement.py",
-        "                    state = p.ledger.state(tenant)",
-        "                    state = p.barrier.store.load_all_durable().states.get(tenant)  # type: ignore[union-attr]",
+        "                    state = self._ledger.state(tenant)",
+        "                    state = self._pipeline.barrier.store.load_all_durable().states.get(tenant)  # type: ignore[attr-defined]",
         (
             "tests/unit/app/ingest/test_settlement.py::test_rfc0055_9_5_settlement_rebuilds_from_the_ledger_not_the_directory",
         ),
@@ -370,8 +370,8 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "keep_old_tree_rows",
         "the discarded tree's buffered rows are dropped in the swap's section",
-        "app/ingest/settlement.py",
-        "                dropped = p.buffers.drop_tenant(tenant)",
+        "app/ingest/rebuild.py",
+        "                dropped = self._buffers.drop_tenant(tenant)",
         "                dropped = 0",
         (
             "tests/unit/app/ingest/test_settlement.py::test_rfc0055_3_the_rebuild_publishes_no_row_under_a_template_id_it_did_not_allocate",
@@ -829,14 +829,14 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "mining_attempts_unbounded",
         "a frame failing every time is isolated after wal.frame_mining_attempts attempts",
-        "app/ingest/settlement.py",
+        "app/ingest/frame_attempts.py",
         "            return {lsn: a for lsn, a in frames.items() if a.failures >= self.max_attempts}",
         "            return {}",
         (
             "tests/unit/app/ingest/test_poison_batches.py::test_nowedge_4_a_frame_failing_every_time_is_isolated_at_the_bound_and_the_mark_moves_on",
             "tests/crash/test_poison_frame_serve.py::test_nowedge_4_a_poison_frame_is_isolated_and_the_others_publish_and_reclaim_across_a_restart",
         ),
-        more=(("                if failures >= self.max_attempts:", "                if False:"),),
+        more=(("        return failures >= self.max_attempts", "        return False"),),
     ),
     Sabotage(
         "turn_failure_not_counted",
@@ -872,7 +872,7 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "replayed_entry_ignores_its_gates",
         "a replayed entry's settlement re-emits above the gates the replay applied",
-        "app/ingest/settlement.py",
+        "app/ingest/rebuild.py",
         "            if e.gates is not None:  # a start-up replay's entry: never above its gates",
         "            if False:",
         (
@@ -1051,8 +1051,8 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "intent_never_written",
         "a settlement's intent is durable in PUBLISHED before any row of its span is published",
-        "app/ingest/settlement.py",
-        "            p.journal.publish_marks({tenant: PublishedMarks(lo, lo, intent=through)})",
+        "app/ingest/rebuild.py",
+        "            self._journal.publish_marks({tenant: PublishedMarks(lo, lo, intent=through)})",
         "            pass",
         (
             "tests/unit/app/ingest/test_settlement_intent.py::test_nowedge_6_a_sigkill_between_a_settlements_publish_and_its_marks_adds_no_copy",

@@ -106,8 +106,6 @@ class Barrier:
             intents=intents,
             flush_concurrency=flush_concurrency,
         )
-        # A refused tenant's settling hint reads when the next tick settles it.
-        settler.schedule = self.schedule
 
     def schedule(self) -> tuple[float, float]:
         """(the cadence in seconds, when the timer fires next): the settling hint."""

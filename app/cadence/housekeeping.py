@@ -42,6 +42,20 @@ from wal import FloorPinned, Journal, ReclaimError, ReclamationProgress, WalErro
 log = logging.getLogger("ourios.housekeeping")
 
 
+def hurry_words(every: float, *, cuts: bool) -> str:
+    """What a housekeeper hurried by admission does, in the words admission's events say
+    (``Admission(hurry=…)``). Said in the events, so it must be true of every path that
+    emits them: the pass always follows the observation in the same tick; the cut is
+    requested by regular ticks (a follow-up tick does not request another); ``cuts``:
+    the housekeeper can request a cut."""
+    if cuts:
+        return (
+            f"a housekeeping pass runs now; while this lasts every tick ({every:g} s) also "
+            f"requests a barrier cut and runs another pass as soon as that cut ends"
+        )
+    return f"a housekeeping pass runs now and every {every:g} s"
+
+
 class Housekeeper:
     def __init__(
         self,
@@ -57,6 +71,9 @@ class Housekeeper:
         disk_free: Callable[[Path], int] | None = None,
         space: DiskSpace | None = None,
         threads: Supervisor | None = None,
+        wake: threading.Event | None = None,
+        on_pass: Callable[[float], None] | None = None,
+        on_run: Callable[[str, str], None] | None = None,
     ) -> None:
         self.journal = journal
         #: runs the timer's loop and restarts it after an unexpected exception
@@ -71,31 +88,22 @@ class Housekeeper:
         self._follow_up = threading.Event()  # a requested cut ended: pass again now
         self._cut_requested = False
         self.last_decision: TickDecision | None = None
-        if admission is not None:
-            admission.on_urgent = self.wake
-            # Said in the events, so it must be true of every path that emits them: the
-            # pass always follows the observation in the same tick; the cut is requested
-            # by regular ticks (a follow-up tick does not request another).
-            admission.hurry = (
-                f"a housekeeping pass runs now; while this lasts every tick ({every:g} s) also "
-                f"requests a barrier cut and runs another pass as soon as that cut ends"
-                if request_cut is not None
-                else f"a housekeeping pass runs now and every {every:g} s"
-            )
         self.ledger = ledger
         self.every = every
         self.cap = cap
         self._clock = clock
         self._events = events or (lambda name, fields: None)
         self._stop = threading.Event()
-        self._wake = threading.Event()
+        #: set to run a pass now; ``wake`` is the one admission was given (``on_urgent``),
+        #: built before both since each is built on the other's behalf
+        self._wake = wake if wake is not None else threading.Event()
         self._thread: Supervised | None = None
         self._pinned = False
         self.runs: Counter[tuple[str, str]] = Counter()  # (outcome, error_type)
         self.pass_seconds: deque[float] = deque(maxlen=1024)
-        #: observers the metrics install: each pass's duration, each run's outcome
-        self.on_pass: Callable[[float], None] | None = None
-        self.on_run: Callable[[str, str], None] | None = None
+        #: the metrics' observers: each pass's duration, each run's outcome
+        self.on_pass = on_pass
+        self.on_run = on_run
         self.last: ReclamationProgress | None = None
         #: free bytes on the WAL's filesystem as statvfs last said (the figure admission
         #: uses is ``space.free_bytes``)

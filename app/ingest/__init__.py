@@ -10,7 +10,11 @@
   entries; ``emit`` — a mined batch into the sink's buffers; ``replay_feed`` — recovery's
   replayed frames into the miners.
 * ``landed`` — publish intents, and what a restart finds already in the store.
-* ``settlement`` — settlement after a mining failure (RFC 0055 §9.4).
+* ``settlement`` — settlement after a mining failure (RFC 0055 §9.4): the settler,
+  which claims a tenant's ``unmined`` entries (the frames, their clamp, the outcomes)
+  and works with the ``settle_parts`` it is built with; its rooms: ``rebuild`` (the
+  tenant's tree rebuilt and swapped in), ``frame_attempts`` (failures counted per frame,
+  isolation at the bound) and ``unrecoverable`` (a tenant refused for good).
 * ``snapshot_store`` — the per-tenant miner snapshot files (with their horizons).
 * ``mining`` — per-tenant template mining (a package; its docstring lists its modules).
 """

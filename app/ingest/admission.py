@@ -98,6 +98,8 @@ class Admission:
         clock: Callable[[], float] = time.monotonic,
         events: Callable[[str, Mapping[str, object]], None] | None = None,
         space: DiskSpace | None = None,
+        on_urgent: Callable[[], None] | None = None,
+        hurry: str = "housekeeping runs at its next tick",
     ) -> None:
         self._journal = journal
         #: the free space as of the last write (``app.base.diskspace``); None: samples only
@@ -120,10 +122,10 @@ class Admission:
         self._refused: dict[Bound, int] = {}
         #: called (outside the lock) when a refusal is entered between ticks, so the
         #: housekeeper runs a pass now instead of at its next tick
-        self.on_urgent: Callable[[], None] | None = None
-        #: what the housekeeper does on an urgent tick, in the events' words; the
-        #: housekeeper that acts on ``TickDecision.urgent`` sets it (``app.cadence.housekeeping``)
-        self.hurry = "housekeeping runs at its next tick"
+        self.on_urgent = on_urgent
+        #: what the housekeeper does on an urgent tick, in the events' words: the
+        #: assembly says it (``app.cadence.housekeeping.hurry_words``)
+        self.hurry = hurry
 
     @property
     def path(self) -> Path | None:

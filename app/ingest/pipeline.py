@@ -47,6 +47,7 @@ from app.ingest.mark import DurableMark
 from app.ingest.mining.miner_cluster import MinerCluster
 from app.ingest.mining.tenant_miner import MineResult, TenantMiner
 from app.ingest.replay_feed import ReplayFeed
+from app.ingest.settle_parts import SettleParts, SettleSchedule
 from app.ingest.settlement import (
     DEFAULT_MINING_ATTEMPTS,
     Settler,
@@ -196,6 +197,7 @@ class Pipeline:
         threads: Supervisor | None = None,
         ceiling_bytes: int | None = None,
         on_cut_stall: Callable[[float], None] | None = None,
+        schedule: SettleSchedule | None = None,
     ) -> None:
         self.journal = journal
         self.admission = admission or Admission()
@@ -242,7 +244,7 @@ class Pipeline:
             ceiling_bytes=ceiling_bytes,
             on_cut_stall=on_cut_stall,
         )
-        self.settler = Settler(self, events=self._events, max_attempts=mining_attempts)
+        self.settler = Settler(self._settle_parts(schedule), max_attempts=mining_attempts)
         #: recovery's entry: replayed frames into the miners and buffers
         self.replay_feed = ReplayFeed(
             buffers,
@@ -260,6 +262,26 @@ class Pipeline:
         self.shares = shares
         self._work = 0
         self._mined_secs = 0.0
+
+    def _settle_parts(self, schedule: SettleSchedule | None) -> SettleParts:
+        """What the settler works with, handed to it here (``app.ingest.settle_parts``)."""
+        return SettleParts(
+            journal=self.journal,
+            miners=self.miners,
+            buffers=self.buffers,
+            in_flight=self.buffers.in_flight,
+            publisher=self.publisher,
+            ledger=self.ledger,
+            tenants=self.tenants,
+            unmined=self.unmined,
+            exclusion=self.exclusion,
+            miner_lock=self.miner_lock,
+            folded=self.folded,
+            pipeline=self,
+            clock=self.clock,
+            schedule=schedule or SettleSchedule(),
+            events=self._events,
+        )
 
     # -- the receivers' interface --------------------------------------------------------
 
@@ -481,6 +503,12 @@ class Pipeline:
 
     def recompute_durable(self) -> None:
         self.mark.recompute()
+
+    def refuse_tenant(self, tenant: str, detail: str) -> None:
+        """The settler refuses ``tenant`` as unrecoverable (it holds the exclusion and the
+        miner lock); both are replaced whole, since turns read them without a lock."""
+        self.refused_details = {**self.refused_details, tenant: detail}
+        self.refused = self.refused | {tenant}
 
     def replace_tenant(self, tenant: str, miner: TenantMiner) -> None:
         """Settlement's swap (miner lock held): install the rebuilt tree."""

@@ -6,8 +6,10 @@ but the standard ``process_*`` series' ``/proc/<pid>/fd`` of the core and each w
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from importlib import metadata
+from typing import Generic, TypeVar
 
 from prometheus_client import (
     CollectorRegistry,
@@ -29,7 +31,7 @@ from app.ingest.admission import Admission, Bound
 from app.ingest.mining.tenant_miner import state_bytes_bound
 from app.ingest.pipeline import LATCH_CLEAR, Pipeline
 from app.ingest.stages import Stages
-from app.node.recovery import Recovery
+from app.node.recovery import Recovery, RecoveryReport
 from app.node.worker_pool import Workers
 from app.receive import native
 from app.threads import Supervisor
@@ -183,14 +185,24 @@ def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
     return g
 
 
+@dataclass(frozen=True)
+class _Sources:
+    """What the state families read, given when the collector is registered."""
+
+    pipeline: Pipeline
+    housekeeper: Housekeeper | None
+    admission: Admission | None
+    started: Started
+
+
 class _StateCollector(Collector):
-    def __init__(self, metrics: Metrics) -> None:
+    def __init__(self, metrics: Metrics, sources: _Sources) -> None:
         self._m = metrics
+        self._s = sources
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         """Every state family, group by group, in the order they have always been exposed."""
-        p = self._m.pipeline
-        assert p is not None
+        p = self._s.pipeline
         st = p.journal.reclaim_state()
         yield from self._wal_space(st)
         yield from self._wal_floor_and_rotation(st)
@@ -404,7 +416,8 @@ class _StateCollector(Collector):
 
     def _disk(self, p: Pipeline) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         """Free disk space against its water marks, and the quarantine and archive."""
-        free = None if self._m.housekeeper is None else self._m.housekeeper.space.free_bytes
+        housekeeper = self._s.housekeeper
+        free = None if housekeeper is None else housekeeper.space.free_bytes
         if free is not None:
             yield _gauge(
                 "ourios_disk_free_bytes",
@@ -424,13 +437,13 @@ class _StateCollector(Collector):
             "The configured disk.stop_water_bytes (alerts compare free bytes with it).",
             disk.stop_water_bytes,
         )
-        yield from self._m.disk_and_archive(p.journal.quarantined)
+        yield from self._m.disk_and_archive(p.journal.quarantined, self._s.admission)
 
     def _backlog_and_workers(
         self, p: Pipeline
     ) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         """The turn's backlog, the miners, the recovery backlog, workers and threads."""
-        stages = self._m.stages
+        stages = self._s.started.stages()
         backlog_bytes, backlog_frames = (0, 0) if stages is None else stages.backlog
         yield _gauge(
             "ourios_ingest_backlog_bytes",
@@ -449,13 +462,13 @@ class _StateCollector(Collector):
             self._m.settings.wal.turn_backlog_bytes,
         )
         yield from _miner_metrics(p, self._m.settings)
-        recovery = self._m.recovery
+        recovery = self._s.started.recovery()
         yield _gauge(
             "ourios_recovery_backlog_bytes",
             "WAL bytes the start-up's replay has still to turn (0 once recovery.done).",
             0 if recovery is None else recovery.backlog_bytes,
         )
-        workers = self._m.workers
+        workers = self._s.started.workers()
         restarts = CounterMetricFamily(
             "ourios_worker_restarts",
             "Worker processes restarted after they exited (each also logs worker.exited); "
@@ -518,23 +531,25 @@ class _StateCollector(Collector):
         )
 
     def _recovery(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
-        """The start-up replay's duration and what it suppressed or isolated."""
+        """The start-up replay's duration and what it suppressed or isolated (0 until it
+        is done)."""
+        report = self._s.started.recovered()
         yield _gauge(
             "ourios_recovery_duration_seconds",
             "How long the start-up replay took.",
-            self._m.recovery_seconds,
+            0.0 if report is None else report.seconds,
         )
         suppressed = CounterMetricFamily(
             "ourios_recovery_records_suppressed",
             "Replayed records not republished (at or below the gates).",
         )
-        suppressed.add_metric([], self._m.records_suppressed)
+        suppressed.add_metric([], 0 if report is None else report.records_suppressed)
         yield suppressed
         audit = CounterMetricFamily(
             "ourios_recovery_audit_events_suppressed",
             "Regenerated template events not republished (their frames at or below X).",
         )
-        audit.add_metric([], self._m.audit_suppressed)
+        audit.add_metric([], 0 if report is None else report.audit_events_suppressed)
         yield audit
         replay_isolated = CounterMetricFamily(
             "ourios_replay_frames_isolated",
@@ -542,7 +557,7 @@ class _StateCollector(Collector):
             "wal.frame_decode_attempts times: not mined, their records not published, their "
             "payload kept in <data_dir>/quarantine/frames/ (replay.frame_isolated).",
         )
-        recovery = self._m.recovery
+        recovery = self._s.started.recovery()
         replay_isolated.add_metric([], 0 if recovery is None else len(recovery.report.isolated))
         yield replay_isolated
 
@@ -603,12 +618,54 @@ _BUCKETS = (
 )
 
 
-class Metrics:
-    """The registry. Built before the journal (whose timing hooks it provides) and bound
-    to the pipeline and the timers once they exist; the gauges are read from them at
-    collection time by ``_StateCollector``."""
+T = TypeVar("T")
 
-    def __init__(self, settings: Settings) -> None:
+
+class Later(Generic[T]):
+    """One part the metrics read that is made after them: given once it exists
+    (``give``), None until then."""
+
+    def __init__(self) -> None:
+        self._part: T | None = None
+
+    def give(self, part: T) -> None:
+        self._part = part
+
+    def __call__(self) -> T | None:
+        return self._part
+
+
+@dataclass(frozen=True)
+class Started:
+    """What ``ourios serve`` starts after the node is built, and the metrics read: the
+    stages (their backlog), the start-up's recovery (what is left to replay) and its
+    report once done, the worker pool (restarts, processes). The metrics come first —
+    the WAL's timing hooks are their histograms, the workers report through them — so
+    they are built on this provider, built before them, which the assembly gives each
+    part once it exists (``app.node.server``); until then the families read 0."""
+
+    stages: Later[Stages] = field(default_factory=Later)
+    recovery: Later[Recovery] = field(default_factory=Later)
+    recovered: Later[RecoveryReport] = field(default_factory=Later)
+    workers: Later[Workers] = field(default_factory=Later)
+
+
+class Metrics:
+    """The registry. Built before the journal (whose timing hooks it provides) with what
+    exists by then — the supervised threads, the archiver, the store's health gauges —
+    and the provider of what ``ourios serve`` starts later (``Started``); bound to the
+    pipeline, the housekeeper and admission once they exist (``bind`` registers the
+    collector that reads them at collection time, ``_StateCollector``)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        threads: Supervisor | None = None,
+        archiver: Archiver | None = None,
+        extra: Iterable[Callable[[], Iterator[GaugeMetricFamily]]] = (),
+        started: Started | None = None,
+    ) -> None:
         self.settings = settings
         disable_created_metrics()  # type: ignore[no-untyped-call]  # no *_created series
         self.registry = CollectorRegistry(auto_describe=False)
@@ -662,28 +719,19 @@ class Metrics:
             ["cadence", "outcome", "error_type"],
             registry=r,
         )
-        self.recovery_seconds = 0.0
-        self.records_suppressed = 0
-        self.audit_suppressed = 0
-        self.pipeline: Pipeline | None = None
-        self.housekeeper: Housekeeper | None = None
-        self.admission: Admission | None = None
-        self.archiver: Archiver | None = None
-        #: the worker processes (their restarts), when server.workers > 0
-        self.workers: Workers | None = None
-        #: the ingest stages (their backlog) and the start-up's recovery (what is left to
-        #: replay), once ``ourios serve`` made them
-        self.stages: Stages | None = None
-        self.recovery: Recovery | None = None
+        #: None with wal.archive off
+        self.archiver = archiver
+        #: the stages, the recovery, the workers: made by ``ourios serve`` after these
+        self.started = started if started is not None else Started()
         #: the node's supervised threads (their restarts and failures)
-        self.threads: Supervisor | None = None
-        self.extra: list[Callable[[], Iterator[GaugeMetricFamily]]] = []
-        r.register(
-            _ProcessesCollector(lambda: {} if self.workers is None else self.workers.processes())
-        )
+        self.threads = threads
+        #: further gauge families (the store's health)
+        self.extra = list(extra)
+        workers = self.started.workers
+        r.register(_ProcessesCollector(lambda: {} if (w := workers()) is None else w.processes()))
 
     def disk_and_archive(
-        self, quarantined: list[QuarantineRecord]
+        self, quarantined: list[QuarantineRecord], admission: Admission | None
     ) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         """Admission's bounds, archival and quarantine (issue 8's additions)."""
         refusing = GaugeMetricFamily(
@@ -691,7 +739,7 @@ class Metrics:
             "1 while new batches are refused for this bound (503 with Retry-After).",
             labels=["bound"],
         )
-        active = set(self.admission.refusing) if self.admission is not None else set()
+        active = set(admission.refusing) if admission is not None else set()
         for bound in Bound:
             refusing.add_metric([bound.value], 1.0 if bound in active else 0.0)
         yield refusing
@@ -740,9 +788,17 @@ class Metrics:
         yield restarts
         yield stopped
 
-    def bind(self, pipeline: Pipeline) -> None:
-        self.pipeline = pipeline
-        self.registry.register(_StateCollector(self))
+    def bind(
+        self,
+        pipeline: Pipeline,
+        *,
+        housekeeper: Housekeeper | None = None,
+        admission: Admission | None = None,
+    ) -> None:
+        """Register the state families on the parts they read (built after the registry)."""
+        self.registry.register(
+            _StateCollector(self, _Sources(pipeline, housekeeper, admission, self.started))
+        )
 
     def cadence_observer(self, cadence: str) -> Callable[[str, str], None]:
         def run(outcome: str, error_type: str) -> None:

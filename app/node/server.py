@@ -35,7 +35,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
@@ -55,7 +55,7 @@ from app.base.events import EventLog, open_logs
 from app.base.gc_policy import freeze_long_lived_heap
 from app.cadence.archive import ArchiveLocationError, Archiver, check_archive_location
 from app.cadence.barrier import Barrier, CutOutcome
-from app.cadence.housekeeping import Housekeeper
+from app.cadence.housekeeping import Housekeeper, hurry_words
 from app.cadence.sweep import AgeSweep
 from app.ingest.admission import Admission
 from app.ingest.landed import intent_hook, retract_hook
@@ -64,12 +64,13 @@ from app.ingest.mining.miner_config import MinerConfig
 from app.ingest.mining.template_ids import FileTemplateIdAllocator
 from app.ingest.mining.tenant_miner import CREATE_WORK
 from app.ingest.pipeline import Pipeline
+from app.ingest.settle_parts import SettleSchedule
 from app.ingest.shares import TurnShares
 from app.ingest.snapshot_store import SnapshotLedger, SnapshotStore, SnapshotStoreError
 from app.ingest.stages import LocalPort, Stages
 from app.ingest.tenants import TenantCountExceeded
 from app.node.datalock import DataDirLock, DataDirLocked, DataDirLockError
-from app.node.metrics import Metrics
+from app.node.metrics import Metrics, Started
 from app.node.recovery import IsolatedFrame, Recovery
 from app.node.storeprobe import (
     StoreHealth,
@@ -95,12 +96,66 @@ from app.threads import Supervised, Supervisor, start_thread
 from sink.buffers import Buffers
 from sink.deadletter import DeadLetter
 from sink.keys import node_identity
+from sink.parquet import RecordColumns, encode_records
 from sink.publisher import Publisher, StoreGate
 from sink.spool import Spiller, Spool
 from sink.store import LocalStore, ObjectStore, from_url
 from wal import CorruptionError, IntentLog, Journal, OsFs, WalError
 
 log = logging.getLogger("ourios.server")
+
+
+class _Volume:
+    """The node's free-space figure as an embedded store sees it. The store is opened
+    before the WAL (the WAL's archiver writes to it) and the figure after (it counts the
+    WAL's writes), so the store is built on this and this follows the figure once it
+    exists: the bytes each object adds (when the store is on the WAL's volume) and a
+    full disk's release of the reserve."""
+
+    def __init__(self) -> None:
+        self._space: DiskSpace | None = None
+        self._counted = False
+
+    def follow(self, space: DiskSpace, root: Path) -> None:
+        self._space = space
+        self._counted = space.on_volume(root)
+
+    def wrote(self, nbytes: int) -> None:
+        if self._counted and self._space is not None:
+            self._space.wrote(nbytes)
+
+    def no_space(self, cause: str) -> bool:
+        return self._space is not None and self._space.no_space(cause)
+
+
+class _RecordsEncoder:
+    """Encodes the publisher's records partitions: here until the worker processes are
+    started (they are made after the publisher, by ``ourios serve``), then on them
+    (``use``); a worker that cannot leaves the core to encode them itself."""
+
+    def __init__(self) -> None:
+        self._encode: Callable[[RecordColumns, str], bytes] = encode_records
+
+    def use(self, encode: Callable[[RecordColumns, str], bytes]) -> None:
+        self._encode = encode
+
+    def __call__(self, cols: RecordColumns, compression: str) -> bytes:
+        return self._encode(cols, compression)
+
+
+@dataclass(frozen=True)
+class _Ahead:
+    """Built before the parts that need each other and handed to both: the barrier's
+    schedule the settler's hint reads (the barrier is built on the pipeline, which builds
+    the settler), the wake admission rings when it starts refusing between ticks (the
+    housekeeper that waits on it is built on admission), the disk figure an embedded
+    store reports to (``_Volume``), and the records encoder the publisher is built on
+    (the workers that encode are made after it, ``_RecordsEncoder``)."""
+
+    schedule: SettleSchedule = field(default_factory=SettleSchedule)
+    wake: threading.Event = field(default_factory=threading.Event)
+    volume: _Volume = field(default_factory=_Volume)
+    encoder: _RecordsEncoder = field(default_factory=lambda: _RecordsEncoder())
 
 
 @dataclass
@@ -133,6 +188,10 @@ class Node:
     threads: Supervisor | None = None
     #: probes the store again while it does not answer (``ourios_store_up``)
     store_probe: StoreProbe | None = None
+    #: given what ``ourios serve`` starts, for the metrics built before it
+    started: Started = field(default_factory=Started)
+    #: built before the parts that need each other (``_Ahead``)
+    ahead: _Ahead = field(default_factory=_Ahead)
 
 
 def build_node(
@@ -186,9 +245,14 @@ def _build_node(
     server = settings.server
     clock, monotonic = clocks
     threads = Supervisor(events=events, restarts=server.thread_restarts)
-    metrics = Metrics(settings)
-    metrics.threads = threads
-    store, node, health, watched, archiver = _open_store(settings, events, metrics, given_store)
+    ahead = _Ahead()
+    store, node, health, watched, archiver = _open_store(
+        settings, events, given_store, ahead.volume
+    )
+    started = Started()
+    metrics = Metrics(
+        settings, threads=threads, archiver=archiver, extra=[health.gauges], started=started
+    )
     journal, intents, space = _open_wal(settings, events, clocks, metrics, archiver)
     pipeline, ledger, admission, spool, spiller = _build_pipeline(
         settings,
@@ -198,12 +262,22 @@ def _build_node(
         journal,
         intents,
         space,
-        threads,
+        (threads, ahead),
         on_cut_stall=metrics.cut_stall_seconds.observe,
     )
     snapshots, barrier, housekeeper, sweep = _build_cadences(
-        settings, events, clocks, pipeline, ledger, admission, intents, space, metrics, threads
+        settings,
+        events,
+        clocks,
+        pipeline,
+        ledger,
+        admission,
+        intents,
+        space,
+        metrics,
+        (threads, ahead),
     )
+    ahead.schedule.follow(barrier.schedule)
     return Node(
         settings,
         events,
@@ -224,16 +298,18 @@ def _build_node(
         spiller,
         threads,
         StoreProbe(health, settings.store.probe_secs, threads),
+        started,
+        ahead,
     )
 
 
 def _open_store(
-    settings: Settings, events: EventLog, metrics: Metrics, given_store: ObjectStore | None
+    settings: Settings, events: EventLog, given_store: ObjectStore | None, volume: _Volume
 ) -> tuple[ObjectStore, str, StoreHealth, WatchedStore, Archiver | None]:
     """The object store, probed before anything opens so a wrong one refuses the start,
     wrapped so every call tells the store-health gauge; and the WAL archiver on it."""
     server = settings.server
-    store = given_store if given_store is not None else _store(settings)
+    store = given_store if given_store is not None else _store(settings, volume)
     node = node_identity(server.node_id)
     if settings.wal.archive:
         check_archive_location(store, node, server.wal_dir)  # refused before anything opens
@@ -244,12 +320,10 @@ def _open_store(
             settings.store.bucket or "",
             settings.store.endpoint_url or "the AWS endpoint of the region",
         )
-    metrics.extra.append(health.gauges)
     watched = WatchedStore(store, health)  # every call the node makes tells the gauge
     archiver: Archiver | None = None
     if settings.wal.archive:
         archiver = Archiver(store, node, events=events)  # it needs the LocalStore itself
-    metrics.archiver = archiver
     return store, node, health, watched, archiver
 
 
@@ -321,24 +395,26 @@ def _build_pipeline(
     journal: Journal,
     intents: IntentLog,
     space: DiskSpace,
-    threads: Supervisor,
+    runs: tuple[Supervisor, _Ahead],
     *,
     on_cut_stall: Callable[[float], None],
 ) -> tuple[Pipeline, SnapshotLedger, Admission, Spool, Spiller]:
     """The pipeline and what it turns batches through: the miners and their template
-    ids, the sink's buffers and publisher with its spool, and admission."""
+    ids, the sink's buffers and publisher with its spool, and admission; ``runs``: the
+    node's thread supervisor and what is built ahead (``_Ahead``)."""
     server = settings.server
+    threads, ahead = runs
     store, watched, node = stores
     spool = _open_spool(server.data_dir, space, events, settings.sink.ceiling_bytes)
-    allocator = FileTemplateIdAllocator(server.data_dir / "template-ids", server.node_ordinal)
-    allocator.on_no_space = space.no_space
+    allocator = FileTemplateIdAllocator(
+        server.data_dir / "template-ids", server.node_ordinal, on_no_space=space.no_space
+    )
     if isinstance(store, LocalStore):  # the embedded store: usually on this volume
-        store.on_write = space.wrote if space.on_volume(store.root) else None
-        store.on_no_space = space.no_space
+        ahead.volume.follow(space, store.root)
     miners = MinerCluster(allocator, miner_bounds(settings))
     holder: dict[str, Pipeline] = {}
     buffers, publisher = _build_publisher(
-        settings, events, monotonic, (watched, node), intents, space, spool, threads, holder
+        settings, events, monotonic, (watched, node), intents, space, spool, runs, holder
     )
     spiller = Spiller(buffers, publisher.spill, threads=threads)
     ledger = SnapshotLedger()
@@ -350,6 +426,8 @@ def _build_pipeline(
         retry_after_secs=settings.wal.housekeeping_secs,
         events=events,
         space=space,
+        on_urgent=ahead.wake.set,
+        hurry=hurry_words(settings.wal.housekeeping_secs, cuts=True),
     )
     pipeline = Pipeline(
         journal,
@@ -372,6 +450,7 @@ def _build_pipeline(
         threads=threads,
         ceiling_bytes=settings.sink.ceiling_bytes,  # the barrier's pending slot
         on_cut_stall=on_cut_stall,
+        schedule=ahead.schedule,
     )
     holder["p"] = pipeline
     if settings.auth.open_mode:
@@ -391,12 +470,14 @@ def _build_publisher(
     intents: IntentLog,
     space: DiskSpace,
     spool: Spool,
-    threads: Supervisor,
+    runs: tuple[Supervisor, _Ahead],
     holder: dict[str, Pipeline],
 ) -> tuple[Buffers, Publisher]:
     """The sink's buffers (stamped with the pipeline's epoch once ``holder`` has it)
-    and the publisher that writes them to the store under their intents."""
+    and the publisher that writes them to the store under their intents, encoding its
+    records partitions with the encoder built ahead."""
     server = settings.server
+    threads, ahead = runs
     watched, node = store
     buffers = Buffers(
         flush_bytes=settings.sink.flush_bytes,
@@ -421,6 +502,7 @@ def _build_publisher(
         dead_letter=_dead_letter(server.data_dir, space),
         dead_letter_attempts=settings.sink.dead_letter_attempts,
         events=events,
+        records_encoder=ahead.encoder,
     )
     return buffers, publisher
 
@@ -435,13 +517,14 @@ def _build_cadences(
     intents: IntentLog,
     space: DiskSpace,
     metrics: Metrics,
-    threads: Supervisor,
+    runs: tuple[Supervisor, _Ahead],
 ) -> tuple[SnapshotStore, Barrier, Housekeeper, AgeSweep]:
     """The cadences that drive the pipeline: the barrier's cuts into snapshots, the
     housekeeper that reclaims after them, and the age sweep; each told to the metrics.
     They run on the monotonic clock (``clock``, the wall clock, is the WAL's alone)."""
     server = settings.server
     clock, monotonic = clocks
+    threads, ahead = runs
     snapshots = SnapshotStore(server.snapshots_dir, space=space, events=events)
     wal = settings.wal
     barrier = Barrier(
@@ -469,13 +552,12 @@ def _build_cadences(
         admission=admission,
         request_cut=barrier.request_cut,
         threads=threads,
+        wake=ahead.wake,
+        on_pass=metrics.pass_seconds.observe,
+        on_run=metrics.cadence_observer("housekeeping"),
     )
-    housekeeper.on_pass = metrics.pass_seconds.observe
     housekeeper.observe_disk()  # a node starting on a full disk refuses from its first request
-    metrics.housekeeper = housekeeper
-    metrics.admission = admission
-    housekeeper.on_run = metrics.cadence_observer("housekeeping")
-    metrics.bind(pipeline)
+    metrics.bind(pipeline, housekeeper=housekeeper, admission=admission)
     tick = max(0.1, min(5.0, settings.sink.flush_age_secs / 4))
     sweep = AgeSweep(
         pipeline,
@@ -522,9 +604,15 @@ def _open_spool(data_dir: Path, space: DiskSpace, events: EventLog, ceiling: int
     return spool
 
 
-def _store(settings: Settings) -> ObjectStore:
+def _store(settings: Settings, volume: _Volume) -> ObjectStore:
     url = settings.store.url
-    return from_url(url, settings.store.endpoint_url, settings.store.region)
+    return from_url(
+        url,
+        settings.store.endpoint_url,
+        settings.store.region,
+        on_write=volume.wrote,
+        on_no_space=volume.no_space,
+    )
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -740,9 +828,7 @@ class _Recovering:
                 self._error = exc
             else:
                 node.events.emit("recovery.done", report.fields())
-                node.metrics.recovery_seconds = report.seconds
-                node.metrics.records_suppressed = report.records_suppressed
-                node.metrics.audit_suppressed = report.audit_events_suppressed
+                node.started.recovered.give(report)
                 freeze_long_lived_heap()
                 with self._lock:
                     if not self._stopping:
@@ -806,7 +892,7 @@ def _serve(
     if isinstance(started, int):
         return started
     stages, recovery = started
-    node.metrics.recovery = recovery
+    node.started.recovery.give(recovery)
     recovering = _Recovering(node, recovery, run.fatal)
     stages.start(replay=recovery.items(), turn_replayed=recovery.turn, replayed=recovering.replayed)
     recovering.start()
@@ -869,7 +955,7 @@ def _start_core(
         tenant_backlog_bytes=settings.miner.tenant_backlog_bytes,
         threads=node.threads,
     )
-    node.metrics.stages = stages
+    node.started.stages.give(stages)
     if run.listeners is not None:
         run.workers = Workers(
             settings.server.workers,
@@ -883,7 +969,7 @@ def _start_core(
             launch=worker_launcher(run.listeners, config_file),
             threads=node.threads,
         )
-        node.metrics.workers = run.workers
+        node.started.workers.give(run.workers)
     pipeline.publisher.start()
     if node.store_probe is not None:
         node.store_probe.start()
@@ -893,7 +979,7 @@ def _start_core(
     if workers is not None:
         # The workers encode the publisher's records partitions (the core's CPU is the
         # node's bound); one that cannot leaves the core to encode them itself.
-        pipeline.publisher.records_encoder = workers.encode_records
+        node.ahead.encoder.use(workers.encode_records)
         workers.launch()  # starting while recovery prepares: the replay decodes on them
     recovery = _recovery(node, workers)
     try:
@@ -962,7 +1048,7 @@ def _start_receivers(
     settings = node.settings
     if run.workers is not None:
         assert run.listeners is not None
-        run.workers.accepting = True
+        run.workers.accept()
         return run.listeners.http_port, run.listeners.grpc_port
     port = LocalPort(stages, node.pipeline)
     auth = Authenticator(settings.auth.tokens or None)

@@ -259,6 +259,10 @@ class Workers:
         for index in range(self.count):
             self._todo.put(("spawn", index))
 
+    def accept(self) -> None:
+        """The core has recovered: the workers' INGEST requests go to the stages."""
+        self.accepting = True
+
     def wait_started(self, timeout: float = START_TIMEOUT_S) -> None:
         """Wait until every launched worker has its listeners up (RuntimeError naming
         the worker otherwise)."""

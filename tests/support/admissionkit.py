@@ -4,6 +4,7 @@ fixture's body."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -39,7 +40,12 @@ def faulty_journal(tmp_path: Path) -> Iterator[Journal]:
     j.close()
 
 
-def admission(journal: Journal, events: Events, **kw: int) -> Admission:
+def admission(
+    journal: Journal, events: Events, hurried: tuple[threading.Event, str] | None = None, **kw: int
+) -> Admission:
+    """An admission with the suite's bounds; ``hurried``: the wake it rings and the words
+    it says, as the node gives them (shared with the housekeeper built on it)."""
+    wake, hurry = hurried if hurried is not None else (None, "housekeeping runs at its next tick")
     return Admission(
         journal,
         low_water_bytes=kw.get("low", LOW),
@@ -47,4 +53,6 @@ def admission(journal: Journal, events: Events, **kw: int) -> Admission:
         unreclaimed_bytes_limit=kw.get("limit", 0),
         retry_after_secs=CADENCE,
         events=events,
+        on_urgent=None if wake is None else wake.set,
+        hurry=hurry,
     )

@@ -30,6 +30,7 @@ from app.ingest.landed import intent_hook, retract_hook
 from app.ingest.mining.miner_cluster import MinerCluster
 from app.ingest.mining.template_ids import FileTemplateIdAllocator, TemplateIdAllocator
 from app.ingest.pipeline import Pipeline
+from app.ingest.settle_parts import SettleSchedule
 from app.ingest.settlement import DEFAULT_MINING_ATTEMPTS
 from app.ingest.snapshot_store import SnapshotLedger, SnapshotStore
 from app.node.recovery import Decoder, Recovery, RecoveryReport
@@ -206,6 +207,7 @@ class NodeRig:
             factory(self.allocator) if factory is not None else MinerCluster(self.allocator)
         )
         self.ledger = SnapshotLedger()
+        schedule = SettleSchedule()
         self.pipeline = Pipeline(
             self.journal,
             self.miners,
@@ -217,6 +219,7 @@ class NodeRig:
             mining_attempts=self.mining_attempts,
             threads=self.threads,
             ceiling_bytes=self.ceiling_bytes,
+            schedule=schedule,
         )
         holder["p"] = self.pipeline
         self.snapshots = SnapshotStore(data / "snapshots", fs=self.fs)
@@ -232,6 +235,7 @@ class NodeRig:
             events=self.record_event,
             intents=self.intent_log,
         )
+        schedule.follow(self.barrier.schedule)  # as the node does: the settling hint
         self.housekeeper = Housekeeper(
             self.journal,
             self.ledger,

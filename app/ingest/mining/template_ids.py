@@ -147,6 +147,7 @@ class FileTemplateIdAllocator:
         block: int = 4096,
         *,
         fs: Fs | None = None,
+        on_no_space: Callable[[str], bool] | None = None,
     ) -> None:
         if not 0 <= node_ordinal <= MAX_NODE_ORDINAL:
             raise ValueError(f"node_ordinal={node_ordinal} is outside [0, {MAX_NODE_ORDINAL}]")
@@ -162,7 +163,7 @@ class FileTemplateIdAllocator:
         self._next = self._reserved + 1
         #: asked when the file's write fails with ENOSPC; True when it freed space (the
         #: node's emergency reserve, ``app.base.diskspace``) and the reservation is tried again
-        self.on_no_space: Callable[[str], bool] | None = None
+        self.on_no_space = on_no_space
 
     @property
     def path(self) -> Path:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from app.base.events import _LEVELS
-from app.cadence.housekeeping import Housekeeper
+from app.cadence.housekeeping import Housekeeper, hurry_words
 from app.ingest.admission import DiskLevel
 from app.ingest.pipeline import LATCH_CLEAR
 from app.ingest.snapshot_store import SnapshotLedger
@@ -100,7 +100,8 @@ def test_rfc0052_1_housekeeping_keeps_sweeping_while_the_barrier_is_latched(
 
 def test_the_housekeeping_tick_samples_and_hurries(journal: Journal) -> None:
     events = Events()
-    a = admission(journal, events)
+    wake = threading.Event()  # built before both, as the node does
+    a = admission(journal, events, (wake, hurry_words(CADENCE, cuts=True)))
     free = [LOW * 4]
     cuts: list[int] = []
     passes: list[bool] = []
@@ -113,6 +114,7 @@ def test_the_housekeeping_tick_samples_and_hurries(journal: Journal) -> None:
         admission=a,
         request_cut=lambda: cuts.append(1),
         disk_free=lambda path: free[0],
+        wake=wake,
     )
     original_step = hk.step
 
