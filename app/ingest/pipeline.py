@@ -229,21 +229,7 @@ class Pipeline:
         #: the cut's state and its capture; the barrier runs what it yields. A turn that
         #: observes a rotation offers its cut to the barrier's pending slot, coalesced
         #: under ``ceiling_bytes`` (None: no barrier takes cuts)
-        self.cuts = CutOwner(
-            buffers,
-            miners,
-            publisher,
-            self.ledger,
-            exclusion=self.exclusion,
-            miner_lock=self.miner_lock,
-            folded=self.folded,
-            unmined=self.unmined,
-            mark=lambda: self.mark.current,
-            refused=lambda: self.refused,
-            clock=clock,
-            ceiling_bytes=ceiling_bytes,
-            on_cut_stall=on_cut_stall,
-        )
+        self.cuts = self._cut_owner(ceiling_bytes, on_cut_stall)
         self.settler = Settler(self._settle_parts(schedule), max_attempts=mining_attempts)
         #: recovery's entry: replayed frames into the miners and buffers
         self.replay_feed = ReplayFeed(
@@ -262,6 +248,26 @@ class Pipeline:
         self.shares = shares
         self._work = 0
         self._mined_secs = 0.0
+
+    def _cut_owner(
+        self, ceiling_bytes: int | None, on_cut_stall: Callable[[float], None] | None
+    ) -> CutOwner:
+        """The cut's owner, handed the turn's locks and what a capture reads."""
+        return CutOwner(
+            self.buffers,
+            self.miners,
+            self.publisher,
+            self.ledger,
+            exclusion=self.exclusion,
+            miner_lock=self.miner_lock,
+            folded=self.folded,
+            unmined=self.unmined,
+            mark=lambda: self.mark.current,
+            refused=lambda: self.refused,
+            clock=self.clock,
+            ceiling_bytes=ceiling_bytes,
+            on_cut_stall=on_cut_stall,
+        )
 
     def _settle_parts(self, schedule: SettleSchedule | None) -> SettleParts:
         """What the settler works with, handed to it here (``app.ingest.settle_parts``)."""
