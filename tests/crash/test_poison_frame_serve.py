@@ -34,8 +34,9 @@ from typing import Any
 from tests.support.ackload import AckLedger, AckLoad, Outcome
 from tests.support.noderig import request
 from tests.support.parquet_read import read_kind
+from tests.support.poll import poll_until
 from tests.support.scrape import try_scrape
-from tests.support.serve import ROOT, ServeProcess, poll_until
+from tests.support.serve import ROOT, ServeProcess
 
 TENANTS = ("acme", "globex")
 VICTIM = "victim"

@@ -59,19 +59,6 @@ def _fill_to(path: Path, ballast: Path, free: int) -> None:
         os.close(fd)
 
 
-def _wait(condition: object, what: str, server: ServeProcess, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached in {timeout} s:\n{server.tail()}")
-        time.sleep(0.05)  # an external process: polling with a deadline
-
-
-def _recovered(server: ServeProcess, count: int) -> object:
-    """True once the node has logged ``count`` ``disk.recovered`` events."""
-    return lambda: len(server.event("disk.recovered")) >= count
-
-
 def _metric(server: ServeProcess, line_prefix: str) -> float | None:
     return scrape(server).series(line_prefix)
 
@@ -123,7 +110,7 @@ def test_a_real_full_disk_refuses_reclaims_and_resumes_without_a_restart(
         assert b"disk below stop water" in body and f"={STOP_WATER}".encode() in body
         assert len(server.event("disk.stop_water")) == 1
         ballast.unlink()
-        _wait(lambda: len(server.event("disk.recovered")) >= 1, "disk.recovered", server)
+        server.wait_event("disk.recovered", 1, deadline_s=30)
         assert post("resumed")[0] == 200
 
         # 2. the WAL holds data the store lacks (nothing can be reclaimed: it is down)...
@@ -143,7 +130,7 @@ def test_a_real_full_disk_refuses_reclaims_and_resumes_without_a_restart(
                 break
             ballast.unlink()
             recoveries += 1
-            _wait(_recovered(server, recoveries), "recovery", server)
+            server.wait_event("disk.recovered", recoveries, deadline_s=30)
         assert status == 503 and b"WAL could not make the batch durable" in body, body
         full_at = time.time()
         assert _free(mount) < 16 * 1024, "the volume did not fill"
@@ -162,7 +149,7 @@ def test_a_real_full_disk_refuses_reclaims_and_resumes_without_a_restart(
         # outside file stays)
         blocker.unlink()
         recoveries += 1
-        _wait(_recovered(server, recoveries), "recovery", server)
+        server.wait_event("disk.recovered", recoveries, deadline_s=30)
         recovered = server.event("disk.recovered")[-1]
         assert recovered["from"] == "stop_water" and recovered["refused_requests"] >= 3
         assert (_metric(server, "ourios_wal_segments") or 0) < segments_full

@@ -24,6 +24,7 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsSer
 
 from tests.support import require_tool
 from tests.support.parquet_read import read_store
+from tests.support.poll import poll_until
 from tests.support.serve import ROOT, ServeProcess
 
 README = ROOT / "README.md"
@@ -83,14 +84,18 @@ def _effective(args: list[str]) -> dict[str, object]:
 def _wait_for_records(serve: ServeProcess, tenant: str) -> list[dict[str, object]]:
     """The tenant's published records once `ourios_sink_objects_total{kind="records"}`
     counts one (the signal docs/QUERY.md gives), while the node keeps running."""
-    deadline = time.monotonic() + PUBLISH_DEADLINE_SECS
-    while not PUBLISHED.search(_metrics(serve)):
+
+    def published() -> bool:
         assert serve.proc is not None and serve.proc.poll() is None, serve.tail()
-        assert time.monotonic() < deadline, (
-            f"nothing published {PUBLISH_DEADLINE_SECS} s after the acknowledgement "
-            f"(make run's settings: {make_run_args()})\n{serve.tail()}"
-        )
-        time.sleep(0.1)  # the real process's metrics: an external condition
+        return PUBLISHED.search(_metrics(serve)) is not None
+
+    poll_until(
+        "records published after the acknowledgement",
+        published,
+        deadline_s=PUBLISH_DEADLINE_SECS,
+        detail=lambda: f"make run's settings: {make_run_args()}\n{serve.tail()}",
+        every_s=0.1,
+    )
     return read_store(serve.data_dir / "objects", "duckdb").records_of(tenant)
 
 

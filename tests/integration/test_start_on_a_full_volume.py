@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import errno
 import os
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.support.noderig import request
+from tests.support.poll import poll_until
 from tests.support.serve import ServeProcess
 from tests.support.tmpfs import TmpfsMounts
 from wal.intents import IntentLog, IntentRecord, ObjectKind, encode_record, scan
@@ -55,14 +55,6 @@ def _fill(path: Path) -> int:
     finally:
         os.close(fd)
     return path.stat().st_size
-
-
-def _wait(condition: object, what: str, server: ServeProcess, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached in {timeout} s:\n{server.tail()}")
-        time.sleep(0.05)  # an external process: polling with a deadline
 
 
 def _env(store: Path) -> dict[str, str]:
@@ -94,7 +86,12 @@ def test_every_state_2_a_restart_on_a_full_volume_starts(
         for i in range(4):
             body = request(f"full{i}", 5).SerializeToString()
             assert first.post_logs(body)[0] == 200
-        _wait(lambda: any(store.rglob("*.parquet")), "a published object", first)
+        poll_until(
+            "published object",
+            lambda: any(store.rglob("*.parquet")),
+            deadline_s=60,
+            detail=first.tail,
+        )
         first.kill()  # SIGKILL: no final cut, no clean close
     publishing = data / "wal" / IntentLog.NAME
     whole = publishing.stat().st_size

@@ -12,12 +12,12 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
-from types import TracebackType
 
+from tests.support.closing import ClosedOnExit
 from tests.support.tools import skip_or_fail
 
 
-class TmpfsMounts:
+class TmpfsMounts(ClosedOnExit):
     """Mounts tmpfs file systems under `base_dir` and unmounts them all on `close()`."""
 
     def __init__(self, base_dir: Path) -> None:
@@ -65,14 +65,3 @@ class TmpfsMounts:
                     failures.append(f"{target}: {lazy.stderr.strip()}")
         if failures:
             raise RuntimeError(f"could not unmount tmpfs: {'; '.join(failures)}")
-
-    def __enter__(self) -> TmpfsMounts:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
