@@ -30,10 +30,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 
 from app.node.server import EXIT_ROWS_LEFT
 from tests.support import S3Bucket, SeaweedS3
+from tests.support.noderig import bodies_request
+from tests.support.poll import poll_until
 from tests.support.scrape import scrape
 from tests.support.serve import ServeProcess
 from tests.support.tmpfs import TmpfsMounts
@@ -58,20 +59,9 @@ def _free(path: Path) -> int:
 
 def _batch(rng: random.Random, tag: str) -> bytes:
     """~30 KB: a few records with long bodies (three tokens each: mining stays cheap)."""
-    req = ExportLogsServiceRequest()
-    rl = req.resource_logs.add()
-    kv = rl.resource.attributes.add()
-    kv.key, kv.value.string_value = "service.name", "disk"
-    sl = rl.scope_logs.add()
-    for i in range(BATCH_RECORDS):
-        rec = sl.log_records.add()
-        rec.time_unix_nano = 1_764_000_000_000_000_000 + i
-        rec.severity_number = 9
-        # compressible, as logs are: one cut's Parquet fits in the reserve
-        rec.body.string_value = f"blob {rng.randrange(1 << 30)} {'x' * RECORD_BODY}"
-        a = rec.attributes.add()
-        a.key, a.value.string_value = "rid", f"{tag}/{i}"
-    body: bytes = req.SerializeToString()
+    # compressible, as logs are: one cut's Parquet fits in the reserve
+    bodies = [f"blob {rng.randrange(1 << 30)} {'x' * RECORD_BODY}" for _ in range(BATCH_RECORDS)]
+    body: bytes = bodies_request(tag, bodies, service="disk", severity=9).SerializeToString()
     return body
 
 
@@ -94,11 +84,7 @@ def _metric(server: ServeProcess, prefix: str) -> float | None:
 
 
 def _wait(condition: Callable[[], bool], what: str, server: ServeProcess, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached in {timeout} s:\n{_story(server)}")
-        time.sleep(0.05)  # a real process: polling an outside condition with a deadline
+    poll_until(what, condition, deadline_s=timeout, detail=lambda: _story(server))
 
 
 def _story(server: ServeProcess) -> str:

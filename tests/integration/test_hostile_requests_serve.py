@@ -23,9 +23,9 @@ from pathlib import Path
 
 import grpc
 from google.rpc import error_details_pb2, status_pb2
-from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 
 from app.receive.otlp_grpc import EXPORT_METHOD
+from tests.support.noderig import bodies_request
 from tests.support.otel import wal_frame_count
 from tests.support.serve import ServeProcess
 
@@ -59,13 +59,8 @@ def hostile_body() -> bytes:
 
 
 def normal_body() -> bytes:
-    req = ExportLogsServiceRequest()
-    records = req.resource_logs.add().scope_logs.add()
-    for i in range(20):
-        record = records.log_records.add()
-        record.time_unix_nano = 1_764_000_000_000_000_000 + i
-        record.body.string_value = f"user {i} logged in from 10.0.0.{i}"
-    data: bytes = req.SerializeToString()
+    bodies = [f"user {i} logged in from 10.0.0.{i}" for i in range(20)]
+    data: bytes = bodies_request(None, bodies).SerializeToString()
     return data
 
 
