@@ -40,6 +40,7 @@ from sink.deadletter import DeadLetter
 from sink.publisher import Publisher, StoreGate
 from sink.spool import Spiller, Spool
 from sink.testing import FailingStore, MemoryStore
+from tests.support.closing import ClosedOnExit
 from tests.support.minerfaults import FaultPlan, FaultyMiners
 from wal import IntentLog, Journal, OsFs, WalConfig, WalOffset
 from wal.testing import FaultyFs, SimulatedCrash
@@ -103,7 +104,7 @@ def bodies_request(
 
 
 @dataclass
-class NodeRig:
+class NodeRig(ClosedOnExit):
     root: Path
     config: WalConfig = field(default_factory=lambda: WalConfig(segment_max_bytes=64 * 1024))
     flush_bytes: int = 1 << 30

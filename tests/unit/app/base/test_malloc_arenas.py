@@ -11,6 +11,14 @@ import pytest
 from app.base.malloc_arenas import DEFAULT_ARENAS, ENV, bound_malloc_arenas
 
 
+def run_python(code: str) -> subprocess.CompletedProcess[str]:
+    """``code`` run by this interpreter in a process of its own (what ``ourios serve``
+    sets for itself happens there, not in the test runner); its output as text."""
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+
+
 def test_bounded_1_arenas_default_to_two_and_the_workers_inherit_the_limit() -> None:
     environ: dict[str, str] = {}
     assert bound_malloc_arenas(environ) == DEFAULT_ARENAS == 2
@@ -38,9 +46,7 @@ def test_bounded_1_serve_bounds_the_arenas_before_it_loads_the_settings() -> Non
         "rc = main(['serve'])\n"
         "print(os.environ.get('MALLOC_ARENA_MAX'), rc)\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
-    )
+    done = run_python(code)
     assert done.stdout.split() == ["2", "2"], (done.stdout, done.stderr)
 
 
@@ -95,9 +101,7 @@ def test_serve_turns_huge_pages_off_for_itself_and_its_workers() -> None:
         "print('--child--')\n"
         "print(child.stdout)\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
-    )
+    done = run_python(code)
     assert "THP_enabled:" in done.stdout, (done.stdout, done.stderr)  # Linux >= 6.x reports it
     own, child = done.stdout.split("--child--")
     assert _thp_enabled(own) == "0", done.stderr

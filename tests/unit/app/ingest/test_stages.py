@@ -68,11 +68,8 @@ def submit_until_refused(
 
 @pytest.fixture
 def rig(tmp_path: Path) -> Iterator[NodeRig]:
-    rig = NodeRig(tmp_path)
-    try:
+    with NodeRig(tmp_path) as rig:
         yield rig
-    finally:
-        rig.close()
 
 
 BACKLOG = 64 << 20
