@@ -37,7 +37,7 @@ from tests.support.noderig import bodies_request
 from tests.support.poll import poll_until
 from tests.support.scrape import scrape
 from tests.support.serve import ServeProcess
-from tests.support.tmpfs import TmpfsMounts
+from tests.support.tmpfs import TmpfsMounts, fill_volume, free_bytes
 from tests.support.tools import require_tool
 
 MiB = 1 << 20
@@ -50,11 +50,6 @@ BATCH_RECORDS = 10
 RECORD_BODY = 3000  # ~30 KB a batch
 SENDERS = 4
 SAMPLE_EVERY = 0.02
-
-
-def _free(path: Path) -> int:
-    st = os.statvfs(path)
-    return st.f_bavail * st.f_frsize
 
 
 def _batch(rng: random.Random, tag: str) -> bytes:
@@ -100,12 +95,12 @@ class Sampler(threading.Thread):
         super().__init__(name="statvfs-sampler", daemon=True)
         self.path = path
         self.stop = threading.Event()
-        self.lowest = _free(path)
+        self.lowest = free_bytes(path)
         self.samples = 0
 
     def run(self) -> None:
         while not self.stop.wait(SAMPLE_EVERY):
-            self.lowest = min(self.lowest, _free(self.path))
+            self.lowest = min(self.lowest, free_bytes(self.path))
             self.samples += 1
 
 
@@ -221,23 +216,6 @@ def test_nowedge_1_a_store_outage_under_load_never_eats_the_headroom(
             assert stopped["rows_left_in_wal"] > 0 and stopped["exit_code"] == EXIT_ROWS_LEFT
 
 
-def _fill(path: Path, filler: Path) -> int:
-    """Write ``filler`` until the volume refuses another byte; return its size."""
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-    try:
-        for chunk in (1 << 20, 1 << 16, 1 << 12, 1 << 9, 1):
-            while True:
-                try:
-                    os.write(fd, b"\xa5" * chunk)
-                except OSError as exc:
-                    assert exc.errno == 28, exc
-                    break
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    return filler.stat().st_size
-
-
 def _checkpoint_lsn(server: ServeProcess) -> float:
     return _metric(server, "ourios_wal_checkpoint_lsn_bytes") or 0.0
 
@@ -318,8 +296,8 @@ def _filled_to_zero(
     assert segments >= 20, segments
     mark = _checkpoint_lsn(server)
     assert (data / "disk-reserve").stat().st_size == RESERVE
-    size = _fill(data, filler)  # every free byte, never removed
-    assert _free(data) == 0 and size > 0
+    size = fill_volume(filler)  # every free byte, never removed
+    assert free_bytes(data) == 0 and size > 0
     status, body, _ = server.post_logs(_batch(rng, "full"))
     assert status == 503, (status, body)
     back = time.monotonic()

@@ -37,24 +37,19 @@ from tests.support.noderig import request
 from tests.support.parquet_read import read_kind
 from tests.support.scrape import scrape
 from tests.support.serve import ROOT, ServeProcess
-from tests.support.tmpfs import TmpfsMounts
+from tests.support.tmpfs import TmpfsMounts, free_bytes
 
 TMPFS_BYTES = 2 << 20
 STOP_WATER = 128 * 1024
 CADENCE = 1
 
 
-def _free(path: Path) -> int:
-    st = os.statvfs(path)
-    return st.f_bavail * st.f_frsize
-
-
 def _fill_to(path: Path, ballast: Path, free: int) -> None:
     """Write ``ballast`` until about ``free`` bytes remain on ``path``'s filesystem."""
     fd = os.open(ballast, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     try:
-        while _free(path) > free + 4096:
-            os.write(fd, b"\0" * min(65536, _free(path) - free))
+        while free_bytes(path) > free + 4096:
+            os.write(fd, b"\0" * min(65536, free_bytes(path) - free))
     finally:
         os.close(fd)
 
@@ -118,7 +113,7 @@ def test_a_real_full_disk_refuses_reclaims_and_resumes_without_a_restart(
             assert post(f"fill{i}")[0] == 200
             if i % 10 == 0 and (_metric(server, "ourios_wal_segments") or 0) >= 6:
                 break
-        assert _free(mount) > 4 * STOP_WATER  # healthy by the figure: still admitting
+        assert free_bytes(mount) > 4 * STOP_WATER  # healthy by the figure: still admitting
         # ...then an outside writer takes the volume between two samples, and the next
         # batch reaches the WAL. A tick sampling the ballast first would refuse it on stop
         # water instead (the figure knew): then free the volume and try again.
@@ -133,14 +128,14 @@ def test_a_real_full_disk_refuses_reclaims_and_resumes_without_a_restart(
             server.wait_event("disk.recovered", recoveries, deadline_s=30)
         assert status == 503 and b"WAL could not make the batch durable" in body, body
         full_at = time.time()
-        assert _free(mount) < 16 * 1024, "the volume did not fill"
+        assert free_bytes(mount) < 16 * 1024, "the volume did not fill"
         for i in range(3):
             status, body, headers = post(f"refused{i}")
             assert status == 503 and headers.get("retry-after") == str(CADENCE)
             assert b"disk full" in body or b"below stop water" in body, body
         assert [e["cause"] for e in server.event("disk.stop_water")][-1].startswith(
             "the WAL's"
-        ) or _free(mount) < STOP_WATER
+        ) or free_bytes(mount) < STOP_WATER
         assert _metric(server, 'ourios_admission_refusing{bound="disk_full"}') == 1.0
         segments_full = _metric(server, "ourios_wal_segments")
         assert segments_full is not None and segments_full > 4
@@ -153,7 +148,7 @@ def test_a_real_full_disk_refuses_reclaims_and_resumes_without_a_restart(
         recovered = server.event("disk.recovered")[-1]
         assert recovered["from"] == "stop_water" and recovered["refused_requests"] >= 3
         assert (_metric(server, "ourios_wal_segments") or 0) < segments_full
-        assert _free(mount) > STOP_WATER and ballast.exists()
+        assert free_bytes(mount) > STOP_WATER and ballast.exists()
         after = time.time()
         assert post("after")[0] == 200  # the same process: no restart
         assert server.proc is not None and server.proc.pid == pid

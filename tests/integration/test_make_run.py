@@ -99,6 +99,13 @@ def _wait_for_records(serve: ServeProcess, tenant: str) -> list[dict[str, object
     return read_store(serve.data_dir / "objects", "duckdb").records_of(tenant)
 
 
+def _bash(script: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``script`` run by bash in ``cwd``, as a reader would paste it; its output as text."""
+    return subprocess.run(
+        ["bash", "-c", script], cwd=cwd, capture_output=True, text=True, timeout=60
+    )
+
+
 def _metrics(serve: ServeProcess) -> str:
     status, body = serve.get("/metrics")
     assert status == 200
@@ -115,13 +122,7 @@ def test_clone_1_the_readme_curl_is_acknowledged_then_published(tmp_path: Path) 
     with ServeProcess(tmp_path / "data", args=make_run_args()) as serve:
         url = f"http://127.0.0.1:{serve.http_port}/v1/logs"
         before = time.time_ns()
-        answer = subprocess.run(
-            ["bash", "-c", curl.replace(README_URL, url)],
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        answer = _bash(curl.replace(README_URL, url), tmp_path)
         assert answer.returncode == 0, answer.stderr
         lines = answer.stdout.splitlines()
         assert lines[0].startswith("HTTP/1.1 200") and lines[-1] == "{}", answer.stdout
@@ -130,13 +131,7 @@ def test_clone_1_the_readme_curl_is_acknowledged_then_published(tmp_path: Path) 
         # message, as the node writes it, is the one the README shows.
         untyped = curl.replace("  -H 'Content-Type: application/json' \\\n", "")
         assert untyped != curl
-        refused = subprocess.run(
-            ["bash", "-c", untyped.replace(README_URL, url)],
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        refused = _bash(untyped.replace(README_URL, url), tmp_path)
         lines = refused.stdout.splitlines()
         assert lines[0].startswith("HTTP/1.1 415"), refused.stdout
         assert lines[-1] in README.read_text(), lines[-1]

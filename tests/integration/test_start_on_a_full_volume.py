@@ -19,7 +19,6 @@ as in the chart.
 
 from __future__ import annotations
 
-import errno
 import os
 from pathlib import Path
 
@@ -28,33 +27,11 @@ import pytest
 from tests.support.noderig import request
 from tests.support.poll import poll_until
 from tests.support.serve import ServeProcess
-from tests.support.tmpfs import TmpfsMounts
+from tests.support.tmpfs import TmpfsMounts, fill_volume, free_bytes
 from wal.intents import IntentLog, IntentRecord, ObjectKind, encode_record, scan
 
 MiB = 1 << 20
 VOLUME = 16 * MiB
-
-
-def _free(path: Path) -> int:
-    st = os.statvfs(path)
-    return st.f_bavail * st.f_frsize
-
-
-def _fill(path: Path) -> int:
-    """Write ``path`` until the volume refuses another byte; its size."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-    try:
-        for chunk in (1 << 20, 1 << 16, 1 << 12, 1 << 9, 1):
-            while True:
-                try:
-                    os.write(fd, b"\xa5" * chunk)
-                except OSError as exc:
-                    assert exc.errno == errno.ENOSPC, exc
-                    break
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    return path.stat().st_size
 
 
 def _env(store: Path) -> dict[str, str]:
@@ -109,8 +86,8 @@ def test_every_state_2_a_restart_on_a_full_volume_starts(
         os.rename(wal / "CHECKPOINT.spare", wal / "CHECKPOINT.tmp")
     assert (data / "disk-reserve").exists()
     filler = data / "outside-filler"
-    size = _fill(filler)
-    assert _free(data) == 0
+    size = fill_volume(filler)
+    assert free_bytes(data) == 0
 
     again = ServeProcess(data, env)
     with again:  # starts: listening, ready and recovered

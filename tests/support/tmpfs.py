@@ -1,5 +1,8 @@
 """Size-limited tmpfs mounts, for real ENOSPC instead of a simulated one.
 
+`free_bytes(path)` is what an unprivileged writer may still use on a path's volume;
+`fill_volume(ballast)` writes a file until that is nothing.
+
 `mount -t tmpfs -o size=N` needs root (or CAP_SYS_ADMIN); a refused mount skips the test
 with the reason, and fails it under `CI=true`. The kernel rounds the size up to whole
 pages. Every mount is unmounted by `close()`; a mount still busy (a process or an open
@@ -8,6 +11,7 @@ file descriptor left inside it) is detached lazily so teardown never hangs.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import subprocess
@@ -15,6 +19,30 @@ from pathlib import Path
 
 from tests.support.closing import ClosedOnExit
 from tests.support.tools import skip_or_fail
+
+
+def free_bytes(path: Path) -> int:
+    """The bytes an unprivileged writer may still use on ``path``'s filesystem."""
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def fill_volume(ballast: Path) -> int:
+    """Append to ``ballast`` until its filesystem refuses even one more byte (ENOSPC),
+    in shrinking chunks, and sync it; the ballast's size."""
+    fd = os.open(ballast, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    try:
+        for chunk in (1 << 20, 1 << 16, 1 << 12, 1 << 9, 1):
+            while True:
+                try:
+                    os.write(fd, b"\xa5" * chunk)
+                except OSError as exc:
+                    assert exc.errno == errno.ENOSPC, exc
+                    break
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return ballast.stat().st_size
 
 
 class TmpfsMounts(ClosedOnExit):
