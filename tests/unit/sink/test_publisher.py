@@ -48,6 +48,20 @@ def one_event_and_its_records(
     return buffers, publisher, audit, records
 
 
+def events_and_records_drained(
+    make: Callable[[int], tuple[Buffers, Publisher]], cause: str
+) -> tuple[Buffers, Publisher, Detached, Detached]:
+    """A publisher under its size trigger holding two template events and the three
+    records that reference them (frame 1), drained by ``cause``: the audit partition
+    first, as every drain is, then the records."""
+    buffers, publisher = make(1 << 20)
+    add_events(buffers, "t", 2, lsn=1)
+    add_rows(buffers, "t", 3, lsn=1)
+    audit, records = buffers.drain_all(cause)
+    assert audit.partition.kind is ObjectKind.AUDIT
+    return buffers, publisher, audit, records
+
+
 def kinds_in_put_order(store: MemoryStore) -> list[str]:
     return [key.split("/", 1)[0] for key in store.snapshot()]
 
@@ -110,12 +124,8 @@ def test_a_refused_audit_write_refuses_its_records_and_both_requeue(
     failing: FailingStore,
     memory: MemoryStore,
 ) -> None:
-    buffers, publisher = make(1 << 20)
-    add_events(buffers, "t", 2, lsn=1)
-    add_rows(buffers, "t", 3, lsn=1)
+    buffers, publisher, audit, records = events_and_records_drained(make, "barrier")
     failing.fail(ops=("put",), nth=1)
-    audit, records = buffers.drain_all("barrier")  # audit first, as every drain is
-    assert audit.partition.kind is ObjectKind.AUDIT
 
     assert not publisher.publish(audit).ok
     outcome = publisher.publish(records)
@@ -135,10 +145,7 @@ def test_a_synchronous_publish_waits_for_events_another_caller_is_writing(
     failing: FailingStore,
     memory: MemoryStore,
 ) -> None:
-    buffers, publisher = make(1 << 20)
-    add_events(buffers, "t", 2, lsn=1)
-    add_rows(buffers, "t", 3, lsn=1)
-    audit, records = buffers.drain_all("age")
+    buffers, publisher, audit, records = events_and_records_drained(make, "age")
     held = failing.hold(ops=("put",))
     writer = threading.Thread(target=publisher.publish, args=(audit,))
     writer.start()
@@ -231,10 +238,7 @@ def test_nowedge_0_a_failed_audit_publish_releases_its_waiter_and_requeues_the_r
 ) -> None:
     """The audit publish another caller is writing is held in the store, then fails: the
     records publish waiting for it is released at once, refused and requeued with it."""
-    buffers, publisher = make(1 << 20)
-    add_events(buffers, "t", 2, lsn=1)
-    add_rows(buffers, "t", 3, lsn=1)
-    audit, records = buffers.drain_all("age")
+    buffers, publisher, audit, records = events_and_records_drained(make, "age")
     held = failing.hold(ops=("put",))
     failing.fail(ops=("put",))
     writer = threading.Thread(target=publisher.publish, args=(audit,), daemon=True)
