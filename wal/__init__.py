@@ -27,7 +27,7 @@ doubles from ``wal.testing`` and internals from their modules. The modules, from
 """
 
 from .commit import Pending
-from .config import WalConfig
+from .config import WalConfig, in_range, range_text
 from .errors import (
     AppendError,
     CheckpointError,
@@ -81,6 +81,8 @@ __all__ = [
     "TENANT_RULE",
     "bad_tenant_char",
     "is_valid_tenant",
+    "in_range",
+    "range_text",
     "HEADER_SIZE",
     "SEGMENT_RE",
     "RootReport",

@@ -9,6 +9,7 @@ nothing is ever clamped).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -132,9 +133,9 @@ class WalConfig:
                     raise InvalidConfig(f.name, value, "true or false")
                 continue
             if not isinstance(value, int) or isinstance(value, bool):
-                raise InvalidConfig(f.name, value, f"an integer in {_range_text(lo, hi)}")
-            if (lo is not None and value < lo) or (hi is not None and value > hi):
-                raise InvalidConfig(f.name, value, _range_text(lo, hi))
+                raise InvalidConfig(f.name, value, f"an integer in {range_text(lo, hi)}")
+            if not in_range(value, lo, hi):
+                raise InvalidConfig(f.name, value, range_text(lo, hi))
         if self.max_unlinks_per_pass < self.rotation_retry_attempts:
             raise InvalidConfig(
                 "max_unlinks_per_pass",
@@ -158,11 +159,26 @@ def reclaim_file_bytes(max_tenants: int, max_unlinks: int) -> int:
     return 32 + 2 * slot_len
 
 
-def _range_text(lo: int | None, hi: int | None) -> str:
+def in_range(value: int, lo: int | None, hi: int | None) -> bool:
+    """Whether ``value`` lies within the optional bounds ``lo`` and ``hi`` (inclusive)."""
+    return (lo is None or value >= lo) and (hi is None or value <= hi)
+
+
+def range_text(
+    lo: int | None,
+    hi: int | None,
+    bound: Callable[[int], str] = str,
+    unbounded: str = "any value",
+) -> str:
+    """The bounds in words ("between 1 and 9", ">= 1", "<= 9"), each shown by ``bound``.
+
+    The node's settings (app/base/config.py) share it with the WAL's knobs, passing
+    their own ``bound`` (bytes shown human-readably too) and ``unbounded`` text.
+    """
     if lo is not None and hi is not None:
-        return f"between {lo} and {hi}"
+        return f"between {bound(lo)} and {bound(hi)}"
     if lo is not None:
-        return f">= {lo}"
+        return f">= {bound(lo)}"
     if hi is not None:
-        return f"<= {hi}"
-    return "any value"
+        return f"<= {bound(hi)}"
+    return unbounded

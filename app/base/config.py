@@ -46,7 +46,7 @@ from urllib.parse import unquote, urlsplit
 
 import yaml
 
-from wal import MAX_TENANT_BYTES, InvalidConfig, WalConfig, is_valid_tenant
+from wal import MAX_TENANT_BYTES, InvalidConfig, WalConfig, in_range, is_valid_tenant, range_text
 
 __all__ = [
     "CROSS_RULES",
@@ -207,9 +207,7 @@ class Setting:
         if self.kind is ValueKind.INT:
             if not isinstance(value, int) or isinstance(value, bool):
                 raise self.error(value, self.allowed, source)
-            if (self.minimum is not None and value < self.minimum) or (
-                self.maximum is not None and value > self.maximum
-            ):
+            if not in_range(value, self.minimum, self.maximum):
                 raise self.error(value, self.allowed, source)
         elif self.kind is ValueKind.BOOL:
             if not isinstance(value, bool):
@@ -1513,13 +1511,7 @@ def _range_text(lo: int | None, hi: int | None, unit: str) -> str:
         human = human_bytes(n) if unit == "bytes" else str(n)
         return str(n) if human == str(n) else f"{n} ({human})"
 
-    if lo is not None and hi is not None:
-        return f"between {bound(lo)} and {bound(hi)}"
-    if lo is not None:
-        return f">= {bound(lo)}"
-    if hi is not None:
-        return f"<= {bound(hi)}"
-    return "(any)"
+    return range_text(lo, hi, bound, unbounded="(any)")
 
 
 def _show(value: object) -> str:

@@ -33,6 +33,7 @@ from .test_chart import (
     _validate_objects,
     chart_meta,
     helm,
+    helm_lint,
     nest,
     render,
     render_error,
@@ -99,14 +100,7 @@ OPERATOR_SETS: dict[str, Values] = {
 @pytest.mark.parametrize("name", list(OPERATOR_SETS))
 def test_clone_8_each_new_value_lints_renders_and_validates(name: str) -> None:
     values = OPERATOR_SETS[name]
-    proc = subprocess.run(
-        [helm(), "lint", "--strict", str(CHART), "-f", "-"],
-        input=yaml.safe_dump(dict(values)),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    helm_lint(values)
     rendered = render(values)
     for reason in _validate_objects(rendered):
         print(f"{name}: not schema-validated: {reason}; metadata validated instead")

@@ -33,10 +33,11 @@ import pytest
 from tests.support.ackload import AckLedger, AckLoad, Outcome
 from tests.support.crashrig import seed_from
 from tests.support.parquet_read import download_prefix
+from tests.support.poll import poll_until
 from tests.support.procmem import MemorySampler
 from tests.support.scrape import try_scrape
 from tests.support.seaweed import S3Bucket, SeaweedS3
-from tests.support.serve import ServeProcess, poll_until
+from tests.support.serve import ServeProcess
 from wal.intents import scan
 
 pytestmark = pytest.mark.slow

@@ -36,6 +36,7 @@ import pytest
 from tests.support.ackload import AckLedger, AckLoad, Outcome
 from tests.support.crashrig import release, seed_from, write_probe
 from tests.support.parquet_read import download_prefix
+from tests.support.poll import poll_until
 from tests.support.seaweed import S3Bucket
 from tests.support.serve import ServeProcess
 
@@ -320,10 +321,8 @@ def test_issue16_seaweedfs_sigkills_under_load_lose_nothing_and_copy_nothing(
                     assert serve.terminate() == 0, serve.tail()
                 else:
                     if first:
-                        deadline = time.monotonic() + 120
-                        while not held.exists():
-                            assert time.monotonic() < deadline, serve.tail()
-                            time.sleep(0.05)  # the probe's mark: another process's state
+                        # the probe's mark: another process's state
+                        poll_until("probe's mark", held.exists, deadline_s=120, detail=serve.tail)
                     serve.kill()
                     load.join()
         finally:

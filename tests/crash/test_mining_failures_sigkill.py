@@ -62,9 +62,7 @@ import zlib
 
 
 def _install(seed, every):
-    from app.cadence import barrier
-    from app.node import server
-    from tests.support.minerfaults import FaultPlan, FaultyMiners
+    from tests.support.minerfaults import FaultPlan, install_in_serve
 
     plan = FaultPlan(armed=False)
     seen = set()
@@ -82,14 +80,7 @@ def _install(seed, every):
 
     plan.fail_at(pick("before"), "before", times=10**9)
     plan.fail_at(pick("after"), "after", times=10**9)
-    server.MinerCluster = lambda allocator, config: FaultyMiners(allocator, plan, config)
-    start = barrier.Barrier.start
-
-    def armed_after_recovery(self):
-        plan.armed = True  # the barrier starts after the replay: which never fails
-        start(self)
-
-    barrier.Barrier.start = armed_after_recovery
+    install_in_serve(plan, arm_after_recovery=True)
 
 
 if os.environ.get("RFC0055_FAULTS"):

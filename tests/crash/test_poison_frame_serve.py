@@ -32,26 +32,17 @@ from pathlib import Path
 from typing import Any
 
 from tests.support.ackload import AckLedger, AckLoad, Outcome
+from tests.support.crashrig import CYCLE_ENV
 from tests.support.noderig import request
 from tests.support.parquet_read import read_kind
+from tests.support.poll import poll_until
 from tests.support.scrape import try_scrape
-from tests.support.serve import ROOT, ServeProcess, poll_until
+from tests.support.serve import ROOT, ServeProcess
 
 TENANTS = ("acme", "globex")
 VICTIM = "victim"
 MARKER = "poison-"
-ENV = {
-    "OURIOS_WAL_BARRIER_SECS": "1",
-    "OURIOS_WAL_HOUSEKEEPING_SECS": "1",
-    "OURIOS_WAL_SEGMENT_AGE_SECS": "1",
-    "OURIOS_WAL_SEGMENT_MAX_BYTES": "65536",
-    "OURIOS_WAL_FRAME_MINING_ATTEMPTS": "3",
-    "OURIOS_SINK_FLUSH_AGE_SECS": "1",
-    "OURIOS_SINK_FLUSH_BYTES": "4096",
-    "OURIOS_DISK_LOW_WATER_BYTES": "1",
-    "OURIOS_DISK_STOP_WATER_BYTES": "0",
-    "OURIOS_SERVER_SHUTDOWN_GRACE_SECS": "20",
-}
+ENV = {**CYCLE_ENV, "OURIOS_WAL_FRAME_MINING_ATTEMPTS": "3"}
 DEADLINE_S = 90.0
 
 _PROBE = '''"""Probe for tests/crash/test_poison_frame_serve.py (loaded as sitecustomize by the
@@ -63,8 +54,7 @@ import os
 def _install(marker, held):
     import threading
 
-    from app.node import server
-    from tests.support.minerfaults import FaultPlan, FaultyMiners
+    from tests.support.minerfaults import FaultPlan, install_in_serve
 
     seen = []
     never = threading.Event()
@@ -81,7 +71,7 @@ def _install(marker, held):
 
     plan = FaultPlan()  # armed from the start: the replay fails on it too
     plan.fail_at(poison, "before", times=10**9)
-    server.MinerCluster = lambda allocator, config: FaultyMiners(allocator, plan, config)
+    install_in_serve(plan, arm_after_recovery=False)
 
 
 if os.environ.get("NOWEDGE4_POISON"):

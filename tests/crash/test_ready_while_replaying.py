@@ -11,30 +11,21 @@ sitecustomize: it blocks on a FIFO until the test opens it for writing — so "b
 from __future__ import annotations
 
 import os
-import threading
 from collections import Counter
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 
 from tests.support.ackload import AckLedger, AckLoad, Outcome, rid_of_body
-from tests.support.crashrig import seed_from
+from tests.support.crashrig import NO_CUT_ENV, seed_from
+from tests.support.noderig import bodies_request
 from tests.support.scrape import scrape
 from tests.support.serve import ROOT, ServeProcess
 
 TENANTS = ("acme", "globex")
-ENV = {
-    "OURIOS_SINK_FLUSH_AGE_SECS": "1",
-    "OURIOS_WAL_SEGMENT_MAX_BYTES": "65536",
-    # no cut before the kill: the restart replays everything the first run wrote
-    "OURIOS_WAL_BARRIER_SECS": "86400",
-    "OURIOS_WAL_HOUSEKEEPING_SECS": "86400",
-    "OURIOS_DISK_LOW_WATER_BYTES": "1",
-    "OURIOS_DISK_STOP_WATER_BYTES": "0",
-    "OURIOS_SERVER_SHUTDOWN_GRACE_SECS": "10",
-}
+# no cut before the kill: the restart replays everything the first run wrote
+ENV = {**NO_CUT_ENV, "OURIOS_SERVER_SHUTDOWN_GRACE_SECS": "10"}
 
 _PROBE = """
 import os, sys
@@ -69,16 +60,9 @@ def _published(data_dir: Path) -> list[dict[str, object]]:
 def _new_batch(n: int) -> tuple[list[str], bytes]:
     """Records in the shape the load used ("user <u> logged in from <ip>"), so the
     tenant's restored miner already holds their template."""
-    req = ExportLogsServiceRequest()
-    sl = req.resource_logs.add().scope_logs.add()
-    rids = []
-    for i in range(n):
-        rid = f"new-{i}"
-        rids.append(rid)
-        lr = sl.log_records.add()
-        lr.time_unix_nano = lr.observed_time_unix_nano = 1_764_000_000_000_000_000 + i
-        lr.body.string_value = f"user alice logged in from 10.1.2.{i} rid={rid}"
-    return rids, req.SerializeToString()
+    rids = [f"new-{i}" for i in range(n)]
+    bodies = [f"user alice logged in from 10.1.2.{i} rid={rid}" for i, rid in enumerate(rids)]
+    return rids, bodies_request(None, bodies, observed=True).SerializeToString()
 
 
 def _load_then_kill(data_dir: Path, ledger: AckLedger, seed: int) -> None:
@@ -105,14 +89,21 @@ def probe(tmp_path: Path) -> tuple[dict[str, str], Path]:
     return env, fifo
 
 
-def test_issue15_a_new_batch_is_acknowledged_before_recovery_done_and_turned_after_the_replay(
-    tmp_path: Path, probe: tuple[dict[str, str], Path]
-) -> None:
-    seed = seed_from("READY_SEED")
+@pytest.fixture
+def killed(tmp_path: Path) -> tuple[Path, AckLedger]:
+    """A data directory a node was SIGKILLed in under load, before any cut (so a restart
+    replays all of it), and the ledger of what that load had acknowledged."""
     data_dir = tmp_path / "data"
     data_dir.mkdir()
     ledger = AckLedger()
-    _load_then_kill(data_dir, ledger, seed)
+    _load_then_kill(data_dir, ledger, seed_from("READY_SEED"))
+    return data_dir, ledger
+
+
+def test_issue15_a_new_batch_is_acknowledged_before_recovery_done_and_turned_after_the_replay(
+    killed: tuple[Path, AckLedger], probe: tuple[dict[str, str], Path]
+) -> None:
+    data_dir, ledger = killed
     env, fifo = probe
     rids, body = _new_batch(20)
     with ServeProcess(data_dir, env).start(recovered=False) as serve:
@@ -122,7 +113,7 @@ def test_issue15_a_new_batch_is_acknowledged_before_recovery_done_and_turned_aft
         left = _gauge(serve, "ourios_recovery_backlog_bytes")
         assert left is not None and left > 0
         _release(fifo)
-        _wait_event(serve, "recovery.done")
+        serve.wait_event("recovery.done", deadline_s=120)
         assert serve.terminate() == 0, serve.tail()
     rows = _published(data_dir)
     counts = Counter(rid_of_body(str(r["body"])) for r in rows)
@@ -144,13 +135,9 @@ def test_issue15_a_new_batch_is_acknowledged_before_recovery_done_and_turned_aft
 
 
 def test_issue15_a_sigkill_during_the_replay_loses_nothing_acknowledged(
-    tmp_path: Path, probe: tuple[dict[str, str], Path]
+    killed: tuple[Path, AckLedger], probe: tuple[dict[str, str], Path]
 ) -> None:
-    seed = seed_from("READY_SEED")
-    data_dir = tmp_path / "data"
-    data_dir.mkdir()
-    ledger = AckLedger()
-    _load_then_kill(data_dir, ledger, seed)
+    data_dir, ledger = killed
     env, _fifo = probe
     rids, body = _new_batch(20)
     serve = ServeProcess(data_dir, env).start(recovered=False)
@@ -162,7 +149,7 @@ def test_issue15_a_sigkill_during_the_replay_loses_nothing_acknowledged(
     finally:
         serve.close()
     with ServeProcess(data_dir, ENV) as serve:
-        _wait_event(serve, "recovery.done")
+        serve.wait_event("recovery.done", deadline_s=120)
         assert serve.terminate() == 0, serve.tail()
     counts = Counter(rid_of_body(str(r["body"])) for r in _published(data_dir))
     missing = (ledger.rids(Outcome.ACKED) | set(rids)) - counts.keys()
@@ -171,13 +158,3 @@ def test_issue15_a_sigkill_during_the_replay_loses_nothing_acknowledged(
 
 def _gauge(serve: ServeProcess, name: str) -> float | None:
     return scrape(serve).value(name)
-
-
-def _wait_event(serve: ServeProcess, name: str, timeout: float = 120.0) -> None:
-    done = threading.Event()
-    deadline = timeout
-    while not serve.event(name):
-        if deadline <= 0:
-            raise AssertionError(f"no {name} in {timeout} s:\n{serve.tail()}")
-        done.wait(0.05)  # the process's event stream: an external condition
-        deadline -= 0.05

@@ -60,21 +60,12 @@ import threading
 
 def _install(hold, fail_records):
     from app import points
-    from app.cadence import barrier
-    from app.node import server
     from sink import store
-    from tests.support.minerfaults import FaultPlan, FaultyMiners
+    from tests.support.minerfaults import FaultPlan, install_in_serve
 
     plan = FaultPlan(armed=False)
     plan.fail_at("disk sda2 ", "after")
-    server.MinerCluster = lambda allocator, config: FaultyMiners(allocator, plan, config)
-    start = barrier.Barrier.start
-
-    def armed_after_recovery(self):
-        plan.armed = True  # the barrier starts after the replay: which never fails
-        start(self)
-
-    barrier.Barrier.start = armed_after_recovery
+    install_in_serve(plan, arm_after_recovery=True)
 
     if hold:
         hit = points.hit

@@ -35,23 +35,15 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.support.ackload import AckLedger, AckLoad, Outcome, rid_of_body
-from tests.support.crashrig import release, seed_from
+from tests.support.crashrig import NO_CUT_ENV, release, seed_from
 from tests.support.scrape import scrape
 from tests.support.serve import ServeProcess
 
 TENANTS = ("acme", "globex", "initech")
 
-BASE_ENV = {
-    "OURIOS_SINK_FLUSH_AGE_SECS": "1",
-    "OURIOS_WAL_SEGMENT_MAX_BYTES": "65536",
-    # Nothing may reclaim WAL segments during the test, so a restart replays every frame
-    # written so far and the recovery.done check below can count them.
-    "OURIOS_WAL_BARRIER_SECS": "86400",
-    "OURIOS_WAL_HOUSEKEEPING_SECS": "86400",
-    "OURIOS_DISK_LOW_WATER_BYTES": "1",
-    "OURIOS_DISK_STOP_WATER_BYTES": "0",
-    "OURIOS_SERVER_SHUTDOWN_GRACE_SECS": "20",
-}
+# Nothing may reclaim WAL segments during the test, so a restart replays every frame
+# written so far and the recovery.done check below can count them.
+BASE_ENV = {**NO_CUT_ENV, "OURIOS_SERVER_SHUTDOWN_GRACE_SECS": "20"}
 
 
 @dataclass

@@ -44,9 +44,10 @@ import pytest
 from tests.support.ackload import AckLedger, AckLoad, Outcome
 from tests.support.crashrig import seed_from
 from tests.support.parquet_read import download_prefix, read_kind
+from tests.support.poll import poll_until
 from tests.support.scrape import try_scrape
 from tests.support.seaweed import S3Bucket, SeaweedS3
-from tests.support.serve import ROOT, ServeProcess, poll_until
+from tests.support.serve import ROOT, ServeProcess
 from tests.support.tmpfs import TmpfsMounts
 from tests.support.tools import require_tool
 

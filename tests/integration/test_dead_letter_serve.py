@@ -18,8 +18,9 @@ import pyarrow.parquet as pq
 
 from tests.support.noderig import request
 from tests.support.parquet_read import read_kind
+from tests.support.poll import poll_until
 from tests.support.scrape import try_scrape
-from tests.support.serve import ServeProcess, poll_until
+from tests.support.serve import ServeProcess
 
 ENV = {
     "OURIOS_SERVER_WORKERS": "1",

@@ -30,13 +30,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 
 from app.node.server import EXIT_ROWS_LEFT
 from tests.support import S3Bucket, SeaweedS3
+from tests.support.noderig import bodies_request
+from tests.support.poll import poll_until
 from tests.support.scrape import scrape
 from tests.support.serve import ServeProcess
-from tests.support.tmpfs import TmpfsMounts
+from tests.support.tmpfs import TmpfsMounts, fill_volume, free_bytes
 from tests.support.tools import require_tool
 
 MiB = 1 << 20
@@ -51,27 +52,11 @@ SENDERS = 4
 SAMPLE_EVERY = 0.02
 
 
-def _free(path: Path) -> int:
-    st = os.statvfs(path)
-    return st.f_bavail * st.f_frsize
-
-
 def _batch(rng: random.Random, tag: str) -> bytes:
     """~30 KB: a few records with long bodies (three tokens each: mining stays cheap)."""
-    req = ExportLogsServiceRequest()
-    rl = req.resource_logs.add()
-    kv = rl.resource.attributes.add()
-    kv.key, kv.value.string_value = "service.name", "disk"
-    sl = rl.scope_logs.add()
-    for i in range(BATCH_RECORDS):
-        rec = sl.log_records.add()
-        rec.time_unix_nano = 1_764_000_000_000_000_000 + i
-        rec.severity_number = 9
-        # compressible, as logs are: one cut's Parquet fits in the reserve
-        rec.body.string_value = f"blob {rng.randrange(1 << 30)} {'x' * RECORD_BODY}"
-        a = rec.attributes.add()
-        a.key, a.value.string_value = "rid", f"{tag}/{i}"
-    body: bytes = req.SerializeToString()
+    # compressible, as logs are: one cut's Parquet fits in the reserve
+    bodies = [f"blob {rng.randrange(1 << 30)} {'x' * RECORD_BODY}" for _ in range(BATCH_RECORDS)]
+    body: bytes = bodies_request(tag, bodies, service="disk", severity=9).SerializeToString()
     return body
 
 
@@ -94,11 +79,7 @@ def _metric(server: ServeProcess, prefix: str) -> float | None:
 
 
 def _wait(condition: Callable[[], bool], what: str, server: ServeProcess, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached in {timeout} s:\n{_story(server)}")
-        time.sleep(0.05)  # a real process: polling an outside condition with a deadline
+    poll_until(what, condition, deadline_s=timeout, detail=lambda: _story(server))
 
 
 def _story(server: ServeProcess) -> str:
@@ -114,12 +95,12 @@ class Sampler(threading.Thread):
         super().__init__(name="statvfs-sampler", daemon=True)
         self.path = path
         self.stop = threading.Event()
-        self.lowest = _free(path)
+        self.lowest = free_bytes(path)
         self.samples = 0
 
     def run(self) -> None:
         while not self.stop.wait(SAMPLE_EVERY):
-            self.lowest = min(self.lowest, _free(self.path))
+            self.lowest = min(self.lowest, free_bytes(self.path))
             self.samples += 1
 
 
@@ -235,23 +216,6 @@ def test_nowedge_1_a_store_outage_under_load_never_eats_the_headroom(
             assert stopped["rows_left_in_wal"] > 0 and stopped["exit_code"] == EXIT_ROWS_LEFT
 
 
-def _fill(path: Path, filler: Path) -> int:
-    """Write ``filler`` until the volume refuses another byte; return its size."""
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-    try:
-        for chunk in (1 << 20, 1 << 16, 1 << 12, 1 << 9, 1):
-            while True:
-                try:
-                    os.write(fd, b"\xa5" * chunk)
-                except OSError as exc:
-                    assert exc.errno == 28, exc
-                    break
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    return filler.stat().st_size
-
-
 def _checkpoint_lsn(server: ServeProcess) -> float:
     return _metric(server, "ourios_wal_checkpoint_lsn_bytes") or 0.0
 
@@ -332,8 +296,8 @@ def _filled_to_zero(
     assert segments >= 20, segments
     mark = _checkpoint_lsn(server)
     assert (data / "disk-reserve").stat().st_size == RESERVE
-    size = _fill(data, filler)  # every free byte, never removed
-    assert _free(data) == 0 and size > 0
+    size = fill_volume(filler)  # every free byte, never removed
+    assert free_bytes(data) == 0 and size > 0
     status, body, _ = server.post_logs(_batch(rng, "full"))
     assert status == 503, (status, body)
     back = time.monotonic()

@@ -46,6 +46,7 @@ from tests.support.otel import (
     wal_frame_count,
 )
 from tests.support.parquet_read import read_store
+from tests.support.procmem import status_kib
 from tests.support.serve import ServeProcess
 
 PROTOBUF = "application/x-protobuf"
@@ -373,18 +374,11 @@ def post_exactly(
         conn.close()
 
 
-def _peak_rss_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1])
-    raise AssertionError(f"no VmHWM for pid {pid}")
-
-
 def run_http_case(server: ServeProcess, name: str) -> None:
     case = HTTP_CASES[name]
     body = case.body()
     assert server.proc is not None
-    peak_before = _peak_rss_kib(server.proc.pid)
+    peak_before = status_kib(server.proc.pid, "VmHWM")
     status, reply, headers = post_exactly(server, body, _merge(OK_HEADERS, case.headers))
     assert status == case.status, (name, reply)
     assert headers.get("content-type") == case.reply_type, (name, headers)
@@ -396,7 +390,7 @@ def run_http_case(server: ServeProcess, name: str) -> None:
         assert headers.get("www-authenticate", "").startswith('Bearer realm="ourios"')
         assert TOKEN_A not in decoded.message, "a 401 never quotes a token"
     if case.bomb:
-        grown = _peak_rss_kib(server.proc.pid) - peak_before
+        grown = status_kib(server.proc.pid, "VmHWM") - peak_before
         assert grown < 32 * 1024, f"peak RSS grew by {grown} KiB inflating a bomb"
 
 

@@ -252,38 +252,24 @@ def run_sdk_scenario(
     sent: list[Sent] = []
     reports: dict[str, ExportReport] = {}
     try:
-        resource, expected = sdk_resource("http")
-        with http_client(
-            server.http_port,
-            headers={"X-Ourios-Tenant": HTTP_TENANT},
-            resource=resource,
-            gzip=http_gzip,
-            batch_size=BATCH,
-        ) as client:
-            sent += emit_records(
-                client,
-                tracer_provider,
-                transport="http",
-                tenant=HTTP_TENANT,
-                resource_attributes=expected,
-            )
-            reports[HTTP_TENANT] = client.flush()
-        resource, expected = sdk_resource("grpc")
-        with grpc_client(
-            server.grpc_port,
-            headers={"x-ourios-tenant": GRPC_TENANT},
-            resource=resource,
-            gzip=grpc_gzip,
-            batch_size=BATCH,
-        ) as client:
-            sent += emit_records(
-                client,
-                tracer_provider,
-                transport="grpc",
-                tenant=GRPC_TENANT,
-                resource_attributes=expected,
-            )
-            reports[GRPC_TENANT] = client.flush()
+        # the same records through each transport: only the client and its header differ
+        transports = (
+            ("http", http_client, server.http_port, "X-Ourios-Tenant", HTTP_TENANT, http_gzip),
+            ("grpc", grpc_client, server.grpc_port, "x-ourios-tenant", GRPC_TENANT, grpc_gzip),
+        )
+        for transport, client_for, port, header, tenant, gzip in transports:
+            resource, expected = sdk_resource(transport)
+            with client_for(
+                port, headers={header: tenant}, resource=resource, gzip=gzip, batch_size=BATCH
+            ) as client:
+                sent += emit_records(
+                    client,
+                    tracer_provider,
+                    transport=transport,
+                    tenant=tenant,
+                    resource_attributes=expected,
+                )
+                reports[tenant] = client.flush()
     finally:
         tracer_provider.shutdown()
     return sent, reports, server.terminate()

@@ -37,39 +37,21 @@ from tests.support.noderig import request
 from tests.support.parquet_read import read_kind
 from tests.support.scrape import scrape
 from tests.support.serve import ROOT, ServeProcess
-from tests.support.tmpfs import TmpfsMounts
+from tests.support.tmpfs import TmpfsMounts, free_bytes
 
 TMPFS_BYTES = 2 << 20
 STOP_WATER = 128 * 1024
 CADENCE = 1
 
 
-def _free(path: Path) -> int:
-    st = os.statvfs(path)
-    return st.f_bavail * st.f_frsize
-
-
 def _fill_to(path: Path, ballast: Path, free: int) -> None:
     """Write ``ballast`` until about ``free`` bytes remain on ``path``'s filesystem."""
     fd = os.open(ballast, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     try:
-        while _free(path) > free + 4096:
-            os.write(fd, b"\0" * min(65536, _free(path) - free))
+        while free_bytes(path) > free + 4096:
+            os.write(fd, b"\0" * min(65536, free_bytes(path) - free))
     finally:
         os.close(fd)
-
-
-def _wait(condition: object, what: str, server: ServeProcess, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached in {timeout} s:\n{server.tail()}")
-        time.sleep(0.05)  # an external process: polling with a deadline
-
-
-def _recovered(server: ServeProcess, count: int) -> object:
-    """True once the node has logged ``count`` ``disk.recovered`` events."""
-    return lambda: len(server.event("disk.recovered")) >= count
 
 
 def _metric(server: ServeProcess, line_prefix: str) -> float | None:
@@ -123,7 +105,7 @@ def test_a_real_full_disk_refuses_reclaims_and_resumes_without_a_restart(
         assert b"disk below stop water" in body and f"={STOP_WATER}".encode() in body
         assert len(server.event("disk.stop_water")) == 1
         ballast.unlink()
-        _wait(lambda: len(server.event("disk.recovered")) >= 1, "disk.recovered", server)
+        server.wait_event("disk.recovered", 1, deadline_s=30)
         assert post("resumed")[0] == 200
 
         # 2. the WAL holds data the store lacks (nothing can be reclaimed: it is down)...
@@ -131,7 +113,7 @@ def test_a_real_full_disk_refuses_reclaims_and_resumes_without_a_restart(
             assert post(f"fill{i}")[0] == 200
             if i % 10 == 0 and (_metric(server, "ourios_wal_segments") or 0) >= 6:
                 break
-        assert _free(mount) > 4 * STOP_WATER  # healthy by the figure: still admitting
+        assert free_bytes(mount) > 4 * STOP_WATER  # healthy by the figure: still admitting
         # ...then an outside writer takes the volume between two samples, and the next
         # batch reaches the WAL. A tick sampling the ballast first would refuse it on stop
         # water instead (the figure knew): then free the volume and try again.
@@ -143,17 +125,17 @@ def test_a_real_full_disk_refuses_reclaims_and_resumes_without_a_restart(
                 break
             ballast.unlink()
             recoveries += 1
-            _wait(_recovered(server, recoveries), "recovery", server)
+            server.wait_event("disk.recovered", recoveries, deadline_s=30)
         assert status == 503 and b"WAL could not make the batch durable" in body, body
         full_at = time.time()
-        assert _free(mount) < 16 * 1024, "the volume did not fill"
+        assert free_bytes(mount) < 16 * 1024, "the volume did not fill"
         for i in range(3):
             status, body, headers = post(f"refused{i}")
             assert status == 503 and headers.get("retry-after") == str(CADENCE)
             assert b"disk full" in body or b"below stop water" in body, body
         assert [e["cause"] for e in server.event("disk.stop_water")][-1].startswith(
             "the WAL's"
-        ) or _free(mount) < STOP_WATER
+        ) or free_bytes(mount) < STOP_WATER
         assert _metric(server, 'ourios_admission_refusing{bound="disk_full"}') == 1.0
         segments_full = _metric(server, "ourios_wal_segments")
         assert segments_full is not None and segments_full > 4
@@ -162,11 +144,11 @@ def test_a_real_full_disk_refuses_reclaims_and_resumes_without_a_restart(
         # outside file stays)
         blocker.unlink()
         recoveries += 1
-        _wait(_recovered(server, recoveries), "recovery", server)
+        server.wait_event("disk.recovered", recoveries, deadline_s=30)
         recovered = server.event("disk.recovered")[-1]
         assert recovered["from"] == "stop_water" and recovered["refused_requests"] >= 3
         assert (_metric(server, "ourios_wal_segments") or 0) < segments_full
-        assert _free(mount) > STOP_WATER and ballast.exists()
+        assert free_bytes(mount) > STOP_WATER and ballast.exists()
         after = time.time()
         assert post("after")[0] == 200  # the same process: no restart
         assert server.proc is not None and server.proc.pid == pid

@@ -23,10 +23,11 @@ from pathlib import Path
 
 import grpc
 from google.rpc import error_details_pb2, status_pb2
-from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 
 from app.receive.otlp_grpc import EXPORT_METHOD
+from tests.support.noderig import bodies_request
 from tests.support.otel import wal_frame_count
+from tests.support.procmem import status_kib
 from tests.support.serve import ServeProcess
 
 MiB = 1 << 20
@@ -59,24 +60,29 @@ def hostile_body() -> bytes:
 
 
 def normal_body() -> bytes:
-    req = ExportLogsServiceRequest()
-    records = req.resource_logs.add().scope_logs.add()
-    for i in range(20):
-        record = records.log_records.add()
-        record.time_unix_nano = 1_764_000_000_000_000_000 + i
-        record.body.string_value = f"user {i} logged in from 10.0.0.{i}"
-    data: bytes = req.SerializeToString()
+    bodies = [f"user {i} logged in from 10.0.0.{i}" for i in range(20)]
+    data: bytes = bodies_request(None, bodies).SerializeToString()
     return data
 
 
 @dataclass
 class NormalClient:
-    """Small batches and /healthz, back to back, until stopped."""
+    """Small batches and /healthz, back to back, on a thread of its own for the length of
+    a ``with`` block (or until ``stop`` is set)."""
 
     port: int
     statuses: Counter[int] = field(default_factory=Counter)
     health: Counter[int] = field(default_factory=Counter)
     stop: threading.Event = field(default_factory=threading.Event)
+
+    def __enter__(self) -> NormalClient:
+        self._thread = threading.Thread(target=self.run, name="normal-client")
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self._thread.join(120)
 
     def run(self) -> None:
         body = normal_body()
@@ -136,23 +142,13 @@ def retry_delay(error: grpc.RpcError) -> int | None:
     return None
 
 
-def peak_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1])
-    raise AssertionError(f"no VmHWM for {pid}")
-
-
 def test_bounded_3_hostile_requests_cannot_exhaust_a_worker(tmp_path: Path) -> None:
     body = hostile_body()
     env = {"OURIOS_SERVER_WORKERS": "1", "OURIOS_WAL_BARRIER_SECS": "5"}
     with ServeProcess(tmp_path / "data", env) as serve:
         (listening,) = serve.event("server.listening")
         (worker,) = listening["workers"]
-        normal = NormalClient(serve.http_port)
-        normal_thread = threading.Thread(target=normal.run, name="normal-client")
-        normal_thread.start()
-        try:
+        with NormalClient(serve.http_port) as normal:
             with ThreadPoolExecutor(HOSTILE) as pool:
                 http_replies = list(
                     pool.map(lambda _: post_hostile(serve.http_port, body), range(HOSTILE))
@@ -164,10 +160,7 @@ def test_bounded_3_hostile_requests_cannot_exhaust_a_worker(tmp_path: Path) -> N
                     grpc_errors = list(
                         pool.map(lambda _: export_hostile(channel, body), range(HOSTILE))
                     )
-        finally:
-            normal.stop.set()
-            normal_thread.join(120)
-        worker_peak_mib = peak_kib(worker) // 1024
+        worker_peak_mib = status_kib(worker, "VmHWM") // 1024
 
         for status, message, headers in http_replies:
             if status == 400:
@@ -215,13 +208,6 @@ def expanding_body() -> bytes:
     return body
 
 
-def rss_kib(pid: int, field: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(f"{field}:"):
-            return int(line.split()[1])
-    raise AssertionError(f"no {field} for {pid}")
-
-
 def test_bounded_3_a_small_body_expanding_past_max_expanded_bytes_is_refused_400(
     tmp_path: Path,
 ) -> None:
@@ -230,21 +216,15 @@ def test_bounded_3_a_small_body_expanding_past_max_expanded_bytes_is_refused_400
     with ServeProcess(tmp_path / "data", env) as serve:
         (listening,) = serve.event("server.listening")
         (worker,) = listening["workers"]
-        normal = NormalClient(serve.http_port)
-        normal_thread = threading.Thread(target=normal.run, name="normal-client")
-        normal_thread.start()
-        try:
+        with NormalClient(serve.http_port) as normal:
             with ThreadPoolExecutor(4) as pool:
                 http_replies = list(
                     pool.map(lambda _: post_hostile(serve.http_port, body), range(8))
                 )
                 with grpc.insecure_channel(f"127.0.0.1:{serve.grpc_port}") as channel:
                     grpc_errors = list(pool.map(lambda _: export_hostile(channel, body), range(8)))
-        finally:
-            normal.stop.set()
-            normal_thread.join(120)
-        worker_rss_mib = rss_kib(worker, "VmRSS") // 1024
-        worker_peak_mib = rss_kib(worker, "VmHWM") // 1024  # the most VmRSS has been
+        worker_rss_mib = status_kib(worker, "VmRSS") // 1024
+        worker_peak_mib = status_kib(worker, "VmHWM") // 1024  # the most VmRSS has been
 
         for status, message, headers in http_replies:
             assert status == 400, (status, message)

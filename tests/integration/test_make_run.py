@@ -24,6 +24,7 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsSer
 
 from tests.support import require_tool
 from tests.support.parquet_read import read_store
+from tests.support.poll import poll_until
 from tests.support.serve import ROOT, ServeProcess
 
 README = ROOT / "README.md"
@@ -83,15 +84,26 @@ def _effective(args: list[str]) -> dict[str, object]:
 def _wait_for_records(serve: ServeProcess, tenant: str) -> list[dict[str, object]]:
     """The tenant's published records once `ourios_sink_objects_total{kind="records"}`
     counts one (the signal docs/QUERY.md gives), while the node keeps running."""
-    deadline = time.monotonic() + PUBLISH_DEADLINE_SECS
-    while not PUBLISHED.search(_metrics(serve)):
+
+    def published() -> bool:
         assert serve.proc is not None and serve.proc.poll() is None, serve.tail()
-        assert time.monotonic() < deadline, (
-            f"nothing published {PUBLISH_DEADLINE_SECS} s after the acknowledgement "
-            f"(make run's settings: {make_run_args()})\n{serve.tail()}"
-        )
-        time.sleep(0.1)  # the real process's metrics: an external condition
+        return PUBLISHED.search(_metrics(serve)) is not None
+
+    poll_until(
+        "records published after the acknowledgement",
+        published,
+        deadline_s=PUBLISH_DEADLINE_SECS,
+        detail=lambda: f"make run's settings: {make_run_args()}\n{serve.tail()}",
+        every_s=0.1,
+    )
     return read_store(serve.data_dir / "objects", "duckdb").records_of(tenant)
+
+
+def _bash(script: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``script`` run by bash in ``cwd``, as a reader would paste it; its output as text."""
+    return subprocess.run(
+        ["bash", "-c", script], cwd=cwd, capture_output=True, text=True, timeout=60
+    )
 
 
 def _metrics(serve: ServeProcess) -> str:
@@ -110,13 +122,7 @@ def test_clone_1_the_readme_curl_is_acknowledged_then_published(tmp_path: Path) 
     with ServeProcess(tmp_path / "data", args=make_run_args()) as serve:
         url = f"http://127.0.0.1:{serve.http_port}/v1/logs"
         before = time.time_ns()
-        answer = subprocess.run(
-            ["bash", "-c", curl.replace(README_URL, url)],
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        answer = _bash(curl.replace(README_URL, url), tmp_path)
         assert answer.returncode == 0, answer.stderr
         lines = answer.stdout.splitlines()
         assert lines[0].startswith("HTTP/1.1 200") and lines[-1] == "{}", answer.stdout
@@ -125,13 +131,7 @@ def test_clone_1_the_readme_curl_is_acknowledged_then_published(tmp_path: Path) 
         # message, as the node writes it, is the one the README shows.
         untyped = curl.replace("  -H 'Content-Type: application/json' \\\n", "")
         assert untyped != curl
-        refused = subprocess.run(
-            ["bash", "-c", untyped.replace(README_URL, url)],
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        refused = _bash(untyped.replace(README_URL, url), tmp_path)
         lines = refused.stdout.splitlines()
         assert lines[0].startswith("HTTP/1.1 415"), refused.stdout
         assert lines[-1] in README.read_text(), lines[-1]

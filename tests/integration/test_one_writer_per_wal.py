@@ -14,11 +14,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from tests.support.noderig import request
-from tests.support.scrape import try_scrape
 from tests.support.serve import ROOT, ServeProcess
 
 ENV = {
@@ -52,17 +50,6 @@ def _listing(root: Path) -> dict[str, tuple[int, int]]:
     return out
 
 
-def _turned(node: ServeProcess, timeout: float = 30.0) -> None:
-    """Wait until every acknowledged frame has had its turn (the backlog gauge is 0)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        s = try_scrape(node)
-        if s is not None and s.value("ourios_ingest_backlog_frames") == 0:
-            return
-        time.sleep(0.05)  # a real process's gauge: an external condition
-    raise AssertionError(f"the backlog never emptied:\n{node.tail()}")
-
-
 def _refused(data: Path, first: ServeProcess) -> ServeProcess:
     """Start a second node on ``data``; assert it refused, naming the directory and
     the holder's pid, and return it (reaped)."""
@@ -84,7 +71,7 @@ def test_nowedge_3_a_second_serve_on_a_live_data_directory_refuses_and_the_first
     try:
         status, body, _ = first.post_logs(request("a0", 20).SerializeToString())
         assert status == 200, body
-        _turned(first)  # acknowledged at its fsync: its turn (template ids) comes after
+        first.wait_turned()  # acknowledged at its fsync: its turn (template ids) comes after
         before = _listing(data)
 
         _refused(data, first)

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from tests.support.noderig import request
+from tests.support.procmem import status_kib
 from tests.support.scrape import scrape, scrape_until
 from tests.support.serve import ROOT, TEST_RESERVE_BYTES, ServeProcess
 
@@ -198,7 +199,5 @@ def test_clone_7_metrics_show_process_series_for_the_core_and_each_worker(
             x.labels.get("worker", ""): x.value for x in s.samples("process_resident_memory_bytes")
         }
         for worker, pid in pids.items():
-            status = Path(f"/proc/{pid}/status").read_text()
-            vm = re.search(r"VmRSS:\s+(\d+) kB", status)
-            assert vm is not None, status
-            assert 0.5 < rss[worker] / (int(vm.group(1)) * 1024) < 2, (worker, rss, vm.group(0))
+            vm = status_kib(pid, "VmRSS")
+            assert 0.5 < rss[worker] / (vm * 1024) < 2, (worker, rss, vm)

@@ -19,50 +19,19 @@ as in the chart.
 
 from __future__ import annotations
 
-import errno
 import os
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.support.noderig import request
+from tests.support.poll import poll_until
 from tests.support.serve import ServeProcess
-from tests.support.tmpfs import TmpfsMounts
+from tests.support.tmpfs import TmpfsMounts, fill_volume, free_bytes
 from wal.intents import IntentLog, IntentRecord, ObjectKind, encode_record, scan
 
 MiB = 1 << 20
 VOLUME = 16 * MiB
-
-
-def _free(path: Path) -> int:
-    st = os.statvfs(path)
-    return st.f_bavail * st.f_frsize
-
-
-def _fill(path: Path) -> int:
-    """Write ``path`` until the volume refuses another byte; its size."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-    try:
-        for chunk in (1 << 20, 1 << 16, 1 << 12, 1 << 9, 1):
-            while True:
-                try:
-                    os.write(fd, b"\xa5" * chunk)
-                except OSError as exc:
-                    assert exc.errno == errno.ENOSPC, exc
-                    break
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    return path.stat().st_size
-
-
-def _wait(condition: object, what: str, server: ServeProcess, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached in {timeout} s:\n{server.tail()}")
-        time.sleep(0.05)  # an external process: polling with a deadline
 
 
 def _env(store: Path) -> dict[str, str]:
@@ -94,7 +63,12 @@ def test_every_state_2_a_restart_on_a_full_volume_starts(
         for i in range(4):
             body = request(f"full{i}", 5).SerializeToString()
             assert first.post_logs(body)[0] == 200
-        _wait(lambda: any(store.rglob("*.parquet")), "a published object", first)
+        poll_until(
+            "published object",
+            lambda: any(store.rglob("*.parquet")),
+            deadline_s=60,
+            detail=first.tail,
+        )
         first.kill()  # SIGKILL: no final cut, no clean close
     publishing = data / "wal" / IntentLog.NAME
     whole = publishing.stat().st_size
@@ -112,8 +86,8 @@ def test_every_state_2_a_restart_on_a_full_volume_starts(
         os.rename(wal / "CHECKPOINT.spare", wal / "CHECKPOINT.tmp")
     assert (data / "disk-reserve").exists()
     filler = data / "outside-filler"
-    size = _fill(filler)
-    assert _free(data) == 0
+    size = fill_volume(filler)
+    assert free_bytes(data) == 0
 
     again = ServeProcess(data, env)
     with again:  # starts: listening, ready and recovered

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import socket
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -26,6 +25,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from tests.support import S3Bucket, SeaweedS3
+from tests.support.poll import poll_until
 from tests.support.scrape import scrape
 from tests.support.serve import ServeProcess
 
@@ -148,10 +148,13 @@ def test_every_state_8_a_store_down_at_start_starts_and_says_so(
             assert down["error_type"] == "s3_connection", down
             assert not node.event("server.start_failed")
             gate.open()  # the store answers from now on
-            deadline = time.monotonic() + 60
-            while _metric(node, "ourios_store_up") != 1.0:
-                assert time.monotonic() < deadline, node.tail()
-                time.sleep(0.1)  # a real process's gauge: polled with a deadline
+            poll_until(
+                "ourios_store_up 1",
+                lambda: _metric(node, "ourios_store_up") == 1.0,
+                deadline_s=60,
+                detail=node.tail,
+                every_s=0.1,
+            )
             assert node.event("store.available")
             assert s3_bucket.keys() == []  # the probe's object was deleted
             assert node.terminate() == 0

@@ -9,8 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 
+from tests.support.noderig import bodies_request
 from tests.support.parquet_read import Published, download_prefix, read_store
 from tests.support.seaweed import S3Bucket
 from tests.support.serve import ServeProcess
@@ -20,10 +20,7 @@ BODIES = ("user alice logged in from 10.0.0.1", "user bob logged in from 10.0.0.
 
 
 def _request(i: int, body: str) -> bytes:
-    req = ExportLogsServiceRequest()
-    rec = req.resource_logs.add().scope_logs.add().log_records.add()
-    rec.time_unix_nano = 1_714_521_600_000_000_000 + i
-    rec.body.string_value = body
+    req = bodies_request(None, [body], times=[1_714_521_600_000_000_000 + i])
     data: bytes = req.SerializeToString()
     return data
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from google.rpc import status_pb2
-from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 
+from tests.support.noderig import bodies_request
 from tests.support.scrape import scrape
 from tests.support.serve import ServeProcess
 
@@ -24,11 +24,7 @@ ENV = {"OURIOS_WAL_MAX_TENANTS": "2", "OURIOS_WAL_BARRIER_SECS": "1"}
 
 
 def body(tag: str) -> bytes:
-    req = ExportLogsServiceRequest()
-    rec = req.resource_logs.add().scope_logs.add().log_records.add()
-    rec.time_unix_nano = 1_764_000_000_000_000_000
-    rec.body.string_value = f"hello {tag}"
-    data: bytes = req.SerializeToString()  # protobuf's generated classes are untyped
+    data: bytes = bodies_request(None, [f"hello {tag}"]).SerializeToString()
     return data
 
 

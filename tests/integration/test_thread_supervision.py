@@ -24,8 +24,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tests.support.noderig import request
+from tests.support.poll import poll_until
 from tests.support.scrape import try_scrape
-from tests.support.serve import ROOT, ServeProcess, poll_until
+from tests.support.serve import ROOT, ServeProcess
 
 DEADLINE_S = 60.0
 STOP_WATER = 1 << 20

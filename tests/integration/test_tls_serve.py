@@ -15,7 +15,6 @@ from __future__ import annotations
 import http.client
 import socket
 import ssl
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -152,13 +151,6 @@ def _served_certificate(port: int, trust: ClientTls) -> bytes:
     return der
 
 
-def _wait_for_event(node: ServeProcess, name: str, count: int) -> None:
-    deadline = time.monotonic() + 60
-    while len(node.event(name)) < count:
-        assert time.monotonic() < deadline, f"no {name} event:\n{node.tail()}"
-        time.sleep(0.05)  # the process's event stream: an external condition
-
-
 def test_clone_5_a_rotated_certificate_is_served_to_new_connections(tls_node: TlsNode) -> None:
     node, trust = tls_node.node, tls_node.trust
     held = _served_certificate(node.http_port, trust)  # before the renewal
@@ -171,7 +163,7 @@ def test_clone_5_a_rotated_certificate_is_served_to_new_connections(tls_node: Tl
     only_second = ClientTls(tls_node.tmp / "second.pem", trust.cert_file, trust.key_file)
     reply = grpc_export(node.grpc_port, _BODY, timeout_s=10, tls=only_second)
     assert reply.code is grpc.StatusCode.OK, reply
-    _wait_for_event(node, "tls.reloaded", before + 1)
+    node.wait_event("tls.reloaded", before + 1)
     assert node.proc is not None and node.proc.poll() is None  # no restart
 
 

@@ -180,11 +180,8 @@ def test_rfc0052_7_growing_unreclaimed_bytes_while_the_checkpoint_stands(tmp_pat
 
 @pytest.fixture
 def rig(tmp_path: Path) -> Iterator[NodeRig]:
-    node = NodeRig(tmp_path)
-    try:
+    with NodeRig(tmp_path) as node:
         yield node
-    finally:
-        node.close()
 
 
 def collector(rig: NodeRig, tmp_path: Path) -> Callable[[], Scrape]:

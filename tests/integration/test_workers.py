@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import random
 import re
-import time
 import urllib.error
 import urllib.request
 import uuid
@@ -26,6 +25,7 @@ from opentelemetry.sdk.resources import Resource
 from tests.support.ackload import AckLedger, AckLoad, Outcome, rid_of_body
 from tests.support.crashrig import seed_from
 from tests.support.otel import grpc_client, http_client
+from tests.support.poll import poll_until
 from tests.support.serve import ServeProcess
 
 TENANTS = ("acme", "globex", "initech")
@@ -70,28 +70,20 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-def _wait_gone(pids: list[int], timeout: float = 30.0) -> list[int]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        left = [pid for pid in pids if _alive(pid)]
-        if not left:
-            return []
-        time.sleep(0.05)  # polling the kernel's process table: an external condition
-    return [pid for pid in pids if _alive(pid)]
+def _wait_gone(pids: list[int], timeout: float = 30.0) -> None:
+    """Until none of ``pids`` is alive (the kernel's process table: polled)."""
+    poll_until(
+        "end of every worker",
+        lambda: not any(_alive(pid) for pid in pids),
+        deadline_s=timeout,
+        detail=lambda: f"orphaned workers: {[pid for pid in pids if _alive(pid)]}",
+    )
 
 
 def _workers(serve: ServeProcess) -> list[int]:
     (listening,) = serve.event("server.listening")
     pids: list[int] = listening["workers"]
     return pids
-
-
-def _wait_event(serve: ServeProcess, name: str, count: int, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while len(serve.event(name)) < count:
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no {count} {name} events in {timeout} s:\n{serve.tail()}")
-        time.sleep(0.05)  # the process's event stream: an external condition
 
 
 def _check_acked_published(ledger: AckLedger, data_dir: Path) -> Counter[str]:
@@ -152,8 +144,8 @@ def test_workers_sigkill_of_a_worker_under_load_loses_nothing_and_it_comes_back(
         with AckLoad(ledger, serve.http_port, senders=6, tenants=TENANTS, seed=seed) as load:
             load.wait_acked(rng.randrange(40, 120))
             os.kill(victim, 9)
-            _wait_event(serve, "worker.exited", 1)
-            _wait_event(serve, "worker.ready", 3)  # two at start, one replacement
+            serve.wait_event("worker.exited", 1)
+            serve.wait_event("worker.ready", 3)  # two at start, one replacement
             status, _ = serve.get("/readyz")
             assert status == 200, serve.tail()
         (exited,) = serve.event("worker.exited")
@@ -183,9 +175,8 @@ def test_workers_sigkill_of_the_core_leaves_no_orphan_and_loses_nothing(
             with AckLoad(ledger, serve.http_port, senders=6, tenants=TENANTS, seed=seed) as load:
                 load.wait_acked(rng.randrange(30, 90))
                 serve.kill()
-                gone = _wait_gone(workers)
+                _wait_gone(workers)
                 load.stop()
-            assert gone == [], f"orphaned workers: {gone}"
         finally:
             serve.close()
     with ServeProcess(data_dir, ENV) as serve:
@@ -211,7 +202,7 @@ def test_workers_sigterm_drains_cleanly(data_dir: Path) -> None:
         (server,) = serve.event("server.stopped")
         assert server["rows_left_in_wal"] == 0 and server["final_cut_ok"], server
         assert len(serve.event("worker.stopped")) == 2
-    assert _wait_gone(workers) == []
+    _wait_gone(workers)
     _check_acked_published(ledger, data_dir)
 
 

@@ -22,6 +22,17 @@ import pyarrow.parquet as pq
 from app.ingest.snapshot_store import decode_snapshot
 from tests.support.serve import ROOT, ServeProcess
 
+#: No cut and no reclamation while the test runs (a day's cadences), so a restart after
+#: a SIGKILL replays every frame written so far; small segments, a 1 s flush age.
+NO_CUT_ENV = {
+    "OURIOS_SINK_FLUSH_AGE_SECS": "1",
+    "OURIOS_WAL_SEGMENT_MAX_BYTES": "65536",
+    "OURIOS_WAL_BARRIER_SECS": "86400",
+    "OURIOS_WAL_HOUSEKEEPING_SECS": "86400",
+    "OURIOS_DISK_LOW_WATER_BYTES": "1",
+    "OURIOS_DISK_STOP_WATER_BYTES": "0",
+}
+
 #: The shortest cadences the configuration accepts (1 s), so cuts, rotations and
 #: reclamation run all the time; small segments and flushes so each happens often.
 CYCLE_ENV = {

@@ -3,7 +3,8 @@
 The receivers parse and flatten inside one of the process's decode slots
 (``InflightBudget.decoding``, ``server.max_concurrent_decodes``); `watch` records, at
 every call of ``native.decode``, how many slots the budget then holds and whether the
-decoder answered (a fallback to upb would not show the native path was bounded).
+decoder answered (a fallback to upb would not show the native path was bounded);
+`spy_native` records only the rows of each payload the native decoder answered.
 """
 
 from __future__ import annotations
@@ -45,3 +46,20 @@ def watch(monkeypatch: pytest.MonkeyPatch, budget: WatchedBudget) -> list[tuple[
 
     monkeypatch.setattr(native, "decode", decode)
     return seen
+
+
+def spy_native(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The rows of each payload ``native.decode`` answers from now on (none where it
+    leaves the payload to upb); the native decoder must be the one selected here."""
+    assert native.select("native")[0] == "native"
+    answered: list[int] = []
+    real = native.decode
+
+    def decode(data: bytes, limits: native.Limits | None = None) -> pa.RecordBatch | None:
+        columns = real(data, limits)
+        if columns is not None:
+            answered.append(columns.num_rows)
+        return columns
+
+    monkeypatch.setattr(native, "decode", decode)
+    return answered

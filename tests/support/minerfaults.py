@@ -11,7 +11,7 @@ restores (``restore_failures``) and the next ``replace_tenant`` calls.
 The hook is ``MinerCluster(miner_type=...)``, the production seam (as ``wal.testing.FaultyFs``
 is for I/O): no production type carries a test field, and a real ``ourios serve`` gets
 the same plan through a ``sitecustomize`` probe that only the test's process loads
-(``tests/crash/test_mining_failures_sigkill.py``).
+(``tests/crash/test_mining_failures_sigkill.py``), which calls ``install_in_serve``.
 """
 
 from __future__ import annotations
@@ -143,3 +143,26 @@ class FaultyMiners(MinerCluster):
         if self.plan.take_replace():
             raise InjectedMiningFailure(f"injected replace_tenant failure for {tenant!r}")
         return super().replace_tenant(tenant, miner)
+
+
+def install_in_serve(plan: FaultPlan, *, arm_after_recovery: bool) -> None:
+    """Make the ``ourios serve`` this runs in (from a test's ``sitecustomize`` probe)
+    build ``FaultyMiners`` bound to ``plan``. With ``arm_after_recovery`` the plan arms
+    when the barrier starts, which is after the start-up's replay: the replay never
+    fails, the turns after it do."""
+    from app.cadence import barrier
+    from app.node import server
+
+    def cluster(allocator: TemplateIdAllocator, config: MinerConfig | None) -> FaultyMiners:
+        return FaultyMiners(allocator, plan, config)
+
+    server.MinerCluster = cluster  # type: ignore[attr-defined,assignment]
+    if not arm_after_recovery:
+        return
+    start = barrier.Barrier.start
+
+    def armed_after_recovery(self: barrier.Barrier) -> None:
+        plan.armed = True
+        start(self)
+
+    barrier.Barrier.start = armed_after_recovery  # type: ignore[method-assign]

@@ -41,6 +41,7 @@ from sink.deadletter import DeadLetter
 from sink.publisher import Publisher, StoreGate
 from sink.spool import Spiller, Spool
 from sink.testing import FailingStore, MemoryStore
+from tests.support.closing import ClosedOnExit
 from tests.support.minerfaults import FaultPlan, FaultyMiners
 from wal import IntentLog, Journal, OsFs, WalConfig, WalOffset
 from wal.testing import FaultyFs, SimulatedCrash
@@ -59,39 +60,52 @@ class SteppedClock:
         self.now += seconds
 
 
-def request(tag: str, n: int = 3, *, tenant_attr: str = "") -> ExportLogsServiceRequest:
-    """``n`` records whose bodies and ``rid`` attributes carry ``tag``."""
+#: when the first record of a built request happened (2025-11-24), unless a test says
+FIRST_RECORD_NS = 1_764_000_000_000_000_000
+
+
+def request(tag: str, n: int = 3) -> ExportLogsServiceRequest:
+    """``n`` records of service ``svc`` whose bodies and ``rid`` attributes carry ``tag``."""
+    bodies = [f"op {tag} step {i} took {i * 7} ms" for i in range(n)]
+    return bodies_request(tag, bodies, service="svc", severity=9)
+
+
+def bodies_request(
+    tag: str | None,
+    bodies: Sequence[str],
+    *,
+    service: str | None = None,
+    severity: int = 0,
+    times: Sequence[int] | None = None,
+    observed: bool = False,
+) -> ExportLogsServiceRequest:
+    """One record per body, in order, with ``rid`` attributes ``tag/i`` (none when
+    ``tag`` is None): a test that chooses the bodies chooses the templates the miner
+    makes of them. The records happen at ``times`` (by default one nanosecond apart from
+    ``FIRST_RECORD_NS``), observed then too when ``observed``; ``service`` names the one
+    resource's ``service.name`` and ``severity`` is every record's number, when given."""
     req = ExportLogsServiceRequest()
     rl = req.resource_logs.add()
-    kv = rl.resource.attributes.add()
-    kv.key, kv.value.string_value = "service.name", "svc"
+    if service is not None:
+        kv = rl.resource.attributes.add()
+        kv.key, kv.value.string_value = "service.name", service
     sl = rl.scope_logs.add()
-    for i in range(n):
-        rec = sl.log_records.add()
-        rec.time_unix_nano = 1_764_000_000_000_000_000 + i
-        rec.severity_number = 9
-        rec.body.string_value = f"op {tag} step {i} took {i * 7} ms"
-        a = rec.attributes.add()
-        a.key, a.value.string_value = "rid", f"{tag}/{i}"
-    return req
-
-
-def bodies_request(tag: str, bodies: Sequence[str]) -> ExportLogsServiceRequest:
-    """One record per body, in order, with ``rid`` attributes ``tag/i``: a test that
-    chooses the bodies chooses the templates the miner makes of them."""
-    req = ExportLogsServiceRequest()
-    sl = req.resource_logs.add().scope_logs.add()
     for i, body in enumerate(bodies):
         rec = sl.log_records.add()
-        rec.time_unix_nano = 1_764_000_000_000_000_000 + i
+        rec.time_unix_nano = FIRST_RECORD_NS + i if times is None else times[i]
+        if observed:
+            rec.observed_time_unix_nano = rec.time_unix_nano
+        if severity:
+            rec.severity_number = severity
         rec.body.string_value = body
-        kv = rec.attributes.add()
-        kv.key, kv.value.string_value = "rid", f"{tag}/{i}"
+        if tag is not None:
+            kv = rec.attributes.add()
+            kv.key, kv.value.string_value = "rid", f"{tag}/{i}"
     return req
 
 
 @dataclass
-class NodeRig:
+class NodeRig(ClosedOnExit):
     root: Path
     config: WalConfig = field(default_factory=lambda: WalConfig(segment_max_bytes=64 * 1024))
     flush_bytes: int = 1 << 30

@@ -34,7 +34,6 @@ import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Final
 
 import grpc
@@ -58,6 +57,7 @@ from opentelemetry.sdk._logs.export import (
 )
 from opentelemetry.sdk.resources import Resource
 
+from tests.support.closing import ClosedOnExit
 from wal import FrameKind
 from wal.frame import iter_payloads
 from wal.fs import OsFs
@@ -145,7 +145,7 @@ class ExportReport:
 
 
 @dataclass
-class SdkClient:
+class SdkClient(ClosedOnExit):
     """A LoggerProvider exporting through `exporter`; use as a context manager (shuts
     the provider down, which joins the processor's thread and closes the channel)."""
 
@@ -161,17 +161,6 @@ class SdkClient:
         if not self._closed:
             self._closed = True
             self.provider.shutdown()
-
-    def __enter__(self) -> SdkClient:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,14 @@ def status_bytes(pid: int, field: str) -> int | None:
     return None
 
 
+def status_kib(pid: int, field: str) -> int:
+    """A ``kB`` field of ``/proc/<pid>/status`` (``VmRSS``, ``VmHWM``: the kernel's peak)
+    of a process that must still be there; an AssertionError names what is missing."""
+    value = status_bytes(pid, field)
+    assert value is not None, f"no {field} for pid {pid}"
+    return value // KIB
+
+
 class MemorySampler:
     """The peak ``VmRSS`` of each watched process, sampled (module docstring)."""
 

@@ -18,13 +18,14 @@ and labels, so a test never splits exposition lines itself:
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
+
+from tests.support.poll import poll_until
 
 __all__ = ["Scrape", "scrape", "scrape_until", "try_scrape"]
 
@@ -105,11 +106,13 @@ def scrape(node: Scrapeable) -> Scrape:
 def scrape_until(node: Scrapeable, done: Callable[[Scrape], bool], timeout: float = 20.0) -> Scrape:
     """Poll the node's /metrics until ``done`` holds (an external process: polling
     with a deadline is the only way to observe it)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        s = scrape(node)
-        if done(s):
-            return s
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not reached in {timeout} s; last scrape:\n{s.text}")
-        time.sleep(0.05)
+    last: list[Scrape] = []
+
+    def holds() -> bool:
+        last[:] = [scrape(node)]
+        return done(last[0])
+
+    poll_until(
+        "condition", holds, deadline_s=timeout, detail=lambda: f"last scrape:\n{last[0].text}"
+    )
+    return last[0]

@@ -26,12 +26,13 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import IO, TYPE_CHECKING
 
 import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
+
+from tests.support.closing import ClosedOnExit
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -132,7 +133,7 @@ def weed_server_args(weed: str, root: Path, ports: SeaweedPorts, s3_config: Path
     ]
 
 
-class SeaweedS3:
+class SeaweedS3(ClosedOnExit):
     """A running SeaweedFS S3 endpoint with explicit credentials.
 
     Use as a context manager or call `start()` / `close()`. `client()` returns one
@@ -222,14 +223,6 @@ class SeaweedS3:
 
     def __enter__(self) -> SeaweedS3:
         return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     # --- what tests use ----------------------------------------------------------------
 

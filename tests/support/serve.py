@@ -23,20 +23,20 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
+from tests.support.closing import ClosedOnExit
+from tests.support.poll import poll_until
 from tests.support.scrape import try_scrape
 
 ROOT = Path(__file__).resolve().parents[2]
 #: the disk reserve a test node allocates unless the test sets its own (docstring)
 TEST_RESERVE_BYTES = 1 << 20
 
-_T = TypeVar("_T")
 
-
-class ServeProcess:
+class ServeProcess(ClosedOnExit):
     def __init__(
         self,
         data_dir: Path,
@@ -116,9 +116,10 @@ class ServeProcess:
 
     def wait_recovered(self, timeout: float = 120.0) -> dict[str, Any]:
         """The ``recovery.done`` event once it is logged (``RuntimeError`` on
-        ``recovery.failed``, on the process exiting, or after ``timeout``)."""
-        deadline = time.monotonic() + timeout
-        while True:
+        ``recovery.failed`` or on the process exiting; ``AssertionError`` after
+        ``timeout``)."""
+
+        def done() -> dict[str, Any]:
             with self._lock:
                 for event in self.events:
                     if event.get("event") == "recovery.done":
@@ -132,9 +133,23 @@ class ServeProcess:
                 raise RuntimeError(
                     f"ourios serve exited with {self.proc.returncode}:\n{self.tail()}"
                 )
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"no recovery.done within {timeout} s:\n{self.tail()}")
-            time.sleep(0.05)  # the process's event stream: an external condition
+            return {}
+
+        return poll_until("recovery.done", done, deadline_s=timeout, detail=self.tail)
+
+    def wait_event(
+        self, name: str, count: int = 1, deadline_s: float = 60.0
+    ) -> list[dict[str, Any]]:
+        """The node's ``name`` events once it has logged at least ``count`` of them
+        (``AssertionError`` naming them and the log's tail after ``deadline_s``)."""
+
+        def enough() -> list[dict[str, Any]]:
+            got = self.event(name)
+            return got if len(got) >= count else []
+
+        return poll_until(
+            f"{count} {name} event(s)", enough, deadline_s=deadline_s, detail=self.tail
+        )
 
     def _read(self, proc: subprocess.Popen[bytes]) -> None:
         assert proc.stderr is not None
@@ -157,13 +172,13 @@ class ServeProcess:
                 self._listening.set()
 
     def wait_ready(self, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + max(timeout, 1.0)
-        while time.monotonic() < deadline:
-            status, _ = self.get("/readyz")
-            if status == 200:
-                return
-            time.sleep(0.05)  # polling an external process's readiness endpoint
-        raise RuntimeError(f"/readyz never became 200:\n{self.tail()}")
+        """Until ``/readyz`` answers 200."""
+        poll_until(
+            "/readyz 200",
+            lambda: self.get("/readyz")[0] == 200,
+            deadline_s=max(timeout, 1.0),
+            detail=self.tail,
+        )
 
     def get(self, path: str) -> tuple[int, bytes]:
         conn = self._connection(10)
@@ -181,21 +196,20 @@ class ServeProcess:
         ``ourios_ingest_backlog_frames`` at 0): a SIGTERM before that leaves them to the
         WAL and exits 75 (DESIGN.md §6), which a test about something else must not
         read as its failure. The deadline bounds a failure, it is not a pace."""
-        end = time.monotonic() + deadline_s
-        while True:
+        values: dict[str, float] = {}
+
+        def turned() -> bool:
             scraped = try_scrape(self)
-            values = {}
+            values.clear()
             for name in ("ourios_ingest_backlog_frames", "ourios_recovery_backlog_bytes"):
                 value = scraped.value(name) if scraped is not None else None
                 if value is not None:
                     values[name] = value
-            if values.get("ourios_ingest_backlog_frames") == 0 and not values.get(
+            return values.get("ourios_ingest_backlog_frames") == 0 and not values.get(
                 "ourios_recovery_backlog_bytes"
-            ):
-                return
-            if time.monotonic() > end:
-                raise AssertionError(f"the turn did not catch up in {deadline_s} s: {values}")
-            time.sleep(0.05)  # polling a metric, not waiting for a guess
+            )
+
+        poll_until("turn catching up", turned, deadline_s=deadline_s, detail=lambda: str(values))
 
     def post_logs(
         self, body: bytes, headers: Mapping[str, str] | None = None
@@ -279,29 +293,3 @@ class ServeProcess:
 
     def __enter__(self) -> ServeProcess:
         return self if self.proc is not None else self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def poll_until(
-    what: str,
-    check: Callable[[], _T],
-    *,
-    deadline_s: float,
-    detail: Callable[[], str],
-    every_s: float = 0.05,
-) -> _T:
-    """Poll a real process's observable state (its events, metrics, data directory) until
-    ``check`` returns something truthy, and return it; after ``deadline_s`` fail naming
-    ``what`` and ``detail()`` (its log's tail, say), asking every ``every_s``. The
-    deadline bounds a failure, it is not a pace: an external process can only be observed
-    by asking again."""
-    deadline = time.monotonic() + deadline_s
-    while True:
-        got = check()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no {what} within {deadline_s:g} s:\n{detail()}")
-        time.sleep(every_s)  # polling another process's state, not synchronising threads

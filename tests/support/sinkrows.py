@@ -10,10 +10,18 @@ from sink.parquet import records_batch
 
 
 def frame_rows(
-    tenant: str, day: int, lsn: int, n: int = 2, *, template_id: int = 1, params: bool = False
+    tenant: str,
+    day: int,
+    lsn: int,
+    n: int = 2,
+    *,
+    template_id: int = 1,
+    params: bool = False,
+    rids: bool = False,
 ) -> pa.RecordBatch:
     """``n`` rows of ``tenant`` on ``day``, written by the frame ending at ``lsn``, mined
-    to ``template_id`` (with one parameter each, ``str(k)``, when ``params``)."""
+    to ``template_id`` (with one parameter each, ``str(k)``, when ``params``; with an
+    attribute ``rid`` = ``f"{lsn}/{k}"`` each when ``rids``)."""
     ts = day * NANOS_PER_DAY
     return records_batch(
         {
@@ -23,7 +31,7 @@ def frame_rows(
             "severity_number": [9] * n,
             "severity_text": ["INFO"] * n,
             "body": [f"row {lsn} {k}" for k in range(n)],
-            "attributes": [[] for _ in range(n)],
+            "attributes": [[("rid", f"{lsn}/{k}")] if rids else [] for k in range(n)],
             "resource_attributes": [[] for _ in range(n)],
             "scope_name": [""] * n,
             "trace_id": [None] * n,

@@ -1,5 +1,8 @@
 """Size-limited tmpfs mounts, for real ENOSPC instead of a simulated one.
 
+`free_bytes(path)` is what an unprivileged writer may still use on a path's volume;
+`fill_volume(ballast)` writes a file until that is nothing.
+
 `mount -t tmpfs -o size=N` needs root (or CAP_SYS_ADMIN); a refused mount skips the test
 with the reason, and fails it under `CI=true`. The kernel rounds the size up to whole
 pages. Every mount is unmounted by `close()`; a mount still busy (a process or an open
@@ -8,16 +11,41 @@ file descriptor left inside it) is detached lazily so teardown never hangs.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import subprocess
 from pathlib import Path
-from types import TracebackType
 
+from tests.support.closing import ClosedOnExit
 from tests.support.tools import skip_or_fail
 
 
-class TmpfsMounts:
+def free_bytes(path: Path) -> int:
+    """The bytes an unprivileged writer may still use on ``path``'s filesystem."""
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def fill_volume(ballast: Path) -> int:
+    """Append to ``ballast`` until its filesystem refuses even one more byte (ENOSPC),
+    in shrinking chunks, and sync it; the ballast's size."""
+    fd = os.open(ballast, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    try:
+        for chunk in (1 << 20, 1 << 16, 1 << 12, 1 << 9, 1):
+            while True:
+                try:
+                    os.write(fd, b"\xa5" * chunk)
+                except OSError as exc:
+                    assert exc.errno == errno.ENOSPC, exc
+                    break
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return ballast.stat().st_size
+
+
+class TmpfsMounts(ClosedOnExit):
     """Mounts tmpfs file systems under `base_dir` and unmounts them all on `close()`."""
 
     def __init__(self, base_dir: Path) -> None:
@@ -65,14 +93,3 @@ class TmpfsMounts:
                     failures.append(f"{target}: {lazy.stderr.strip()}")
         if failures:
             raise RuntimeError(f"could not unmount tmpfs: {'; '.join(failures)}")
-
-    def __enter__(self) -> TmpfsMounts:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()

@@ -14,16 +14,22 @@ def test_unheld_point_passes_through() -> None:
     points.hit("test.points.nobody_holds_this")  # returns at once: nothing registered
 
 
-def test_held_point_stops_the_thread_until_released() -> None:
+def hitting(name: str) -> tuple[threading.Thread, threading.Event]:
+    """A started thread that hits the point ``name`` and then sets the event it returns."""
     done = threading.Event()
 
     def worker() -> None:
-        points.hit("test.points.stop")
+        points.hit(name)
         done.set()
 
+    thread = threading.Thread(target=worker)
+    thread.start()
+    return thread, done
+
+
+def test_held_point_stops_the_thread_until_released() -> None:
     with points.hold("test.points.stop") as held:
-        thread = threading.Thread(target=worker)
-        thread.start()
+        thread, done = hitting("test.points.stop")
         assert held.reached.wait(10)
         assert not done.is_set()  # still parked at the point
         held.release()
@@ -49,15 +55,8 @@ def test_a_point_cannot_be_held_twice() -> None:
 
 
 def test_leaving_the_hold_releases_a_waiting_thread_and_unregisters() -> None:
-    done = threading.Event()
-
-    def worker() -> None:
-        points.hit("test.points.leave")
-        done.set()
-
     with points.hold("test.points.leave") as held:
-        thread = threading.Thread(target=worker)
-        thread.start()
+        thread, done = hitting("test.points.leave")
         assert held.reached.wait(10)
     assert done.wait(10)  # the context's exit released it
     thread.join(10)

@@ -15,12 +15,13 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from sink.buffers import Buffers, Detached
-from sink.parquet import records_batch
 from sink.publisher import Publisher
 from sink.testing import FailingStore, MemoryStore
+from tests.support.sinkrows import frame_rows
 from wal import ObjectKind
 
-DAY_NS = 20_000 * 86_400 * 1_000_000_000
+DAY = 20_000
+DAY_NS = DAY * 86_400 * 1_000_000_000
 WAIT_S = 10.0
 
 
@@ -30,32 +31,35 @@ def add_events(buffers: Buffers, tenant: str, n: int, lsn: int) -> list[Detached
 
 
 def add_rows(buffers: Buffers, tenant: str, n: int, lsn: int, nbytes: int = 10) -> Detached | None:
-    index = list(range(n))
-    return buffers.add_records(
-        tenant,
-        20_000,
-        records_batch(
-            {
-                "tenant": [tenant] * len(index),
-                "time_unix_nano": [DAY_NS] * n,
-                "observed_time_unix_nano": [DAY_NS] * n,
-                "severity_number": [9] * n,
-                "severity_text": ["INFO"] * n,
-                "body": [f"row {k}" for k in range(n)],
-                "attributes": [[] for _ in range(n)],
-                "resource_attributes": [[] for _ in range(n)],
-                "scope_name": [""] * n,
-                "trace_id": [None] * n,
-                "span_id": [None] * n,
-                "template_id": [lsn * 100] * n,
-                "template_params": [[str(k)] for k in range(n)],
-                "record_index": list(range(n)),
-                "wal_lsn": [lsn] * len(index),
-            }
-        ),
-        wal_lsn=lsn,
-        nbytes=nbytes,
-    )
+    rows = frame_rows(tenant, DAY, lsn, n, template_id=lsn * 100, params=True)
+    return buffers.add_records(tenant, DAY, rows, wal_lsn=lsn, nbytes=nbytes)
+
+
+def one_event_and_its_records(
+    make: Callable[[int], tuple[Buffers, Publisher]],
+) -> tuple[Buffers, Publisher, Detached, Detached]:
+    """A publisher whose every partition detaches at once, with one audit partition (one
+    template event, frame 1) and the records partition that references it, neither
+    offered yet."""
+    buffers, publisher = make(1)
+    (audit,) = add_events(buffers, "t", 1, lsn=1)
+    records = add_rows(buffers, "t", 3, lsn=1)
+    assert records is not None
+    return buffers, publisher, audit, records
+
+
+def events_and_records_drained(
+    make: Callable[[int], tuple[Buffers, Publisher]], cause: str
+) -> tuple[Buffers, Publisher, Detached, Detached]:
+    """A publisher under its size trigger holding two template events and the three
+    records that reference them (frame 1), drained by ``cause``: the audit partition
+    first, as every drain is, then the records."""
+    buffers, publisher = make(1 << 20)
+    add_events(buffers, "t", 2, lsn=1)
+    add_rows(buffers, "t", 3, lsn=1)
+    audit, records = buffers.drain_all(cause)
+    assert audit.partition.kind is ObjectKind.AUDIT
+    return buffers, publisher, audit, records
 
 
 def kinds_in_put_order(store: MemoryStore) -> list[str]:
@@ -120,12 +124,8 @@ def test_a_refused_audit_write_refuses_its_records_and_both_requeue(
     failing: FailingStore,
     memory: MemoryStore,
 ) -> None:
-    buffers, publisher = make(1 << 20)
-    add_events(buffers, "t", 2, lsn=1)
-    add_rows(buffers, "t", 3, lsn=1)
+    buffers, publisher, audit, records = events_and_records_drained(make, "barrier")
     failing.fail(ops=("put",), nth=1)
-    audit, records = buffers.drain_all("barrier")  # audit first, as every drain is
-    assert audit.partition.kind is ObjectKind.AUDIT
 
     assert not publisher.publish(audit).ok
     outcome = publisher.publish(records)
@@ -145,10 +145,7 @@ def test_a_synchronous_publish_waits_for_events_another_caller_is_writing(
     failing: FailingStore,
     memory: MemoryStore,
 ) -> None:
-    buffers, publisher = make(1 << 20)
-    add_events(buffers, "t", 2, lsn=1)
-    add_rows(buffers, "t", 3, lsn=1)
-    audit, records = buffers.drain_all("age")
+    buffers, publisher, audit, records = events_and_records_drained(make, "age")
     held = failing.hold(ops=("put",))
     writer = threading.Thread(target=publisher.publish, args=(audit,))
     writer.start()
@@ -195,10 +192,7 @@ def test_the_publisher_thread_writes_events_queued_behind_their_records_first(
 def test_a_park_of_events_another_thread_already_wrote_puts_nothing_back(
     make: Callable[[int], tuple[Buffers, Publisher]], memory: MemoryStore
 ) -> None:
-    buffers, publisher = make(1)
-    (audit,) = add_events(buffers, "t", 1, lsn=1)
-    records = add_rows(buffers, "t", 3, lsn=1)
-    assert records is not None
+    buffers, publisher, audit, records = one_event_and_its_records(make)
     assert publisher.publish(records).ok  # wrote the events on the way
 
     publisher.park(audit)  # the turn found the queue full: its events were written already
@@ -210,10 +204,7 @@ def test_a_park_of_events_another_thread_already_wrote_puts_nothing_back(
 def test_a_park_of_the_events_refuses_their_records_and_both_requeue(
     make: Callable[[int], tuple[Buffers, Publisher]], memory: MemoryStore
 ) -> None:
-    buffers, publisher = make(1)
-    (audit,) = add_events(buffers, "t", 1, lsn=1)
-    records = add_rows(buffers, "t", 3, lsn=1)
-    assert records is not None
+    buffers, publisher, audit, records = one_event_and_its_records(make)
 
     publisher.park(audit)  # the turn found the queue full: the events go back, parked
     outcome = publisher.publish(records)
@@ -230,10 +221,7 @@ def test_a_park_of_the_events_refuses_their_records_and_both_requeue(
 def test_close_leaves_nothing_registered(
     make: Callable[[int], tuple[Buffers, Publisher]], memory: MemoryStore
 ) -> None:
-    buffers, publisher = make(1)
-    (audit,) = add_events(buffers, "t", 1, lsn=1)
-    records = add_rows(buffers, "t", 3, lsn=1)
-    assert records is not None
+    buffers, publisher, audit, records = one_event_and_its_records(make)
     publisher.start()
     assert publisher.offer(records)
 
@@ -250,10 +238,7 @@ def test_nowedge_0_a_failed_audit_publish_releases_its_waiter_and_requeues_the_r
 ) -> None:
     """The audit publish another caller is writing is held in the store, then fails: the
     records publish waiting for it is released at once, refused and requeued with it."""
-    buffers, publisher = make(1 << 20)
-    add_events(buffers, "t", 2, lsn=1)
-    add_rows(buffers, "t", 3, lsn=1)
-    audit, records = buffers.drain_all("age")
+    buffers, publisher, audit, records = events_and_records_drained(make, "age")
     held = failing.hold(ops=("put",))
     failing.fail(ops=("put",))
     writer = threading.Thread(target=publisher.publish, args=(audit,), daemon=True)

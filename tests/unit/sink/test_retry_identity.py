@@ -26,41 +26,17 @@ from sink.keys import (
     retry_name_bytes,
     retry_object_name,
 )
-from sink.parquet import records_batch
 from sink.publisher import Publisher
 from sink.testing import FailingStore, MemoryStore
+from tests.support.sinkrows import frame_rows
 
 DAY = 20_000
 DAY_NS = DAY * 86_400 * 1_000_000_000
 
 
 def add_rows(buffers: Buffers, tenant: str, lsn: int, n: int = 2) -> Detached | None:
-    index = list(range(n))
-    return buffers.add_records(
-        tenant,
-        DAY,
-        records_batch(
-            {
-                "tenant": [tenant] * len(index),
-                "time_unix_nano": [DAY_NS] * n,
-                "observed_time_unix_nano": [DAY_NS] * n,
-                "severity_number": [9] * n,
-                "severity_text": ["INFO"] * n,
-                "body": [f"row {lsn}/{k}" for k in range(n)],
-                "attributes": [[("rid", f"{lsn}/{k}")] for k in range(n)],
-                "resource_attributes": [[] for _ in range(n)],
-                "scope_name": [""] * n,
-                "trace_id": [None] * n,
-                "span_id": [None] * n,
-                "template_id": [7] * n,
-                "template_params": [[str(k)] for k in range(n)],
-                "record_index": list(range(n)),
-                "wal_lsn": [lsn] * len(index),
-            }
-        ),
-        wal_lsn=lsn,
-        nbytes=10,
-    )
+    rows = frame_rows(tenant, DAY, lsn, n, template_id=7, params=True, rids=True)
+    return buffers.add_records(tenant, DAY, rows, wal_lsn=lsn, nbytes=10)
 
 
 def rids_by_object(memory: MemoryStore) -> dict[str, list[str]]:

@@ -8,40 +8,17 @@ from __future__ import annotations
 import time
 
 from sink.buffers import Buffers, Detached
-from sink.parquet import records_batch
 from sink.publisher import Publisher
 from sink.testing import MemoryStore
+from tests.support.sinkrows import frame_rows
 
 DAY = 20_000
 DAY_NS = DAY * 86_400 * 1_000_000_000
 
 
 def rows(buffers: Buffers, lsn: int, nbytes: int) -> Detached | None:
-    index = [0]
     return buffers.add_records(
-        "T",
-        DAY,
-        records_batch(
-            {
-                "tenant": ["T"] * len(index),
-                "time_unix_nano": [DAY_NS],
-                "observed_time_unix_nano": [DAY_NS],
-                "severity_number": [9],
-                "severity_text": ["INFO"],
-                "body": ["b"],
-                "attributes": [[]],
-                "resource_attributes": [[]],
-                "scope_name": [""],
-                "trace_id": [None],
-                "span_id": [None],
-                "template_id": [lsn],
-                "template_params": [[]],
-                "record_index": [0],
-                "wal_lsn": [lsn] * len(index),
-            }
-        ),
-        wal_lsn=lsn,
-        nbytes=nbytes,
+        "T", DAY, frame_rows("T", DAY, lsn, 1, template_id=lsn), wal_lsn=lsn, nbytes=nbytes
     )
 
 

@@ -13,6 +13,7 @@ version 3 added the predecessor's synced high-water (issue 18 item 5).
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from wal.checkpoint_file import encode_checkpoint
@@ -22,6 +23,9 @@ from wal.types import FrameKind, WalOffset
 
 DATA = Path(__file__).parent / "data"
 SEGMENT_UUID = uuid.UUID("01890f3e-4a5b-7c6d-8e9f-0a1b2c3d4e5f")
+#: the two segments the golden two-slot files (RECLAIM, PUBLISHED, HIGHWATER) name
+SEGMENT_A = SEGMENT_UUID
+SEGMENT_B = uuid.UUID("01890f3e-5000-7111-9222-333344445555")
 
 
 def golden_frame() -> bytes:
@@ -45,12 +49,14 @@ FILES = {
 }
 
 
-def main() -> None:
+def write_golden(files: Mapping[str, Callable[[], bytes]]) -> None:
+    """Write each golden file under ``data/`` from its encoder (every golden module's
+    ``python -m`` entry point: regenerating is always on purpose)."""
     DATA.mkdir(exist_ok=True)
-    for name, make in FILES.items():
+    for name, make in files.items():
         (DATA / name).write_bytes(make())
         print("wrote", DATA / name)
 
 
 if __name__ == "__main__":
-    main()
+    write_golden(FILES)

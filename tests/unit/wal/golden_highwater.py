@@ -9,14 +9,8 @@ the live one in slot 1.
 
 from __future__ import annotations
 
-import uuid
-from pathlib import Path
-
+from tests.unit.wal.golden import SEGMENT_A, SEGMENT_B, write_golden
 from wal.highwater_file import HighWaterRecord, encode_file_header, encode_slot
-
-DATA = Path(__file__).parent / "data"
-SEGMENT_A = uuid.UUID("01890f3e-4a5b-7c6d-8e9f-0a1b2c3d4e5f")
-SEGMENT_B = uuid.UUID("01890f3e-5000-7111-9222-333344445555")
 
 
 def golden_live_record() -> HighWaterRecord:
@@ -42,12 +36,5 @@ FILES = {
 }
 
 
-def main() -> None:
-    DATA.mkdir(exist_ok=True)
-    for name, make in FILES.items():
-        (DATA / name).write_bytes(make())
-        print("wrote", DATA / name)
-
-
 if __name__ == "__main__":
-    main()
+    write_golden(FILES)

@@ -9,11 +9,8 @@ segment is percent-encoded.
 
 from __future__ import annotations
 
-from pathlib import Path
-
+from tests.unit.wal.golden import write_golden
 from wal.intents import IntentRecord, ObjectKind, encode_header, encode_record
-
-DATA = Path(__file__).parent / "data"
 
 
 def golden_records() -> list[IntentRecord]:
@@ -49,12 +46,5 @@ def golden_intents_file() -> bytes:
 FILES = {"publishing_v1.bin": golden_intents_file}
 
 
-def main() -> None:
-    DATA.mkdir(exist_ok=True)
-    for name, make in FILES.items():
-        (DATA / name).write_bytes(make())
-        print("wrote", DATA / name)
-
-
 if __name__ == "__main__":
-    main()
+    write_golden(FILES)

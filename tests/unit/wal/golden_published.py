@@ -8,9 +8,7 @@ record in slot 0 and the live one in slot 1, with every flag and kind of entry s
 
 from __future__ import annotations
 
-import uuid
-from pathlib import Path
-
+from tests.unit.wal.golden import SEGMENT_A, SEGMENT_B, write_golden
 from wal.published_file import (
     PublishedEntry,
     PublishedRecord,
@@ -20,10 +18,7 @@ from wal.published_file import (
 from wal.reclaim_file import DictRecord
 from wal.types import WalOffset
 
-DATA = Path(__file__).parent / "data"
 MAX_TENANTS = 4
-SEGMENT_A = uuid.UUID("01890f3e-4a5b-7c6d-8e9f-0a1b2c3d4e5f")
-SEGMENT_B = uuid.UUID("01890f3e-5000-7111-9222-333344445555")
 
 
 def golden_live_record() -> PublishedRecord:
@@ -81,12 +76,5 @@ FILES = {
 }
 
 
-def main() -> None:
-    DATA.mkdir(exist_ok=True)
-    for name, make in FILES.items():
-        (DATA / name).write_bytes(make())
-        print("wrote", DATA / name)
-
-
 if __name__ == "__main__":
-    main()
+    write_golden(FILES)

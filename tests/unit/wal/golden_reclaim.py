@@ -8,9 +8,7 @@ older record in slot 0 and the live one in slot 1, with every kind of field set.
 
 from __future__ import annotations
 
-import uuid
-from pathlib import Path
-
+from tests.unit.wal.golden import SEGMENT_A, SEGMENT_B, write_golden
 from wal.reclaim_file import (
     FLAG_CHECKPOINT_ARMED,
     FLAG_CHECKPOINT_SEEN,
@@ -26,10 +24,7 @@ from wal.reclaim_file import (
 )
 from wal.types import WalOffset
 
-DATA = Path(__file__).parent / "data"
 GEOMETRY = Geometry(max_tenants=4, max_unlinks=2)
-SEGMENT_A = uuid.UUID("01890f3e-4a5b-7c6d-8e9f-0a1b2c3d4e5f")
-SEGMENT_B = uuid.UUID("01890f3e-5000-7111-9222-333344445555")
 
 
 def golden_live_record() -> ReclaimRecord:
@@ -82,12 +77,5 @@ FILES = {
 }
 
 
-def main() -> None:
-    DATA.mkdir(exist_ok=True)
-    for name, make in FILES.items():
-        (DATA / name).write_bytes(make())
-        print("wrote", DATA / name)
-
-
 if __name__ == "__main__":
-    main()
+    write_golden(FILES)

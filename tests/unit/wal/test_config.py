@@ -78,3 +78,25 @@ def test_every_default_is_valid_and_every_knob_has_a_documented_range() -> None:
         assert f.metadata["doc"], f.name
         if not isinstance(f.default, bool):
             assert f.metadata["minimum"] is not None, f"{f.name} has no lower bound"
+
+
+@pytest.mark.parametrize(
+    ("value", "lo", "hi", "inside", "words"),
+    [
+        (5, 1, 9, True, "between 1 and 9"),
+        (0, 1, None, False, ">= 1"),
+        (10, None, 9, False, "<= 9"),
+        (-(2**70), None, None, True, "any value"),
+    ],
+)
+def test_the_integer_range_check_has_one_home_the_node_settings_share(
+    value: int, lo: int | None, hi: int | None, inside: bool, words: str
+) -> None:
+    # The node's settings check and word their ranges with the WAL's helpers, so the
+    # two cannot drift; only the unbounded text and the shown bound differ.
+    from app.base import config as node_config
+    from wal import in_range, range_text
+
+    assert in_range(value, lo, hi) is inside
+    assert range_text(lo, hi) == words
+    assert node_config._range_text(lo, hi, "") == words.replace("any value", "(any)")

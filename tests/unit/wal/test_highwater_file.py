@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.unit.wal.golden import DATA
 from tests.unit.wal.golden_highwater import (
-    DATA,
     golden_highwater_file,
     golden_live_record,
     golden_older_record,

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.wal.golden_intents import DATA, golden_intents_file, golden_records
+from tests.unit.wal.golden import DATA
+from tests.unit.wal.golden_intents import golden_intents_file, golden_records
 from wal import CorruptionError, OsFs
 from wal.intents import (
     HEADER_SIZE,

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.tmpfs import TmpfsMounts
+from tests.support.tmpfs import TmpfsMounts, fill_volume, free_bytes
 from tests.support.walkit import SMALL, Ledger, assert_recovers, faulty, payload, seeded
 from wal import AppendError, Journal, KnownHorizons, OsFs, RotationFailing, WalConfig, WalOffset
 from wal.checkpoint_file import SPARE_NAME
@@ -176,23 +176,6 @@ def full_root(small_tmpfs: TmpfsMounts) -> Path:
     return mount / "wal"
 
 
-def _fill(ballast: Path) -> None:
-    """Write ``ballast`` until the filesystem refuses (unbuffered: no flush at close)."""
-    fd = os.open(ballast, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-    try:
-        while True:
-            os.write(fd, b"\0" * 4096)
-    except OSError as exc:
-        assert exc.errno == errno.ENOSPC
-    finally:
-        os.close(fd)
-
-
-def _free(path: Path) -> int:
-    st = os.statvfs(path)
-    return st.f_bavail * st.f_frsize
-
-
 def test_a_full_filesystem_still_checkpoints_and_reclaims(full_root: Path) -> None:
     acked: list[tuple[bytes, WalOffset]] = []
     with Journal.open(full_root, TINY) as j:
@@ -202,7 +185,7 @@ def test_a_full_filesystem_still_checkpoints_and_reclaims(full_root: Path) -> No
                 acked.append((data, j.commit("t", data).offset))
             except WalNoSpace:
                 break
-        assert len(acked) > 10 and _free(full_root) < FRAME
+        assert len(acked) > 10 and free_bytes(full_root) < FRAME
         latch = j.no_space
         assert latch is not None and latch.op == "write"
         with pytest.raises(WalNoSpace):  # nothing else is attempted while latched
@@ -212,7 +195,7 @@ def test_a_full_filesystem_still_checkpoints_and_reclaims(full_root: Path) -> No
         assert j.checkpoint(mark)
         progress = j.maintain(KnownHorizons({"t": mark}), 8)
         assert progress.removed_segments > 0
-        assert _free(full_root) > 4 * FRAME
+        assert free_bytes(full_root) > 4 * FRAME
         assert j.clear_no_space(latch.seq) == latch
         after = payload(20_000, FRAME)
         j.commit("t", after)  # no restart needed
@@ -226,7 +209,7 @@ def test_a_full_disk_at_open_names_the_file_and_opens_once_space_is_freed(
 ) -> None:
     full_root.mkdir()
     ballast = full_root.parent / "ballast"
-    _fill(ballast)
+    fill_volume(ballast)
     with pytest.raises(OpenIoError) as info:
         Journal.open(full_root, TINY)
     # PUBLISHED is the first sidecar a fresh root allocates (then RECLAIM)
@@ -237,7 +220,7 @@ def test_a_full_disk_at_open_names_the_file_and_opens_once_space_is_freed(
         j.commit("t", payload(1, 100))
     # An existing root whose spare was lost opens on a full disk only if it can make one.
     (full_root / SPARE_NAME).unlink()
-    _fill(ballast)
+    fill_volume(ballast)
     with pytest.raises(OpenIoError) as info:
         Journal.open(full_root, TINY)
     assert info.value.path.name == SPARE_NAME and "checkpoint spare" in str(info.value)
@@ -259,7 +242,7 @@ class _FillAfterRename(OsFs):
     def fsync_dir(self, path: Path) -> None:
         if self.armed and path == self.root and not (path / "CHECKPOINT.tmp").exists():
             self.armed = False
-            _fill(self.ballast)
+            fill_volume(self.ballast)
         super().fsync_dir(path)
 
 
@@ -278,7 +261,7 @@ def test_nowedge_2_a_checkpoint_keeps_its_spare_when_another_writer_takes_the_fr
         assert j.checkpoint(marks[0])
         fs.armed = True
         assert j.checkpoint(marks[1])
-        assert not fs.armed and _free(full_root) == 0
+        assert not fs.armed and free_bytes(full_root) == 0
         for mark in marks[2:]:  # every later checkpoint on the full volume
             assert j.checkpoint(mark)
         assert j.last_checkpoint == marks[-1]

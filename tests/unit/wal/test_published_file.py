@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from tests.support.walkit import payload
+from tests.unit.wal.golden import DATA
 from tests.unit.wal.golden_published import (
-    DATA,
     MAX_TENANTS,
     golden_live_record,
     golden_older_record,

@@ -16,11 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.support.walkit import faulty
+from tests.unit.wal.golden import DATA, SEGMENT_A, SEGMENT_B
 from tests.unit.wal.golden_reclaim import (
-    DATA,
     GEOMETRY,
-    SEGMENT_A,
-    SEGMENT_B,
     golden_live_record,
     golden_older_record,
     golden_reclaim_file,

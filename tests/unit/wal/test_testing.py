@@ -20,10 +20,21 @@ def _write(fs: FaultyFs, path: Path, data: bytes, *, sync: bool) -> None:
     fs.close(fd)
 
 
-def test_unsynced_bytes_and_undurable_names_are_lost_on_power_loss(tmp_path: Path) -> None:
+@pytest.fixture
+def fs(tmp_path: Path) -> FaultyFs:
+    """A ``FaultyFs`` with its shadow beside the test's files."""
+    return FaultyFs(tmp_path / ".shadow")
+
+
+@pytest.fixture
+def d(tmp_path: Path) -> Path:
+    """An empty directory for the files a test writes through ``fs``."""
     d = tmp_path / "d"
     d.mkdir()
-    fs = FaultyFs(tmp_path / ".shadow")
+    return d
+
+
+def test_unsynced_bytes_and_undurable_names_are_lost_on_power_loss(d: Path, fs: FaultyFs) -> None:
     _write(fs, d / "a", b"durable", sync=True)
     fs.fsync_dir(d)
     _write(fs, d / "a", b"+lost", sync=False)
@@ -33,10 +44,7 @@ def test_unsynced_bytes_and_undurable_names_are_lost_on_power_loss(tmp_path: Pat
     assert not (d / "b").exists()
 
 
-def test_rename_without_directory_fsync_reverts(tmp_path: Path) -> None:
-    d = tmp_path / "d"
-    d.mkdir()
-    fs = FaultyFs(tmp_path / ".shadow")
+def test_rename_without_directory_fsync_reverts(d: Path, fs: FaultyFs) -> None:
     _write(fs, d / "old", b"old", sync=True)
     _write(fs, d / "tmp", b"new", sync=True)
     fs.fsync_dir(d)
@@ -51,20 +59,14 @@ def test_rename_without_directory_fsync_reverts(tmp_path: Path) -> None:
     assert not (d / "tmp").exists()
 
 
-def test_unlink_without_directory_fsync_comes_back(tmp_path: Path) -> None:
-    d = tmp_path / "d"
-    d.mkdir()
+def test_unlink_without_directory_fsync_comes_back(d: Path, fs: FaultyFs) -> None:
     (d / "pre").write_bytes(b"existing")  # created outside the seam: durable
-    fs = FaultyFs(tmp_path / ".shadow")
     fs.unlink(d / "pre")
     fs.apply_crash()
     assert (d / "pre").read_bytes() == b"existing"
 
 
-def test_unsynced_overwrite_is_undone(tmp_path: Path) -> None:
-    d = tmp_path / "d"
-    d.mkdir()
-    fs = FaultyFs(tmp_path / ".shadow")
+def test_unsynced_overwrite_is_undone(d: Path, fs: FaultyFs) -> None:
     _write(fs, d / "f", b"0123456789", sync=True)
     fs.fsync_dir(d)
     fd = fs.open(d / "f", os.O_WRONLY)
@@ -73,17 +75,13 @@ def test_unsynced_overwrite_is_undone(tmp_path: Path) -> None:
     assert (d / "f").read_bytes() == b"0123456789"
 
 
-def test_sigkill_keeps_everything(tmp_path: Path) -> None:
-    d = tmp_path / "d"
-    d.mkdir()
-    fs = FaultyFs(tmp_path / ".shadow")
+def test_sigkill_keeps_everything(d: Path, fs: FaultyFs) -> None:
     _write(fs, d / "f", b"unsynced", sync=False)
     fs.apply_crash(power_loss=False)
     assert (d / "f").read_bytes() == b"unsynced"
 
 
-def test_fault_fires_on_nth_call_once_or_always(tmp_path: Path) -> None:
-    fs = FaultyFs(tmp_path / ".shadow")
+def test_fault_fires_on_nth_call_once_or_always(tmp_path: Path, fs: FaultyFs) -> None:
     fs.fail("fsync_dir", nth=2, count=1, errno=errno.ENOSPC)
     fs.fsync_dir(tmp_path)
     with pytest.raises(OSError) as info:
@@ -96,8 +94,7 @@ def test_fault_fires_on_nth_call_once_or_always(tmp_path: Path) -> None:
             fs.fsync_dir(tmp_path)
 
 
-def test_crash_point_stops_every_later_operation(tmp_path: Path) -> None:
-    fs = FaultyFs(tmp_path / ".shadow")
+def test_crash_point_stops_every_later_operation(tmp_path: Path, fs: FaultyFs) -> None:
     fs.crash_at("rename", "*.wal")
     (tmp_path / "x.partial").write_bytes(b"")
     with pytest.raises(SimulatedCrash):
@@ -109,8 +106,7 @@ def test_crash_point_stops_every_later_operation(tmp_path: Path) -> None:
     fs.fsync_dir(tmp_path)  # usable again, as a new process would find it
 
 
-def test_torn_write_leaves_a_prefix(tmp_path: Path) -> None:
-    fs = FaultyFs(tmp_path / ".shadow")
+def test_torn_write_leaves_a_prefix(tmp_path: Path, fs: FaultyFs) -> None:
     fs.crash_at("write", "f", torn_bytes=3)
     fd = fs.open(tmp_path / "f", os.O_WRONLY | os.O_CREAT)
     with pytest.raises(SimulatedCrash):

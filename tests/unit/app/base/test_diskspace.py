@@ -30,7 +30,7 @@ from app.ingest.admission import Admission, Bound, DiskLevel
 from app.ingest.mining.template_ids import FileTemplateIdAllocator
 from app.ingest.snapshot_store import SnapshotLedger, SnapshotState, SnapshotStore
 from tests.support.admissionkit import Events
-from tests.support.tmpfs import TmpfsMounts
+from tests.support.tmpfs import TmpfsMounts, fill_volume
 from tests.support.walkit import SMALL, faulty, payload
 from wal import Journal, WalOffset
 from wal.errors import WalNoSpace
@@ -347,29 +347,16 @@ def test_nowedge_2_the_embedded_store_on_a_full_volume_takes_the_reserve(
     store = LocalStore(mount / "objects")
     store.on_write, store.on_no_space = space.wrote, space.no_space
     store.put_if_absent("records/warm.parquet", b"w")  # its directories exist now
-    _fill(mount / "outside")
+    fill_volume(mount / "outside")
     data = os.urandom(256 * 1024)
     assert store.put_if_absent("records/a.parquet", data)
     assert store.get("records/a.parquet") == data
     assert "the store's write" in str(events.last("disk.reserve.released")["cause"])
-    _fill(mount / "outside")
+    fill_volume(mount / "outside")
     with pytest.raises(StoreError) as info:
         store.put("records/b.parquet", data)
     assert info.value.error_type == "local_no_space"
     assert events.names() == ["disk.reserve.released"]
-
-
-def _fill(path: Path) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-    try:
-        for chunk in (1 << 16, 1 << 12, 1):
-            try:
-                while True:
-                    os.write(fd, b"\0" * chunk)
-            except OSError as exc:
-                assert exc.errno == errno.ENOSPC
-    finally:
-        os.close(fd)
 
 
 def test_nowedge_2_a_reserve_removed_by_hand_is_owed_and_made_again(tmp_path: Path) -> None:

@@ -26,7 +26,7 @@ from app.receive.otlp import decode_request, flatten
 from sink.buffers import Detached
 from sink.spool import Spiller
 from sink.testing import FailingStore, MemoryStore
-from tests.support.noderig import NodeRig, request, rids
+from tests.support.noderig import NodeRig, bodies_request, request, rids
 from wal import IntentLog, IntentRecord, ObjectKind, OsFs
 
 NANOS_PER_DAY = 86_400 * 1_000_000_000
@@ -190,15 +190,8 @@ def test_issue16_template_events_published_before_a_crash_are_not_published_agai
 
 
 def two_day_request(tag: str, day: int) -> ExportLogsServiceRequest:
-    req = ExportLogsServiceRequest()
-    sl = req.resource_logs.add().scope_logs.add()
-    for i, ns in enumerate((day * NANOS_PER_DAY + 5, (day + 1) * NANOS_PER_DAY + 5)):
-        rec = sl.log_records.add()
-        rec.time_unix_nano = ns
-        rec.body.string_value = f"op {tag} step {i} took {i} ms"
-        a = rec.attributes.add()
-        a.key, a.value.string_value = "rid", f"{tag}/{i}"
-    return req
+    times = [day * NANOS_PER_DAY + 5, (day + 1) * NANOS_PER_DAY + 5]
+    return bodies_request(tag, [f"op {tag} step {i} took {i} ms" for i in range(2)], times=times)
 
 
 def test_issue16_a_frame_over_two_days_is_suppressed_per_day(

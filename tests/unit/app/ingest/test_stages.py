@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
@@ -21,6 +22,8 @@ from app.receive.otlp import decode_request, flatten
 from app.threads import Supervisor
 from tests.support.noderig import NodeRig, request
 from wal import WalOffset
+
+_Refusal = TypeVar("_Refusal", bound=IngestRejection)
 
 
 class Answers:
@@ -48,13 +51,25 @@ def batch_of(tag: str, n: int = 3, tenant: str = "t") -> tuple[bytes, FlatBatch]
     return data, flatten(decode_request(data, "application/x-protobuf"), tenant)
 
 
+def submit_until_refused(
+    stages: Stages, answers: Answers, tenant: str, tag: str, refused: type[_Refusal]
+) -> tuple[int, _Refusal]:
+    """Submit ``tenant``'s frames (tagged ``tag`` 0, 1, ...) while the turn is held, until
+    the stages refuse one with ``refused``; how many were accepted first, and the refusal
+    (at most ten tries: a bound that never refuses fails the test)."""
+    for sent in range(10):
+        data, batch = batch_of(f"{tag}{sent}", tenant=tenant)
+        try:
+            stages.submit(tenant, data, batch, answers.for_(f"{tag}{sent}"))
+        except refused as exc:
+            return sent, exc
+    raise AssertionError(f"{refused.__name__}: the bound never refused")
+
+
 @pytest.fixture
 def rig(tmp_path: Path) -> Iterator[NodeRig]:
-    rig = NodeRig(tmp_path)
-    try:
+    with NodeRig(tmp_path) as rig:
         yield rig
-    finally:
-        rig.close()
 
 
 BACKLOG = 64 << 20
@@ -129,17 +144,8 @@ def test_issue15_the_backlog_bound_refuses_writes_nothing_and_resumes(rig: NodeR
     try:
         with points.hold("stages.turn") as held:
             try:
-                sent = 0
-                refusal: IngestBacklogFull | None = None
-                while refusal is None:
-                    data, batch = batch_of(f"b{sent}")
-                    try:
-                        stages.submit("t", data, batch, answers.for_(f"b{sent}"))
-                    except IngestBacklogFull as exc:
-                        refusal = exc
-                    else:
-                        sent += 1
-                    assert sent < 10, "the bound never refused"
+                sent, refusal = submit_until_refused(stages, answers, "t", "b", IngestBacklogFull)
+                data, batch = batch_of(f"b{sent}")
                 assert 2 <= sent <= 3
                 assert refusal.http_status == 503 and refusal.retry_after == 1
                 assert refusal.error_type == "ingest_backlog"
@@ -229,17 +235,9 @@ def test_bounded_2_one_tenant_over_its_backlog_share_is_refused_and_others_are_n
     try:
         with points.hold("stages.turn") as held:
             try:
-                sent = 0
-                refusal: TenantBacklogFull | None = None
-                while refusal is None:
-                    data, batch = batch_of(f"n{sent}", tenant="noisy")
-                    try:
-                        stages.submit("noisy", data, batch, answers.for_(f"n{sent}"))
-                    except TenantBacklogFull as exc:
-                        refusal = exc
-                    else:
-                        sent += 1
-                    assert sent < 10, "the tenant's share never refused"
+                sent, refusal = submit_until_refused(
+                    stages, answers, "noisy", "n", TenantBacklogFull
+                )
                 assert 2 <= sent <= 3
                 assert refusal.error_type == "tenant_backlog" and refusal.retry_after
                 assert "'noisy'" in str(refusal) and "miner.tenant_backlog_bytes" in str(refusal)

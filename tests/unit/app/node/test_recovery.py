@@ -9,7 +9,6 @@ import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-import pyarrow as pa
 import pytest
 
 from app.base.batch import FlatBatch
@@ -17,6 +16,7 @@ from app.base.rejections import IngestRejection
 from app.ingest.tenants import SettlementInProgress
 from app.node.recovery import Decoder, Undecodable, decode_here
 from app.receive.otlp import decode_request, flatten
+from tests.support.decode_slots import spy_native
 from tests.support.minerfaults import FaultPlan, FaultyMiners
 from tests.support.noderig import NodeRig, request
 from wal import WalConfig
@@ -109,19 +109,7 @@ def test_native_4_the_in_process_replay_decodes_natively(monkeypatch: pytest.Mon
     # decoder's columns, equal to the reference's; a payload it leaves to upb (here an
     # id of a bad length, which the WAL never holds) still gets the upb path's answer,
     # which the replay isolates after its attempts.
-    from app.receive import native
-
-    assert native.select("native")[0] == "native"
-    answered: list[int] = []
-    real = native.decode
-
-    def decode(data: bytes, limits: native.Limits | None = None) -> pa.RecordBatch | None:
-        columns = real(data, limits)
-        if columns is not None:
-            answered.append(columns.num_rows)
-        return columns
-
-    monkeypatch.setattr(native, "decode", decode)
+    answered = spy_native(monkeypatch)
     payloads = [request(tag, n).SerializeToString() for tag, n in (("a", 2), ("b", 5))]
     bad = request("c", 1)
     bad.resource_logs[0].scope_logs[0].log_records[0].span_id = b"\x01"

@@ -25,6 +25,7 @@ from app.receive.otlp import decode_request, flatten
 from sink.store import LocalStore
 from sink.testing import FailingStore
 from tests.support.noderig import request
+from tests.support.poll import poll_until
 from wal import CheckpointError
 
 WAIT_S = 30
@@ -352,10 +353,8 @@ def test_every_state_7_a_wall_clock_stepped_back_an_hour_stalls_no_cadence(
         return n.metrics.registry.get_sample_value("ourios_cadence_runs_total", labels) or 0.0
 
     def until(what: str, done: Callable[[], bool]) -> None:
-        deadline = time.monotonic() + WAIT_S
-        while not done():
-            assert time.monotonic() < deadline, f"no {what} within {WAIT_S} s"
-            time.sleep(0.01)  # the barrier's own thread: polling its counters
+        # the barrier's own thread: its counters are what a test can observe
+        poll_until(what, done, deadline_s=WAIT_S, detail=lambda: "", every_s=0.01)
 
     n.barrier.start()
     until("failed cut", lambda: cuts("refused", "flush_failed") >= 1)

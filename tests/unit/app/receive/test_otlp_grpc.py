@@ -460,11 +460,13 @@ def test_bounded_3_grpc_authenticates_before_receiving_the_message(harness: Harn
     assert harness.pipeline.calls == []
 
 
-def test_bounded_3_grpc_inflight_bound_is_resource_exhausted_with_retry_info(
-    harness: Harness,
-) -> None:
+def refused_behind_one_held(
+    harness: Harness, limits: ReceiverBounds
+) -> tuple[Client, grpc.RpcError]:
+    """Start the server with ``limits``; while one Export is held in the pipeline, a
+    second is refused: the client and that refusal (the held one answered after)."""
     entered, release = hold_pipeline(harness.pipeline)
-    client = harness.start(bounds=bounds(requests=1))
+    client = harness.start(bounds=limits)
     first = client.stub.Export.future(make_request(1), timeout=30)
     try:
         assert entered.wait(20)
@@ -472,6 +474,13 @@ def test_bounded_3_grpc_inflight_bound_is_resource_exhausted_with_retry_info(
     finally:
         release.set()
     first.result()
+    return client, refused
+
+
+def test_bounded_3_grpc_inflight_bound_is_resource_exhausted_with_retry_info(
+    harness: Harness,
+) -> None:
+    client, refused = refused_behind_one_held(harness, bounds(requests=1))
     assert refused.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "server.max_inflight_requests=1" in refused.details()
     details = status_details(refused)
@@ -483,15 +492,7 @@ def test_bounded_3_grpc_inflight_bound_is_resource_exhausted_with_retry_info(
 
 
 def test_bounded_3_grpc_concurrent_rpcs_are_bounded(harness: Harness) -> None:
-    entered, release = hold_pipeline(harness.pipeline)
-    client = harness.start(bounds=bounds(rpcs=1))
-    first = client.stub.Export.future(make_request(1), timeout=30)
-    try:
-        assert entered.wait(20)
-        refused = client.refused(make_request(1))
-    finally:
-        release.set()
-    first.result()
+    _, refused = refused_behind_one_held(harness, bounds(rpcs=1))
     assert refused.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert len(harness.pipeline.calls) == 1
 

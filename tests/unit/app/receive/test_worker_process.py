@@ -11,7 +11,6 @@ import threading
 from collections.abc import Iterator
 
 import grpc
-import pyarrow as pa
 import pytest
 
 from app.base.batch import FlatBatch
@@ -20,12 +19,31 @@ from app.receive import channel
 from app.receive.api import IngestOutcome
 from app.receive.channel import Connection, MessageKind
 from app.receive.worker_process import RemotePort, _Jobs
+from tests.support.decode_slots import spy_native
 from tests.support.fakecore import FakeCore, batch_of, channel_pair
 
 
 @pytest.fixture
 def pair() -> Iterator[tuple[FakeCore, Connection]]:
     yield from channel_pair()
+
+
+def ingest_on_a_thread(
+    worker: Connection, data: bytes, batch: FlatBatch
+) -> tuple[threading.Thread, list[BaseException]]:
+    """A started thread ingesting ``batch`` (tenant ``acme``, over HTTP) through the
+    worker's ``RemotePort``, and the list that will hold what it raised."""
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            RemotePort(worker).ingest("acme", data, batch, "http")
+        except BaseException as exc:  # noqa: BLE001 - the test inspects it
+            raised.append(exc)
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t, raised
 
 
 def test_the_worker_answers_only_once_the_core_has(pair: tuple[FakeCore, Connection]) -> None:
@@ -66,16 +84,7 @@ def test_the_worker_relays_the_cores_refusal_as_is(
     core, worker = pair
     refusal.records = 3
     data, batch = batch_of("c")
-    raised: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            RemotePort(worker).ingest("acme", data, batch, "http")
-        except BaseException as exc:  # noqa: BLE001 - inspected below
-            raised.append(exc)
-
-    t = threading.Thread(target=run)
-    t.start()
+    t, raised = ingest_on_a_thread(worker, data, batch)
     assert core.received.wait(10)
     (ident, *_) = core.ingests[0]
     core.conn.send(MessageKind.REFUSAL, ident, channel.encode_refusal(refusal))
@@ -92,16 +101,7 @@ def test_a_core_gone_mid_request_is_a_retryable_unavailable(
 ) -> None:
     core, worker = pair
     data, batch = batch_of("d")
-    raised: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            RemotePort(worker).ingest("acme", data, batch, "http")
-        except BaseException as exc:  # noqa: BLE001 - inspected below
-            raised.append(exc)
-
-    t = threading.Thread(target=run)
-    t.start()
+    t, raised = ingest_on_a_thread(worker, data, batch)
     assert core.received.wait(10)
     core.close()
     t.join(10)
@@ -182,30 +182,12 @@ def test_an_ingest_awaited_on_an_event_loop_is_unavailable_when_the_core_goes(
     assert raised.value.retry_after == 1 and raised.value.records == 3
 
 
-def _spy_native(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Counts the payloads the native decoder answered (app.receive.native.decode)."""
-    from app.receive import native
-
-    assert native.select("native")[0] == "native"
-    answered: list[int] = []
-    real = native.decode
-
-    def decode(data: bytes, limits: native.Limits | None = None) -> pa.RecordBatch | None:
-        columns = real(data, limits)
-        if columns is not None:
-            answered.append(columns.num_rows)
-        return columns
-
-    monkeypatch.setattr(native, "decode", decode)
-    return answered
-
-
 def test_native_4_a_replayed_payload_is_decoded_natively_on_the_worker(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # The core's replay sends each WAL payload as a DECODE job (app.node.recovery with
     # workers): the worker's job thread answers it with the native decoder's columns.
-    answered = _spy_native(monkeypatch)
+    answered = spy_native(monkeypatch)
     data, expected = batch_of("replayed", 3)
     core_end, worker_end = socket.socketpair()
     core, worker = Connection(core_end), Connection(worker_end)
