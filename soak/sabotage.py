@@ -562,12 +562,24 @@ SABOTAGES: tuple[Sabotage, ...] = (
     Sabotage(
         "encode_only_on_a_worker",
         "a records partition no worker encodes is encoded by the core (a dying worker loses no publish)",
-        "app/node/worker_pool.py",
-        "        return encode_records(cols, compression)\n",
-        '        raise ChannelClosed("no worker encoded the partition")\n',
+        "app/node/encode_dispatch.py",
+        "            return encode_records(cols, compression)\n",
+        '            raise ChannelClosed("no worker encoded the partition")\n',
         (
             "tests/unit/app/node/test_worker_pool.py::test_the_core_encodes_a_partition_itself_when_no_worker_answers",
             "tests/unit/app/node/test_worker_pool.py::test_a_partition_over_the_channels_frame_bound_is_encoded_by_the_core",
+        ),
+    ),
+    Sabotage(
+        "encode_slots_unbounded",
+        "TAIL.6: a rotation cut's encodes run at most server.encode_concurrency at once",
+        "app/node/encode_dispatch.py",
+        "            if self.in_flight >= self.limit:\n",
+        "            if self.in_flight >= 1_000_000:\n",
+        (
+            "tests/unit/app/node/test_encode_dispatch.py::test_tail_6_no_more_encodes_than_the_slots_hold_at_once",
+            "tests/unit/app/node/test_worker_pool.py::test_tail_6_an_encode_waits_for_a_slot_before_it_is_sent",
+            "tests/integration/test_encode_bound_serve.py::test_tail_6_a_rotation_cut_runs_no_more_encodes_than_the_setting",
         ),
     ),
     Sabotage(

@@ -67,6 +67,7 @@ __all__ = [
     "StoreSettings",
     "WalSettings",
     "available_cpus",
+    "default_encode_concurrency",
     "default_workers",
     "human_bytes",
     "load_settings",
@@ -563,6 +564,21 @@ _SERVER_ROWS = (
     ),
     Setting(
         "server",
+        "encode_concurrency",
+        ValueKind.INT,
+        None,
+        "Parquet encodes of records partitions in flight at once across the worker "
+        "processes (a WAL rotation's cut publishes every tenant's partition together); a "
+        "publish that finds every slot taken waits for one, so the encodes leave the CPUs "
+        "to the requests being served (docs/BENCHMARKS.md, issue 23). No effect with "
+        "server.workers 0.",
+        minimum=1,
+        maximum=_MAX_WORKERS,
+        optional=True,
+        default_text="half the CPUs the container may use, at least 1",
+    ),
+    Setting(
+        "server",
         "decoder",
         ValueKind.CHOICE,
         "native",
@@ -1028,6 +1044,7 @@ class ServerSettings:
     shutdown_grace_secs: int
     final_cut_secs: int
     workers: int
+    encode_concurrency: int
     decoder: Decoder
     thread_restarts: int
     max_request_records: int
@@ -1351,6 +1368,8 @@ def _resolve(values: dict[str, Any]) -> None:
         values["server.node_ordinal"] = ordinal
     if values["server.workers"] is None:
         values["server.workers"] = default_workers()
+    if values["server.encode_concurrency"] is None:
+        values["server.encode_concurrency"] = default_encode_concurrency()
     if values["store.url"] is None:
         values["store.url"] = (data_dir / "objects").as_uri()
     if values["auth.tokens_file"] is not None:
@@ -1364,6 +1383,12 @@ def default_workers() -> int:
     """``server.workers``'s default: the CPUs this container may use minus one (the core
     process's), at least 1."""
     return max(1, available_cpus() - 1)
+
+
+def default_encode_concurrency() -> int:
+    """``server.encode_concurrency``'s default: one encode per two CPUs this container may
+    use, at least 1 (measured in docs/BENCHMARKS.md, issue 23)."""
+    return max(1, available_cpus() // 2)
 
 
 def available_cpus(cgroup_root: Path = Path("/sys/fs/cgroup")) -> int:

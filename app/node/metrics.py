@@ -31,6 +31,7 @@ from app.ingest.admission import Admission, Bound
 from app.ingest.mining.tenant_miner import state_bytes_bound
 from app.ingest.pipeline import LATCH_CLEAR, Pipeline
 from app.ingest.stages import Stages
+from app.node.encode_dispatch import EncodeSlots
 from app.node.recovery import Recovery, RecoveryReport
 from app.node.worker_pool import Workers
 from app.receive import native
@@ -176,6 +177,45 @@ class _BuildInfo(Collector):
         )
         info.add_metric([self._version, native.active()], 1.0)
         yield info
+
+
+def _encode_metrics(slots: EncodeSlots | None) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+    """The publisher's records encodes on the workers and their slots
+    (``app.node.encode_dispatch``); zeros with server.workers 0."""
+    yield _gauge(
+        "ourios_encode_jobs_in_flight",
+        "Parquet encodes of records partitions in flight on the workers (or the core's "
+        "fallback) now; at most server.encode_concurrency.",
+        0 if slots is None else slots.in_flight,
+    )
+    yield _gauge(
+        "ourios_encode_jobs_in_flight_max",
+        "The most encodes that were in flight at once since the node started.",
+        0 if slots is None else slots.max_in_flight,
+    )
+    yield _gauge(
+        "ourios_encode_jobs_limit",
+        "The configured server.encode_concurrency (0 with server.workers 0).",
+        0 if slots is None else slots.limit,
+    )
+    yield _gauge(
+        "ourios_encode_jobs_waiting",
+        "Publishes waiting now for an encode slot (their partitions count in "
+        "ourios_sink_memory_bytes).",
+        0 if slots is None else slots.waiting,
+    )
+    waits = CounterMetricFamily(
+        "ourios_encode_slot_waits",
+        "Publishes that found every encode slot taken and waited for one.",
+    )
+    waits.add_metric([], 0 if slots is None else slots.waited)
+    yield waits
+    waited = CounterMetricFamily(
+        "ourios_encode_slot_wait_seconds",
+        "Seconds publishes spent waiting for an encode slot, summed.",
+    )
+    waited.add_metric([], 0.0 if slots is None else slots.wait_seconds)
+    yield waited
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
@@ -476,6 +516,7 @@ class _StateCollector(Collector):
         )
         restarts.add_metric([], 0 if workers is None else workers.restarts)
         yield restarts
+        yield from _encode_metrics(None if workers is None else workers.encoder.slots)
         yield from self._m.thread_families()
 
     def _sink_publishes(self, p: Pipeline) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:

@@ -968,6 +968,7 @@ def _start_core(
             events=node.events,
             launch=worker_launcher(run.listeners, config_file),
             threads=node.threads,
+            encode_concurrency=settings.server.encode_concurrency,
         )
         node.started.workers.give(run.workers)
     pipeline.publisher.start()

@@ -23,12 +23,8 @@ worker's channel has a reader thread here that
 * delivers the answers to the core's own calls (``FLUSH``, ``DECODE``, ``ENCODE``,
   ``STOP``).
 
-``encode_records`` is the publisher's records encoder with workers: the partition's rows
-go to a worker as an Arrow IPC stream and its Parquet object comes back, because the
-encoding is a large share of the core's CPU (docs/BENCHMARKS.md, issue 14). The encode
-is a pure function of the rows, so when no worker answers
-— none is up, it died, it timed out, it refused — the core encodes the same rows itself
-and gets the same object, or the same ``EncodeError``.
+``encode_records`` is the publisher's records encoder with workers, at most
+``server.encode_concurrency`` encodes at once (``app.node.encode_dispatch``).
 
 A request in flight when its worker dies is answered to nobody: its client sees the
 connection drop and retries; if its frame was appended it is durable and turned like
@@ -59,12 +55,13 @@ from typing import Final, Protocol
 from app.base.batch import FlatBatch
 from app.base.rejections import IngestRejection, Unavailable
 from app.ingest.stages import Stages
+from app.node.encode_dispatch import EncodeDispatch
 from app.node.recovery import DecodeStopped, Undecodable
 from app.receive import channel
 from app.receive.api import IngestOutcome, ListenerBindError
 from app.receive.channel import ChannelClosed, Connection, MessageKind
 from app.threads import Supervised, Supervisor, start_thread
-from sink.parquet import RecordColumns, encode_records
+from sink.parquet import RecordColumns
 
 __all__ = ["Launcher", "Listeners", "NodeState", "Process", "Workers", "worker_launcher"]
 
@@ -76,8 +73,6 @@ RESTART_BACKOFF_S: Final = 1.0
 BIND_RETRY_S: Final = 10.0
 #: How long ``start`` waits for the workers' listeners.
 START_TIMEOUT_S: Final = 120.0
-#: How long an encode waits for its worker before the core encodes the rows itself.
-ENCODE_TIMEOUT_S: Final = 120.0
 _RECOVERING: Final = "the node is recovering (replaying its WAL); retry shortly"
 
 EventSink = Callable[[str, dict[str, object]], None]
@@ -209,6 +204,7 @@ class Workers:
         launch: Launcher,
         backoff: float = RESTART_BACKOFF_S,
         threads: Supervisor | None = None,
+        encode_concurrency: int = 1,
     ) -> None:
         if count < 1:
             raise ValueError(f"workers must be >= 1, got {count}")
@@ -231,8 +227,8 @@ class Workers:
         #: INGEST is refused (503, retry) until the core has recovered
         self.accepting = False
         self.restarts = 0
-        self._next = itertools.count()
-        self._encodes = itertools.count()
+        #: the publisher's records encodes, at most ``encode_concurrency`` at once
+        self.encoder = EncodeDispatch(self._live_connections, encode_concurrency)
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -498,24 +494,12 @@ class Workers:
     # -- the publisher's encoding -------------------------------------------------------------
 
     def encode_records(self, cols: RecordColumns, compression: str) -> bytes:
-        """The Parquet object of ``cols`` (``sink.parquet.encode_records``), encoded by a
-        worker, or here when none answers (module docstring)."""
+        """The publisher's records encoder (``EncodeDispatch.encode_records``)."""
+        return self.encoder.encode_records(cols, compression)
+
+    def _live_connections(self) -> list[Connection]:
         with self._lock:
-            links = [link for link in self._links.values() if not link.conn.closed]
-        if links:
-            link = links[next(self._encodes) % len(links)]
-            try:
-                answer = link.conn.call(
-                    MessageKind.ENCODE,
-                    channel.encode_encode_request(compression, cols.table()),
-                    ENCODE_TIMEOUT_S,
-                )
-            except (ChannelClosed, TimeoutError, ValueError):
-                pass  # ValueError: a partition over the channel's frame bound
-            else:
-                if answer.kind is MessageKind.ENCODED:
-                    return bytes(answer.body)
-        return encode_records(cols, compression)
+            return [link.conn for link in self._links.values() if not link.conn.closed]
 
     # -- replay's decoding ------------------------------------------------------------------
 

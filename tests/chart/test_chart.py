@@ -897,6 +897,7 @@ CHANGES: dict[str, tuple[object, dict[str, object]]] = {
     "server.logFormat": ("console", {}),
     "server.shutdownGraceSecs": (40, {}),
     "server.workers": (3, {}),
+    "server.encodeConcurrency": (3, {}),
     "server.decoder": ("upb", {}),
     "server.threadRestarts": (2, {}),
     "server.maxRequestRecords": (1000, {}),

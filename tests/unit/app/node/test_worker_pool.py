@@ -9,6 +9,7 @@ import itertools
 import socket
 import subprocess
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -42,6 +43,9 @@ class FakeWorker:
         self.returncode: int | None = None
         #: the ENCODE calls it answered: (compression, rows)
         self.encoded: list[tuple[str, pa.Table]] = []
+        #: when set, an ENCODE is answered only once it is set (``encoding``: one came)
+        self.hold_encodes: threading.Event | None = None
+        self.encoding = threading.Event()
         self._ended = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -55,6 +59,9 @@ class FakeWorker:
                     self.conn.send(MessageKind.FLUSHED, ident, [])
                 elif kind is MessageKind.ENCODE:
                     compression, table = channel.decode_encode_request(body)
+                    self.encoding.set()
+                    if self.hold_encodes is not None:
+                        assert self.hold_encodes.wait(30)
                     self.encoded.append((compression, table))
                     self.conn.send(MessageKind.ENCODED, ident, [f"encoded by {self.pid}".encode()])
                 elif kind is MessageKind.DECODE and self._decode is not None:
@@ -156,7 +163,9 @@ def rig(tmp_path: Path) -> Iterator[NodeRig]:
 Events = list[tuple[str, dict[str, object]]]
 
 
-def make(rig: NodeRig, fleet: Fleet, observed: Observed) -> tuple[Workers, Events]:
+def make(
+    rig: NodeRig, fleet: Fleet, observed: Observed, *, encode_concurrency: int = 1
+) -> tuple[Workers, Events]:
     events: Events = []
     workers = Workers(
         2,
@@ -167,6 +176,7 @@ def make(rig: NodeRig, fleet: Fleet, observed: Observed) -> tuple[Workers, Event
         events=lambda name, fields: events.append((name, fields)),
         launch=fleet.launch,
         backoff=0.0,
+        encode_concurrency=encode_concurrency,
     )
     return workers, events
 
@@ -286,6 +296,41 @@ def test_records_partitions_are_encoded_by_the_workers_in_turn(rig: NodeRig) -> 
             assert [c for c, _ in worker.encoded] == [compression]
             assert worker.encoded[0][1].equals(cols.table())  # the rows, as they are
     finally:
+        assert workers.stop(5)
+
+
+def test_tail_6_an_encode_waits_for_a_slot_before_it_is_sent(rig: NodeRig) -> None:
+    fleet, observed = Fleet(), Observed()
+    workers, _ = make(rig, fleet, observed, encode_concurrency=1)
+    workers.start()
+    slots = workers.encoder.slots
+    held = threading.Event()
+    for worker in fleet.launched:
+        worker.hold_encodes = held
+    try:
+        cols = _partition()
+        answers: list[bytes] = []
+        callers = [
+            threading.Thread(target=lambda: answers.append(workers.encode_records(cols, "zstd")))
+            for _ in range(3)
+        ]
+        for t in callers:
+            t.start()
+        # the two workers are idle, yet one encode is sent and the others wait for its
+        # slot (parked in a Condition: polled, the deadline bounds a failure only)
+        deadline = time.monotonic() + 30
+        while not (slots.waiting == 2 and any(w.encoding.is_set() for w in fleet.launched)):
+            assert time.monotonic() < deadline, (slots.waiting, slots.in_flight)
+            time.sleep(0.001)
+        assert slots.in_flight == 1
+        assert sum(w.encoding.is_set() for w in fleet.launched) == 1
+        held.set()
+        for t in callers:
+            t.join(30)
+        assert len(answers) == 3
+        assert (slots.max_in_flight, slots.waited, slots.in_flight) == (1, 2, 0)
+    finally:
+        held.set()
         assert workers.stop(5)
 
 

@@ -1,0 +1,111 @@
+"""The publisher's records encodes on the workers, at most ``server.encode_concurrency``
+at once (DESIGN.md §5, issue 23 item 6).
+
+``EncodeDispatch.encode_records`` is the publisher's records encoder with workers: the
+partition's rows go to a worker as an Arrow IPC stream and its Parquet object comes
+back, because the encoding is a large share of the core's CPU (docs/BENCHMARKS.md,
+issue 14). The encode is a pure function of the rows, so when no worker answers — none
+is up, it died, it timed out, it refused — the core encodes the same rows itself and
+gets the same object, or the same ``EncodeError``.
+
+**The bound** (``EncodeSlots``). A WAL rotation's cut publishes every tenant's partition
+at once, and its flush lanes used to send every encode together: for a second or more
+the encodes, the lanes' Arrow serialisation and the object writes wanted more CPUs than
+the node has, and the workers' event loops — the requests being served — waited for one
+(docs/BENCHMARKS.md "The half-load tail"). So an encode first takes one of
+``server.encode_concurrency`` slots, and a publish that finds none free waits for one
+before it serialises anything: what waits is a partition detached for its publish,
+which the sink's memory bound counts already (DESIGN.md §5.12), and no encoded copy or
+IPC stream exists for it yet. A slot is held until the object is back, by a worker or by
+the core's own encode, and each of those ends: the worker's answer within
+``ENCODE_TIMEOUT_S``, or the core's encode. The cut's own deadline and stall metrics
+measure the cut as it runs, waits included.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Final
+
+from app.receive import channel
+from app.receive.channel import ChannelClosed, Connection, MessageKind
+from sink.parquet import RecordColumns, encode_records
+
+__all__ = ["ENCODE_TIMEOUT_S", "EncodeDispatch", "EncodeSlots"]
+
+#: How long an encode waits for its worker before the core encodes the rows itself.
+ENCODE_TIMEOUT_S: Final = 120.0
+
+
+class EncodeSlots:
+    """At most ``limit`` encodes in flight; the others wait for a slot (module
+    docstring). Thread-safe; its counters are the node's ``ourios_encode_*`` metrics."""
+
+    def __init__(self, limit: int) -> None:
+        if limit < 1:
+            raise ValueError(f"server.encode_concurrency must be >= 1, got {limit}")
+        self.limit = limit
+        self._cond = threading.Condition()
+        #: encodes holding a slot now, and the most there ever were at once
+        self.in_flight = 0
+        self.max_in_flight = 0
+        #: publishes waiting for a slot now; all that ever waited; their waits summed
+        self.waiting = 0
+        self.waited = 0
+        self.wait_seconds = 0.0
+
+    @contextmanager
+    def slot(self) -> Iterator[None]:
+        """Hold a slot for the block's duration, waiting for one first when all are
+        taken (each holder ends: module docstring)."""
+        with self._cond:
+            if self.in_flight >= self.limit:
+                self.waiting += 1
+                self.waited += 1
+                began = time.monotonic()
+                self._cond.wait_for(lambda: self.in_flight < self.limit)
+                self.waiting -= 1
+                self.wait_seconds += time.monotonic() - began
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            yield
+        finally:
+            with self._cond:
+                self.in_flight -= 1
+                self._cond.notify()
+
+
+class EncodeDispatch:
+    """Sends each records encode to the next live worker in turn, within the slots
+    (module docstring). ``connections`` lists the live workers' channels."""
+
+    def __init__(self, connections: Callable[[], list[Connection]], concurrency: int) -> None:
+        self._connections = connections
+        self.slots = EncodeSlots(concurrency)
+        self._turn = itertools.count()
+
+    def encode_records(self, cols: RecordColumns, compression: str) -> bytes:
+        """The Parquet object of ``cols`` (``sink.parquet.encode_records``), encoded by a
+        worker, or here when none answers."""
+        with self.slots.slot():
+            conns = self._connections()
+            if conns:
+                conn = conns[next(self._turn) % len(conns)]
+                try:
+                    # serialised inside the slot: a waiting publish holds no IPC copy
+                    answer = conn.call(
+                        MessageKind.ENCODE,
+                        channel.encode_encode_request(compression, cols.table()),
+                        ENCODE_TIMEOUT_S,
+                    )
+                except (ChannelClosed, TimeoutError, ValueError):
+                    pass  # ValueError: a partition over the channel's frame bound
+                else:
+                    if answer.kind is MessageKind.ENCODED:
+                        return bytes(answer.body)
+            return encode_records(cols, compression)

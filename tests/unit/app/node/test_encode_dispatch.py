@@ -1,0 +1,77 @@
+"""app.node.encode_dispatch: the encode slots (issue 23 item 6), each interleaving placed
+with events; the dispatch through real channels is tests/unit/app/node/test_worker_pool.py's
+and a real node's rotation cut tests/integration/test_encode_bound_serve.py's."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+
+from app.node.encode_dispatch import EncodeSlots
+
+
+def _until(what: str, check: Callable[[], bool]) -> None:
+    """Wait for another thread to reach a state it cannot signal (it is parked inside
+    ``Condition.wait``); the deadline bounds a failure, it is not a pace."""
+    deadline = time.monotonic() + 30
+    while not check():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.001)
+
+
+class Holder:
+    """A thread that takes a slot and keeps it until ``release``."""
+
+    def __init__(self, slots: EncodeSlots) -> None:
+        self.inside = threading.Event()
+        self._go = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(slots,), daemon=True)
+        self._thread.start()
+
+    def _run(self, slots: EncodeSlots) -> None:
+        with slots.slot():
+            self.inside.set()
+            assert self._go.wait(30)
+
+    def release(self) -> None:
+        self._go.set()
+        self._thread.join(30)
+        assert not self._thread.is_alive()
+
+
+def test_tail_6_no_more_encodes_than_the_slots_hold_at_once() -> None:
+    slots = EncodeSlots(2)
+    holders = [Holder(slots) for _ in range(5)]
+    _until("two inside, three waiting", lambda: slots.in_flight == 2 and slots.waiting == 3)
+    inside = [h for h in holders if h.inside.is_set()]
+    assert len(inside) == 2
+    # one leaves: exactly one waiter takes its slot
+    inside[0].release()
+    _until("a waiter took the slot", lambda: slots.waiting == 2 and slots.in_flight == 2)
+    assert sum(h.inside.is_set() for h in holders) == 3
+    for h in holders:
+        if h.inside.is_set() and h is not inside[0]:
+            h.release()
+    _until("the rest ran", lambda: all(h.inside.is_set() for h in holders))
+    for h in holders:
+        h.release()
+    assert (slots.in_flight, slots.waiting, slots.max_in_flight, slots.waited) == (0, 0, 2, 3)
+    assert slots.wait_seconds > 0
+
+
+def test_a_slot_is_given_back_when_the_encode_raises() -> None:
+    slots = EncodeSlots(1)
+    with pytest.raises(RuntimeError), slots.slot():
+        raise RuntimeError("the encode failed")
+    assert slots.in_flight == 0
+    with slots.slot():  # taken at once: nothing waits for the failed one
+        assert slots.in_flight == 1
+    assert slots.waited == 0
+
+
+def test_a_bound_below_one_is_refused_naming_the_setting() -> None:
+    with pytest.raises(ValueError, match=r"server\.encode_concurrency must be >= 1, got 0"):
+        EncodeSlots(0)
