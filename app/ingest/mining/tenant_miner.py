@@ -26,14 +26,18 @@ end, is called exactly where ``add_log_message`` calls it.
 from __future__ import annotations
 
 import sys
+from array import array
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from operator import eq, itemgetter
 from types import MappingProxyType
 from typing import Final, Literal, Protocol, cast
 
 from drain3.drain import Drain, LogCluster, Node
 
+from app.ingest.mining import native_miner
 from app.ingest.mining.errors import MinerError, MinerFailedError
 from app.ingest.mining.miner_config import MinerConfig
 from app.ingest.mining.miner_snapshot import (
@@ -203,6 +207,7 @@ class _Template:
         "constants",
         "expected",
         "fixed",
+        "shape",
         "path",
         "touched",
         "nbytes",
@@ -226,6 +231,7 @@ class _Template:
         self.constants: Callable[[list[str]], object] | None = None
         self.expected: object = None
         self.fixed = 0
+        self.shape: tuple[bytes, object, bytes] = (b"", None, b"")
         self.path = path
         self.touched = touched
         self.nbytes = template_bytes(tokens, len(path))
@@ -252,6 +258,13 @@ class _Template:
         else:
             self.constants = None
             self.expected = None
+        # What the native fast path reads (app/ingest/mining/_minefast.c): the constant
+        # indices, ``expected``, the wildcard indices; indices as native uint32.
+        self.shape = (
+            array("I", fixed).tobytes(),
+            self.expected,
+            array("I", self.positions).tobytes(),
+        )
 
     def same(self, tokens: list[str]) -> int:
         """How many of the template's constant tokens ``tokens`` has at their places:
@@ -366,6 +379,9 @@ class TenantMiner:
         #: handed out never changes (its holders read it on other threads).
         self._widened: dict[int, tuple[int, tuple[str, ...]]] = {}
         self._widened_shared = False
+        #: mine on the native fast path when the process has it (native_miner); False
+        #: keeps this miner on the Python loop, the reference (the differential tests)
+        self.native = True
 
     @property
     def config(self) -> MinerConfig:
@@ -476,7 +492,17 @@ class TenantMiner:
         work = 0
         truncated = 0
         tick = self._tick
-        for index, body in enumerate(bodies):
+        fast = self._fast_path(bodies, ids, params, versions)
+        index = 0
+        count = len(bodies)
+        while index < count:
+            if fast is not None:
+                index, tick, fast_work = fast(index, tick)
+                work += fast_work
+                if index == count:
+                    break
+            # The fast path stopped at bodies[index] (or there is none): mine it here.
+            body = bodies[index]
             cut = False
             if max_chars is not None and len(body) > max_chars:
                 # Only the head is mined (the record keeps its whole body): one body's
@@ -513,6 +539,7 @@ class TenantMiner:
             pick = template.params
             append_params(pick(tokens) if pick is not None else ())
             versions.append(template.version)
+            index += 1
         if events:
             changes = [(e.template_id, e.version, e.template, e.index) for e in events]
             rematch_batch(bodies, ids, params, versions, changes, self.mined_tokens)
@@ -520,6 +547,43 @@ class TenantMiner:
         self.work += work
         self.truncated_bodies += truncated
         return MineResult(ids, params, events, versions, work)
+
+    def _fast_path(
+        self,
+        bodies: Sequence[str],
+        ids: list[int],
+        params: list[tuple[str, ...]],
+        versions: list[int],
+    ) -> Callable[[int, int], tuple[int, int, int]] | None:
+        """The native fast path bound to this batch and this tree: ``(index, tick)`` →
+        ``(index it stopped at, tick, work)`` (native_miner), or None: the Python loop
+        mines the batch (no extension, ``native`` off, extra delimiters, not a list)."""
+        mine = native_miner.fast_path()
+        config = self._config
+        if mine is None or not self.native or config.extra_delimiters:
+            return None
+        if not isinstance(bodies, list):
+            return None
+        drain = self._drain
+        touch: Callable[[int], object] | None = None
+        if config.max_clusters is not None:
+            cache = drain.id_to_cluster
+            # cachetools' [] is Cache.__getitem__ then its order's move_to_end; with the
+            # key present (our map mirrors Drain's) the C-level move is the same touch.
+            order = getattr(cache, "_LRUCache__order", None)
+            touch = (
+                order.move_to_end
+                if isinstance(order, OrderedDict)
+                else cast(_Touchable, cache).__getitem__
+            )
+        bounded = config.max_clusters is not None or config.max_leaf_clusters is not None
+        return partial(
+            mine, drain.root_node.key_to_child_node, self._templates, PARAM,
+            drain.max_node_depth, drain.sim_th,
+            -1 if config.max_body_chars is None else config.max_body_chars,
+            -1 if config.max_body_tokens is None else config.max_body_tokens,
+            bounded, touch, bodies, ids, params, versions,
+        )  # fmt: skip
 
     def _search(self, tokens: list[str]) -> tuple[_Template | None, bool, int]:
         """``Drain.tree_search(root, tokens, sim_th, include_params=False)`` computed on
