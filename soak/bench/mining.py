@@ -51,7 +51,9 @@ def batches(pool_size: int, seed: int) -> list[tuple[str, list[str]]]:
     return out
 
 
-def one_pass(miners: dict[str, TenantMiner], work: list[tuple[str, list[str]]]) -> tuple[float, list[MineResult]]:
+def one_pass(
+    miners: dict[str, TenantMiner], work: list[tuple[str, list[str]]]
+) -> tuple[float, list[MineResult]]:
     clock = time.thread_time
     results = []
     started = clock()

@@ -18,11 +18,17 @@ When the extension cannot be imported the miners run on the Python path alone, a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from types import ModuleType
-from typing import Final
+from typing import Final, cast
 
-__all__ = ["MINERS", "active", "fast_path", "start", "unavailable"]
+from app.ingest.mining.drain_tree import DrainTree, Template, Touchable
+from app.ingest.mining.miner_config import MinerConfig
+from app.ingest.mining.tokens import PARAM
+
+__all__ = ["MINERS", "active", "bind", "fast_path", "start", "unavailable"]
 
 #: what ``active`` answers: the fast path in C, or the Python loop alone
 MINERS: Final = ("native", "python")
@@ -46,7 +52,46 @@ FastPath = Callable[..., tuple[int, int, int]]
 
 def fast_path() -> FastPath | None:
     """The extension's ``mine``, or None when it cannot be imported."""
-    return None if _EXT is None else _EXT.mine  # type: ignore[no-any-return]
+    return None if _EXT is None else _EXT.mine
+
+
+def bind(
+    wanted: bool,
+    drain: DrainTree,
+    templates: dict[int, Template],
+    config: MinerConfig,
+    bodies: Sequence[str],
+    ids: list[int],
+    params: list[tuple[str, ...]],
+    versions: list[int],
+) -> Callable[[int, int], tuple[int, int, int]] | None:
+    """The fast path bound to one batch of a miner's tree (``TenantMiner._mine``):
+    ``(index, tick)`` → ``(index it stopped at, tick, work)``; or None, and the Python
+    loop mines the whole batch: not ``wanted`` (``TenantMiner.native``), no extension,
+    extra delimiters (the split is then drain3's replace-and-split, left to Python), or
+    bodies that are not a list."""
+    mine = fast_path()
+    if not wanted or mine is None or config.extra_delimiters or not isinstance(bodies, list):
+        return None
+    touch: Callable[[int], object] | None = None
+    if config.max_clusters is not None:
+        cache = drain.id_to_cluster
+        # cachetools' [] is Cache.__getitem__ then its order's move_to_end; with the key
+        # present (the template map mirrors Drain's) the C-level move is the same touch.
+        order = getattr(cache, "_LRUCache__order", None)
+        touch = (
+            order.move_to_end
+            if isinstance(order, OrderedDict)
+            else cast(Touchable, cache).__getitem__
+        )
+    bounded = config.max_clusters is not None or config.max_leaf_clusters is not None
+    return partial(
+        mine, drain.root_node.key_to_child_node, templates, PARAM,
+        drain.max_node_depth, drain.sim_th,
+        -1 if config.max_body_chars is None else config.max_body_chars,
+        -1 if config.max_body_tokens is None else config.max_body_tokens,
+        bounded, touch, bodies, ids, params, versions,
+    )  # fmt: skip
 
 
 def active() -> str:

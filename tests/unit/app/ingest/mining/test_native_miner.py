@@ -83,7 +83,9 @@ def _bodies(draw: st.DrawFn) -> str:
     if draw(st.integers(0, 19)) == 0:
         return draw(st.text(max_size=16))  # anything at all, now and then
     words = draw(st.lists(st.sampled_from(_WORDS), max_size=7))
-    spaces = draw(st.lists(st.sampled_from(_SPACES), min_size=len(words) + 1, max_size=len(words) + 1))
+    spaces = draw(
+        st.lists(st.sampled_from(_SPACES), min_size=len(words) + 1, max_size=len(words) + 1)
+    )
     body = spaces[0] if draw(st.booleans()) else ""
     for word, space in zip(words, spaces[1:], strict=True):
         body += word + space
