@@ -29,7 +29,7 @@ $(VENV)/.installed: $(VENV)/.installed-run
 # The native decoder (app/receive/_otlpdecode.c): the install compiles it in place; an
 # edited C file is compiled again before anything runs.
 NATIVE := $(VENV)/.native
-$(NATIVE): app/receive/_otlpdecode.c setup.py $(VENV)/.installed-run
+$(NATIVE): app/receive/_otlpdecode.c app/ingest/mining/_minefast.c setup.py $(VENV)/.installed-run
 	$(PY) setup.py -q build_ext --inplace
 	touch $@
 
@@ -82,8 +82,9 @@ soak: $(VENV)/.installed
 soak-long: $(VENV)/.installed
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m soak run --duration 60m --kill-every 60s $(SOAK_ARGS)
 
-# The native decoder's differential tests at length (FUZZ_EXAMPLES cases a property,
-# fresh ones each run), then the corpus `make test` runs and SAN_EXAMPLES more a property
+# The native decoder's and the native miner's differential tests at length (FUZZ_EXAMPLES
+# cases a property, fresh ones each run), then the corpus `make test` runs and SAN_EXAMPLES
+# more a property
 # against a build with AddressSanitizer and UndefinedBehaviorSanitizer
 # (scripts/sanitize_native.py; docs/BENCHMARKS.md records the last result).
 FUZZ_EXAMPLES ?= 10000
@@ -92,8 +93,12 @@ fuzz: $(VENV)/.installed $(NATIVE)
 	FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) FUZZ_CASES_FILE=$(CURDIR)/.fuzz-cases.json \
 		$(VENV)/bin/pytest -q -p no:cacheprovider tests/unit/app/receive/test_native.py
 	@cat .fuzz-cases.json; echo
+	FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) FUZZ_CASES_FILE=$(CURDIR)/.fuzz-cases.json \
+		$(VENV)/bin/pytest -q -p no:cacheprovider tests/unit/app/ingest/mining/test_native_miner.py
+	@cat .fuzz-cases.json; echo
 	$(PY) scripts/sanitize_native.py --examples $(SAN_EXAMPLES)
+	$(PY) scripts/sanitize_native.py --target miner --examples $(SAN_EXAMPLES)
 
 clean:
 	rm -rf $(VENV) .cache .mypy_cache .ruff_cache build .fuzz-cases.json
-	rm -f app/receive/_otlpdecode*.so
+	rm -f app/receive/_otlpdecode*.so app/ingest/mining/_minefast*.so

@@ -1,5 +1,8 @@
-"""The native decoder's build (pyproject.toml holds everything else): `pip install .`
-and `pip install -e .` compile app/receive/_otlpdecode.c into app.receive._otlpdecode.
+"""The native extensions' build (pyproject.toml holds everything else): `pip install .`
+and `pip install -e .` compile app/receive/_otlpdecode.c into app.receive._otlpdecode
+(the decoder) and app/ingest/mining/_minefast.c into app.ingest.mining._minefast (the
+miner's fast path; without it the miners run on the Python path, the ingest.miner
+warning).
 
 With a C compiler present a failed compile fails the install. Without one the package
 installs without the extension, and the node runs on the upb path and says so at
@@ -21,6 +24,12 @@ setup(
             sources=["app/receive/_otlpdecode.c"],
             extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra"],
             optional=shutil.which(_compiler) is None,
-        )
+        ),
+        Extension(
+            "app.ingest.mining._minefast",
+            sources=["app/ingest/mining/_minefast.c"],
+            extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra"],
+            optional=shutil.which(_compiler) is None,
+        ),
     ]
 )

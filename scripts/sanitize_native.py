@@ -1,5 +1,7 @@
-"""The native decoder's differential tests against a build with AddressSanitizer and
-UndefinedBehaviorSanitizer (``make fuzz``; docs/BENCHMARKS.md records the result).
+"""The native extensions' differential tests against a build with AddressSanitizer and
+UndefinedBehaviorSanitizer (``make fuzz``; docs/BENCHMARKS.md records the result):
+``--target decoder`` (the default) or ``--target miner`` (app/ingest/mining/_minefast.c
+and tests/unit/app/ingest/mining/test_native_miner.py, the same way).
 
 A copy of the tree in a temporary directory gets ``app/receive/_otlpdecode.c`` compiled
 with ``-fsanitize=address,undefined -fno-sanitize-recover=all`` (any finding aborts the
@@ -9,7 +11,7 @@ instrumented, so the runtime must come first). First the corpus ``make test`` ru
 (derandomized: the same cases), then, with ``--examples N``, N fresh cases a property.
 Prints the cases checked, how many the native decoder answered, and the verdict.
 
-Run: ``.venv/bin/python scripts/sanitize_native.py [--examples 5000]``
+Run: ``.venv/bin/python scripts/sanitize_native.py [--target miner] [--examples 5000]``
 """
 
 from __future__ import annotations
@@ -26,20 +28,32 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCE = "app/receive/_otlpdecode.c"
-TEST = "tests/unit/app/receive/test_native.py"
+#: target → (C source, the extension's module path, its differential tests)
+TARGETS = {
+    "decoder": (
+        "app/receive/_otlpdecode.c",
+        "app/receive/_otlpdecode",
+        "tests/unit/app/receive/test_native.py",
+    ),
+    "miner": (
+        "app/ingest/mining/_minefast.c",
+        "app/ingest/mining/_minefast",
+        "tests/unit/app/ingest/mining/test_native_miner.py",
+    ),
+}
+SOURCE, _, TEST = TARGETS["decoder"]
 FLAGS = [
     "-shared", "-fPIC", "-O1", "-g", "-std=c11", "-fno-omit-frame-pointer",
     "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
 ]  # fmt: skip
 
 
-def build(tree: Path) -> Path:
+def build(tree: Path, source: str = SOURCE, module: str = TARGETS["decoder"][1]) -> Path:
     """The sanitized extension, in place in `tree`."""
     suffix = sysconfig.get_config_var("EXT_SUFFIX")
-    out = tree / "app" / "receive" / f"_otlpdecode{suffix}"
+    out = tree / f"{module}{suffix}"
     include = sysconfig.get_paths()["include"]
-    subprocess.run(["gcc", *FLAGS, f"-I{include}", str(tree / SOURCE), "-o", str(out)], check=True)
+    subprocess.run(["gcc", *FLAGS, f"-I{include}", str(tree / source), "-o", str(out)], check=True)
     return out
 
 
@@ -50,7 +64,7 @@ def copy(tree: Path) -> None:
     shutil.copy(ROOT / "pyproject.toml", tree)
 
 
-def run(tree: Path, examples: int | None) -> tuple[int, dict[str, int], float]:
+def run(tree: Path, examples: int | None, test: str = TEST) -> tuple[int, dict[str, int], float]:
     asan = subprocess.run(
         ["gcc", "-print-file-name=libasan.so"], check=True, capture_output=True, text=True
     ).stdout.strip()
@@ -70,7 +84,7 @@ def run(tree: Path, examples: int | None) -> tuple[int, dict[str, int], float]:
     if examples:
         env["FUZZ_EXAMPLES"] = str(examples)
     started = time.monotonic()
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", TEST]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", test]
     code = subprocess.run(cmd, cwd=tree, env=env).returncode
     for report in sorted(tree.glob("[au]bsan.*")) + sorted(tree.glob("asan.*")):
         print(report.read_text(errors="replace"), file=sys.stderr)
@@ -81,20 +95,31 @@ def run(tree: Path, examples: int | None) -> tuple[int, dict[str, int], float]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--examples", type=int, default=0, help="then N fresh cases a property")
+    ap.add_argument("--target", choices=sorted(TARGETS), default="decoder")
     args = ap.parse_args()
+    source, module, test = TARGETS[args.target]
     failed = 0
     with tempfile.TemporaryDirectory(prefix="ourios-sanitize-") as tmp:
         tree = Path(tmp)
         copy(tree)
-        build(tree)
+        build(tree, source, module)
         for label, examples in (("make test's corpus", None), ("fresh cases", args.examples)):
             if label == "fresh cases" and not examples:
                 continue
-            code, counted, seconds = run(tree, examples)
+            code, counted, seconds = run(tree, examples, test)
             verdict = "clean" if code == 0 else f"FAILED (exit {code})"
+            if args.target == "decoder":
+                cases = (
+                    f"{counted.get('checked', 0)} cases, "
+                    f"{counted.get('native', 0)} decoded natively"
+                )
+            else:
+                cases = (
+                    f"{counted.get('streams', 0)} streams, {counted.get('bodies', 0)} bodies, "
+                    f"{counted.get('native', 0)} mined natively"
+                )
             print(
-                f"ASan+UBSan, {label}: {counted.get('checked', 0)} cases, "
-                f"{counted.get('native', 0)} decoded natively, {seconds:.0f} s: {verdict}",
+                f"ASan+UBSan {args.target}, {label}: {cases}, {seconds:.0f} s: {verdict}",
                 flush=True,
             )
             failed += code != 0

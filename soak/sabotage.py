@@ -1223,6 +1223,50 @@ SABOTAGES: tuple[Sabotage, ...] = (
             "tests/integration/test_decoder.py::test_native_2_serve_without_the_extension_runs_on_upb_and_says_so",
         ),
     ),
+    # -- the native miner (issue 23 item 5): a C file, so the copy's extension is rebuilt -
+    Sabotage(
+        "native_miner_tie_takes_the_last",
+        "the native miner mines as the Python path: of equally similar templates with as many wildcards, the first",
+        "app/ingest/mining/_minefast.c",
+        "        if (sim > max_sim || (sim == max_sim && shape.nwild > max_params)) {",
+        "        if (sim > max_sim || (sim == max_sim && shape.nwild >= max_params)) {",
+        (
+            "tests/unit/app/ingest/mining/test_native_miner.py::test_native_miner_of_equal_exact_templates_takes_the_first",
+            "tests/unit/app/ingest/mining/test_native_miner.py::test_native_miner_equals_the_python_path_batch_for_batch",
+        ),
+    ),
+    Sabotage(
+        "native_miner_size_not_bumped",
+        "the native miner mines as the Python path: a matched cluster's size grows by one",
+        "app/ingest/mining/_minefast.c",
+        "    int rc = bigger == NULL ? -1 : PyObject_SetAttr(cluster, s_size, bigger);",
+        "    int rc = bigger == NULL ? -1 : 0;",
+        (
+            "tests/unit/app/ingest/mining/test_native_miner.py::test_native_miner_equals_the_python_path_batch_for_batch",
+            "tests/unit/app/ingest/mining/test_native_miner.py::test_native_miner_equals_the_python_path_on_realistic_lines",
+        ),
+    ),
+    Sabotage(
+        "native_miner_lru_not_touched",
+        "the native miner mines as the Python path: a match is Drain's most recently used",
+        "app/ingest/mining/_minefast.c",
+        "        if (touch != Py_None) {",
+        "        if (touch != Py_None && 0) {",
+        (
+            "tests/unit/app/ingest/mining/test_native_miner.py::test_native_miner_equals_the_python_path_batch_for_batch",
+            "tests/unit/app/ingest/mining/test_native_miner.py::test_native_miner_equals_the_python_path_on_realistic_lines",
+        ),
+    ),
+    Sabotage(
+        "native_miner_fallback_said_quietly",
+        "a node mining on the Python path for want of the extension says so (a warning)",
+        "app/ingest/mining/native_miner.py",
+        '    emit("ingest.miner", details, "warning" if _UNAVAILABLE else "info")',
+        '    emit("ingest.miner", details, "info")',
+        (
+            "tests/unit/app/ingest/mining/test_native_miner.py::test_native_miner_absent_mines_on_the_python_path_and_says_so",
+        ),
+    ),
     # -- issue 22 items 2, 5 and 8: every state ends well ---------------------------------
     Sabotage(
         "intent_repair_through_a_temp",

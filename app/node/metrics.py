@@ -28,6 +28,7 @@ from app.base.config import Settings
 from app.cadence.archive import Archiver
 from app.cadence.housekeeping import Housekeeper
 from app.ingest.admission import Admission, Bound
+from app.ingest.mining import native_miner
 from app.ingest.mining.tenant_miner import state_bytes_bound
 from app.ingest.pipeline import LATCH_CLEAR, Pipeline
 from app.ingest.stages import Stages
@@ -159,9 +160,10 @@ def _turn_share_rows(p: Pipeline, settings: Settings) -> list[tuple[str, str, fl
 
 
 class _BuildInfo(Collector):
-    """``ourios_build_info``: the version, and the decoder this process uses (read at
+    """``ourios_build_info``: the version, the decoder this process uses (read at
     collection time: ``app.receive.native.start`` chooses it as ``ourios serve``
-    starts; the workers choose alike from the same install and settings)."""
+    starts; the workers choose alike from the same install and settings) and the miner
+    (``app.ingest.mining.native_miner``: the fast path in C, or Python alone)."""
 
     def __init__(self) -> None:
         try:
@@ -172,10 +174,11 @@ class _BuildInfo(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         info = GaugeMetricFamily(
             "ourios_build_info",
-            "1, labelled with the version and the OTLP decoder in use (native or upb).",
-            labels=["version", "decoder"],
+            "1, labelled with the version, the OTLP decoder in use (native or upb) and the "
+            "miner (native or python).",
+            labels=["version", "decoder", "miner"],
         )
-        info.add_metric([self._version, native.active()], 1.0)
+        info.add_metric([self._version, native.active(), native_miner.active()], 1.0)
         yield info
 
 

@@ -59,6 +59,7 @@ from app.cadence.housekeeping import Housekeeper, hurry_words
 from app.cadence.sweep import AgeSweep
 from app.ingest.admission import Admission
 from app.ingest.landed import intent_hook, retract_hook
+from app.ingest.mining import native_miner
 from app.ingest.mining.miner_cluster import MinerCluster
 from app.ingest.mining.miner_config import MinerConfig
 from app.ingest.mining.template_ids import FileTemplateIdAllocator
@@ -641,6 +642,7 @@ def run_serve(settings: Settings, config_file: Path | None = None) -> int:
     received: list[int] = []
     _relay_signals(stop, received)
     native.start(settings.server.decoder, events.emit)
+    native_miner.start(events.emit)
     if settings.auth.open_mode:
         events.emit(
             "auth.open_mode",

@@ -119,7 +119,7 @@ INTERFACE: dict[str, tuple[str, frozenset[str]]] = {
     "ourios_ingest_ack_seconds": ("histogram", frozenset()),
     "ourios_barrier_cut_stall_seconds": ("histogram", frozenset()),
     "ourios_housekeeping_pass_seconds": ("histogram", frozenset()),
-    "ourios_build_info": ("gauge", frozenset({"version", "decoder"})),
+    "ourios_build_info": ("gauge", frozenset({"version", "decoder", "miner"})),
 }
 
 #: The standard series beside the interface: Prometheus's own ``up`` of each target, and

@@ -21,25 +21,43 @@ tuple comparison. The tests hold the result to ``add_log_message``, body for bod
 tree for tree. Drain's objects are reached through narrow typed protocols; its LRU map
 is read only with ``get`` and ``in``, and ``[]``, which moves a cluster to the recent
 end, is called exactly where ``add_log_message`` calls it.
+
+The bodies that match a template exactly are mined by the native fast path
+(``native_miner``, C) when the process has it, with the same results and side effects;
+this module's loop is the reference and mines the rest (test_native_miner.py holds the
+two equal). Drain's tree and our side of it are in ``drain_tree``.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from operator import eq, itemgetter
 from types import MappingProxyType
-from typing import Final, Literal, Protocol, cast
+from typing import Final, Literal, cast
 
-from drain3.drain import Drain, LogCluster, Node
-
+from app.ingest.mining import native_miner
+from app.ingest.mining.drain_tree import (
+    NODE_BYTES,
+    TEMPLATE_OVERHEAD_BYTES,
+    TOKEN_OVERHEAD_BYTES,
+    DrainCluster,
+    Template,
+    Touchable,
+    kept_rows,
+    last_use,
+    new_cluster,
+    new_drain,
+    path_of,
+    rebuild_tree,
+    template_bytes,
+    tree_rows,
+)
 from app.ingest.mining.errors import MinerError, MinerFailedError
 from app.ingest.mining.miner_config import MinerConfig
 from app.ingest.mining.miner_snapshot import (
     ClusterRow,
     MinerSnapshot,
-    NodeRow,
     decode_miner_snapshot,
     encode_miner_snapshot,
 )
@@ -99,186 +117,6 @@ class TemplateInfo:
     size: int
 
 
-# -- typed views of drain3 --------------------------------------------------------------
-
-
-class _DrainCluster(Protocol):
-    cluster_id: int
-    log_template_tokens: tuple[str, ...]
-    size: int
-
-
-class _DrainNode(Protocol):
-    key_to_child_node: dict[str, _DrainNode]
-    cluster_ids: list[int]
-
-
-class _ClusterMap(Protocol):
-    """What we use of ``Drain.id_to_cluster`` (a dict, or drain3's LRU cache).
-
-    Deliberately no ``__getitem__``/``values``: on the LRU cache they reorder it; the
-    one deliberate reorder goes through ``_Touchable``.
-    """
-
-    def get(self, key: int) -> _DrainCluster | None: ...
-    def __setitem__(self, key: int, value: _DrainCluster) -> None: ...
-    def __delitem__(self, key: int) -> None: ...
-    def __contains__(self, key: object) -> bool: ...
-    def __len__(self) -> int: ...
-
-
-class _Touchable(Protocol):
-    """The LRU cache's ``[]``, which moves a key to the most recently used end."""
-
-    def __getitem__(self, key: int) -> object: ...
-
-
-class _Drain(Protocol):
-    root_node: _DrainNode
-    id_to_cluster: _ClusterMap
-    clusters_counter: int
-    sim_th: float
-    max_node_depth: int
-
-    def tree_search(
-        self, root_node: _DrainNode, tokens: list[str], sim_th: float, include_params: bool
-    ) -> _DrainCluster | None: ...
-    def add_seq_to_prefix_tree(self, root_node: _DrainNode, cluster: _DrainCluster) -> None: ...
-    def create_template(self, seq1: list[str], seq2: tuple[str, ...]) -> list[str]: ...
-
-
-def _new_drain(config: MinerConfig) -> _Drain:
-    drain = Drain(
-        depth=config.depth,
-        sim_th=config.sim_th,
-        max_children=config.max_children,
-        max_clusters=config.max_clusters,
-        extra_delimiters=config.extra_delimiters,
-        # Drain guards every profiler call with ``if self.profiler``: None skips them
-        # all, where its truthy NullProfiler default costs time (docs/BENCHMARKS.md,
-        # "Miner").
-        profiler=None,
-        param_str=PARAM,
-        parametrize_numeric_tokens=config.parametrize_numeric_tokens,
-    )
-    return cast(_Drain, drain)
-
-
-def _new_node() -> _DrainNode:
-    return cast(_DrainNode, Node())
-
-
-def _new_cluster(tokens: list[str], drain_id: int, size: int) -> _DrainCluster:
-    cluster = cast(_DrainCluster, LogCluster(tokens, drain_id))
-    cluster.size = size
-    return cluster
-
-
-# -- the miner ---------------------------------------------------------------------------
-
-
-class _Template:
-    """Our side of one Drain cluster: id, version, and how to read a body against it.
-
-    ``positions`` are the template's wildcard indices and ``params`` picks a body's
-    tokens there as a tuple (None when there are none). ``constants`` picks a body's
-    tokens at the other indices and ``expected`` is what the template has there
-    (``fixed`` of them): the count of equal pairs is Drain's similarity numerator, and
-    when they are all equal Drain's widening would change nothing — one C-level
-    comparison instead of ``get_seq_distance``'s and ``create_template``'s Python
-    loops. ``constants`` is None when every token is a wildcard (nothing can widen).
-
-    ``path`` is where the cluster sits in Drain's prefix tree, (parent, key, node) from
-    the token-count node down to its leaf, so an eviction removes it from its leaf and
-    drops the nodes it leaves empty. ``touched`` orders templates by their last use
-    (the LRU a full leaf evicts in); ``nbytes`` is its share of ``state_bytes``.
-    """
-
-    __slots__ = (
-        "template_id",
-        "version",
-        "cluster",
-        "positions",
-        "params",
-        "constants",
-        "expected",
-        "fixed",
-        "path",
-        "touched",
-        "nbytes",
-    )
-
-    def __init__(
-        self,
-        template_id: int,
-        version: int,
-        cluster: _DrainCluster,
-        tokens: tuple[str, ...],
-        path: tuple[_Step, ...],
-        touched: int,
-    ) -> None:
-        self.template_id = template_id
-        self.version = version
-        #: the Drain cluster this template mirrors (Drain widens it in place)
-        self.cluster = cluster
-        self.positions: tuple[int, ...] = ()
-        self.params: Callable[[list[str]], tuple[str, ...]] | None = None
-        self.constants: Callable[[list[str]], object] | None = None
-        self.expected: object = None
-        self.fixed = 0
-        self.path = path
-        self.touched = touched
-        self.nbytes = template_bytes(tokens, len(path))
-        self.reshape(tokens)
-
-    def reshape(self, tokens: tuple[str, ...]) -> None:
-        self.positions = tuple(i for i, token in enumerate(tokens) if token == PARAM)
-        fixed = [i for i, token in enumerate(tokens) if token != PARAM]
-        self.fixed = len(fixed)
-        if len(self.positions) > 1:
-            # itemgetter of several indices returns their items as a tuple, in C
-            self.params = cast(Callable[[list[str]], tuple[str, ...]], itemgetter(*self.positions))
-        elif self.positions:
-            only = self.positions[0]
-            self.params = lambda tokens: (tokens[only],)
-        else:
-            self.params = None
-        if fixed:
-            # itemgetter of one index returns the item, of several a tuple; both sides
-            # of the comparison come from the same getter, so either shape compares.
-            getter = cast(Callable[[Sequence[str]], object], itemgetter(*fixed))
-            self.constants = getter
-            self.expected = getter(tokens)
-        else:
-            self.constants = None
-            self.expected = None
-
-    def same(self, tokens: list[str]) -> int:
-        """How many of the template's constant tokens ``tokens`` has at their places:
-        ``get_seq_distance``'s ``sim_tokens`` (wildcards are not counted)."""
-        constants = self.constants
-        if constants is None:
-            return 0
-        got = constants(tokens)
-        expected = self.expected
-        if got == expected:
-            return self.fixed
-        if self.fixed == 1:
-            return 0
-        return sum(map(eq, cast(tuple[str, ...], got), cast(tuple[str, ...], expected)))
-
-
-#: one step of a template's place in the tree: (parent, key under the parent, node)
-_Step = tuple[_DrainNode, str, _DrainNode]
-
-# What a template costs the heap, an upper bound the tests hold to tracemalloc
-# (tests/unit/app/ingest/mining/test_tenant_miner.py): our _Template with its getters
-# and tuples, Drain's LogCluster and its LRU entry, each token's string and its slots in
-# the template's tuples, and each tree node of its path (a Node, its dict and list).
-TEMPLATE_OVERHEAD_BYTES: Final = 800
-TOKEN_OVERHEAD_BYTES: Final = 24
-NODE_BYTES: Final = 400
-
 # Mining work units, the deterministic cost of a batch (``MineResult.work``) that the
 # turn share charges a tenant (``app.ingest.shares``): a record costs one unit and one
 # per template its search compared; creating a template (the id, the tree insert, the
@@ -286,17 +124,6 @@ NODE_BYTES: Final = 400
 # that many comparisons do (docs/BENCHMARKS.md, "Miner bounds").
 CREATE_WORK: Final = 32
 WIDEN_WORK: Final = 8
-
-
-def template_bytes(tokens: Sequence[str], nodes: int) -> int:
-    """The heap bytes ``state_bytes`` counts for one template of ``tokens`` whose path
-    has ``nodes`` tree nodes (shared nodes are counted once per template: errs high)."""
-    return (
-        TEMPLATE_OVERHEAD_BYTES
-        + sum(map(sys.getsizeof, tokens))
-        + TOKEN_OVERHEAD_BYTES * len(tokens)
-        + NODE_BYTES * nodes
-    )
 
 
 def state_bytes_bound(config: MinerConfig) -> int | None:
@@ -344,15 +171,15 @@ class TenantMiner:
     def __init__(self, allocator: TemplateIdAllocator, config: MinerConfig | None = None) -> None:
         self._config = config if config is not None else MinerConfig()
         self._allocator = allocator
-        self._drain = _new_drain(self._config)
+        self._drain = new_drain(self._config)
         # Drain cluster id -> template. With a bound set (max_clusters,
         # max_leaf_clusters) its order is the LRU order (Drain's too: both are touched
         # once per body, for the cluster the body landed in), which says which cluster
         # Drain evicted and gives the snapshot its LRU order without reading
         # cachetools' private fields.
-        self._templates: dict[int, _Template] = {}
+        self._templates: dict[int, Template] = {}
         self._failed: BaseException | None = None
-        #: the use counter ``_Template.touched`` is stamped from
+        #: the use counter ``Template.touched`` is stamped from
         self._tick = 0
         #: templates evicted by the bounds (``max_clusters``, ``max_leaf_clusters``), at
         #: a creation or at a restore; bodies mined only in part (``max_body_*``); the
@@ -366,6 +193,9 @@ class TenantMiner:
         #: handed out never changes (its holders read it on other threads).
         self._widened: dict[int, tuple[int, tuple[str, ...]]] = {}
         self._widened_shared = False
+        #: mine on the native fast path when the process has it (native_miner); False
+        #: keeps this miner on the Python loop, the reference (the differential tests)
+        self.native = True
 
     @property
     def config(self) -> MinerConfig:
@@ -450,19 +280,16 @@ class TenantMiner:
             raise
 
     def _mine(self, bodies: Sequence[str]) -> MineResult:
-        # This is Drain.add_log_message (drain3 0.9) built from Drain's steps, in its
-        # order, so a body is tokenised once and shared by the search and the
-        # parameter extraction, and an unchanged template costs one tuple comparison.
-        # The search is ``_search`` (Drain's tree_search and fast_match computed on our
-        # templates); the tests hold it all to add_log_message's results and tree,
-        # body for body.
+        # Drain.add_log_message (drain3 0.9) from Drain's steps, in its order, a body
+        # tokenised once (module docstring); the search is ``_search``. The native fast
+        # path (native_miner) mines the bodies that match exactly, this loop the rest.
         drain = self._drain
         search = self._search
         config = self._config
         bounded = config.max_clusters is not None or config.max_leaf_clusters is not None
         templates = self._templates
         # On the LRU cache, [] is the touch add_log_message does on a match.
-        touch = cast(_Touchable, drain.id_to_cluster).__getitem__
+        touch = cast(Touchable, drain.id_to_cluster).__getitem__
         lru = config.max_clusters is not None
         delimiters = config.extra_delimiters
         max_chars = config.max_body_chars
@@ -476,7 +303,18 @@ class TenantMiner:
         work = 0
         truncated = 0
         tick = self._tick
-        for index, body in enumerate(bodies):
+        fast = native_miner.bind(
+            self.native, drain, templates, config, bodies, ids, params, versions
+        )
+        index = 0
+        count = len(bodies)
+        while index < count:
+            if fast is not None:
+                index, tick, fast_work = fast(index, tick)
+                work += fast_work
+                if index == count:
+                    break
+            body = bodies[index]
             cut = False
             if max_chars is not None and len(body) > max_chars:
                 # Only the head is mined (the record keeps its whole body): one body's
@@ -513,6 +351,7 @@ class TenantMiner:
             pick = template.params
             append_params(pick(tokens) if pick is not None else ())
             versions.append(template.version)
+            index += 1
         if events:
             changes = [(e.template_id, e.version, e.template, e.index) for e in events]
             rematch_batch(bodies, ids, params, versions, changes, self.mined_tokens)
@@ -521,7 +360,7 @@ class TenantMiner:
         self.truncated_bodies += truncated
         return MineResult(ids, params, events, versions, work)
 
-    def _search(self, tokens: list[str]) -> tuple[_Template | None, bool, int]:
+    def _search(self, tokens: list[str]) -> tuple[Template | None, bool, int]:
         """``Drain.tree_search(root, tokens, sim_th, include_params=False)`` computed on
         our templates, whether the match has every one of its constant tokens (so no
         widening), and how many templates it compared (the work). The same leaf (first
@@ -554,7 +393,7 @@ class TenantMiner:
                     return None, False, 0
             node = child
             depth += 1
-        best: _Template | None = None
+        best: Template | None = None
         best_same = 0
         max_sim = -1.0
         max_params = -1
@@ -572,19 +411,19 @@ class TenantMiner:
             return None, False, len(candidates)
         return best, best_same == best.fixed, len(candidates)
 
-    def _create(self, tokens: list[str], index: int, events: list[TemplateEvent]) -> _Template:
+    def _create(self, tokens: list[str], index: int, events: list[TemplateEvent]) -> Template:
         drain = self._drain
         # The id first: if the allocator fails, Drain's tree has not changed.
         template_id = self._allocator.allocate()
         drain.clusters_counter += 1
         drain_id = drain.clusters_counter
-        cluster = _new_cluster(tokens, drain_id, 1)
+        cluster = new_cluster(tokens, drain_id, 1)
         # Inserting may evict Drain's least recently used cluster; the prefix-tree
         # insert after it drops evicted ids from the leaf it lands in, as in drain3.
         drain.id_to_cluster[drain_id] = cluster
         drain.add_seq_to_prefix_tree(drain.root_node, cluster)
-        path = self._path_of(cluster.log_template_tokens)
-        template = _Template(template_id, 1, cluster, cluster.log_template_tokens, path, self._tick)
+        path = path_of(drain, cluster.log_template_tokens)
+        template = Template(template_id, 1, cluster, cluster.log_template_tokens, path, self._tick)
         self._templates[drain_id] = template
         self._bytes += template.nbytes
         limit = self._config.max_clusters
@@ -600,34 +439,12 @@ class TenantMiner:
                 # The leaf's least recently used (never the new one: it is the newest).
                 victim = min(
                     (t for t in map(self._templates.__getitem__, leaf.cluster_ids)),
-                    key=_touched,
+                    key=last_use,
                 )
                 del drain.id_to_cluster[victim.cluster.cluster_id]
                 self._evict(victim.cluster.cluster_id)
         events.append(TemplateEvent(template_id, 1, " ".join(tokens), "created", index))
         return template
-
-    def _path_of(self, tokens: tuple[str, ...]) -> tuple[_Step, ...]:
-        """Where ``add_seq_to_prefix_tree`` just put a cluster of ``tokens``: its walk,
-        replayed on the tree it left (a token it routed to the wildcard child has no
-        child of its own, so ``get(token)`` then ``get(PARAM)`` takes the same way)."""
-        node = self._drain.root_node
-        key = str(len(tokens))
-        child = node.key_to_child_node[key]
-        steps: list[_Step] = [(node, key, child)]
-        node = child
-        depth = 1
-        limit = self._drain.max_node_depth
-        for token in tokens:
-            if depth >= limit or depth >= len(tokens):
-                break
-            children = node.key_to_child_node
-            key = token if token in children else PARAM
-            child = children[key]
-            steps.append((node, key, child))
-            node = child
-            depth += 1
-        return tuple(steps)
 
     def _evict(self, drain_id: int) -> None:
         """Forget a cluster Drain no longer holds: our template, its id in its leaf (Drain
@@ -650,9 +467,9 @@ class TenantMiner:
 
     def _widen(
         self,
-        cluster: _DrainCluster,
+        cluster: DrainCluster,
         tokens: list[str],
-        template: _Template,
+        template: Template,
         index: int,
         events: list[TemplateEvent],
     ) -> None:
@@ -671,7 +488,7 @@ class TenantMiner:
             )
         )
 
-    def _cluster(self, drain_id: int) -> _DrainCluster:
+    def _cluster(self, drain_id: int) -> DrainCluster:
         cluster = self._drain.id_to_cluster.get(drain_id)
         if cluster is None:
             raise MinerError(f"template map names cluster {drain_id}, which Drain lacks")
@@ -703,15 +520,7 @@ class TenantMiner:
                     list(cluster.log_template_tokens),
                 )
             )
-        nodes: list[NodeRow] = []
-        stack: list[tuple[int, str, _DrainNode]] = [(-1, "", drain.root_node)]
-        while stack:
-            parent, key, node = stack.pop()
-            index = len(nodes)
-            nodes.append((parent, key, list(node.cluster_ids)))
-            # Reversed onto the stack so children come out, and are rebuilt, in order.
-            for child_key, child in reversed(node.key_to_child_node.items()):
-                stack.append((index, child_key, child))
+        nodes = tree_rows(drain.root_node)
         return encode_miner_snapshot(
             MinerSnapshot(self._config, drain.clusters_counter, clusters, nodes)
         )
@@ -731,51 +540,19 @@ class TenantMiner:
         state = decode_miner_snapshot(data)
         config = state.config if bounds is None else state.config.with_bounds(bounds)
         miner = cls(allocator, config)
-        rows = _kept_rows(state.clusters, state.nodes, config)
+        rows = kept_rows(state.clusters, state.nodes, config)
         kept = {row[0] for row in rows}
         miner.evictions = len(state.clusters) - len(rows)
         drain = miner._drain
         for drain_id, _template_id, _version, size, tokens in rows:
             # Insertion order is the LRU order (oldest first) that was captured.
-            drain.id_to_cluster[drain_id] = _new_cluster(tokens, drain_id, size)
-        built: list[_DrainNode] = []
-        steps: list[_Step | None] = []
-        parents: list[int] = []
-        for parent, key, cluster_ids in state.nodes:
-            node = drain.root_node if parent < 0 else _new_node()
-            # Only live ids: an older build left the LRU's evicted ones for Drain to drop.
-            node.cluster_ids = [i for i in cluster_ids if i in kept]
-            if parent >= 0:
-                built[parent].key_to_child_node[key] = node
-                steps.append((built[parent], key, node))
-            else:
-                steps.append(None)
-            built.append(node)
-            parents.append(parent)
-        # Nodes left with neither clusters nor children (what an eviction leaves): pre-
-        # order puts children after their parent, so one backward pass drops them all.
-        for index in range(len(built) - 1, 0, -1):
-            node = built[index]
-            step = steps[index]
-            if step is not None and not node.cluster_ids and not node.key_to_child_node:
-                del step[0].key_to_child_node[step[1]]
-        leaf_of: dict[int, int] = {}
-        for index, node in enumerate(built):
-            for drain_id in node.cluster_ids:
-                leaf_of[drain_id] = index
-        for touched, (drain_id, template_id, version, _size, tokens) in enumerate(rows):
-            path: list[_Step] = []
-            index = leaf_of[drain_id]
-            while parents[index] >= 0:
-                step = steps[index]
-                assert step is not None
-                path.append(step)
-                index = parents[index]
+            drain.id_to_cluster[drain_id] = new_cluster(tokens, drain_id, size)
+        paths = rebuild_tree(drain.root_node, state.nodes, kept)
+        for stamp, (drain_id, template_id, version, _size, tokens) in enumerate(rows):
             cluster = drain.id_to_cluster.get(drain_id)
             assert cluster is not None
-            template = _Template(
-                template_id, version, cluster, tuple(tokens), tuple(reversed(path)), touched
-            )
+            path = paths[drain_id]
+            template = Template(template_id, version, cluster, tuple(tokens), path, stamp)
             miner._templates[drain_id] = template
             miner._bytes += template.nbytes
             if version > 1:
@@ -783,38 +560,3 @@ class TenantMiner:
         miner._tick = len(rows)
         drain.clusters_counter = state.clusters_counter
         return miner
-
-
-def _touched(template: _Template) -> int:
-    return template.touched
-
-
-def _kept_rows(
-    rows: Sequence[ClusterRow], nodes: Sequence[NodeRow], config: MinerConfig
-) -> list[ClusterRow]:
-    """The rows a restore under ``config``'s bounds keeps, in their LRU order: none that
-    no mined body can match (more than ``max_body_tokens`` tokens, or more than
-    ``max_body_chars`` characters of constants), then at most ``max_leaf_clusters`` per
-    leaf and ``max_clusters`` in all, the most recently used kept."""
-    tokens_limit, chars_limit = config.max_body_tokens, config.max_body_chars
-    out = [
-        row
-        for row in rows
-        if (tokens_limit is None or len(row[4]) <= tokens_limit)
-        and (chars_limit is None or sum(len(t) for t in row[4] if t != PARAM) <= chars_limit)
-    ]
-    leaf_limit = config.max_leaf_clusters
-    if leaf_limit is not None:
-        leaf_of = {drain_id: n for n, (_, _, ids) in enumerate(nodes) for drain_id in ids}
-        per_leaf: dict[int, int] = {}
-        newest_first: list[ClusterRow] = []
-        for row in reversed(out):
-            leaf = leaf_of.get(row[0], -1)
-            per_leaf[leaf] = per_leaf.get(leaf, 0) + 1
-            if per_leaf[leaf] <= leaf_limit:
-                newest_first.append(row)
-        out = newest_first[::-1]
-    limit = config.max_clusters
-    if limit is not None and len(out) > limit:
-        out = out[len(out) - limit :]
-    return out
