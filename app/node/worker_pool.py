@@ -36,6 +36,7 @@ the stages still answer them — and exits), waits for them, then kills any stra
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import itertools
 import logging
@@ -477,19 +478,15 @@ class Workers:
         counts every request a client has had its answer to."""
         with self._lock:
             links = list(self._links.values())
-        for link in links:
-            try:
+        for link in links:  # a dying worker's last reports may be missing; its counts stay
+            with contextlib.suppress(ChannelClosed, TimeoutError):
                 link.conn.call(MessageKind.FLUSH, [], 5.0)
-            except (ChannelClosed, TimeoutError):
-                pass  # a dying worker's last reports may be missing; its counts stay
         return self._exposition()
 
     def _metrics(self, conn: Connection, ident: int) -> None:
         text, content_type = self.scrape()
-        try:
+        with contextlib.suppress(ChannelClosed):
             conn.send(MessageKind.TEXT, ident, channel.encode_text(content_type, text))
-        except ChannelClosed:
-            pass
 
     # -- the publisher's encoding -------------------------------------------------------------
 

@@ -1,4 +1,5 @@
-"""No function in ``app/`` is longer than ``LIMIT`` lines (issue 25, item 6).
+"""No function in ``app/`` is longer than ``LIMIT`` lines (issue 25, item 6), and no
+class longer than ``CLASS_LIMIT`` (issue 25, "Done when").
 
 A long function hides its steps; splitting it into named helpers lets each step say
 why it exists in its docstring. The check reads every module under ``app/`` with
@@ -17,6 +18,9 @@ APP = ROOT / "app"
 
 #: The most lines a function may span, its ``def`` line and docstring included.
 LIMIT = 80
+
+#: The most lines a class may span: a class past it is doing more than one room's work.
+CLASS_LIMIT = 400
 
 #: Functions allowed over the limit, as ``(path relative to the root, name)``.
 EXCEPTIONS = {
@@ -58,3 +62,16 @@ def test_every_exception_still_names_a_long_function() -> None:
             and n.end_lineno is not None
         ]
         assert any(span > LIMIT for span in spans), f"{rel} {name} is no longer long"
+
+
+def test_house_no_class_in_app_is_over_the_class_limit() -> None:
+    """Every class under ``app/`` spans at most ``CLASS_LIMIT`` lines, no exceptions."""
+    long: list[str] = []
+    for path in sorted(APP.rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=rel)):
+            if isinstance(node, ast.ClassDef) and node.end_lineno is not None:
+                lines = node.end_lineno - node.lineno + 1
+                if lines > CLASS_LIMIT:
+                    long.append(f"{rel}:{node.lineno} {node.name}: {lines} lines")
+    assert not long, f"classes over {CLASS_LIMIT} lines:\n" + "\n".join(long)
