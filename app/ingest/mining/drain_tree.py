@@ -170,6 +170,15 @@ class Template:
         self.nbytes = template_bytes(tokens, len(path))
         self.reshape(tokens)
 
+    def widen(self, tokens: tuple[str, ...]) -> None:
+        """The cluster's template widened to ``tokens``: the next version, read anew."""
+        self.version += 1
+        self.reshape(tokens)
+
+    def touch(self, tick: int) -> None:
+        """Used at ``tick`` (the bounded miner's order of last use)."""
+        self.touched = tick
+
     def reshape(self, tokens: tuple[str, ...]) -> None:
         self.positions = tuple(i for i, token in enumerate(tokens) if token == PARAM)
         fixed = [i for i, token in enumerate(tokens) if token != PARAM]

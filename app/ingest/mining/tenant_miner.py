@@ -344,7 +344,7 @@ class TenantMiner:
                     drain_id = cluster.cluster_id
                     if lru:
                         touch(drain_id)
-                    template.touched = tick
+                    template.touch(tick)
                     del templates[drain_id]
                     templates[drain_id] = template
             append_id(template.template_id)
@@ -479,8 +479,7 @@ class TenantMiner:
                 f"cluster {cluster.cluster_id}: constants differ but Drain did not widen"
             )
         cluster.log_template_tokens = widened
-        template.version += 1
-        template.reshape(widened)
+        template.widen(widened)
         self._own_widened()[template.template_id] = (template.version, widened)
         events.append(
             TemplateEvent(
