@@ -583,6 +583,16 @@ SABOTAGES: tuple[Sabotage, ...] = (
         ),
     ),
     Sabotage(
+        "hung_worker_keeps_getting_encodes",
+        "TAIL.6: a worker that timed out an encode is sent no more (a hung one cannot hold the slots)",
+        "app/node/encode_dispatch.py",
+        "                    self._unanswered.add(conn)\n",
+        "                    pass\n",
+        (
+            "tests/unit/app/node/test_encode_dispatch.py::test_tail_6_a_worker_that_timed_out_an_encode_is_sent_no_more",
+        ),
+    ),
+    Sabotage(
         "signal_handler_takes_the_stop_lock",
         "SIGTERM always stops the node (the handler takes no lock the main thread may hold)",
         "app/node/server.py",

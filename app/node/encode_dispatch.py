@@ -20,13 +20,22 @@ IPC stream exists for it yet. A slot is held until the object is back, by a work
 the core's own encode, and each of those ends: the worker's answer within
 ``ENCODE_TIMEOUT_S``, or the core's encode. The cut's own deadline and stall metrics
 measure the cut as it runs, waits included.
+
+**A worker that does not answer.** A worker that timed out an encode is sent no more
+encodes for the life of its channel (the core encodes in its place): a hung worker that
+is not dead would otherwise take a slot for ``ENCODE_TIMEOUT_S`` at every turn it came
+round to, and with one slot every publish of the node would wait behind it. One
+``worker.encode_timeout`` warning says which; a worker restarted after it died has a new
+channel and gets encodes again.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Final
@@ -36,6 +45,8 @@ from app.receive.channel import ChannelClosed, Connection, MessageKind
 from sink.parquet import RecordColumns, encode_records
 
 __all__ = ["ENCODE_TIMEOUT_S", "EncodeDispatch", "EncodeSlots"]
+
+log = logging.getLogger(__name__)
 
 #: How long an encode waits for its worker before the core encodes the rows itself.
 ENCODE_TIMEOUT_S: Final = 120.0
@@ -88,12 +99,14 @@ class EncodeDispatch:
         self._connections = connections
         self.slots = EncodeSlots(concurrency)
         self._turn = itertools.count()
+        #: channels whose worker timed out an encode: sent no more (module docstring)
+        self._unanswered: weakref.WeakSet[Connection] = weakref.WeakSet()
 
     def encode_records(self, cols: RecordColumns, compression: str) -> bytes:
         """The Parquet object of ``cols`` (``sink.parquet.encode_records``), encoded by a
         worker, or here when none answers."""
         with self.slots.slot():
-            conns = self._connections()
+            conns = [c for c in self._connections() if c not in self._unanswered]
             if conns:
                 conn = conns[next(self._turn) % len(conns)]
                 try:
@@ -103,7 +116,14 @@ class EncodeDispatch:
                         channel.encode_encode_request(compression, cols.table()),
                         ENCODE_TIMEOUT_S,
                     )
-                except (ChannelClosed, TimeoutError, ValueError):
+                except TimeoutError:
+                    self._unanswered.add(conn)
+                    log.warning(
+                        "worker.encode_timeout: a worker did not answer an encode in %.0f s; "
+                        "the core encodes in its place while that worker's channel lasts",
+                        ENCODE_TIMEOUT_S,
+                    )
+                except (ChannelClosed, ValueError):
                     pass  # ValueError: a partition over the channel's frame bound
                 else:
                     if answer.kind is MessageKind.ENCODED:

@@ -7,10 +7,15 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from typing import cast
 
+import pyarrow as pa
 import pytest
 
-from app.node.encode_dispatch import EncodeSlots
+from app.node import encode_dispatch
+from app.node.encode_dispatch import EncodeDispatch, EncodeSlots
+from app.receive import channel
+from app.receive.channel import Connection, MessageKind
 
 
 def _until(what: str, check: Callable[[], bool]) -> None:
@@ -75,3 +80,41 @@ def test_a_slot_is_given_back_when_the_encode_raises() -> None:
 def test_a_bound_below_one_is_refused_naming_the_setting() -> None:
     with pytest.raises(ValueError, match=r"server\.encode_concurrency must be >= 1, got 0"):
         EncodeSlots(0)
+
+
+class _Conn:
+    """A worker's channel as the dispatch sees it: ``hung`` never answers (a timeout)."""
+
+    def __init__(self, hung: bool) -> None:
+        self.hung = hung
+        self.calls = 0
+
+    def call(self, kind: MessageKind, body: object, timeout: float) -> object:
+        self.calls += 1
+        if self.hung:
+            raise TimeoutError(f"no answer in {timeout} s")
+        return type("Answer", (), {"kind": MessageKind.ENCODED, "body": b"worker"})()
+
+
+class _Cols:
+    def table(self) -> pa.Table:
+        return pa.table({"a": [1]})
+
+
+def test_tail_6_a_worker_that_timed_out_an_encode_is_sent_no_more(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With one slot, a hung worker chosen at every turn would stall every publish for
+    the whole timeout each time: after its first timeout it is passed over, the other
+    worker and (when none is left) the core encode."""
+    monkeypatch.setattr(encode_dispatch, "encode_records", lambda cols, compression: b"core")
+    monkeypatch.setattr(channel, "encode_encode_request", lambda compression, table: [b""])
+    hung, good = _Conn(hung=True), _Conn(hung=False)
+    dispatch = EncodeDispatch(lambda: cast("list[Connection]", [hung, good]), 1)
+    got = [dispatch.encode_records(_Cols(), "zstd") for _ in range(6)]  # type: ignore[arg-type]
+    assert got == [b"core"] + [b"worker"] * 5
+    assert hung.calls == 1 and good.calls == 5
+    alone = EncodeDispatch(lambda: cast("list[Connection]", [hung]), 1)
+    alone._unanswered.add(cast("Connection", hung))  # the state the first timeout leaves
+    assert alone.encode_records(_Cols(), "zstd") == b"core"  # type: ignore[arg-type]
+    assert hung.calls == 1
