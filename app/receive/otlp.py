@@ -62,7 +62,7 @@ import re
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -638,38 +638,46 @@ def flatten(
     once walked, and both before the resource attributes and scope names are copied
     per row (the one step the request's size does not bound)."""
     check = _Checks(limits)
-    key_chars, value_chars = check.key_chars, check.value_chars
-    # With upb every attribute access creates a Python object, so each field is read
-    # exactly once, bound methods are hoisted out of the loops, and the common case (a
-    # non-empty string value) is tested with the string itself instead of WhichOneof.
-    times: list[int] = []
-    observed: list[int] = []
-    severities: list[int] = []
-    severity_texts: list[str] = []
-    bodies: list[str] = []
-    traces: list[str | None] = []
-    spans: list[str | None] = []
-    keys: list[str] = []
-    values: list[str] = []
-    ends: list[int] = [0]
-    resource_keys: list[str] = []
-    resource_values: list[str] = []
-    resource_ends: list[int] = [0]
-    resource_rows: list[int] = []
-    scopes: list[str] = []
-    scope_rows: list[int] = []
-    add_time, add_observed = times.append, observed.append
-    add_severity, add_severity_text = severities.append, severity_texts.append
-    add_body, add_trace, add_span = bodies.append, traces.append, spans.append
-    add_key, add_value, add_end = keys.append, values.append, ends.append
-    value_text = check.value_text
+    walked = _walk(req, check)
+    if not walked.times:
+        return FlatBatch(tenant, _EMPTY)
+    return FlatBatch(tenant, _arrays(walked, check))
+
+
+class _Walked(NamedTuple):
+    """The flat lists ``_walk`` fills, one entry a row (or a resource, or a scope)."""
+
+    times: list[int]
+    observed: list[int]
+    severities: list[int]
+    severity_texts: list[str]
+    bodies: list[str]
+    traces: list[str | None]
+    spans: list[str | None]
+    keys: list[str]
+    values: list[str]
+    ends: list[int]
+    resource_keys: list[str]
+    resource_values: list[str]
+    resource_ends: list[int]
+    resource_rows: list[int]
+    scopes: list[str]
+    scope_rows: list[int]
+
+
+def _walk(req: ExportLogsServiceRequest, check: _Checks) -> _Walked:
+    """``flatten``'s pass over the request: every field read once into flat lists, the
+    limits checked as the walk meets them (``flatten``'s docstring)."""
+    w = _Walked([], [], [], [], [], [], [], [], [], [0], [], [], [0], [], [], [])
+    resource_keys, resource_ends = w.resource_keys, w.resource_ends
+    scopes = w.scopes
     for rl in req.resource_logs:
         resource = _attribute_dict(rl.resource.attributes, check)
         if check.limits is not None:
             check.repeated(resource, rl.scope_logs)
         resource_index = len(resource_ends) - 1
         resource_keys.extend(resource)
-        resource_values.extend(resource.values())
+        w.resource_values.extend(resource.values())
         resource_ends.append(len(resource_keys))
         for sl in rl.scope_logs:
             records = sl.log_records
@@ -677,44 +685,82 @@ def flatten(
                 continue
             scope_index = len(scopes)
             scopes.append(sl.scope.name)
-            for lr in records:
-                add_time(lr.time_unix_nano)
-                add_observed(lr.observed_time_unix_nano)
-                add_severity(lr.severity_number)
-                add_severity_text(lr.severity_text)
-                body = lr.body
-                text = body.string_value
-                add_body(text if text else value_text(body))
-                # Slicing builds the element wrappers in one C loop, measured ~15% faster
-                # than iterating the repeated field itself.
-                start = len(keys)
-                for kv in lr.attributes[:]:
-                    value = kv.value
-                    key = kv.key
-                    text = value.string_value or value_text(value)
-                    # Fewer characters than a quarter of the bound cannot be over it in
-                    # UTF-8; only longer ones are measured (two compares per attribute).
-                    if len(key) > key_chars:
-                        check.key(key)
-                    if len(text) > value_chars:
-                        check.value(key, text)
-                    add_key(key)
-                    add_value(text)
-                end = len(keys)
-                if end - start > 1 and len(set(keys[start:])) != end - start:
-                    _unique_keys(keys, values, start)  # rare: a duplicated key
-                    end = len(keys)
-                add_end(end)
-                trace_id = lr.trace_id
-                add_trace(trace_id.hex() if trace_id else None)
-                span_id = lr.span_id
-                add_span(span_id.hex() if span_id else None)
+            _walk_records(records, w, check)
             count = len(records)
-            resource_rows.extend(itertools.repeat(resource_index, count))
-            scope_rows.extend(itertools.repeat(scope_index, count))
+            w.resource_rows.extend(itertools.repeat(resource_index, count))
+            w.scope_rows.extend(itertools.repeat(scope_index, count))
+    return w
+
+
+def _walk_records(records: Any, w: _Walked, check: _Checks) -> None:
+    """One scope's log records into ``w``'s row lists (``_walk``)."""
+    # With upb every attribute access creates a Python object, so each field is read
+    # exactly once, bound methods are hoisted out of the loop, and the common case (a
+    # non-empty string value) is tested with the string itself instead of WhichOneof.
+    key_chars, value_chars = check.key_chars, check.value_chars
+    keys, values = w.keys, w.values
+    add_time, add_observed = w.times.append, w.observed.append
+    add_severity, add_severity_text = w.severities.append, w.severity_texts.append
+    add_body, add_trace, add_span = w.bodies.append, w.traces.append, w.spans.append
+    add_key, add_value, add_end = keys.append, values.append, w.ends.append
+    value_text = check.value_text
+    for lr in records:
+        add_time(lr.time_unix_nano)
+        add_observed(lr.observed_time_unix_nano)
+        add_severity(lr.severity_number)
+        add_severity_text(lr.severity_text)
+        body = lr.body
+        text = body.string_value
+        add_body(text if text else value_text(body))
+        # Slicing builds the element wrappers in one C loop, measured ~15% faster
+        # than iterating the repeated field itself.
+        start = len(keys)
+        for kv in lr.attributes[:]:
+            value = kv.value
+            key = kv.key
+            text = value.string_value or value_text(value)
+            # Fewer characters than a quarter of the bound cannot be over it in
+            # UTF-8; only longer ones are measured (two compares per attribute).
+            if len(key) > key_chars:
+                check.key(key)
+            if len(text) > value_chars:
+                check.value(key, text)
+            add_key(key)
+            add_value(text)
+        end = len(keys)
+        if end - start > 1 and len(set(keys[start:])) != end - start:
+            _unique_keys(keys, values, start)  # rare: a duplicated key
+            end = len(keys)
+        add_end(end)
+        trace_id = lr.trace_id
+        add_trace(trace_id.hex() if trace_id else None)
+        span_id = lr.span_id
+        add_span(span_id.hex() if span_id else None)
+
+
+def _arrays(walked: _Walked, check: _Checks) -> pa.RecordBatch:
+    """The walked lists as the decoder's Arrow columns (``FLAT_SCHEMA``), each in one call;
+    the rows' bytes checked against ``limits.expanded_bytes`` before the resource
+    attributes and scope names are copied per row."""
+    (
+        times,
+        observed,
+        severities,
+        severity_texts,
+        bodies,
+        traces,
+        spans,
+        keys,
+        values,
+        ends,
+        resource_keys,
+        resource_values,
+        resource_ends,
+        resource_rows,
+        scopes,
+        scope_rows,
+    ) = walked
     n = len(times)
-    if n == 0:
-        return FlatBatch(tenant, _EMPTY)
     severity_text_array = pa.array(severity_texts, pa.string())
     body_array = pa.array(bodies, pa.string())
     key_array = pa.array(keys, pa.string())
@@ -740,7 +786,7 @@ def flatten(
         pa.array(spans, pa.string()),
         _record_indexes(n),
     ]
-    return FlatBatch(tenant, pa.RecordBatch.from_arrays(arrays, schema=FLAT_SCHEMA))
+    return pa.RecordBatch.from_arrays(arrays, schema=FLAT_SCHEMA)
 
 
 def decode_flat(data: bytes, tenant: str, limits: RequestLimits | None = None) -> FlatBatch:
