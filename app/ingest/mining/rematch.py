@@ -22,10 +22,10 @@ Invariants:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from app.ingest.mining.tokens import PARAM
 
@@ -93,38 +93,57 @@ class VersionMap:
 
     Calling it on a ``RECORDS_SCHEMA`` batch returns the batch with every row whose
     version is older than its template's here re-matched to that version (parameters and
-    ``template_version``), or the same batch when none is. The cost: one vectorised pass
-    over the batch's template ids per widened template it holds; only a batch with a
-    stale row has its parameter and version columns rebuilt, and only its stale rows
-    are split again. A pure function of the rows and the map, so every attempt at a
+    ``template_version``), or the same batch when none is. The cost: one binary search
+    of the batch's template ids in the map's sorted ids (``stale_rows``); only a batch
+    with a stale row has its parameter and version columns rebuilt, and only its stale
+    rows are split again. A pure function of the rows and the map, so every attempt at a
     partition publishes the same rows."""
 
     versions: Mapping[int, tuple[int, tuple[str, ...]]]
     split: Callable[[str], list[str]]
+    #: ``versions`` as two sorted arrays (ids, version numbers), built at the first call:
+    #: a batch's stale rows are found by one binary search over its template ids instead
+    #: of an Arrow comparison per widened template (a cut's flush lane spent ~19 µs a
+    #: record on those with 32 tenants' partitions of small per-turn batches).
+    _index: list[tuple[np.ndarray, np.ndarray]] = field(
+        default_factory=list, init=False, repr=False, compare=False
+    )
+
+    def _lookup(self) -> tuple[np.ndarray, np.ndarray]:
+        if not self._index:
+            ids = np.fromiter(self.versions, dtype=np.int64, count=len(self.versions))
+            numbers = np.fromiter(
+                (v[0] for v in self.versions.values()), dtype=np.int64, count=len(ids)
+            )
+            order = np.argsort(ids, kind="stable")
+            self._index.append((ids[order], numbers[order]))
+        return self._index[0]
+
+    def stale_rows(self, batch: pa.RecordBatch) -> np.ndarray:
+        """The positions of ``batch``'s rows whose version is older than their
+        template's here, ascending."""
+        if not self.versions or batch.num_rows == 0:
+            return np.empty(0, dtype=np.int64)
+        keys, numbers = self._lookup()
+        ids = batch.column("template_id").to_numpy()
+        at = np.searchsorted(keys, ids)
+        np.minimum(at, len(keys) - 1, out=at)
+        current = np.where(keys[at] == ids, numbers[at], 0)
+        return np.flatnonzero(batch.column("template_version").to_numpy() < current)
 
     def __call__(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        rows = self.stale_rows(batch)
+        if len(rows) == 0:
+            return batch
         versions = self.versions
-        if not versions or batch.num_rows == 0:
-            return batch
         ids = batch.column("template_id")
-        held = [t for t in pc.unique(ids).to_pylist() if t in versions]
-        if not held:
-            return batch
         mined = batch.column("template_version")
-        stale: pa.Array | None = None
-        for template_id in held:
-            older = pc.and_(pc.equal(ids, template_id), pc.less(mined, versions[template_id][0]))
-            stale = older if stale is None else pc.or_(stale, older)
-        assert stale is not None
-        rows = pc.indices_nonzero(stale).to_pylist()
-        if not rows:
-            return batch
         params = batch.column("template_params").to_pylist()
         numbers = mined.to_pylist()
         bodies = batch.column("body")
         id_list = ids.to_pylist()
         split = self.split
-        for row in rows:
+        for row in rows.tolist():
             version, template = versions[id_list[row]]
             try:
                 params[row] = list(params_under(split(bodies[row].as_py()), template))

@@ -163,3 +163,28 @@ def test_issue24_4_only_stale_rows_are_split_again_and_isolated_rows_are_left_al
     # an isolated frame's rows (template 0, version 0) are never touched
     isolated = assemble_records("t", first.select(list(FLAT_SCHEMA.names)), [0, 0], [(), ()], 9)
     assert pinned(isolated) is isolated
+
+
+@seed(20261206)
+@settings(max_examples=300, database=None, deadline=None)
+@given(
+    widened=st.dictionaries(st.integers(-(2**62), 2**62), st.integers(1, 9), max_size=12),
+    rows=st.lists(st.tuples(st.integers(-3, 3), st.integers(0, 10)), max_size=40),
+)
+def test_issue24_4_stale_rows_are_the_rows_older_than_their_templates_version(
+    widened: dict[int, int], rows: list[tuple[int, int]]
+) -> None:
+    # The binary search over the map's sorted ids against the rule read row by row: a
+    # row is stale when its template is in the map at a later version than the row's.
+    ids = list(widened)
+    rows = [(ids[i % len(ids)] if ids and i >= 0 else i, v) for i, v in rows]
+    batch = pa.record_batch(
+        {
+            "template_id": pa.array([r[0] for r in rows], pa.int64()),
+            "template_version": pa.array([r[1] for r in rows], pa.int32()),
+        }
+    )
+    pinned = VersionMap({t: (v, ()) for t, v in widened.items()}, str.split)
+    expected = [i for i, (t, v) in enumerate(rows) if t in widened and v < widened[t]]
+    assert pinned.stale_rows(batch).tolist() == expected
+    assert pinned.stale_rows(batch).tolist() == expected  # the index, built once, reused
