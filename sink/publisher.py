@@ -68,6 +68,13 @@ it has now, with its intent recorded — so it leaves memory and becomes a unit 
 published from its file, as it is, with the conditional create. A spooled unit's intent
 is never recorded again: one record per spooled object, however many attempts.
 
+**A publish's CPU** (``encode_slot``). The node passes the slots that bound its
+records encodes (TAIL.6, ``app.node.encode_dispatch``): a publish holds one while it
+re-matches and encodes its rows and again while it settles them, not while its intent
+and PUT wait on the disk or the network. So a rotation cut's lanes overlap their writes
+but never want more CPU at once than the slots allow, which the requests being served
+would wait for. Without the node's slots it is a no-op.
+
 **Object size.** An encoded records object over ``max_object_bytes`` is not written: its
 partition goes back as two halves (``object_too_large``), unless it is a single frame's
 rows or already has a name.
@@ -102,6 +109,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
@@ -296,6 +304,7 @@ class Publisher:
         dead_letter_attempts: int = 5,
         events: Callable[[str, Mapping[str, object]], None] | None = None,
         records_encoder: Callable[[RecordColumns, str], bytes] = encode_records,
+        encode_slot: Callable[[], AbstractContextManager[object]] = contextlib.nullcontext,
     ) -> None:
         self._store = store
         #: where a partition the store refuses for good goes (None: retried for ever)
@@ -333,6 +342,9 @@ class Publisher:
         #: or (with worker processes) a worker's encode with the same result, so the
         #: encode's CPU is not the node's serial process's
         self.records_encoder = records_encoder
+        #: held around a publish's CPU part — re-matching, encoding, settling its rows —
+        #: and not around its intent and PUT (module docstring, "A publish's CPU")
+        self._encode_slot = encode_slot
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -453,7 +465,8 @@ class Publisher:
                     data = held.enter_context(self.spool.reading(part.spool))
                     name, key = self._spooled_key(d)
                 else:
-                    name, key, data = self._encode(d)
+                    with self._encode_slot():
+                        name, key, data = self._encode(d)
             except Exception as exc:  # noqa: BLE001 - requeued and counted, never lost
                 if part.spool is None:
                     return self._encode_failed(d, kind, exc), None
@@ -507,7 +520,8 @@ class Publisher:
                 self.stats.already_present += 1
             if part.spool is not None:
                 self.stats.unspooled += 1
-        return self._buffers.published(d), True
+        with self._encode_slot():
+            return self._buffers.published(d), True
 
     def _too_large(self, d: Detached, data: bytes) -> bool:
         """An encoded records object over ``max_object_bytes`` that can still be split:

@@ -583,6 +583,36 @@ SABOTAGES: tuple[Sabotage, ...] = (
         ),
     ),
     Sabotage(
+        "publish_encodes_outside_the_slot",
+        "TAIL.6: a publish holds the encode slot while it re-matches and encodes its rows",
+        "sink/publisher.py",
+        "                    with self._encode_slot():\n                        name, key, data = self._encode(d)\n",
+        "                    if True:\n                        name, key, data = self._encode(d)\n",
+        (
+            "tests/unit/sink/test_publish_slot.py::test_tail_6_a_publish_holds_the_slot_while_it_encodes_and_settles_not_while_it_writes",
+        ),
+    ),
+    Sabotage(
+        "publish_settles_outside_the_slot",
+        "TAIL.6: a publish holds the encode slot while it settles its rows, not while it writes",
+        "sink/publisher.py",
+        "        with self._encode_slot():\n            return self._buffers.published(d), True\n",
+        "        if True:\n            return self._buffers.published(d), True\n",
+        (
+            "tests/unit/sink/test_publish_slot.py::test_tail_6_a_publish_holds_the_slot_while_it_encodes_and_settles_not_while_it_writes",
+        ),
+    ),
+    Sabotage(
+        "encode_slot_not_reentrant",
+        "TAIL.6: the publish that holds a slot encodes without taking a second",
+        "app/node/encode_dispatch.py",
+        "        if depth:\n",
+        "        if False:\n",
+        (
+            "tests/unit/app/node/test_encode_dispatch.py::test_tail_6_a_thread_that_holds_a_slot_encodes_without_taking_a_second",
+        ),
+    ),
+    Sabotage(
         "hung_worker_keeps_getting_encodes",
         "TAIL.6: a worker that timed out an encode is sent no more (a hung one cannot hold the slots)",
         "app/node/encode_dispatch.py",

@@ -569,9 +569,10 @@ _SERVER_ROWS = (
         None,
         "Parquet encodes of records partitions in flight at once across the worker "
         "processes (a WAL rotation's cut publishes every tenant's partition together); a "
-        "publish that finds every slot taken waits for one, so the encodes leave the CPUs "
-        "to the requests being served (docs/BENCHMARKS.md, issue 23). No effect with "
-        "server.workers 0.",
+        "publish holds its slot while it re-matches, encodes and settles its rows (not "
+        "while it writes them), and one that finds every slot taken waits for one, so the "
+        "cut's CPU leaves the rest to the requests being served (docs/BENCHMARKS.md, "
+        "issue 23; TAIL.6). No effect with server.workers 0.",
         minimum=1,
         maximum=_MAX_WORKERS,
         optional=True,

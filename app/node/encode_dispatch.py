@@ -21,6 +21,15 @@ the core's own encode, and each of those ends: the worker's answer within
 ``ENCODE_TIMEOUT_S``, or the core's encode. The cut's own deadline and stall metrics
 measure the cut as it runs, waits included.
 
+**A publish's CPU, not only its encode.** The publisher holds the same slot for the whole
+CPU part of a records publish — re-matching its rows to the pinned template versions,
+the encode, and settling its rows once the store has them — and not while it writes the
+object (``sink.publisher``, its ``encode_slot``). With the slot on the encode alone, the
+other lanes' re-matching and settling ran beside every worker encode and the half-load
+p99 stayed at 50–200 ms, every slow request inside a rotation cut's burst; with the CPU
+part under the slot it is 13–22 ms (docs/BENCHMARKS.md, 2026-12-06 17:00 UTC). A slot is
+re-entrant on its thread: the publish that holds one encodes without taking a second.
+
 **A worker that does not answer.** A worker that timed out an encode is sent no more
 encodes for the life of its channel (the core encodes in its place): a hung worker that
 is not dead would otherwise take a slot for ``ENCODE_TIMEOUT_S`` at every turn it came
@@ -68,11 +77,22 @@ class EncodeSlots:
         self.waiting = 0
         self.waited = 0
         self.wait_seconds = 0.0
+        #: how deep the current thread is inside ``slot`` (re-entrant: module docstring)
+        self._held = threading.local()
 
     @contextmanager
     def slot(self) -> Iterator[None]:
         """Hold a slot for the block's duration, waiting for one first when all are
-        taken (each holder ends: module docstring)."""
+        taken (each holder ends: module docstring); a thread that holds one already
+        keeps using it."""
+        depth: int = getattr(self._held, "depth", 0)
+        if depth:
+            self._held.depth = depth + 1
+            try:
+                yield
+            finally:
+                self._held.depth = depth
+            return
         with self._cond:
             if self.in_flight >= self.limit:
                 self.waiting += 1
@@ -83,9 +103,11 @@ class EncodeSlots:
                 self.wait_seconds += time.monotonic() - began
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        self._held.depth = 1
         try:
             yield
         finally:
+            self._held.depth = 0
             with self._cond:
                 self.in_flight -= 1
                 self._cond.notify()

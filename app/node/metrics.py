@@ -187,8 +187,8 @@ def _encode_metrics(slots: EncodeSlots | None) -> Iterator[GaugeMetricFamily | C
     (``app.node.encode_dispatch``); zeros with server.workers 0."""
     yield _gauge(
         "ourios_encode_jobs_in_flight",
-        "Parquet encodes of records partitions in flight on the workers (or the core's "
-        "fallback) now; at most server.encode_concurrency.",
+        "Encode slots held now: a publish re-matching, encoding (on a worker, or the "
+        "core's fallback) or settling a records partition; at most server.encode_concurrency.",
         0 if slots is None else slots.in_flight,
     )
     yield _gauge(

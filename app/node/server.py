@@ -27,6 +27,7 @@ replays them).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -35,6 +36,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -71,6 +73,7 @@ from app.ingest.snapshot_store import SnapshotLedger, SnapshotStore, SnapshotSto
 from app.ingest.stages import LocalPort, Stages
 from app.ingest.tenants import TenantCountExceeded
 from app.node.datalock import DataDirLock, DataDirLocked, DataDirLockError
+from app.node.encode_dispatch import EncodeSlots
 from app.node.metrics import Metrics, Started
 from app.node.recovery import IsolatedFrame, Recovery
 from app.node.storeprobe import (
@@ -136,12 +139,20 @@ class _RecordsEncoder:
 
     def __init__(self) -> None:
         self._encode: Callable[[RecordColumns, str], bytes] = encode_records
+        self._slots: EncodeSlots | None = None
 
-    def use(self, encode: Callable[[RecordColumns, str], bytes]) -> None:
+    def use(self, encode: Callable[[RecordColumns, str], bytes], slots: EncodeSlots) -> None:
         self._encode = encode
+        self._slots = slots
 
     def __call__(self, cols: RecordColumns, compression: str) -> bytes:
         return self._encode(cols, compression)
+
+    def slot(self) -> AbstractContextManager[object]:
+        """What a publish holds around its CPU part (TAIL.6): one of the workers' encode
+        slots once they encode, nothing before."""
+        slots = self._slots
+        return slots.slot() if slots is not None else contextlib.nullcontext()
 
 
 @dataclass(frozen=True)
@@ -504,6 +515,7 @@ def _build_publisher(
         dead_letter_attempts=settings.sink.dead_letter_attempts,
         events=events,
         records_encoder=ahead.encoder,
+        encode_slot=ahead.encoder.slot,
     )
     return buffers, publisher
 
@@ -982,7 +994,7 @@ def _start_core(
     if workers is not None:
         # The workers encode the publisher's records partitions (the core's CPU is the
         # node's bound); one that cannot leaves the core to encode them itself.
-        node.ahead.encoder.use(workers.encode_records)
+        node.ahead.encoder.use(workers.encode_records, workers.encoder.slots)
         workers.launch()  # starting while recovery prepares: the replay decodes on them
     recovery = _recovery(node, workers)
     try:

@@ -77,6 +77,34 @@ def test_a_slot_is_given_back_when_the_encode_raises() -> None:
     assert slots.waited == 0
 
 
+def test_tail_6_a_thread_that_holds_a_slot_encodes_without_taking_a_second() -> None:
+    """The publisher holds a slot around a publish's CPU part and the encode inside it
+    asks for one again: the same thread keeps its slot (with one slot a second take would
+    wait for itself for ever), and another thread still waits until it is given back."""
+    slots = EncodeSlots(1)
+    nested = threading.Event()
+
+    def publish() -> None:
+        with slots.slot(), slots.slot():
+            assert slots.in_flight == 1
+            nested.set()
+
+    t = threading.Thread(target=publish, daemon=True)
+    t.start()
+    t.join(10)
+    assert not t.is_alive() and nested.is_set(), "the nested take waited for its own slot"
+    assert (slots.in_flight, slots.max_in_flight, slots.waited) == (0, 1, 0)
+    holder = Holder(slots)
+    assert holder.inside.wait(10)
+    other = Holder(slots)
+    _until("the other thread waits", lambda: slots.waiting == 1)
+    assert not other.inside.is_set()
+    holder.release()
+    assert other.inside.wait(10)
+    other.release()
+    assert slots.in_flight == 0
+
+
 def test_a_bound_below_one_is_refused_naming_the_setting() -> None:
     with pytest.raises(ValueError, match=r"server\.encode_concurrency must be >= 1, got 0"):
         EncodeSlots(0)
