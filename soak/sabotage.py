@@ -583,6 +583,16 @@ SABOTAGES: tuple[Sabotage, ...] = (
         ),
     ),
     Sabotage(
+        "sliced_column_counted_by_its_rows",
+        "BOUNDED.1: a column sliced out of a larger buffer counts all the memory it holds",
+        "sink/parquet.py",
+        "        n += batch.column(i).get_total_buffer_size()\n",
+        "        n += batch.column(i).nbytes\n",
+        (
+            "tests/unit/sink/test_parquet.py::test_bounded_1_held_bytes_counts_a_shared_index_by_its_rows_and_a_sliced_string_whole",
+        ),
+    ),
+    Sabotage(
         "publish_encodes_outside_the_slot",
         "TAIL.6: a publish holds the encode slot while it re-matches and encodes its rows",
         "sink/publisher.py",

@@ -28,6 +28,7 @@ from sink.parquet import (
     assemble_records,
     encode_audit,
     encode_records,
+    held_bytes,
     records_batch,
 )
 
@@ -311,11 +312,32 @@ def test_merge_appends_the_other_buffer_and_leaves_it_unchanged() -> None:
     assert a.batches[1:] == b.batches  # shared, not copied: a batch never changes
 
 
-def test_nbytes_is_the_arrow_size_of_the_batches() -> None:
+def test_nbytes_is_what_the_batches_hold() -> None:
     cols = RecordColumns()
     for row in sample_rows():
         cols.append_row(*row)
-    assert cols.nbytes == sum(batch.nbytes for batch in cols.batches) > 0
+    assert cols.nbytes == sum(held_bytes(batch) for batch in cols.batches) > 0
+    # Arrow's own figure, within a few bytes a batch: the offsets' one extra entry of
+    # each variable-width column (three in a map, two in a list), validity bitmaps
+    arrow = sum(batch.nbytes for batch in cols.batches)
+    assert arrow <= cols.nbytes <= arrow + 64 * len(cols.batches)
+
+
+def test_bounded_1_held_bytes_counts_a_shared_index_by_its_rows_and_a_sliced_string_whole() -> None:
+    (row,) = sample_rows()[:1]
+    batch = records_batch(
+        {name: [value] * 10 for name, value in zip(RECORDS_SCHEMA.names, row, strict=True)}
+    )
+    base = held_bytes(batch)
+    # record_index as the decoders build it: a slice of one long array of 0, 1, 2, …
+    shared = pa.array(range(100_000), pa.int32()).slice(0, 10)
+    index_at = RECORDS_SCHEMA.get_field_index("record_index")
+    assert held_bytes(batch.set_column(index_at, "record_index", shared)) == base
+    # a string column sliced out of a larger one keeps all of it in memory
+    body_at = RECORDS_SCHEMA.get_field_index("body")
+    big = pa.array(["x" * 1_000] * 100, pa.string())
+    sliced = batch.set_column(body_at, RECORDS_SCHEMA.field("body"), big.slice(0, 10))
+    assert held_bytes(sliced) - base >= 100 * 1_000 - batch.column(body_at).nbytes
 
 
 def test_a_batch_of_another_schema_is_refused() -> None:
