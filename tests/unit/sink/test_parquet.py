@@ -18,7 +18,9 @@ from sink.parquet import (
     AUDIT_SCHEMA,
     COMPRESSIONS,
     FLAT_SCHEMA,
+    RECORDS_DICTIONARY_COLUMNS,
     RECORDS_SCHEMA,
+    RECORDS_STATISTICS_COLUMNS,
     AuditColumns,
     AuditRow,
     EncodeError,
@@ -338,6 +340,18 @@ def test_bounded_1_held_bytes_counts_a_shared_index_by_its_rows_and_a_sliced_str
     big = pa.array(["x" * 1_000] * 100, pa.string())
     sliced = batch.set_column(body_at, RECORDS_SCHEMA.field("body"), big.slice(0, 10))
     assert held_bytes(sliced) - base >= 100 * 1_000 - batch.column(body_at).nbytes
+
+
+def test_records_objects_have_dictionaries_and_statistics_only_where_they_serve() -> None:
+    cols = RecordColumns()
+    for row in sample_rows():
+        cols.append_row(*row)
+    meta = pq.ParquetFile(pa.BufferReader(encode_records(cols))).metadata.row_group(0)
+    chunks = {meta.column(i).path_in_schema: meta.column(i) for i in range(meta.num_columns)}
+    dictionary = {p for p, c in chunks.items() if any("DICTIONARY" in e for e in c.encodings)}
+    assert dictionary == set(RECORDS_DICTIONARY_COLUMNS)
+    assert {p for p, c in chunks.items() if c.is_stats_set} == set(RECORDS_STATISTICS_COLUMNS)
+    assert read(encode_records(cols)).to_pylist() == cols.table().to_pylist()
 
 
 def test_a_batch_of_another_schema_is_refused() -> None:
