@@ -574,8 +574,8 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "encode_slots_unbounded",
         "TAIL.6: a rotation cut's encodes run at most server.encode_concurrency at once",
         "app/node/encode_dispatch.py",
-        "            if self.in_flight >= self.limit:\n",
-        "            if self.in_flight >= 1_000_000:\n",
+        "        return self.in_flight + len(self._resting)\n",
+        "        return 0\n",
         (
             "tests/unit/app/node/test_encode_dispatch.py::test_tail_6_no_more_encodes_than_the_slots_hold_at_once",
             "tests/unit/app/node/test_worker_pool.py::test_tail_6_an_encode_waits_for_a_slot_before_it_is_sent",
@@ -590,6 +590,26 @@ SABOTAGES: tuple[Sabotage, ...] = (
         "        n += batch.column(i).nbytes\n",
         (
             "tests/unit/sink/test_parquet.py::test_bounded_1_held_bytes_counts_a_shared_index_by_its_rows_and_a_sliced_string_whole",
+        ),
+    ),
+    Sabotage(
+        "cut_publishes_not_paced",
+        "TAIL.6: a cut's publishes run paced, so the encode slots they take rest after them",
+        "app/cadence/cut_runner.py",
+        "            with paced():\n                return publish_now(d)\n",
+        "            if True:\n                return publish_now(d)\n",
+        (
+            "tests/unit/app/cadence/test_cut_pacing.py::test_tail_6_every_publish_of_a_cut_runs_paced",
+        ),
+    ),
+    Sabotage(
+        "slot_rest_ignored",
+        "TAIL.6: a slot a cut's publish held rests t × (100 / server.encode_duty_percent − 1)",
+        "app/node/encode_dispatch.py",
+        '                if self.rest_factor and getattr(self._held, "paced", False):\n',
+        "                if False:\n",
+        (
+            "tests/unit/app/node/test_encode_dispatch.py::test_tail_6_a_paced_publish_leaves_its_slot_resting_and_an_unpaced_one_does_not",
         ),
     ),
     Sabotage(

@@ -580,6 +580,20 @@ _SERVER_ROWS = (
     ),
     Setting(
         "server",
+        "encode_duty_percent",
+        ValueKind.INT,
+        50,
+        "The share of the wall time a cut's publish may hold an encode slot: after a "
+        "WAL cut's publish held one for t seconds (re-matching, encoding, settling its "
+        "rows), that slot rests t × (100 / percent − 1) before it is taken again, so a "
+        "rotation's cut spreads its CPU instead of taking it in one burst from the "
+        "requests being served (docs/BENCHMARKS.md, issue 23; TAIL.6). 100: no rest. "
+        "Spills and recovery's publishes never rest. No effect with server.workers 0.",
+        minimum=1,
+        maximum=100,
+    ),
+    Setting(
+        "server",
         "decoder",
         ValueKind.CHOICE,
         "native",
@@ -1046,6 +1060,7 @@ class ServerSettings:
     final_cut_secs: int
     workers: int
     encode_concurrency: int
+    encode_duty_percent: int
     decoder: Decoder
     thread_restarts: int
     max_request_records: int

@@ -31,10 +31,12 @@ invalidated — batches back into the buffers, snapshots discarded — when that
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING
 
 from app.cadence.cut_runner import FLUSH_CONCURRENCY, CutOutcome, CutRunner
@@ -73,6 +75,7 @@ class Barrier:
         intents: IntentLog | None = None,
         flush_concurrency: int = FLUSH_CONCURRENCY,
         threads: Supervisor | None = None,
+        paced: Callable[[], AbstractContextManager[object]] = contextlib.nullcontext,
     ) -> None:
         self.cuts = cuts
         self.settler = settler
@@ -105,6 +108,7 @@ class Barrier:
             on_run=on_run,
             intents=intents,
             flush_concurrency=flush_concurrency,
+            paced=paced,
         )
 
     def schedule(self) -> tuple[float, float]:

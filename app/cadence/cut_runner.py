@@ -24,10 +24,12 @@ from ``RETRY_FIRST_SECS`` up to ``barrier_secs`` while cuts keep failing.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 from app import points
@@ -35,7 +37,7 @@ from app.base.gc_policy import collection_deferred
 from app.ingest.cuts import Cut, CutOwner
 from app.ingest.landed import live_intent
 from app.ingest.snapshot_store import SnapshotLedger, SnapshotStore
-from sink.buffers import Detached
+from sink.buffers import Detached, PublishOutcome
 from wal import (
     AppendError,
     CheckpointError,
@@ -112,6 +114,7 @@ class CutRunner:
         on_run: Callable[[str, str], None] | None = None,
         intents: IntentLog | None = None,
         flush_concurrency: int = FLUSH_CONCURRENCY,
+        paced: Callable[[], AbstractContextManager[object]] = contextlib.nullcontext,
     ) -> None:
         self.cuts = cuts
         self.store = store
@@ -124,6 +127,9 @@ class CutRunner:
         self._request_cut = request_cut
         #: how many of a cut's partitions are published at once (``_flush``)
         self.flush_concurrency = max(1, flush_concurrency)
+        #: what each of the cut's publishes runs inside: the node's encode slots rest
+        #: after a cut's publish (``server.encode_duty_percent``, TAIL.6)
+        self._paced = paced
         #: the publish intents, trimmed to what lies above the frontiers after each cut
         self.intents = intents
         #: the retries' clock: monotonic, so a wall clock stepped back never stalls a cut
@@ -254,7 +260,13 @@ class CutRunner:
         every cut and the WAL grew without bound (the 2026-12-03 soak). Whether each
         publish succeeded, in ``batches``' order; an unexpected exception is raised
         here once every thread has stopped."""
-        publish = self.cuts.publisher.publish
+        publish_now = self.cuts.publisher.publish
+        paced = self._paced
+
+        def publish(d: Detached) -> PublishOutcome:
+            with paced():
+                return publish_now(d)
+
         lanes = min(self.flush_concurrency, len(batches))
         if lanes <= 1:
             return [publish(d).ok for d in batches]

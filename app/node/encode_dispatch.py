@@ -30,6 +30,16 @@ p99 stayed at 50–200 ms, every slow request inside a rotation cut's burst; wit
 part under the slot it is 13–22 ms (docs/BENCHMARKS.md, 2026-12-06 17:00 UTC). A slot is
 re-entrant on its thread: the publish that holds one encodes without taking a second.
 
+**A cut's publishes rest their slot** (``server.encode_duty_percent``). Even one at a
+time, a rotation's cut holds the slot back to back for a second or more — a CPU busy
+beside the requests' — and the requests that arrive then wait for a CPU (half-load p99
+24–29 ms at 460 req/s, every slow request inside a burst). A publish run inside
+``paced`` (the cut's flush lanes) leaves its slot resting, after holding it t seconds,
+for t × (100 / percent − 1): at 50 % the cut spreads its CPU over twice the time and the
+requests' p99 was 12–18 ms (docs/BENCHMARKS.md, 2026-12-06 18:33 UTC). The spiller's and
+recovery's publishes do not rest it: a replay's backlog drains at full speed (at 50 %
+for them too the replay fell from ~120,000 to 86,000–98,000 records/s).
+
 **A worker that does not answer.** A worker that timed out an encode is sent no more
 encodes for the life of its channel (the core encodes in its place): a hung worker that
 is not dead would otherwise take a slot for ``ENCODE_TIMEOUT_S`` at every turn it came
@@ -65,10 +75,19 @@ class EncodeSlots:
     """At most ``limit`` encodes in flight; the others wait for a slot (module
     docstring). Thread-safe; its counters are the node's ``ourios_encode_*`` metrics."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(
+        self, limit: int, duty_percent: int = 100, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         if limit < 1:
             raise ValueError(f"server.encode_concurrency must be >= 1, got {limit}")
+        if not 1 <= duty_percent <= 100:
+            raise ValueError(f"server.encode_duty_percent must be 1..100, got {duty_percent}")
         self.limit = limit
+        #: how long a paced holder's slot rests per second it was held (module docstring)
+        self.rest_factor = 100.0 / duty_percent - 1.0
+        self._clock = clock
+        #: when each resting slot may be taken again
+        self._resting: list[float] = []
         self._cond = threading.Condition()
         #: encodes holding a slot now, and the most there ever were at once
         self.in_flight = 0
@@ -77,7 +96,8 @@ class EncodeSlots:
         self.waiting = 0
         self.waited = 0
         self.wait_seconds = 0.0
-        #: how deep the current thread is inside ``slot`` (re-entrant: module docstring)
+        #: how deep the current thread is inside ``slot`` (re-entrant: module docstring),
+        #: and whether it is inside ``paced``
         self._held = threading.local()
 
     @contextmanager
@@ -94,32 +114,55 @@ class EncodeSlots:
                 self._held.depth = depth
             return
         with self._cond:
-            if self.in_flight >= self.limit:
+            if self._taken() >= self.limit:
                 self.waiting += 1
                 self.waited += 1
                 began = time.monotonic()
-                self._cond.wait_for(lambda: self.in_flight < self.limit)
+                while self._taken() >= self.limit:
+                    rest = min(self._resting, default=None)
+                    self._cond.wait(None if rest is None else max(0.0, rest - self._clock()))
                 self.waiting -= 1
                 self.wait_seconds += time.monotonic() - began
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
         self._held.depth = 1
+        taken_at = self._clock()
         try:
             yield
         finally:
             self._held.depth = 0
             with self._cond:
                 self.in_flight -= 1
+                if self.rest_factor and getattr(self._held, "paced", False):
+                    now = self._clock()
+                    self._resting.append(now + (now - taken_at) * self.rest_factor)
                 self._cond.notify()
+
+    def _taken(self) -> int:
+        """Slots held or resting now (under the condition's lock)."""
+        if self._resting:
+            now = self._clock()
+            self._resting = [t for t in self._resting if t > now]
+        return self.in_flight + len(self._resting)
+
+    @contextmanager
+    def paced(self) -> Iterator[None]:
+        """The block's slots rest after they are given back (a cut's publish: module
+        docstring)."""
+        self._held.paced = True
+        try:
+            yield
+        finally:
+            self._held.paced = False
 
 
 class EncodeDispatch:
     """Sends each records encode to the next live worker in turn, within the slots
     (module docstring). ``connections`` lists the live workers' channels."""
 
-    def __init__(self, connections: Callable[[], list[Connection]], concurrency: int) -> None:
+    def __init__(self, connections: Callable[[], list[Connection]], slots: EncodeSlots) -> None:
         self._connections = connections
-        self.slots = EncodeSlots(concurrency)
+        self.slots = slots
         self._turn = itertools.count()
         #: channels whose worker timed out an encode: sent no more (module docstring)
         self._unanswered: weakref.WeakSet[Connection] = weakref.WeakSet()

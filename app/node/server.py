@@ -154,6 +154,12 @@ class _RecordsEncoder:
         slots = self._slots
         return slots.slot() if slots is not None else contextlib.nullcontext()
 
+    def paced(self) -> AbstractContextManager[object]:
+        """What a cut's flush lane publishes inside: the slots it takes rest after
+        (``server.encode_duty_percent``), once the workers encode."""
+        slots = self._slots
+        return slots.paced() if slots is not None else contextlib.nullcontext()
+
 
 @dataclass(frozen=True)
 class _Ahead:
@@ -554,6 +560,7 @@ def _build_cadences(
         on_run=metrics.cadence_observer("barrier"),
         intents=intents,
         threads=threads,
+        paced=ahead.encoder.paced,
     )
     housekeeper = Housekeeper(
         pipeline.journal,
@@ -982,7 +989,9 @@ def _start_core(
             events=node.events,
             launch=worker_launcher(run.listeners, config_file),
             threads=node.threads,
-            encode_concurrency=settings.server.encode_concurrency,
+            encode_slots=EncodeSlots(
+                settings.server.encode_concurrency, settings.server.encode_duty_percent
+            ),
         )
         node.started.workers.give(run.workers)
     pipeline.publisher.start()

@@ -56,7 +56,7 @@ from typing import Final, Protocol
 from app.base.batch import FlatBatch
 from app.base.rejections import IngestRejection, Unavailable
 from app.ingest.stages import Stages
-from app.node.encode_dispatch import EncodeDispatch
+from app.node.encode_dispatch import EncodeDispatch, EncodeSlots
 from app.node.recovery import DecodeStopped, Undecodable
 from app.receive import channel
 from app.receive.api import IngestOutcome, ListenerBindError
@@ -205,7 +205,7 @@ class Workers:
         launch: Launcher,
         backoff: float = RESTART_BACKOFF_S,
         threads: Supervisor | None = None,
-        encode_concurrency: int = 1,
+        encode_slots: EncodeSlots | None = None,
     ) -> None:
         if count < 1:
             raise ValueError(f"workers must be >= 1, got {count}")
@@ -228,8 +228,8 @@ class Workers:
         #: INGEST is refused (503, retry) until the core has recovered
         self.accepting = False
         self.restarts = 0
-        #: the publisher's records encodes, at most ``encode_concurrency`` at once
-        self.encoder = EncodeDispatch(self._live_connections, encode_concurrency)
+        #: the publisher's records encodes, within ``encode_slots`` (one, by default)
+        self.encoder = EncodeDispatch(self._live_connections, encode_slots or EncodeSlots(1))
 
     # -- lifecycle ----------------------------------------------------------------------
 

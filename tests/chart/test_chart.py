@@ -898,6 +898,7 @@ CHANGES: dict[str, tuple[object, dict[str, object]]] = {
     "server.shutdownGraceSecs": (40, {}),
     "server.workers": (3, {}),
     "server.encodeConcurrency": (3, {}),
+    "server.encodeDutyPercent": (80, {}),
     "server.decoder": ("upb", {}),
     "server.threadRestarts": (2, {}),
     "server.maxRequestRecords": (1000, {}),

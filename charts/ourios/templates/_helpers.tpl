@@ -173,6 +173,7 @@ which would print 6.7108864e+07), booleans as true/false, strings as they are. A
   (list "OURIOS_SERVER_FINAL_CUT_SECS" (include "ourios.finalCutSecs" .))
   (list "OURIOS_SERVER_WORKERS" $v.server.workers)
   (list "OURIOS_SERVER_ENCODE_CONCURRENCY" $v.server.encodeConcurrency)
+  (list "OURIOS_SERVER_ENCODE_DUTY_PERCENT" $v.server.encodeDutyPercent)
   (list "OURIOS_SERVER_DECODER" $v.server.decoder)
   (list "OURIOS_SERVER_THREAD_RESTARTS" $v.server.threadRestarts)
   (list "OURIOS_SERVER_MAX_REQUEST_RECORDS" $v.server.maxRequestRecords)

@@ -105,6 +105,58 @@ def test_tail_6_a_thread_that_holds_a_slot_encodes_without_taking_a_second() -> 
     assert slots.in_flight == 0
 
 
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_tail_6_a_paced_publish_leaves_its_slot_resting_and_an_unpaced_one_does_not() -> None:
+    """At 50 % a slot a cut's publish held for 2 s rests 2 s after it (the clock is the
+    slots' own, moved by hand); the spiller's and recovery's publishes leave none."""
+    clock = FakeClock()
+    slots = EncodeSlots(1, duty_percent=50, clock=clock)
+    assert slots.rest_factor == 1.0
+    with slots.slot():  # not paced: nothing rests after it
+        clock.now += 2.0
+    with slots.slot():
+        pass
+    assert slots.waited == 0
+    with slots.paced(), slots.slot():
+        clock.now += 2.0  # held 2 s: the slot rests until now + 2
+    waiter = Holder(slots)
+    _until("the next publish waits for the resting slot", lambda: slots.waiting == 1)
+    assert not waiter.inside.is_set()
+    clock.now += 1.0  # still resting
+    with slots._cond:
+        slots._cond.notify_all()
+    _until("a look at the clock", lambda: slots.waiting == 1)
+    assert not waiter.inside.is_set()
+    clock.now += 1.5  # past the rest
+    with slots._cond:
+        slots._cond.notify_all()
+    assert waiter.inside.wait(10)
+    waiter.release()
+    assert slots.waited == 1 and slots.in_flight == 0
+
+
+def test_at_100_percent_no_slot_rests() -> None:
+    slots = EncodeSlots(1, duty_percent=100)
+    assert slots.rest_factor == 0.0
+    with slots.paced(), slots.slot():
+        pass
+    with slots.slot():
+        assert slots.waited == 0
+
+
+def test_a_duty_outside_1_to_100_is_refused_naming_the_setting() -> None:
+    for bad in (0, 101):
+        with pytest.raises(ValueError, match="server.encode_duty_percent"):
+            EncodeSlots(1, duty_percent=bad)
+
+
 def test_a_bound_below_one_is_refused_naming_the_setting() -> None:
     with pytest.raises(ValueError, match=r"server\.encode_concurrency must be >= 1, got 0"):
         EncodeSlots(0)
@@ -138,11 +190,11 @@ def test_tail_6_a_worker_that_timed_out_an_encode_is_sent_no_more(
     monkeypatch.setattr(encode_dispatch, "encode_records", lambda cols, compression: b"core")
     monkeypatch.setattr(channel, "encode_encode_request", lambda compression, table: [b""])
     hung, good = _Conn(hung=True), _Conn(hung=False)
-    dispatch = EncodeDispatch(lambda: cast("list[Connection]", [hung, good]), 1)
+    dispatch = EncodeDispatch(lambda: cast("list[Connection]", [hung, good]), EncodeSlots(1))
     got = [dispatch.encode_records(_Cols(), "zstd") for _ in range(6)]  # type: ignore[arg-type]
     assert got == [b"core"] + [b"worker"] * 5
     assert hung.calls == 1 and good.calls == 5
-    alone = EncodeDispatch(lambda: cast("list[Connection]", [hung]), 1)
+    alone = EncodeDispatch(lambda: cast("list[Connection]", [hung]), EncodeSlots(1))
     alone._unanswered.add(cast("Connection", hung))  # the state the first timeout leaves
     assert alone.encode_records(_Cols(), "zstd") == b"core"  # type: ignore[arg-type]
     assert hung.calls == 1

@@ -20,6 +20,7 @@ import pytest
 from app.base.batch import FlatBatch
 from app.base.rejections import IngestRejection
 from app.ingest.stages import Stages
+from app.node.encode_dispatch import EncodeSlots
 from app.node.recovery import DecodeStopped, Undecodable
 from app.node.worker_pool import NodeState, Workers
 from app.receive import channel
@@ -176,7 +177,7 @@ def make(
         events=lambda name, fields: events.append((name, fields)),
         launch=fleet.launch,
         backoff=0.0,
-        encode_concurrency=encode_concurrency,
+        encode_slots=EncodeSlots(encode_concurrency),
     )
     return workers, events
 
