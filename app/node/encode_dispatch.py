@@ -36,7 +36,7 @@ beside the requests' — and the requests that arrive then wait for a CPU (half-
 24–29 ms at 460 req/s, every slow request inside a burst). A publish run inside
 ``paced`` (the cut's flush lanes) leaves its slot resting, after holding it t seconds,
 for t × (100 / percent − 1): at 50 % the cut spreads its CPU over twice the time and the
-requests' p99 was 12–18 ms (docs/BENCHMARKS.md, 2026-12-06 18:33 UTC). The spiller's and
+requests' p99 was 12–18 ms (docs/BENCHMARKS.md, 2026-12-06 18:31 UTC). The spiller's and
 recovery's publishes do not rest it: a replay's backlog drains at full speed (at 50 %
 for them too the replay fell from ~120,000 to 86,000–98,000 records/s).
 
