@@ -1306,6 +1306,29 @@ SABOTAGES: tuple[Sabotage, ...] = (
         ),
     ),
     Sabotage(
+        "native_miner_leaf_evicts_the_newest",
+        "the native miner mines as the Python path: a full leaf evicts its least recently used",
+        "app/ingest/mining/_minefast.c",
+        "        int less = best_touched == NULL ? 1 : PyObject_RichCompareBool(touched, best_touched, Py_LT);",
+        "        int less = best_touched == NULL ? 1 : PyObject_RichCompareBool(touched, best_touched, Py_GT);",
+        (
+            "tests/unit/app/ingest/mining/test_native_miner.py::test_native_miner_equals_the_python_path_batch_for_batch",
+            "tests/unit/app/ingest/mining/test_native_miner.py::test_native_miner_hands_its_search_to_python_for_creations_and_widenings",
+        ),
+    ),
+    Sabotage(
+        "native_miner_widening_handed_back_as_a_creation",
+        "the native miner mines as the Python path: the search it hands back for a widening "
+        "names the template to widen",
+        "app/ingest/mining/tenant_miner.py",
+        "                template = None if best_id is None else templates[best_id]",
+        "                template = None",
+        (
+            "tests/unit/app/ingest/mining/test_native_miner.py::test_native_miner_equals_the_python_path_batch_for_batch",
+            "tests/unit/app/ingest/mining/test_native_miner.py::test_native_miner_hands_its_search_to_python_for_creations_and_widenings",
+        ),
+    ),
+    Sabotage(
         "native_miner_size_not_bumped",
         "the native miner mines as the Python path: a matched cluster's size grows by one",
         "app/ingest/mining/_minefast.c",

@@ -9,13 +9,20 @@ are checked equal on every pass (a benchmark never fails on speed, only on a wro
 answer). ``--path python`` or ``--path native`` mines with one path only, for a
 profiler (``py-spy record -- .venv/bin/python soak/bench/mining.py --path python``).
 
-Run: ``.venv/bin/python soak/bench/mining.py [--passes 5]``
+``--bodies noisy`` mines what the noisy tenant of tests/integration/test_noisy_tenant_serve.py
+sends instead: batches of 200 lines no two alike, all in one leaf of Drain's tree, so
+every line is a creation after a search of a full leaf (``miner.max_leaf_templates``)
+and an eviction — the most a record can cost the turn.
+
+Run: ``.venv/bin/python soak/bench/mining.py [--passes 5] [--bodies service|noisy]``
 """
 
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
+import string
 import sys
 import time
 from pathlib import Path
@@ -34,6 +41,7 @@ from soak.bench.loadgen import build_pool  # noqa: E402
 RECORDS_PER_REQUEST = 100
 TENANTS = 32
 ATTRIBUTES = 4
+NOISY_RECORDS = 200
 
 
 def node_config() -> MinerConfig:
@@ -48,6 +56,21 @@ def batches(pool_size: int, seed: int) -> list[tuple[str, list[str]]]:
     for body, tenant in zip(pool.bodies, pool.tenants, strict=True):
         flat = flatten(decode_request(body, PROTOBUF_CONTENT_TYPE), tenant)
         out.append((tenant, list(flat.bodies)))
+    return out
+
+
+def noisy_batches(count: int, seed: int) -> list[tuple[str, list[str]]]:
+    """``count`` batches of ``NOISY_RECORDS`` unique lines of one tenant, in one leaf
+    (the same first two tokens and token count, then ten random lowercase words)."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(count):
+        bodies = [
+            "noisy line "
+            + " ".join("".join(rng.choices(string.ascii_lowercase, k=8)) for _ in range(10))
+            for _ in range(NOISY_RECORDS)
+        ]
+        out.append(("noisy", bodies))
     return out
 
 
@@ -68,8 +91,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pool", type=int, default=320)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--path", choices=("both", "python", "native"), default="both")
+    ap.add_argument("--bodies", choices=("service", "noisy"), default="service")
     args = ap.parse_args(argv)
-    work = batches(args.pool, args.seed)
+    if args.bodies == "noisy":
+        # a pass of 16 batches: the first pass fills the leaf, the next ones evict
+        work = noisy_batches(16, args.seed)
+    else:
+        work = batches(args.pool, args.seed)
     records = sum(len(b) for _, b in work)
     config = node_config()
     paths = ("python", "native") if args.path == "both" else (args.path,)
@@ -92,7 +120,10 @@ def main(argv: list[str] | None = None) -> int:
                 laps[path].append(spent / records * 1e6)
         if len(paths) == 2:
             assert answers["python"] == answers["native"], "the two paths' results differ"
-    print(f"mining {records} records ({len(work)} batches, {TENANTS} tenants), {config}")
+    tenants = len({t for t, _ in work})
+    print(
+        f"mining {records} {args.bodies} records ({len(work)} batches, {tenants} tenants), {config}"
+    )
     for path in paths:
         values = laps[path]
         print(

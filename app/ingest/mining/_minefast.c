@@ -2,7 +2,8 @@
  * for the bodies that match a template exactly, over the Python objects the miner keeps.
  *
  * mine(root_children, templates, param, max_node_depth, sim_th, max_chars, max_tokens,
- *      bounded, touch, bodies, ids, params, versions, start, tick) -> (index, tick, work)
+ *      bounded, touch, bodies, ids, params, versions, start, tick)
+ *   -> (index, tick, work, found, best_id, compared)
  *
  * (the per-batch arguments first, so Python binds them once with functools.partial;
  * max_chars and max_tokens are -1 when unbounded)
@@ -19,6 +20,12 @@
  * else (a creation, a widening, a body over max_chars or max_tokens, no tokens, not a
  * str, a template whose shape is not what this file expects) it stops and returns that
  * body's index: Python mines it with today's code and calls again for the rest.
+ *
+ * When it stopped after searching that body (a creation or a widening), the search's
+ * answer comes with it, so Python does not search again: `found` 0 when no template
+ * matches (best_id None), 1 when the template of drain id `best_id` is the best and
+ * needs widening, with `compared` the templates compared (_search's third value); -1
+ * when it stopped before or without a search Python can take (Python searches).
  *
  * A template's shape is _Template.shape: (fixed, expected, wildcards) where `fixed` is
  * bytes of native-endian uint32 token indices of the constant tokens, `expected` those
@@ -116,15 +123,22 @@ static Py_ssize_t count_same(const Shape *shape, PyObject *tokens) {
     return same;
 }
 
-/* The leaf's candidate list (borrowed via *holder, a new reference), NULL with no
- * exception when the walk ends without a leaf (a creation: Python's), or with one. */
+/* The leaf's candidate list (borrowed via *holder, a new reference); NULL with an
+ * exception, or without one when the walk ends without a leaf: *missing 1 when the tree
+ * has no such path (a creation, _search's (None, False, 0)), 0 when a node is not of the
+ * shape this file expects (Python decides). */
 static PyObject *find_leaf(PyObject *root_children, PyObject *tokens, Py_ssize_t count,
-                           PyObject *param, long max_node_depth, PyObject **holder) {
+                           PyObject *param, long max_node_depth, PyObject **holder,
+                           int *missing) {
+    *missing = 0;
     PyObject *key = count_key(count);
     if (key == NULL) return NULL;
     PyObject *node = PyDict_GetItemWithError(root_children, key);
     Py_DECREF(key);
-    if (node == NULL) return NULL;
+    if (node == NULL) {
+        *missing = !PyErr_Occurred();
+        return NULL;
+    }
     Py_INCREF(node);
     long depth = 1;
     for (Py_ssize_t i = 0; i < count; i++) {
@@ -140,7 +154,10 @@ static PyObject *find_leaf(PyObject *root_children, PyObject *tokens, Py_ssize_t
         if (child == NULL && !PyErr_Occurred()) child = PyDict_GetItemWithError(children, param);
         Py_XINCREF(child);
         Py_DECREF(children);
-        if (child == NULL) return NULL;
+        if (child == NULL) {
+            *missing = !PyErr_Occurred();
+            return NULL;
+        }
         node = child;
         depth++;
     }
@@ -307,6 +324,10 @@ static PyObject *mine(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     }
     Search search = {templates, sim_th};
     long long work = 0;
+    /* the search of the body it stopped at, when Python may take it (the header) */
+    int stop_found = -1;
+    PyObject *stop_id = Py_None;
+    Py_ssize_t stop_compared = 0;
     Py_ssize_t index = start < 0 ? 0 : start;
     for (; index < PyList_GET_SIZE(bodies); index++) {
         PyObject *body = PyList_GET_ITEM(bodies, index);
@@ -320,10 +341,13 @@ static PyObject *mine(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
             break;
         }
         PyObject *holder = NULL;
-        PyObject *candidates = find_leaf(root_children, tokens, count, param, max_node_depth, &holder);
+        int missing = 0;
+        PyObject *candidates =
+            find_leaf(root_children, tokens, count, param, max_node_depth, &holder, &missing);
         if (candidates == NULL) {
             Py_DECREF(tokens);
             if (PyErr_Occurred()) return NULL;
+            if (missing) stop_found = 0; /* no leaf: a creation, nothing compared */
             break;
         }
         PyObject *best = NULL, *best_id = NULL, *shape_holder = NULL;
@@ -343,19 +367,77 @@ static PyObject *mine(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
             if (rc < 0) return NULL;
             continue;
         }
+        if (found == 0 || found == 1) {
+            /* none (a creation) or a widening of best: Python's, with this answer */
+            stop_found = found;
+            stop_compared = PyList_GET_SIZE(candidates);
+            if (found == 1) stop_id = best_id; /* borrowed from candidates: built below */
+        }
+        PyObject *out = NULL;
+        if (found >= 0)
+            out = Py_BuildValue("(nLLiOn)", index, tick, work, stop_found, stop_id, stop_compared);
         Py_XDECREF(best);
         Py_XDECREF(shape_holder);
         Py_DECREF(holder);
         Py_DECREF(tokens);
-        if (found < 0) return NULL;
-        break; /* none, a widening, or an unusual shape: Python's */
+        return out; /* NULL when found < 0: the exception stands */
     }
-    return Py_BuildValue("(nLL)", index, tick, work);
+    return Py_BuildValue("(nLLiOn)", index, tick, work, stop_found, stop_id, stop_compared);
+}
+
+/* oldest(ids, templates) -> the id in `ids` whose template (templates[id]) has the
+ * smallest `touched`, the first of equals: TenantMiner._create's
+ * min(map(templates.__getitem__, ids), key=last_use) for a full leaf, which compares a
+ * whole leaf of templates per creation. KeyError for an id with no template, ValueError
+ * for no ids, as min() and [] raise them. */
+static PyObject *oldest(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 2 || !PyList_CheckExact(args[0]) || !PyDict_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "oldest(ids: list, templates: dict)");
+        return NULL;
+    }
+    PyObject *ids = args[0], *templates = args[1];
+    PyObject *best_id = NULL, *best_touched = NULL;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(ids); i++) {
+        PyObject *id = PyList_GET_ITEM(ids, i);
+        PyObject *template = PyDict_GetItemWithError(templates, id);
+        if (template == NULL) {
+            if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, id);
+            goto fail;
+        }
+        PyObject *touched = PyObject_GetAttr(template, s_touched);
+        if (touched == NULL) goto fail;
+        int less = best_touched == NULL ? 1 : PyObject_RichCompareBool(touched, best_touched, Py_LT);
+        if (less < 0) {
+            Py_DECREF(touched);
+            goto fail;
+        }
+        if (less) {
+            Py_XDECREF(best_touched);
+            best_touched = touched;
+            best_id = id;
+        } else {
+            Py_DECREF(touched);
+        }
+    }
+    if (best_touched == NULL) {
+        PyErr_SetString(PyExc_ValueError, "oldest() of no ids");
+        return NULL;
+    }
+    Py_DECREF(best_touched);
+    Py_INCREF(best_id);
+    return best_id;
+fail:
+    Py_XDECREF(best_touched);
+    return NULL;
 }
 
 static PyMethodDef methods[] = {
     {"mine", (PyCFunction)(void (*)(void))mine, METH_FASTCALL,
-     "Mine bodies[start:] while each matches a template exactly; (index, tick, work)."},
+     "Mine bodies[start:] while each matches a template exactly; "
+     "(index, tick, work, found, best_id, compared)."},
+    {"oldest", (PyCFunction)(void (*)(void))oldest, METH_FASTCALL,
+     "The id of ids whose template has the smallest touched (the first of equals)."},
     {NULL, NULL, 0, NULL},
 };
 

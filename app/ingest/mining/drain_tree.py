@@ -34,7 +34,7 @@ __all__ = [
     "kept_rows",
     "new_cluster",
     "new_drain",
-    "path_of",
+    "insert_cluster",
     "rebuild_tree",
     "template_bytes",
     "last_use",
@@ -83,7 +83,6 @@ class DrainTree(Protocol):
     def tree_search(
         self, root_node: DrainNode, tokens: list[str], sim_th: float, include_params: bool
     ) -> DrainCluster | None: ...
-    def add_seq_to_prefix_tree(self, root_node: DrainNode, cluster: DrainCluster) -> None: ...
     def create_template(self, seq1: list[str], seq2: tuple[str, ...]) -> list[str]: ...
 
 
@@ -336,24 +335,50 @@ def rebuild_tree(
     return paths
 
 
-def path_of(drain: DrainTree, tokens: tuple[str, ...]) -> tuple[Step, ...]:
-    """Where ``add_seq_to_prefix_tree`` just put a cluster of ``tokens``: its walk,
-    replayed on the tree it left (a token it routed to the wildcard child has no
-    child of its own, so ``get(token)`` then ``get(PARAM)`` takes the same way)."""
-    node = drain.root_node
-    key = str(len(tokens))
-    child = node.key_to_child_node[key]
-    steps: list[Step] = [(node, key, child)]
-    node = child
+def insert_cluster(
+    drain: DrainTree, cluster: DrainCluster, max_children: int, parametrize_numeric: bool
+) -> tuple[Step, ...]:
+    """Put a new cluster in Drain's prefix tree where drain3 0.9's
+    ``add_seq_to_prefix_tree`` puts it, and return its path (``Template.path``).
+
+    The same walk: the token-count node, then at most ``max_node_depth - 1`` tokens; a
+    token with no child of its own takes a new child while the node has room
+    (``max_children``, one place kept for the wildcard), the wildcard child otherwise,
+    and always when it has a digit (``parametrize_numeric``). One difference, in cost
+    only: drain3 filters the leaf's every id through its LRU map before appending; our
+    miner drops an evicted cluster's id from its leaf itself (``TenantMiner._evict``,
+    right after the insert that evicted it), so the leaf holds no stale id and the new
+    one is appended. test_tenant_miner.py holds the trees equal to drain3's."""
+    tokens = cluster.log_template_tokens
+    count = len(tokens)
+    root = drain.root_node
+    key = str(count)
+    children = root.key_to_child_node
+    node = children.get(key)
+    if node is None:
+        node = children[key] = new_node()
+    steps: list[Step] = [(root, key, node)]
+    if count == 0:
+        node.cluster_ids = [cluster.cluster_id]
+        return tuple(steps)
     depth = 1
     limit = drain.max_node_depth
     for token in tokens:
-        if depth >= limit or depth >= len(tokens):
+        if depth >= limit or depth >= count:
             break
         children = node.key_to_child_node
-        key = token if token in children else PARAM
-        child = children[key]
+        child = children.get(token)
+        key = token
+        if child is None:
+            if parametrize_numeric and any(map(str.isdigit, token)):
+                key = PARAM
+            elif len(children) + (PARAM not in children) >= max_children:
+                key = PARAM  # full: the wildcard child (made with the last place)
+            child = children.get(key)
+            if child is None:
+                child = children[key] = new_node()
         steps.append((node, key, child))
         node = child
         depth += 1
+    node.cluster_ids.append(cluster.cluster_id)
     return tuple(steps)

@@ -28,7 +28,7 @@ from app.ingest.mining.drain_tree import DrainTree, Template, Touchable
 from app.ingest.mining.miner_config import MinerConfig
 from app.ingest.mining.tokens import PARAM
 
-__all__ = ["MINERS", "active", "bind", "fast_path", "start", "unavailable"]
+__all__ = ["MINERS", "Stop", "active", "bind", "fast_path", "leaf_oldest", "start", "unavailable"]
 
 #: what ``active`` answers: the fast path in C, or the Python loop alone
 MINERS: Final = ("native", "python")
@@ -44,15 +44,28 @@ def _load() -> tuple[ModuleType | None, str]:
 
 _EXT, _UNAVAILABLE = _load()
 
-#: ``mine(bodies, start, root_children, templates, param, max_node_depth, sim_th,
-#: max_chars, max_tokens, bounded, touch, tick, ids, params, versions)`` →
-#: ``(index, tick, work)`` (the C file's header)
-FastPath = Callable[..., tuple[int, int, int]]
+#: ``mine(root_children, templates, param, max_node_depth, sim_th, max_chars, max_tokens,
+#: bounded, touch, bodies, ids, params, versions, start, tick)`` →
+#: ``(index, tick, work, found, best_id, compared)`` (the C file's header)
+FastPath = Callable[..., "Stop"]
+#: where the fast path stopped: ``(index, tick, work, found, best_id, compared)``; with
+#: ``found`` 0 or 1 the body at ``index`` was searched and ``(best_id, compared)`` is the
+#: search's answer (no template / a template to widen), with -1 Python searches
+Stop = tuple[int, int, int, int, int | None, int]
 
 
 def fast_path() -> FastPath | None:
     """The extension's ``mine``, or None when it cannot be imported."""
     return None if _EXT is None else _EXT.mine
+
+
+def leaf_oldest(wanted: bool) -> Callable[[list[int], dict[int, Template]], int] | None:
+    """The extension's ``oldest(ids, templates)`` (the id of the leaf's least recently
+    used template, ``TenantMiner._create``'s victim), or None: not ``wanted``
+    (``TenantMiner.native``) or no extension, and Python's ``min`` picks it."""
+    if not wanted or _EXT is None:
+        return None
+    return cast(Callable[[list[int], dict[int, Template]], int], _EXT.oldest)
 
 
 def bind(
@@ -64,9 +77,10 @@ def bind(
     ids: list[int],
     params: list[tuple[str, ...]],
     versions: list[int],
-) -> Callable[[int, int], tuple[int, int, int]] | None:
+) -> Callable[[int, int], Stop] | None:
     """The fast path bound to one batch of a miner's tree (``TenantMiner._mine``):
-    ``(index, tick)`` → ``(index it stopped at, tick, work)``; or None, and the Python
+    ``(index, tick)`` → ``Stop`` (the index it stopped at, the tick, the work, and the
+    search of the body it stopped at when Python may take it); or None, and the Python
     loop mines the whole batch: not ``wanted`` (``TenantMiner.native``), no extension,
     extra delimiters (the split is then drain3's replace-and-split, left to Python), or
     bodies that are not a list."""

@@ -14,8 +14,9 @@ Invariants:
   (``MinerFailedError``); the pipeline rebuilds the tenant (RFC 0055 settlement).
 
 How Drain is used: ``mine`` performs the steps of drain3 0.9's ``add_log_message``
-itself, in its order, with Drain's own methods (``tree_search``, a new ``LogCluster``
-plus ``add_seq_to_prefix_tree``, ``create_template``), so a body is tokenised once for
+itself, in its order, with Drain's own methods (``tree_search``, a new ``LogCluster``,
+``create_template``) and ``drain_tree.insert_cluster`` for its ``add_seq_to_prefix_tree``
+(the same walk, without re-filtering the leaf), so a body is tokenised once for
 Drain and for its parameters, and a body that leaves its template unchanged costs one
 tuple comparison. The tests hold the result to ``add_log_message``, body for body and
 tree for tree. Drain's objects are reached through narrow typed protocols; its LRU map
@@ -44,11 +45,11 @@ from app.ingest.mining.drain_tree import (
     DrainCluster,
     Template,
     Touchable,
+    insert_cluster,
     kept_rows,
     last_use,
     new_cluster,
     new_drain,
-    path_of,
     rebuild_tree,
     template_bytes,
     tree_rows,
@@ -308,9 +309,10 @@ class TenantMiner:
         )
         index = 0
         count = len(bodies)
+        found = -1
         while index < count:
             if fast is not None:
-                index, tick, fast_work = fast(index, tick)
+                index, tick, fast_work, found, best_id, compared = fast(index, tick)
                 work += fast_work
                 if index == count:
                     break
@@ -327,7 +329,13 @@ class TenantMiner:
                 cut = True
             if cut:
                 truncated += 1
-            template, exact, compared = search(tokens)
+            if found < 0:
+                template, exact, compared = search(tokens)
+            else:
+                # the fast path searched this body (uncut) and found none or one to widen
+                template = None if best_id is None else templates[best_id]
+                exact = False
+                found = -1
             tick += 1
             work += 1 + compared
             if template is None:
@@ -421,8 +429,10 @@ class TenantMiner:
         # Inserting may evict Drain's least recently used cluster; the prefix-tree
         # insert after it drops evicted ids from the leaf it lands in, as in drain3.
         drain.id_to_cluster[drain_id] = cluster
-        drain.add_seq_to_prefix_tree(drain.root_node, cluster)
-        path = path_of(drain, cluster.log_template_tokens)
+        config = self._config
+        path = insert_cluster(
+            drain, cluster, config.max_children, config.parametrize_numeric_tokens
+        )
         template = Template(template_id, 1, cluster, cluster.log_template_tokens, path, self._tick)
         self._templates[drain_id] = template
         self._bytes += template.nbytes
@@ -435,14 +445,17 @@ class TenantMiner:
         leaf_limit = self._config.max_leaf_clusters
         if leaf_limit is not None:
             leaf = path[-1][2]
+            oldest = native_miner.leaf_oldest(self.native)
             while len(leaf.cluster_ids) > leaf_limit:
-                # The leaf's least recently used (never the new one: it is the newest).
-                victim = min(
-                    (t for t in map(self._templates.__getitem__, leaf.cluster_ids)),
-                    key=last_use,
-                )
-                del drain.id_to_cluster[victim.cluster.cluster_id]
-                self._evict(victim.cluster.cluster_id)
+                # The leaf's least recently used (never the new one: it is the newest);
+                # in C when the miner is native (a full leaf is compared per creation).
+                if oldest is not None:
+                    victim_id = oldest(leaf.cluster_ids, self._templates)
+                else:
+                    victim = min(map(self._templates.__getitem__, leaf.cluster_ids), key=last_use)
+                    victim_id = victim.cluster.cluster_id
+                del drain.id_to_cluster[victim_id]
+                self._evict(victim_id)
         events.append(TemplateEvent(template_id, 1, " ".join(tokens), "created", index))
         return template
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import json
 import os
+import random
+import string
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -36,6 +38,10 @@ from tests.support.mining import corpus, drain_state
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "0")) or None
 #: streams compared, bodies mined, and bodies the fast path took (``make fuzz`` prints it)
 CASES = {"streams": 0, "bodies": 0, "native": 0}
+#: words no digit in them (Drain takes a token with a digit for a parameter)
+WORDS: Final = [
+    "".join(p) for p in zip(string.ascii_lowercase, reversed(string.ascii_lowercase), strict=True)
+] * 2
 ROOT: Final = os.path.dirname(
     os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__)))))
 )
@@ -58,7 +64,7 @@ def _count_native() -> Iterator[None]:
     real = native_miner.fast_path()
     assert real is not None, native_miner.unavailable()  # `pip install -e .` builds it
 
-    def counted(*args: Any) -> tuple[int, int, int]:
+    def counted(*args: Any) -> native_miner.Stop:
         answer = real(*args)
         CASES["native"] += answer[0] - args[13]
         return answer
@@ -226,6 +232,60 @@ def test_native_miner_takes_the_exact_matches_of_a_warm_tree() -> None:
         _mine_both(native, reference, lines[start : start + 100])
     taken = CASES["native"] - before
     assert taken > 0.9 * len(lines), taken
+
+
+def test_native_miner_hands_its_search_to_python_for_creations_and_widenings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A body the fast path searched and found no template for (a creation: none above
+    # sim_th, or no leaf at all) or a template to widen is mined by Python with the fast
+    # path's answer: Python does not search it again (a full leaf compared twice was most
+    # of a creation's cost), and the leaf's least recently used is picked in C. Unique
+    # lines in one leaf: every one a creation after a full leaf's search, then an eviction.
+    config = MinerConfig(max_clusters=64, max_leaf_clusters=8)
+    native, reference = _pair(config)
+    rng = random.Random(3)
+    batches = [
+        [" ".join(["noisy", "line", *rng.sample(WORDS, 6)]) for _ in range(20)] for _ in range(4)
+    ]
+    # widenings: the same words but one
+    batches.append([line.rsplit(" ", 1)[0] + " other" for line in batches[-1][-8:]])
+    searched = []
+    real = TenantMiner._search
+
+    def counted(self: TenantMiner, tokens: list[str]) -> Any:
+        searched.append(self.native)
+        return real(self, tokens)
+
+    monkeypatch.setattr(TenantMiner, "_search", counted)
+    oldest = native_miner.leaf_oldest(True)
+    assert oldest is not None
+    picked: list[int] = []
+
+    def counted_oldest(ids: list[int], templates: dict[int, Any]) -> int:
+        picked.append(len(ids))
+        return oldest(ids, templates)
+
+    monkeypatch.setattr(
+        native_miner, "leaf_oldest", lambda wanted: counted_oldest if wanted else None
+    )
+    results = [_mine_both(native, reference, batch) for batch in batches]
+    assert sum(len(r.events) for r in results) >= 80  # created and changed
+    assert any(e.change == "changed" for e in results[-1].events)
+    assert native.evictions == reference.evictions > 0
+    assert searched and not any(searched), "the native miner searched in Python"
+    assert len(picked) == native.evictions
+
+
+def test_native_miner_oldest_refuses_what_min_refuses() -> None:
+    oldest = native_miner.leaf_oldest(True)
+    assert oldest is not None
+    with pytest.raises(KeyError):
+        oldest([1], {})
+    with pytest.raises(ValueError):
+        oldest([], {})
+    with pytest.raises(TypeError):
+        oldest((1,), {})  # type: ignore[arg-type]
 
 
 def test_native_miner_leaves_extra_delimiters_and_tuples_of_bodies_to_python() -> None:
