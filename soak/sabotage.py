@@ -613,6 +613,17 @@ SABOTAGES: tuple[Sabotage, ...] = (
         ),
     ),
     Sabotage(
+        "slot_rest_dropped_on_wake",
+        "TAIL.6: a slot rests its whole rest, whatever wakes the threads waiting for it",
+        "app/node/encode_dispatch.py",
+        "                    self._cond.wait(None if rest is None else max(0.0, rest - self._clock()))\n",
+        "                    self._cond.wait(None if rest is None else max(0.0, rest - self._clock()))\n"
+        "                    self._resting.clear()\n",
+        (
+            "tests/unit/app/node/test_encode_dispatch.py::test_tail_6_a_paced_publish_leaves_its_slot_resting_and_an_unpaced_one_does_not",
+        ),
+    ),
+    Sabotage(
         "publish_encodes_outside_the_slot",
         "TAIL.6: a publish holds the encode slot while it re-matches and encodes its rows",
         "sink/publisher.py",

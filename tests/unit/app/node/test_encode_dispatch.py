@@ -126,12 +126,24 @@ def test_tail_6_a_paced_publish_leaves_its_slot_resting_and_an_unpaced_one_does_
     assert slots.waited == 0
     with slots.paced(), slots.slot():
         clock.now += 2.0  # held 2 s: the slot rests until now + 2
+    checks: list[int] = []
+    taken = slots._taken
+
+    def counted() -> int:  # the waiter's every look at the slots, under their lock
+        checks.append(taken())
+        return checks[-1]
+
+    slots._taken = counted  # type: ignore[method-assign]
     waiter = Holder(slots)
     _until("the next publish waits for the resting slot", lambda: slots.waiting == 1)
     assert not waiter.inside.is_set()
     clock.now += 1.0  # still resting
+    looked = len(checks)
     with slots._cond:
         slots._cond.notify_all()
+    _until("the waiter looked again", lambda: len(checks) > looked)
+    with slots._cond:  # it decided under this lock: still waiting, nothing taken
+        assert slots.waiting == 1 and slots.in_flight == 0, checks
     assert not waiter.inside.is_set()
     clock.now += 1.5  # past the rest
     with slots._cond:
