@@ -277,12 +277,16 @@ def test_bounded_2_a_noisy_tenant_does_not_stall_31_others(tmp_path: Path) -> No
     others = [e for e in exceeded if e["tenant"] != NOISY]
     assert exceeded and not others, (report, others)
     # The share of the turn's time its mining took, measured by the node over ~10 s: at
-    # its bound. The bucket lets a tenant take at most its share of any interval plus a
-    # full bucket and one batch (admitted with nothing waiting), a tenth of each over a
-    # 10 s window: a bound plus ~25 %; the rest of the margin is the measurement's.
+    # most its bound. The bucket lets a tenant take at most its share of any interval
+    # plus a full bucket and one batch (admitted with nothing waiting), a tenth of each
+    # over a 10 s window: a bound plus ~25 %; the rest of the margin is the measurement's.
+    # From below: it sends in half the windows and sleeps a Retry-After (1 s) after each
+    # refusal, and the measure decays over its 10 s, so it shows 0.3-0.6 of the bound
+    # (0.0068-0.0121 against 0.02 in twelve runs, docs/BENCHMARKS.md); a tenant refused
+    # from its first batch on would show one batch in 10 s, about 0.0006.
     limit = after["ourios_ingest_tenant_turn_share_limit"]
     assert limit == settings.miner.tenant_turn_percent / 100
-    assert limit / 4 <= after["ourios_ingest_tenant_turn_share_max"] <= 1.5 * limit, report
+    assert limit / 8 <= after["ourios_ingest_tenant_turn_share_max"] <= 1.5 * limit, report
     # Its miner: its one leaf full (miner.max_leaf_templates) and evicting, its templates
     # and its state under their bounds.
     assert after["ourios_miner_tenant_templates_max"] == 128, after
