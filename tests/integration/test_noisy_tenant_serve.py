@@ -282,7 +282,7 @@ def test_bounded_2_a_noisy_tenant_does_not_stall_31_others(tmp_path: Path) -> No
     # over a 10 s window: a bound plus ~25 %; the rest of the margin is the measurement's.
     # From below: it sends in half the windows and sleeps a Retry-After (1 s) after each
     # refusal, and the measure decays over its 10 s, so it shows 0.3-0.6 of the bound
-    # (0.0068-0.0121 against 0.02 in twelve runs, docs/BENCHMARKS.md); a tenant refused
+    # (0.0068-0.0121 against 0.02 in 22 runs, docs/BENCHMARKS.md); a tenant refused
     # from its first batch on would show one batch in 10 s, about 0.0006.
     limit = after["ourios_ingest_tenant_turn_share_limit"]
     assert limit == settings.miner.tenant_turn_percent / 100
