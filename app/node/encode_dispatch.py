@@ -96,6 +96,8 @@ class EncodeSlots:
         self.waiting = 0
         self.waited = 0
         self.wait_seconds = 0.0
+        #: the rests paced holders left their slots to, summed (seconds)
+        self.rest_seconds = 0.0
         #: how deep the current thread is inside ``slot`` (re-entrant: module docstring),
         #: and whether it is inside ``paced``
         self._held = threading.local()
@@ -135,7 +137,9 @@ class EncodeSlots:
                 self.in_flight -= 1
                 if self.rest_factor and getattr(self._held, "paced", False):
                     now = self._clock()
-                    self._resting.append(now + (now - taken_at) * self.rest_factor)
+                    rest = (now - taken_at) * self.rest_factor
+                    self._resting.append(now + rest)
+                    self.rest_seconds += rest
                 self._cond.notify()
 
     def _taken(self) -> int:

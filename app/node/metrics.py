@@ -219,6 +219,13 @@ def _encode_metrics(slots: EncodeSlots | None) -> Iterator[GaugeMetricFamily | C
     )
     waited.add_metric([], 0.0 if slots is None else slots.wait_seconds)
     yield waited
+    rested = CounterMetricFamily(
+        "ourios_encode_slot_rest_seconds",
+        "Seconds encode slots rested after a cut's publishes gave them back "
+        "(server.encode_duty_percent), summed.",
+    )
+    rested.add_metric([], 0.0 if slots is None else slots.rest_seconds)
+    yield rested
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:

@@ -63,6 +63,7 @@ INTERFACE: dict[str, tuple[str, frozenset[str]]] = {
     "ourios_encode_jobs_waiting": ("gauge", frozenset()),
     "ourios_encode_slot_waits_total": ("counter", frozenset()),
     "ourios_encode_slot_wait_seconds_total": ("counter", frozenset()),
+    "ourios_encode_slot_rest_seconds_total": ("counter", frozenset()),
     "ourios_thread_restarts_total": ("counter", frozenset({"thread"})),
     "ourios_thread_failed": ("gauge", frozenset({"thread"})),
     "ourios_ingest_backlog_bytes": ("gauge", frozenset()),

@@ -7,7 +7,9 @@ sweep, no size trigger), so the only publishes are the rotation cut's: its eight
 lanes, 24 tenants' partitions. ``ourios_encode_jobs_in_flight_max`` is the most encodes
 that were ever in flight at once; without the bound the lanes send theirs together (one
 worker's job thread takes them one by one, the others queue on its channel) and it
-reaches the lanes' count.
+reaches the lanes' count. The cut's publishes run paced (``server.encode_duty_percent``):
+the slots they held rest after them, which ``ourios_encode_slot_rest_seconds_total``
+sums.
 """
 
 from __future__ import annotations
@@ -69,4 +71,8 @@ def test_tail_6_a_rotation_cut_runs_no_more_encodes_than_the_setting(tmp_path: P
         assert s.value("ourios_encode_jobs_limit") == BOUND
         most = s.value("ourios_encode_jobs_in_flight_max")
         assert most is not None and 1 <= most <= BOUND, (most, s.text)
+        # The cut's publishes ran paced (server.encode_duty_percent, 50 by default): the
+        # slots they held rested after them, as long as they were held.
+        rested = s.value("ourios_encode_slot_rest_seconds_total")
+        assert rested is not None and rested > 0, s.text
         assert s.value("ourios_barrier_epoch") is not None

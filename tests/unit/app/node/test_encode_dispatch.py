@@ -123,9 +123,10 @@ def test_tail_6_a_paced_publish_leaves_its_slot_resting_and_an_unpaced_one_does_
         clock.now += 2.0
     with slots.slot():
         pass
-    assert slots.waited == 0
+    assert slots.waited == 0 and slots.rest_seconds == 0.0
     with slots.paced(), slots.slot():
         clock.now += 2.0  # held 2 s: the slot rests until now + 2
+    assert slots.rest_seconds == 2.0  # ourios_encode_slot_rest_seconds_total
     checks: list[int] = []
     taken = slots._taken
 
