@@ -603,6 +603,16 @@ SABOTAGES: tuple[Sabotage, ...] = (
         ),
     ),
     Sabotage(
+        "cut_pacing_not_wired",
+        "TAIL.6: the node's cuts publish inside its encode slots' pacing",
+        "app/node/server.py",
+        "        paced=ahead.encoder.paced,\n",
+        "        paced=contextlib.nullcontext,\n",
+        (
+            "tests/integration/test_encode_bound_serve.py::test_tail_6_a_rotation_cut_runs_no_more_encodes_than_the_setting",
+        ),
+    ),
+    Sabotage(
         "slot_rest_ignored",
         "TAIL.6: a slot a cut's publish held rests t × (100 / server.encode_duty_percent − 1)",
         "app/node/encode_dispatch.py",

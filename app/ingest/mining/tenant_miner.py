@@ -64,7 +64,7 @@ from app.ingest.mining.miner_snapshot import (
 )
 from app.ingest.mining.rematch import rematch_batch
 from app.ingest.mining.template_ids import TemplateIdAllocator
-from app.ingest.mining.tokens import PARAM, mined_tokens, tokenize
+from app.ingest.mining.tokens import PARAM, mined_head, mined_tokens
 
 __all__ = [
     "MineResult",
@@ -316,19 +316,10 @@ class TenantMiner:
                 work += fast_work
                 if index == count:
                     break
-            body = bodies[index]
-            cut = False
-            if max_chars is not None and len(body) > max_chars:
-                # Only the head is mined (the record keeps its whole body): one body's
-                # share of the tree, the snapshot and the search is bounded.
-                body = body[:max_chars]
-                cut = True
-            tokens = body.split() if not delimiters else tokenize(body, delimiters)
-            if max_tokens is not None and len(tokens) > max_tokens:
-                del tokens[max_tokens:]
-                cut = True
-            if cut:
-                truncated += 1
+            # Only the head is mined (the record keeps its whole body): one body's share
+            # of the tree, the snapshot and the search is bounded.
+            tokens, cut = mined_head(bodies[index], delimiters, max_chars, max_tokens)
+            truncated += cut
             if found < 0:
                 template, exact, compared = search(tokens)
             else:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["PARAM", "mined_tokens", "tokenize"]
+__all__ = ["PARAM", "mined_head", "mined_tokens", "tokenize"]
 
 #: the wildcard a template holds where its bodies differ
 PARAM = "<*>"
@@ -37,19 +37,31 @@ def tokenize(body: str, extra_delimiters: Sequence[str] = ()) -> list[str]:
     return content.split()
 
 
+def mined_head(
+    body: str,
+    extra_delimiters: Sequence[str] = (),
+    max_chars: int | None = None,
+    max_tokens: int | None = None,
+) -> tuple[list[str], bool]:
+    """The tokens the miner mines of ``body`` — only the head of a long body (its first
+    ``max_chars`` characters, then its first ``max_tokens`` tokens) — and whether it was
+    cut, so a re-match of the record later splits it exactly as the miner did."""
+    cut = False
+    if max_chars is not None and len(body) > max_chars:
+        body = body[:max_chars]
+        cut = True
+    tokens = body.split() if not extra_delimiters else tokenize(body, extra_delimiters)
+    if max_tokens is not None and len(tokens) > max_tokens:
+        del tokens[max_tokens:]
+        cut = True
+    return tokens, cut
+
+
 def mined_tokens(
     body: str,
     extra_delimiters: Sequence[str] = (),
     max_chars: int | None = None,
     max_tokens: int | None = None,
 ) -> list[str]:
-    """The tokens the miner mines of ``body``: only the head of a long body (its first
-    ``max_chars`` characters, then its first ``max_tokens`` tokens), so a re-match of
-    the record later splits it exactly as the miner did (``TenantMiner._mine`` inlines
-    the same steps)."""
-    if max_chars is not None and len(body) > max_chars:
-        body = body[:max_chars]
-    tokens = tokenize(body, extra_delimiters)
-    if max_tokens is not None and len(tokens) > max_tokens:
-        del tokens[max_tokens:]
-    return tokens
+    """``mined_head``'s tokens alone (the re-match's split)."""
+    return mined_head(body, extra_delimiters, max_chars, max_tokens)[0]
