@@ -106,7 +106,7 @@ class ServeProcess(ClosedOnExit):
                 self.close()  # the pipe too: no `with` block will (its __enter__ raised)
                 raise RuntimeError(message)
             if time.monotonic() > deadline:
-                message = f"ourios serve did not listen within {timeout} s:\n{self.tail()}"
+                message = f"ourios serve did not listen within {timeout} s:\n{self.stuck()}"
                 self.close()
                 raise RuntimeError(message)
         self.wait_ready(deadline - time.monotonic())
@@ -135,7 +135,7 @@ class ServeProcess(ClosedOnExit):
                 )
             return {}
 
-        return poll_until("recovery.done", done, deadline_s=timeout, detail=self.tail)
+        return poll_until("recovery.done", done, deadline_s=timeout, detail=self.stuck)
 
     def wait_event(
         self, name: str, count: int = 1, deadline_s: float = 60.0
@@ -172,13 +172,43 @@ class ServeProcess(ClosedOnExit):
                 self._listening.set()
 
     def wait_ready(self, timeout: float = 30.0) -> None:
-        """Until ``/readyz`` answers 200."""
+        """Until ``/readyz`` answers 200 (a timeout names the tail and every thread's
+        stack in the node and its workers: ``stuck``)."""
         poll_until(
             "/readyz 200",
             lambda: self.get("/readyz")[0] == 200,
             deadline_s=max(timeout, 1.0),
-            detail=self.tail,
+            detail=self.stuck,
         )
+
+    def stuck(self) -> str:
+        """The tail, then ``py-spy dump`` of the node and each of its workers: what a
+        wait that timed out was waiting on (a start that never became ready, once in
+        CI, left only its tail)."""
+        return f"{self.tail()}\n\n{self.stacks()}"
+
+    def stacks(self) -> str:
+        """Every thread's Python stack in the node and its child processes."""
+        if self.proc is None or self.proc.poll() is not None:
+            return "(no stacks: the process is not running)"
+        spy = Path(sys.executable).with_name("py-spy")
+        if not spy.exists():
+            return f"(no stacks: {spy} is not installed)"
+        pids = [self.proc.pid, *_children(self.proc.pid)]
+        out = []
+        for pid in pids:
+            try:
+                dump = subprocess.run(
+                    [str(spy), "dump", "--pid", str(pid)],
+                    capture_output=True,
+                    text=True,
+                    timeout=20,
+                )
+            except subprocess.TimeoutExpired:
+                out.append(f"== pid {pid}: py-spy dump timed out")
+                continue
+            out.append(f"== pid {pid}\n{dump.stdout}{dump.stderr}")
+        return "\n".join(out)
 
     def get(self, path: str) -> tuple[int, bytes]:
         conn = self._connection(10)
@@ -293,3 +323,20 @@ class ServeProcess(ClosedOnExit):
 
     def __enter__(self) -> ServeProcess:
         return self if self.proc is not None else self.start()
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # "pid (comm) state ppid ...": comm may hold spaces, so split after its ")"
+        fields = stat.rpartition(")")[2].split()
+        if len(fields) > 1 and fields[1] == str(pid):
+            found.append(int(entry.name))
+    return found
