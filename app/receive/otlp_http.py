@@ -486,20 +486,30 @@ def _add_ops_routes(
     app: FastAPI, pipeline: Health, metrics_text: Callable[[], tuple[bytes, str]]
 ) -> None:
     """`GET /healthz`, `/readyz` and `/metrics`: on the OTLP/HTTP app, and alone on the
-    plaintext metrics port (`create_ops_app`)."""
+    plaintext metrics port (`create_ops_app`). Each reads its answer on a worker thread,
+    never on the event loop: in a worker process the answer is a call to the core over
+    the channel (up to 10 s for the state, 30 s for a scrape), and the loop it would
+    block serves every ingest request of that process."""
+
+    def health() -> tuple[bool, str]:
+        return (True, "") if pipeline.alive else (False, pipeline.health_detail)
+
+    def ready() -> bool:
+        return pipeline.ready
 
     async def healthz(request: Request) -> Response:
-        if pipeline.alive:
+        alive, detail = await anyio.to_thread.run_sync(health)
+        if alive:
             return PlainTextResponse("ok\n")
-        return PlainTextResponse(f"not alive: {pipeline.health_detail}\n", 503)
+        return PlainTextResponse(f"not alive: {detail}\n", 503)
 
     async def readyz(request: Request) -> Response:
-        if pipeline.ready:
+        if await anyio.to_thread.run_sync(ready):
             return PlainTextResponse("ready\n")
         return PlainTextResponse(_NOT_READY, 503)
 
     async def metrics(request: Request) -> Response:
-        content, content_type = metrics_text()
+        content, content_type = await anyio.to_thread.run_sync(metrics_text)
         return Response(content, 200, None, content_type)
 
     app.add_route("/healthz", healthz, methods=["GET"], include_in_schema=False)

@@ -933,6 +933,55 @@ def test_real_server_refuses_a_gzip_bomb(real_server: RealServer, gzip_bomb: byt
     assert real_server.pipeline.calls == []
 
 
+class SlowHealth(StubPort):
+    """A port whose state takes as long as a test holds it (``gate``), as a worker's
+    does while the core is slow to answer its STATE call."""
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.asked = threading.Event()
+        super().__init__()
+
+    @property
+    def ready(self) -> bool:
+        self.asked.set()
+        self.gate.wait(30)
+        return self._ready
+
+    @ready.setter
+    def ready(self, value: bool) -> None:
+        self._ready = value
+
+
+def test_a_slow_readyz_does_not_hold_the_event_loop() -> None:
+    # /readyz, /healthz and /metrics read their answer on a thread: a probe waiting on
+    # a slow core must not stop the same process's ingest requests.
+    port = SlowHealth()
+    server, thread, bound = start_in_thread(http_server(make_app(port), "127.0.0.1", 0))
+    probe: list[int] = []
+
+    def ask() -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", bound, timeout=60)
+        conn.request("GET", "/readyz")
+        probe.append(conn.getresponse().status)
+        conn.close()
+
+    prober = threading.Thread(target=ask)
+    try:
+        prober.start()
+        assert port.asked.wait(10)  # the probe is waiting on the port's state
+        conn = http.client.HTTPConnection("127.0.0.1", bound, timeout=10)
+        status, _, body = _post(conn, pb_body(3), {"X-Ourios-Tenant": "t1"})
+        conn.close()
+        assert (status, body) == (200, b"")  # answered while the probe still waits
+        assert probe == [] and prober.is_alive()
+    finally:
+        port.gate.set()
+        prober.join(30)
+        stop_in_thread(server, thread)
+    assert probe == [200]
+
+
 def test_start_in_thread_refuses_a_taken_port(real_server: RealServer) -> None:
     with pytest.raises(ListenerBindError, match=f"127.0.0.1:{real_server.port}"):
         start_in_thread(http_server(make_app(real_server.pipeline), "127.0.0.1", real_server.port))
