@@ -36,6 +36,15 @@ ROOT = Path(__file__).resolve().parents[2]
 TEST_RESERVE_BYTES = 1 << 20
 
 
+class ServeExited(RuntimeError):
+    """The node exited while a start-up wait was waiting on it (``returncode`` says how:
+    a test whose probe SIGKILLs the node may be killed before it is ready)."""
+
+    def __init__(self, returncode: int, waiting_for: str, tail: str) -> None:
+        super().__init__(f"ourios serve exited with {returncode} {waiting_for}:\n{tail}")
+        self.returncode = returncode
+
+
 class ServeProcess(ClosedOnExit):
     def __init__(
         self,
@@ -172,14 +181,25 @@ class ServeProcess(ClosedOnExit):
                 self._listening.set()
 
     def wait_ready(self, timeout: float = 30.0) -> None:
-        """Until ``/readyz`` answers 200 (a timeout names the tail and every thread's
-        stack in the node and its workers: ``stuck``)."""
-        poll_until(
-            "/readyz 200",
-            lambda: self.get("/readyz")[0] == 200,
-            deadline_s=max(timeout, 1.0),
-            detail=self.stuck,
-        )
+        """Until ``/readyz`` answers 200: ``ServeExited`` at once when the node exits
+        first, and a timeout names the tail and every thread's stack in the node and its
+        workers (``stuck``)."""
+
+        def ready() -> bool:
+            if self.get("/readyz")[0] == 200:
+                return True
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                self._reader_join()
+                raise ServeExited(self.proc.returncode, "before /readyz answered 200", self.tail())
+            return False
+
+        poll_until("/readyz 200", ready, deadline_s=max(timeout, 1.0), detail=self.stuck)
+
+    def _reader_join(self) -> None:
+        """Every line the exited process wrote, for a message."""
+        if self._reader is not None:
+            self._reader.join(10)
 
     def stuck(self) -> str:
         """The tail, then ``py-spy dump`` of the node and each of its workers: what a
