@@ -207,25 +207,22 @@ def _encode_metrics(slots: EncodeSlots | None) -> Iterator[GaugeMetricFamily | C
         "ourios_sink_memory_bytes).",
         0 if slots is None else slots.waiting,
     )
-    waits = CounterMetricFamily(
+    yield _counter(
         "ourios_encode_slot_waits",
         "Publishes that found every encode slot taken and waited for one.",
+        0 if slots is None else slots.waited,
     )
-    waits.add_metric([], 0 if slots is None else slots.waited)
-    yield waits
-    waited = CounterMetricFamily(
+    yield _counter(
         "ourios_encode_slot_wait_seconds",
         "Seconds publishes spent waiting for an encode slot, summed.",
+        0.0 if slots is None else slots.wait_seconds,
     )
-    waited.add_metric([], 0.0 if slots is None else slots.wait_seconds)
-    yield waited
-    rested = CounterMetricFamily(
+    yield _counter(
         "ourios_encode_slot_rest_seconds",
         "Seconds encode slots rested after a cut's publishes gave them back "
         "(server.encode_duty_percent), summed.",
+        0.0 if slots is None else slots.rest_seconds,
     )
-    rested.add_metric([], 0.0 if slots is None else slots.rest_seconds)
-    yield rested
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
@@ -233,6 +230,13 @@ def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
     g = GaugeMetricFamily(name, doc)
     g.add_metric([], value)
     return g
+
+
+def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+    """One unlabelled counter (``name`` without ``_total``: the family adds it)."""
+    c = CounterMetricFamily(name, doc)
+    c.add_metric([], value)
+    return c
 
 
 @dataclass(frozen=True)
@@ -519,13 +523,12 @@ class _StateCollector(Collector):
             0 if recovery is None else recovery.backlog_bytes,
         )
         workers = self._s.started.workers()
-        restarts = CounterMetricFamily(
+        yield _counter(
             "ourios_worker_restarts",
             "Worker processes restarted after they exited (each also logs worker.exited); "
             "0 with server.workers 0.",
+            0 if workers is None else workers.restarts,
         )
-        restarts.add_metric([], 0 if workers is None else workers.restarts)
-        yield restarts
         yield from _encode_metrics(None if workers is None else workers.encoder.slots)
         yield from self._m.thread_families()
 
