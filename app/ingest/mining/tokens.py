@@ -50,7 +50,7 @@ def mined_head(
     if max_chars is not None and len(body) > max_chars:
         body = body[:max_chars]
         cut = True
-    tokens = body.split() if not extra_delimiters else tokenize(body, extra_delimiters)
+    tokens = tokenize(body, extra_delimiters)
     if max_tokens is not None and len(tokens) > max_tokens:
         del tokens[max_tokens:]
         cut = True
